@@ -1,0 +1,74 @@
+"""The backend interface every backend implements, and the context a running attempt sees.
+
+Shared work (metrics persistence and MLflow, checkpoint store and retention, verdicts and early
+stop, attempt records) lives above the backend, in ``orchestrator.runner``; a backend only
+trains, reports metrics through ``ctx.log_metrics``, saves checkpoints through
+``ctx.save_checkpoint`` and polls ``ctx.should_stop``.
+"""
+from __future__ import annotations
+
+import abc
+import dataclasses
+import enum
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar, Protocol
+
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+
+
+class AttemptOutcome(enum.Enum):
+    COMPLETED = "completed"  # reached trial.steps
+    STOPPED = "stopped"  # ctx.should_stop() asked it to stop (early stop or cancel)
+    NUMERIC_FAILURE = "numeric_failure"  # NaN/inf: a result, not retried
+
+
+@dataclasses.dataclass(frozen=True)
+class AttemptResult:
+    outcome: AttemptOutcome
+    last_step: int  # last step whose metrics were logged
+    reason: str | None = None
+    summary: Mapping[str, float] = dataclasses.field(default_factory=dict)
+
+
+class RunContext(Protocol):
+    """What a backend may use while it runs one attempt."""
+
+    trial: TrialSpec
+    pool: PoolSpec
+    attempt: int
+    workdir: Path  # scratch space of this attempt
+    checkpoint_every: int
+    resume_step: int | None  # step of the checkpoint to start from, or None for a fresh start
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        """Record the metrics of one finished step (steps are 1-based and strictly increasing)."""
+
+    def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
+        """Write a checkpoint of the state after ``step``: ``write(dir)`` fills a fresh directory."""
+
+    def checkpoint_path(self, step: int) -> Path:
+        """Directory of an existing, verified checkpoint (used to resume from ``resume_step``)."""
+
+    def should_stop(self) -> str | None:
+        """A reason to stop now (early stop, cancel), or None to go on."""
+
+
+class Backend(abc.ABC):
+    """Runs attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kind``."""
+
+    name: ClassVar[str]
+    version: ClassVar[str]  # part of every trial id: bump it when results would change
+    pool_kind: ClassVar[str]  # "sim" or "gpu"
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Plan-time refusal: a reason this backend cannot run the combination, or None."""
+        return None
+
+    @abc.abstractmethod
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""

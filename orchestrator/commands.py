@@ -1,0 +1,203 @@
+"""Parsers and thin bodies of the commands that drive runs: submit, status, cancel, compare,
+resume, ui, run-trial. Each body turns its arguments into typed values and calls one library
+function; if that library module is not built in this version, it says so (exit code 3).
+"""
+from __future__ import annotations
+
+import argparse
+import importlib
+import json
+import sys
+from collections.abc import Callable
+from types import ModuleType
+from typing import Any
+
+from orchestrator.exceptions import UserError
+
+
+class NotAvailable(Exception):
+    pass
+
+
+def _require(module: str) -> ModuleType:
+    try:
+        return importlib.import_module(module)
+    except ModuleNotFoundError as exc:
+        if exc.name == module:
+            raise NotAvailable(module) from None
+        raise
+
+
+def _guard(name: str, body: Callable[[argparse.Namespace], int]) -> Callable[[argparse.Namespace], int]:
+    def run(args: argparse.Namespace) -> int:
+        try:
+            return body(args)
+        except NotAvailable as exc:
+            print(f"ablate {name}: not available yet in this version (needs {exc})", file=sys.stderr)
+            return 3
+
+    return run
+
+
+def _parse_sets(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` pairs; VALUE is parsed as YAML (so 1e-3, true, [0.5, 2.0] work)."""
+    import yaml
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, value = item.partition("=")
+        if not sep or not key:
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. correction.is_level=sequence")
+        try:
+            out[key.strip()] = yaml.safe_load(value)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+    return out
+
+
+def _from_step(text: str) -> str | int:
+    if text in ("last-healthy", "latest"):
+        return text
+    try:
+        step = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError("expected last-healthy, latest or a step number") from None
+    if step < 0:
+        raise argparse.ArgumentTypeError("step must be >= 0")
+    return step
+
+
+# --------------------------------------------------------------------------- bodies
+
+
+def submit_body(args: argparse.Namespace) -> int:
+    if args.dry_run:
+        k8s = _require("orchestrator.k8s")
+        return int(k8s.dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+    scheduler = _require("orchestrator.scheduler")
+    summary = scheduler.submit(
+        args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
+        workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
+        progress=not args.no_progress and not args.json,
+    )
+    if args.json:
+        json.dump(summary, sys.stdout, default=str)
+        sys.stdout.write("\n")
+    return 0
+
+
+def status_body(args: argparse.Namespace) -> int:
+    scheduler = _require("orchestrator.scheduler")
+    return int(scheduler.status_command(args.grid, workdir=args.workdir, as_json=args.json) or 0)
+
+
+def cancel_body(args: argparse.Namespace) -> int:
+    scheduler = _require("orchestrator.scheduler")
+    n = scheduler.cancel(args.grid, trials=args.trial, pool=args.pool, workdir=args.workdir)
+    print(f"cancel requested for {n} trial(s)")
+    return 0
+
+
+def compare_body(args: argparse.Namespace) -> int:
+    compare = _require("orchestrator.compare")
+    out = compare.compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
+                          tracking_uri=args.tracking_uri, workdir=args.workdir)
+    print(f"results written to {out}")
+    return 0
+
+
+def resume_body(args: argparse.Namespace) -> int:
+    resume = _require("orchestrator.resume")
+    select = "failed" if args.failed else "collapsed" if args.collapsed else None
+    resume.resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
+                  start=args.from_, sets=_parse_sets(args.set), workdir=args.workdir,
+                  tracking_uri=args.tracking_uri, address=args.address)
+    return 0
+
+
+def ui_body(args: argparse.Namespace) -> int:
+    tracking = _require("orchestrator.tracking")
+    return int(tracking.ui(grid=args.grid, port=args.port, tracking_uri=args.tracking_uri,
+                           workdir=args.workdir) or 0)
+
+
+def run_trial_body(args: argparse.Namespace) -> int:
+    runner = _require("orchestrator.runner")
+    result = runner.run_single(args.grid, args.trial, workdir=args.workdir,
+                               tracking_uri=args.tracking_uri, fresh=args.fresh)
+    print(json.dumps(result, default=str))
+    return 0
+
+
+# --------------------------------------------------------------------------- parsers
+
+
+def _common(p: argparse.ArgumentParser, *, tracking: bool = True) -> None:
+    p.add_argument("--workdir", help="state directory (default ./.ablate or $ABLATE_WORKDIR)")
+    if tracking:
+        p.add_argument("--tracking-uri", help="MLflow tracking URI (default: $MLFLOW_TRACKING_URI "
+                       "or the SQLite store in the workdir)")
+
+
+def add_commands(sub: Any, _lazy: Callable[[str], Any]) -> None:
+    s = sub.add_parser("submit", help="run a grid unattended (resumes if it ran before)")
+    s.add_argument("grid")
+    s.add_argument("--backend", choices=["sim", "verl", "k8s"], help="override the grid's backend")
+    s.add_argument("--address", help="existing Ray cluster (default: $RAY_ADDRESS or a local one)")
+    s.add_argument("--max-parallel", type=int, help="override budget.max_parallel")
+    s.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
+    s.add_argument("--json", action="store_true", help="print a JSON summary, no live table")
+    s.add_argument("--no-progress", action="store_true", help="no live progress table")
+    s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
+    s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
+    _common(s)
+    s.set_defaults(func=_guard("submit", submit_body))
+
+    st = sub.add_parser("status", help="per-pool and per-trial state of a grid (or all grids)")
+    st.add_argument("grid", nargs="?", help="grid file or name (default: every grid in the workdir)")
+    st.add_argument("--json", action="store_true")
+    _common(st, tracking=False)
+    st.set_defaults(func=_guard("status", status_body))
+
+    c = sub.add_parser("cancel", help="cancel trials of a running grid (a trial, a pool, or all)")
+    c.add_argument("grid")
+    c.add_argument("--trial", action="append", help="trial id (repeatable)")
+    c.add_argument("--pool", help="cancel every unfinished trial on this pool")
+    _common(c, tracking=False)
+    c.set_defaults(func=_guard("cancel", cancel_body))
+
+    cmp_ = sub.add_parser("compare", help="comparison tables and plots into results/<grid>/ and MLflow")
+    cmp_.add_argument("grid")
+    cmp_.add_argument("--rows", help="axis for table rows (default: the first axis)")
+    cmp_.add_argument("--cols", help="axis for table columns (default: pool)")
+    cmp_.add_argument("--out", help="output directory (default results/<grid>)")
+    _common(cmp_)
+    cmp_.set_defaults(func=_guard("compare", compare_body))
+
+    r = sub.add_parser("resume", help="continue failed/collapsed trials, possibly on another pool")
+    r.add_argument("grid")
+    which = r.add_mutually_exclusive_group(required=True)
+    which.add_argument("--failed", action="store_true", help="every trial that ended in infra failure")
+    which.add_argument("--collapsed", action="store_true", help="every collapsed trial")
+    which.add_argument("--trial", action="append", help="trial id (repeatable)")
+    r.add_argument("--pool", required=True, help="pool to run the resumed attempts on")
+    r.add_argument("--from", dest="from_", type=_from_step, default="last-healthy",
+                   help="last-healthy (default), latest, or a step number")
+    r.add_argument("--set", action="append", metavar="KEY=VALUE",
+                   help="change a setting: makes a new derived trial linked to the old one")
+    r.add_argument("--address", help="existing Ray cluster")
+    _common(r)
+    r.set_defaults(func=_guard("resume", resume_body))
+
+    u = sub.add_parser("ui", help="start the MLflow UI on loopback for the grid's store")
+    u.add_argument("grid", nargs="?")
+    u.add_argument("--port", type=int, default=5000)
+    _common(u)
+    u.set_defaults(func=_guard("ui", ui_body))
+
+    rt = sub.add_parser("run-trial", help="run one trial in this process, without Ray (debugging)")
+    rt.add_argument("grid")
+    rt.add_argument("--trial", required=True, help="trial id from `ablate plan`")
+    rt.add_argument("--fresh", action="store_true", help="ignore existing checkpoints")
+    _common(rt)
+    rt.set_defaults(func=_guard("run-trial", run_trial_body))

@@ -1,0 +1,56 @@
+"""``ablate env``: versions, devices and endpoints, for bug reports."""
+from __future__ import annotations
+
+import importlib.metadata
+import os
+import platform
+import sys
+from typing import Any
+
+from orchestrator import workspace
+
+PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omegaconf", "pydantic",
+            "verl", "kubernetes", "sglang")
+
+
+def _version(name: str) -> str:
+    try:
+        return importlib.metadata.version(name)
+    except importlib.metadata.PackageNotFoundError:
+        return "not installed"
+
+
+def _devices() -> str:
+    try:
+        import torch
+    except ImportError:
+        return "torch not installed"
+    if torch.cuda.is_available():
+        names = {torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())}
+        return f"{torch.cuda.device_count()} CUDA GPU(s): {', '.join(sorted(names))}"
+    return f"CPU only ({os.cpu_count()} cores, torch threads {torch.get_num_threads()})"
+
+
+def collect() -> dict[str, Any]:
+    """A flat dict of environment facts (no secrets: only endpoint URIs without credentials)."""
+    info: dict[str, Any] = {
+        "python": sys.version.split()[0],
+        "platform": platform.platform(),
+    }
+    for pkg in PACKAGES:
+        info[pkg] = _version(pkg)
+    info["devices"] = _devices()
+    info["workdir"] = str(workspace.workdir())
+    info["mlflow_tracking_uri"] = _redact(workspace.tracking_uri())
+    info["ray_address"] = _redact(os.environ.get("RAY_ADDRESS", "local (embedded, started on submit)"))
+    info["kubeconfig"] = os.environ.get("KUBECONFIG", "~/.kube/config (if present)")
+    return info
+
+
+def _redact(uri: str) -> str:
+    """Drop ``user:password@`` from a URI."""
+    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
+        scheme, rest = uri.split("://", 1)
+        host = rest.split("@", 1)[1]
+        return f"{scheme}://***@{host}"
+    return uri

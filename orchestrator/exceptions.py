@@ -1,0 +1,91 @@
+"""All errors the orchestrator raises on purpose.
+
+``UserError`` subclasses are mistakes in what the user gave us (a grid file, a flag, a
+checkpoint that is not there): the CLI prints their one-line message and exits with code 2,
+without a traceback. Anything else is an internal error and keeps its traceback.
+"""
+from __future__ import annotations
+
+import difflib
+from collections.abc import Iterable, Sequence
+
+
+class OrchestratorError(Exception):
+    """Base class of every error raised by rl-ablate on purpose."""
+
+
+class UserError(OrchestratorError, ValueError):
+    """Bad input from the user; printed as one line, exit code 2."""
+
+    exit_code = 2
+
+    def __init__(self, message: str) -> None:
+        # One line, always: a newline smuggled in by a value must not split the message.
+        super().__init__(" ".join(str(message).split()))
+
+
+class GridError(UserError):
+    """A grid file (or a recipe it names) is invalid.
+
+    The message has the form ``FILE:LINE: KEY.PATH: problem; allowed: ...; did you mean ...?``.
+    """
+
+    def __init__(
+        self,
+        problem: str,
+        *,
+        file: str | None = None,
+        line: int | None = None,
+        key: str | None = None,
+        allowed: Sequence[object] | None = None,
+        got: object = None,
+        fix: str | None = None,
+    ) -> None:
+        where = file or "<grid>"
+        if line is not None:
+            where = f"{where}:{line}"
+        parts = [where]
+        if key:
+            parts.append(key)
+        text = ": ".join(parts) + f": {problem}"
+        if allowed is not None:
+            shown = ", ".join(str(a) for a in list(allowed)[:20])
+            if len(allowed) > 20:
+                shown += ", ..."
+            text += f"; allowed: {shown}"
+        hint = did_you_mean(got, allowed) if allowed is not None and got is not None else None
+        if hint:
+            text += f"; did you mean {hint!r}?"
+        if fix:
+            text += f"; fix: {fix}"
+        self.file, self.line, self.key = file, line, key
+        super().__init__(text)
+
+
+class BackendUnavailableError(UserError):
+    """A backend (verl, Kubernetes) cannot run on this machine; the message says what to install."""
+
+
+class CheckpointError(UserError):
+    """A checkpoint to resume from is missing, corrupt or not portable to the target pool."""
+
+
+class ConcurrencyError(UserError):
+    """Another orchestrator process holds the grid's lease."""
+
+
+class NumericFailure(OrchestratorError):
+    """NaN/inf in a training step: a result (verdict numeric_failure), never retried."""
+
+
+class InfraFailure(OrchestratorError):
+    """A process, node or store failed under a trial: retried from its last checkpoint."""
+
+
+def did_you_mean(got: object, allowed: Iterable[object] | None) -> str | None:
+    """The closest allowed value to ``got`` by spelling, if one is close enough."""
+    if allowed is None:
+        return None
+    names = [str(a) for a in allowed]
+    match = difflib.get_close_matches(str(got), names, n=1, cutoff=0.6)
+    return match[0] if match else None

@@ -1,0 +1,105 @@
+"""Recipes: Hydra configs in ``recipes/`` that a grid's trials are composed from.
+
+A recipe ``sim/grpo_tiny`` is the file ``recipes/sim/grpo_tiny.yaml``, composed with Hydra's
+compose API (so ``defaults:`` lists work). Grids override its leaves by dotted key; a key that
+is not in the recipe is an error (struct mode), as in Hydra.
+"""
+from __future__ import annotations
+
+import copy
+import functools
+import hashlib
+import json
+import os
+from collections.abc import Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.exceptions import GridError
+
+REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+
+
+def recipes_root(grid_file: str | Path | None = None) -> Path:
+    """Where recipes are looked up: $ABLATE_RECIPES, ./recipes, next to grids/, or the repo's."""
+    candidates: list[Path] = []
+    if os.environ.get("ABLATE_RECIPES"):
+        candidates.append(Path(os.environ["ABLATE_RECIPES"]))
+    if grid_file is not None:
+        gf = Path(grid_file).resolve()
+        candidates += [p / "recipes" for p in gf.parents[:3]]
+    candidates += [Path.cwd() / "recipes", REPO_RECIPES]
+    for c in candidates:
+        if c.is_dir():
+            return c.resolve()
+    return REPO_RECIPES
+
+
+def available(root: Path) -> list[str]:
+    return sorted(
+        str(p.relative_to(root).with_suffix(""))
+        for p in root.rglob("*.yaml")
+        if not p.name.startswith("_") and "pools" != p.stem
+    )
+
+
+@functools.lru_cache(maxsize=32)
+def _compose(root: str, name: str) -> str:
+    # Hydra keeps global state; compose in a fresh context every time and cache the result.
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+    from omegaconf import OmegaConf
+
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=root, version_base=None):
+            cfg = compose(config_name=name)
+        data = OmegaConf.to_container(cfg, resolve=True)
+    finally:
+        GlobalHydra.instance().clear()
+    return json.dumps(data, sort_keys=True)
+
+
+def compose_recipe(name: str, *, root: Path, file: str | None = None,
+                   line: int | None = None) -> dict[str, Any]:
+    """The composed recipe as a plain dict (a fresh copy each call)."""
+    if ".." in name.split("/") or not (root / f"{name}.yaml").is_file():
+        raise GridError(f"unknown recipe {name!r} (looked in {root})", file=file, line=line,
+                        key="recipe", allowed=available(root), got=name,
+                        fix="name a file under recipes/ without the .yaml suffix")
+    try:
+        text = _compose(str(root), name)
+    except Exception as exc:  # noqa: BLE001 - any Hydra/OmegaConf failure is a recipe error
+        detail = " ".join(str(exc).split())[:300]
+        raise GridError(f"recipe {name!r} does not compose: {detail}", file=file, line=line,
+                        key="recipe", fix=f"fix {root / (name + '.yaml')}") from None
+    data = json.loads(text)
+    if not isinstance(data, dict):
+        raise GridError(f"recipe {name!r} is not a mapping", file=file, line=line, key="recipe")
+    return data
+
+
+def digest(config: Mapping[str, Any]) -> str:
+    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+
+
+def flatten(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:
+    """Leaves of a nested mapping as (dotted key, value); empty mappings are leaves."""
+    for k, v in config.items():
+        key = f"{prefix}.{k}" if prefix else str(k)
+        if isinstance(v, Mapping) and v:
+            yield from flatten(v, key)
+        else:
+            yield key, v
+
+
+def apply_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> dict[str, Any]:
+    """A deep copy of ``base`` with dotted-key overrides set (keys are validated beforehand)."""
+    out = copy.deepcopy(dict(base))
+    for key, value in overrides.items():
+        node = out
+        parts = key.split(".")
+        for p in parts[:-1]:
+            node = node.setdefault(p, {})
+        node[parts[-1]] = list(value) if isinstance(value, tuple) else value
+    return out

@@ -1,0 +1,162 @@
+"""Schema of a grid file (pydantic, ``extra="forbid"`` everywhere: unknown keys are errors).
+
+The schema checks shapes and types; ``grid.py`` does the semantic checks that need the recipe
+and the pool catalogue (axis keys, axis values, excludes) and the expansion.
+"""
+from __future__ import annotations
+
+import math
+from typing import Annotated, Any, Literal, Union
+
+from pydantic import BaseModel, ConfigDict, Field, StrictBool, StrictFloat, StrictInt, StrictStr
+from pydantic import field_validator, model_validator
+
+NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
+RECIPE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(/[A-Za-z0-9_][A-Za-z0-9_-]*)*$"
+KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+BACKENDS = ("sim", "verl", "k8s")
+
+Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
+Value = Union[Scalar, list[Scalar], dict[StrictStr, Scalar]]
+DottedKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=200)]
+
+
+def _finite(value: Any) -> Any:
+    """Reject NaN/inf anywhere in a value (YAML's .nan/.inf parse as floats)."""
+    if isinstance(value, float) and not math.isfinite(value):
+        raise ValueError(f"{value} is not a finite number")
+    if isinstance(value, list):
+        for v in value:
+            _finite(v)
+    if isinstance(value, dict):
+        for v in value.values():
+            _finite(v)
+    return value
+
+
+class Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+
+
+class CollapseRuleSpec(Strict):
+    """One collapse rule over the metric stream (see ``orchestrator/verdict.py``)."""
+
+    name: StrictStr = Field(pattern=r"^[a-z0-9_]{1,40}$")
+    metric: StrictStr = Field(max_length=200)
+    kind: Literal["explode", "drop_from_peak", "above", "below", "blowup", "nonfinite"]
+    threshold: StrictFloat | StrictInt = 0.0
+    window: StrictInt = Field(20, ge=1, le=100_000)
+    patience: StrictInt = Field(1, ge=1, le=100_000)
+    min_step: StrictInt = Field(0, ge=0)
+    verdict: Literal["collapsed", "unstable"] = "collapsed"
+
+    _finite_threshold = field_validator("threshold")(_finite)
+
+
+class CollapseSpec(Strict):
+    rules: Literal["default", "none"] | list[CollapseRuleSpec] = "default"
+    extra_rules: list[CollapseRuleSpec] = Field(default_factory=list)
+    early_warning: StrictBool = True
+
+
+class EarlyStopSpec(Strict):
+    enabled: StrictBool = True
+    # Stop this many steps after a certain verdict (0 = at once); a healthy trial is never stopped.
+    margin: StrictInt = Field(0, ge=0, le=1_000_000)
+    on_warning: StrictBool = False  # also stop on early warning + margin (off by default)
+
+
+class BudgetSpec(Strict):
+    max_parallel: StrictInt = Field(4, ge=1, le=100_000)
+    per_pool: dict[StrictStr, Annotated[int, Field(ge=1, le=100_000)]] = Field(default_factory=dict)
+    max_trials: StrictInt = Field(100_000, ge=1)
+
+
+class RetrySpec(Strict):
+    max: StrictInt = Field(2, ge=0, le=100)
+
+
+class CheckpointSpec(Strict):
+    every: StrictInt = Field(25, ge=1, le=10_000_000)
+    keep: StrictInt = Field(3, ge=1, le=1000)
+    store: StrictStr | None = Field(None, max_length=1000)  # local path or fsspec URL
+
+
+class SearchParam(Strict):
+    low: StrictFloat | StrictInt
+    high: StrictFloat | StrictInt
+    log: StrictBool = False
+    kind: Literal["float", "int"] = "float"
+
+    @model_validator(mode="after")
+    def _range(self) -> SearchParam:
+        _finite([self.low, self.high])
+        if self.low >= self.high:
+            raise ValueError(f"low {self.low} must be below high {self.high}")
+        if self.log and self.low <= 0:
+            raise ValueError("a log-scale range needs low > 0")
+        return self
+
+
+class SearchObjective(Strict):
+    metric: StrictStr = "eval/reward/final"
+    mode: Literal["max", "min"] = "max"
+    collapse_penalty: StrictFloat | StrictInt = 1.0
+
+
+class SearchSpec(Strict):
+    params: dict[DottedKey, SearchParam] = Field(min_length=1)
+    budget: StrictInt = Field(16, ge=1, le=100_000)
+    objective: SearchObjective = Field(default_factory=SearchObjective)
+    sampler: Literal["tpe", "random"] = "tpe"
+
+
+class ResumeAction(Strict):
+    pool: StrictStr | None = None
+    set: dict[DottedKey, Value] = Field(default_factory=dict)
+    start: Literal["last-healthy", "latest"] = "last-healthy"
+
+
+class OnCollapseSpec(Strict):
+    resume: ResumeAction
+
+
+class GridFile(Strict):
+    """Top level of ``grids/*.yaml``."""
+
+    name: StrictStr = Field(pattern=NAME_PATTERN)
+    description: StrictStr = ""
+    recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
+    backend: Literal["sim", "verl", "k8s"] = "sim"
+    steps: StrictInt = Field(ge=1, le=10_000_000)
+    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default=[0], min_length=1)
+    pool: StrictStr | None = None
+    pool_catalog: StrictStr | None = None
+    axes: dict[StrictStr, list[Value] | dict[StrictStr, dict[DottedKey, Value] | None]] = Field(
+        default_factory=dict
+    )
+    overrides: dict[DottedKey, Value] = Field(default_factory=dict)
+    exclude: list[dict[StrictStr, Value]] = Field(default_factory=list)
+    include: list[dict[StrictStr, Value]] = Field(default_factory=list)
+    collapse: CollapseSpec = Field(default_factory=CollapseSpec)
+    early_stop: StrictBool | EarlyStopSpec = True
+    budget: BudgetSpec = Field(default_factory=BudgetSpec)
+    retries: RetrySpec = Field(default_factory=RetrySpec)
+    checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    search: SearchSpec | None = None
+    on_collapse: OnCollapseSpec | None = None
+
+    _finite_overrides = field_validator("overrides")(_finite)
+
+    @field_validator("seeds")
+    @classmethod
+    def _unique_seeds(cls, v: list[int]) -> list[int]:
+        if len(set(v)) != len(v):
+            raise ValueError(f"seeds must be unique, got {v}")
+        return v
+
+    @property
+    def early_stop_spec(self) -> EarlyStopSpec:
+        if isinstance(self.early_stop, bool):
+            return EarlyStopSpec(enabled=self.early_stop)
+        return self.early_stop

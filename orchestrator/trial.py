@@ -1,0 +1,216 @@
+"""Trial value objects: the spec of one grid point, its state machine, attempts and paths on disk.
+
+A trial is one resolved configuration (recipe + overrides + pool + seed + backend) identified by
+a content hash, so the same configuration always has the same id, whichever grid file, key
+order or machine produced it.
+"""
+from __future__ import annotations
+
+import dataclasses
+import enum
+import hashlib
+import json
+import os
+import tempfile
+from collections.abc import Iterable, Mapping
+from pathlib import Path
+from typing import Any
+
+SCHEMA_VERSION = 1
+
+
+class TrialState(enum.Enum):
+    """Lifecycle of a trial. Legal moves are in ``_TRANSITIONS``; use :func:`transition`."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"  # ran to its end or was stopped early; the verdict says how it went
+    FAILED = "failed"  # infra failures exhausted the retries
+    CANCELLED = "cancelled"
+
+    def is_finished(self) -> bool:
+        return self in (TrialState.DONE, TrialState.FAILED, TrialState.CANCELLED)
+
+
+_TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
+    TrialState.PENDING: frozenset({TrialState.RUNNING, TrialState.CANCELLED}),
+    # RUNNING -> PENDING: an infra failure queued for retry, or an orchestrator restart.
+    TrialState.RUNNING: frozenset(
+        {TrialState.PENDING, TrialState.DONE, TrialState.FAILED, TrialState.CANCELLED}
+    ),
+    # Finished trials only move again through an explicit `ablate resume`.
+    TrialState.DONE: frozenset({TrialState.PENDING}),
+    TrialState.FAILED: frozenset({TrialState.PENDING}),
+    TrialState.CANCELLED: frozenset({TrialState.PENDING}),
+}
+
+
+class IllegalTransition(RuntimeError):
+    """A trial was asked to move between states that have no legal edge."""
+
+
+def transition(current: TrialState, new: TrialState, *, resume: bool = False) -> TrialState:
+    """Return ``new`` if ``current -> new`` is legal; finished -> pending needs ``resume=True``."""
+    if new not in _TRANSITIONS[current]:
+        raise IllegalTransition(f"trial state {current.value} -> {new.value} is not allowed")
+    if current.is_finished() and not resume:
+        raise IllegalTransition(f"trial is {current.value}; only `ablate resume` may reopen it")
+    return new
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class TrialSpec:
+    """One resolved grid point.
+
+    ``axes`` holds the axis labels as the user wrote them (for tables); ``overrides`` holds the
+    dotted-key values applied on top of the recipe after normalisation (for running and hashing).
+    """
+
+    trial_id: str
+    grid: str
+    backend: str
+    recipe: str
+    pool: str
+    seed: int
+    steps: int
+    axes: tuple[tuple[str, str], ...]
+    overrides: tuple[tuple[str, Any], ...]
+    derived_from: tuple[str, int] | None = None
+
+    @property
+    def axis_values(self) -> dict[str, str]:
+        return dict(self.axes)
+
+    @property
+    def override_map(self) -> dict[str, Any]:
+        return dict(self.overrides)
+
+    def to_json(self) -> dict[str, Any]:
+        """A JSON-safe dict (the edge format for state files, Ray configs and MLflow)."""
+        data = dataclasses.asdict(self)
+        data["axes"] = [list(a) for a in self.axes]
+        data["overrides"] = [[k, v] for k, v in self.overrides]
+        data["derived_from"] = list(self.derived_from) if self.derived_from else None
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialSpec:
+        return cls(
+            trial_id=data["trial_id"],
+            grid=data["grid"],
+            backend=data["backend"],
+            recipe=data["recipe"],
+            pool=data["pool"],
+            seed=int(data["seed"]),
+            steps=int(data["steps"]),
+            axes=tuple((str(k), str(v)) for k, v in data["axes"]),
+            overrides=tuple((str(k), _freeze(v)) for k, v in data["overrides"]),
+            derived_from=tuple(data["derived_from"]) if data.get("derived_from") else None,
+        )
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    return value
+
+
+def canonical_json(obj: Any) -> str:
+    """Key-order independent JSON used for hashing (tuples and lists hash the same)."""
+    return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=list)
+
+
+def trial_id_for(identity: Mapping[str, Any]) -> str:
+    """Content hash of a trial's identity: ``t`` + 12 hex digits of SHA-256."""
+    digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()
+    return "t" + digest[:12]
+
+
+@dataclasses.dataclass(frozen=True, slots=True)
+class Attempt:
+    """One run of a trial on one pool over a step range (recorded in attempts.json and MLflow)."""
+
+    number: int
+    pool: str
+    start_step: int
+    end_step: int | None = None
+    outcome: str | None = None  # completed | stopped_early | numeric_failure | infra_failure | cancelled
+    reason: str | None = None
+    resumed_from_step: int | None = None
+    started_at: float | None = None
+    ended_at: float | None = None
+    node: str | None = None
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> Attempt:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        return cls(**{k: v for k, v in data.items() if k in fields})
+
+
+class TrialPaths:
+    """Names every file of one trial's directory (``<workdir>/<grid>/trials/<trial_id>/``)."""
+
+    def __init__(self, grid_dir: Path, trial_id: str) -> None:
+        self.root = Path(grid_dir) / "trials" / trial_id
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "trial.log"
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write JSON with a schema version via temp file + fsync + rename (never half-written)."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if isinstance(data, dict) and "schema_version" not in data:
+        data = {"schema_version": SCHEMA_VERSION, **data}
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            json.dump(data, fh, indent=1, sort_keys=True, default=list)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON state file; a corrupt file raises ``ValueError`` naming the path."""
+    try:
+        with open(path) as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise ValueError(f"{path}: corrupt JSON state file ({exc.msg} at line {exc.lineno})") from exc
+
+
+def format_axes(axes: Iterable[tuple[str, str]]) -> str:
+    return ", ".join(f"{k}={v}" for k, v in axes)

@@ -1,0 +1,43 @@
+"""Where a grid's durable state lives on disk, and the default MLflow store.
+
+Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
+
+    .ablate/
+      mlflow.db                 embedded MLflow tracking store (SQLite)
+      mlartifacts/              its artifact store
+      <grid>/
+        grid.json               the validated grid (file path, digest) of the last submission
+        recipe.json             the composed recipe the trials were built from
+        lease.json              which orchestrator process owns the grid right now
+        tune/                   Ray Tune experiment directory (for restore)
+        trials/<trial_id>/      spec.json state.json attempts.json metrics.jsonl checkpoints/
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+DEFAULT_WORKDIR = ".ablate"
+
+
+def workdir(path: str | os.PathLike[str] | None = None) -> Path:
+    """The working directory (absolute; created on first use by the writers, not here)."""
+    chosen = path or os.environ.get("ABLATE_WORKDIR") or DEFAULT_WORKDIR
+    return Path(chosen).expanduser().resolve()
+
+
+def grid_dir(grid_name: str, root: str | os.PathLike[str] | None = None) -> Path:
+    return workdir(root) / grid_name
+
+
+def tracking_uri(uri: str | None = None, root: str | os.PathLike[str] | None = None) -> str:
+    """``uri``, else $MLFLOW_TRACKING_URI, else the embedded SQLite store under the workdir."""
+    if uri:
+        return uri
+    if os.environ.get("MLFLOW_TRACKING_URI"):
+        return os.environ["MLFLOW_TRACKING_URI"]
+    return f"sqlite:///{workdir(root) / 'mlflow.db'}"
+
+
+def artifact_root(root: str | os.PathLike[str] | None = None) -> Path:
+    return workdir(root) / "mlartifacts"
