@@ -1,0 +1,65 @@
+"""Metric names shared by every backend, the verdict rules and the comparison tables.
+
+Names follow verl 0.9.1 where verl has the metric (``research/verl-0.9.1.md`` section 2), so a
+verl job logging straight into the trial's MLflow run and the simulator look the same.
+"""
+from __future__ import annotations
+
+# Reward
+TRAIN_REWARD = "critic/score/mean"  # mean verifiable reward of the step's rollouts
+EVAL_REWARD = "eval/reward"  # held-out eval reward (greedy-free sampling, fixed prompts)
+RESPONSE_LENGTH = "response_length/mean"
+
+# Training health
+GRAD_NORM = "actor/grad_norm"  # before clipping
+ENTROPY = "actor/entropy"
+PG_LOSS = "actor/pg_loss"
+PG_CLIPFRAC = "actor/pg_clipfrac"
+PPO_KL = "actor/ppo_kl"
+KL_LOSS = "actor/kl_loss"
+LR = "actor/lr"
+
+# Training-inference mismatch (pi_old recomputed by the trainer vs mu from the rollout engine)
+K1_KL = "rollout_corr/kl"  # E[log mu - log pi_old]
+K3_KL = "rollout_corr/k3_kl"  # E[rho - log rho - 1], rho = pi_old / mu
+LOG_PPL_DIFF = "rollout_corr/log_ppl_diff"
+LOG_PPL_ABS_DIFF = "rollout_corr/log_ppl_abs_diff"
+TRAINING_PPL = "rollout_corr/training_ppl"
+ROLLOUT_PPL = "rollout_corr/rollout_ppl"
+CHI2_TOKEN = "rollout_corr/chi2_token"
+CHI2_SEQ = "rollout_corr/chi2_seq"
+TV = "rollout_corr/tv"  # 0.5 * E_mu|rho - 1|, token level
+IS_MEAN = "rollout_corr/rollout_is_mean"
+IS_STD = "rollout_corr/rollout_is_std"
+IS_MIN = "rollout_corr/rollout_is_min"
+IS_MAX = "rollout_corr/rollout_is_max"
+IS_ESS = "rollout_corr/rollout_is_eff_sample_size"
+IS_FRAC_HIGH = "rollout_corr/rollout_is_ratio_fraction_high"
+IS_FRAC_LOW = "rollout_corr/rollout_is_ratio_fraction_low"
+IS_BATCH_NORM = "rollout_corr/rollout_is_batch_norm_factor"
+IS_MASKED_FRACTION = "rollout_corr/rollout_is_masked_fraction"  # mask mode (IcePop band)
+RS_MASKED_FRACTION = "rollout_corr/rollout_rs_masked_fraction"
+RS_SEQ_MASKED_FRACTION = "rollout_corr/rollout_rs_seq_masked_fraction"
+VETO_FRACTION = "rollout_corr/rollout_veto_seq_fraction"
+PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
+
+# Mismatch bucketed by the rollout probability of the sampled token (seed 000's finding).
+PROB_BUCKETS: tuple[tuple[float, float], ...] = (
+    (0.0, 1e-3), (1e-3, 1e-2), (1e-2, 0.1), (0.1, 0.3), (0.3, 0.5),
+    (0.5, 0.7), (0.7, 0.9), (0.9, 0.99), (0.99, 1.0 + 1e-9),
+)  # fmt: skip
+
+
+def bucket_name(lo: float, hi: float, stat: str = "k3_kl") -> str:
+    """``mismatch/k3_kl/p_0.1-0.3``: mismatch of tokens whose rollout probability is in [lo, hi)."""
+    return f"mismatch/{stat}/p_{lo:g}-{min(hi, 1.0):g}"
+
+
+def bucket_count_name(lo: float, hi: float) -> str:
+    return bucket_name(lo, hi, "token_fraction")
+
+
+# Throughput
+TIME_PER_STEP = "perf/time_per_step"
+TIME_GEN = "timing_s/gen"
+TIME_UPDATE = "timing_s/update_actor"
