@@ -10,7 +10,6 @@ import importlib
 import json
 import sys
 from collections.abc import Callable, Sequence
-from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import UserError
@@ -32,6 +31,12 @@ def plan_command(args: argparse.Namespace) -> int:
     from orchestrator.grid import expand, load_grid
 
     grid = load_grid(args.grid, backend=args.backend)
+    if args.show_recipe:
+        from orchestrator.recipes import flatten
+
+        for key, value in flatten(grid.recipe_config):
+            print(f"{key} = {json.dumps(value)}")
+        return 0
     trials = expand(grid, force=args.force)
     details = _backend_details(grid, trials) if args.show_overrides else {}
     if args.json:
@@ -161,6 +166,8 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--backend", choices=["sim", "verl", "k8s"], help="override the grid's backend")
     plan.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
     plan.add_argument("--limit", type=int, default=200, help="rows to print (0 = all)")
+    plan.add_argument("--show-recipe", action="store_true",
+                      help="print the composed recipe's keys (what a grid can override) and exit")
     plan.add_argument("--show-overrides", action="store_true",
                       help="show each trial's backend overrides (for verl: the exact Hydra list)")
     plan.set_defaults(func=plan_command)
@@ -186,6 +193,9 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `ablate plan ... | head`: the reader left; not an error
+        sys.stderr.close()
+        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -74,6 +74,11 @@ def compose_recipe(name: str, *, root: Path, file: str | None = None,
         raise GridError(f"recipe {name!r} does not compose: {detail}", file=file, line=line,
                         key="recipe", fix=f"fix {root / (name + '.yaml')}") from None
     data = json.loads(text)
+    # Hydra packages a config named "sim/grpo_tiny" under the keys sim.grpo_tiny's group path
+    # ("sim"); a recipe is a whole trial config, so unwrap that nesting.
+    for part in name.split("/")[:-1]:
+        if isinstance(data, dict) and set(data) == {part}:
+            data = data[part]
     if not isinstance(data, dict):
         raise GridError(f"recipe {name!r} is not a mapping", file=file, line=line, key="recipe")
     return data

@@ -39,7 +39,13 @@ class Strict(BaseModel):
 
 
 class CollapseRuleSpec(Strict):
-    """One collapse rule over the metric stream (see ``orchestrator/verdict.py``)."""
+    """One collapse rule over the metric stream (semantics per ``kind`` in ``orchestrator/verdict.py``).
+
+    ``window`` counts observations of ``metric`` (reference median for ``explode``, smoothing for
+    ``blowup``/``drop_from_peak``); ``patience`` is how many consecutive observations the condition
+    must hold before the rule fires; ``min_delta`` is the smallest absolute drop ``drop_from_peak``
+    accepts (so noise on a flat curve is not a collapse).
+    """
 
     name: StrictStr = Field(pattern=r"^[a-z0-9_]{1,40}$")
     metric: StrictStr = Field(max_length=200)
@@ -48,20 +54,45 @@ class CollapseRuleSpec(Strict):
     window: StrictInt = Field(20, ge=1, le=100_000)
     patience: StrictInt = Field(1, ge=1, le=100_000)
     min_step: StrictInt = Field(0, ge=0)
+    min_delta: StrictFloat | StrictInt = Field(0.0, ge=0)
     verdict: Literal["collapsed", "unstable"] = "collapsed"
 
-    _finite_threshold = field_validator("threshold")(_finite)
+    _finite_threshold = field_validator("threshold", "min_delta")(_finite)
+
+
+class EarlyWarningSpec(Strict):
+    """Mismatch trend warning: the recent median of ``metric`` rises ``ratio`` x above the median
+    of an older reference window (``lag`` observations back) and above ``floor``, for ``patience``
+    consecutive observations. Seeds 000/002: k3 rises before grad norm and PPL blow up."""
+
+    metric: StrictStr = Field("rollout_corr/k3_kl", max_length=200)
+    ratio: StrictFloat | StrictInt = Field(3.0, gt=1)
+    window: StrictInt = Field(5, ge=1, le=10_000)
+    lag: StrictInt = Field(20, ge=1, le=100_000)
+    floor: StrictFloat | StrictInt = Field(1e-4, ge=0)
+    patience: StrictInt = Field(3, ge=1, le=100_000)
+    min_step: StrictInt = Field(0, ge=0)
+
+    _finite_values = field_validator("ratio", "floor")(_finite)
 
 
 class CollapseSpec(Strict):
     rules: Literal["default", "none"] | list[CollapseRuleSpec] = "default"
     extra_rules: list[CollapseRuleSpec] = Field(default_factory=list)
-    early_warning: StrictBool = True
+    early_warning: StrictBool | EarlyWarningSpec = True
+
+    @property
+    def warning_spec(self) -> EarlyWarningSpec | None:
+        """The early-warning detector, or None when it is switched off."""
+        if self.early_warning is True:
+            return EarlyWarningSpec()
+        return self.early_warning or None
 
 
 class EarlyStopSpec(Strict):
     enabled: StrictBool = True
-    # Stop this many steps after a certain verdict (0 = at once); a healthy trial is never stopped.
+    # A fired collapse rule must still hold ``margin`` observations later before the trial is
+    # stopped (guards against dips that recover); a healthy trial is never stopped.
     margin: StrictInt = Field(0, ge=0, le=1_000_000)
     on_warning: StrictBool = False  # also stop on early warning + margin (off by default)
 

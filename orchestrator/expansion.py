@@ -1,0 +1,259 @@
+"""Grid expansion: axes x seeds, minus excludes, plus includes, deduplicated by content hash.
+
+Overrides are normalised before hashing (correction fields that cannot matter are reset, values
+equal to the recipe default are dropped), so configurations identical after resolution share
+one trial id, whatever grid, key order or machine produced them.
+"""
+from __future__ import annotations
+
+import hashlib
+import itertools
+import json
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from pydantic import ValidationError
+
+from orchestrator import recipes
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.trial import TrialSpec, canonical_json, trial_id_for
+from orchestrator.validation import SECTIONS, _Checker, _freeze, _label, _thaw
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
+
+
+
+class _Resolver:
+    """Turns merged overrides into normalised, hashable trial overrides (cached per section)."""
+
+    def __init__(self, grid: GridSpec) -> None:
+        self.grid = grid
+        base = grid.recipe_config
+        self.section_base = {s: dict(base[s]) for s in SECTIONS}
+        self.leaves = dict(recipes.flatten({k: v for k, v in base.items() if k not in SECTIONS}))
+        self.cache: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[tuple[str, Any], ...]] = {}
+        self.backend_cls = _backend_class(grid.backend)
+        self.checked: set[tuple[Any, ...]] = set()
+
+    def section(self, name: str, items: tuple[tuple[str, Any], ...],
+                context: Any) -> tuple[tuple[str, Any], ...]:
+        key = (name, items)
+        hit = self.cache.get(key)
+        if hit is not None:
+            return hit
+        model = SECTIONS[name]
+        raw = {**self.section_base[name], **{k.split(".", 1)[1]: _thaw(v) for k, v in items}}
+        try:
+            obj = model.model_validate(raw)
+        except ValidationError as exc:
+            msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            raise self.grid.error(f"invalid combination ({_context(context)}): {msg}", "axes",
+                                  fix="add an 'exclude:' rule for it") from None
+        if isinstance(obj, CorrectionSpec):
+            obj = obj.canonical()
+        out = tuple(sorted((f"{name}.{k}", _freeze(v)) for k, v in obj.non_default().items()))
+        self.cache[key] = out
+        return out
+
+    def resolve(self, merged: dict[str, Any], pool: str, context: Any) -> tuple[tuple[str, Any], ...]:
+        by_section: dict[str, list[tuple[str, Any]]] = {s: [] for s in SECTIONS}
+        rest = []
+        for k, v in merged.items():
+            sec = k.split(".", 1)[0]
+            if sec in by_section:
+                by_section[sec].append((k, v))
+            elif self.leaves.get(k, _MISSING) != _thaw(v):
+                rest.append((k, v))
+        out = []
+        for sec, items in by_section.items():
+            out.extend(self.section(sec, tuple(sorted(items)), context))
+        self._backend_check(out, pool, context)
+        out.extend(rest)
+        return tuple(sorted(out))
+
+    def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
+        key = (tuple(section_items), pool)
+        if self.backend_cls is None or key in self.checked:
+            return
+        corr = CorrectionSpec.model_validate(
+            {**self.section_base["correction"],
+             **{k.split(".", 1)[1]: _thaw(v) for k, v in section_items if k.startswith("correction.")}})
+        roll = RolloutSpec.model_validate(
+            {**self.section_base["rollout"],
+             **{k.split(".", 1)[1]: _thaw(v) for k, v in section_items if k.startswith("rollout.")}})
+        problem = self.backend_cls.check(corr, roll, self.grid.pools.pools[pool])
+        if problem:
+            raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
+                                  f"{problem}",
+                                  "axes", fix="exclude this combination or change the value")
+        self.checked.add(key)
+
+
+_MISSING = object()
+
+
+def _context(axes: Any) -> str:
+    """Axis labels of the offending point, for error messages (built only on error)."""
+    if isinstance(axes, str):
+        return axes
+    return ", ".join(f"{k}={v}" for k, v in axes) or "fixed settings"
+
+
+def _backend_class(name: str) -> Any:
+    from orchestrator.backends import backend_class
+
+    return backend_class(name)
+
+
+def _identity(grid: GridSpec, pool: str, seed: int, overrides: tuple[tuple[str, Any], ...]) -> dict:
+    cls = _backend_class(grid.backend)
+    return {
+        "backend": grid.backend if grid.backend != "k8s" else "verl",
+        "backend_version": getattr(cls, "version", "0"),
+        "recipe": grid.spec.recipe,
+        "recipe_digest": grid.recipe_digest,
+        "pool": pool,
+        "seed": seed,
+        "steps": grid.spec.steps,
+        "overrides": overrides,
+    }
+
+
+def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> list[TrialSpec]:
+    """All trials of a grid: axes x seeds, minus excludes, plus includes, deduplicated."""
+    spec = grid.spec
+    cap = limit if limit is not None else spec.budget.max_trials
+    if grid.upper_bound > cap and not force:
+        raise grid.error(f"grid expands to up to {grid.upper_bound} trials, over the limit {cap}",
+                         "budget", "max_trials",
+                         fix="raise budget.max_trials, add excludes, or pass --force")
+    resolver = _Resolver(grid)
+    fixed = dict(grid.fixed)
+    seen: dict[str, TrialSpec] = {}
+    trials: list[TrialSpec] = []
+    pool_idx = next((i for i, a in enumerate(grid.axes) if a.kind == "pool"), None)
+    ranges = [range(len(a.labels)) for a in grid.axes]
+    for combo in itertools.product(*ranges):
+        if _excluded(combo, None, grid.excludes):
+            continue
+        merged = dict(fixed)
+        for a, i in zip(grid.axes, combo):
+            merged.update(a.overrides[i])
+        pool = grid.axes[pool_idx].labels[combo[pool_idx]] if pool_idx is not None else spec.pool
+        axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
+        seeds = [s for i, s in enumerate(spec.seeds)
+                 if not (grid.excludes and _excluded(combo, i, grid.excludes))]
+        _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
+    for inc in grid.includes:
+        _expand_include(grid, resolver, fixed, dict(inc), seen, trials)
+    if not trials:
+        raise grid.error("grid expands to zero trials (every combination is excluded)", "exclude",
+                         fix="loosen the exclude rules")
+    return trials
+
+
+def _excluded(combo: tuple[int, ...], seed_idx: int | None,
+              excludes: Sequence[tuple[tuple[int, frozenset[int]], ...]]) -> bool:
+    for rule in excludes:
+        hit = True
+        for idx, allowed in rule:
+            if idx == -1:
+                if seed_idx is None or seed_idx not in allowed:
+                    hit = False
+                    break
+            elif combo[idx] not in allowed:
+                hit = False
+                break
+        if hit:
+            return True
+    return False
+
+
+_SEED_SENTINEL = -987654321
+
+
+def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
+         seeds: Sequence[int], axes: tuple[tuple[str, str], ...], seen: dict[str, TrialSpec],
+         trials: list[TrialSpec]) -> None:
+    """Resolve one grid point once, then add a trial per seed (only the seed changes the id)."""
+    if not seeds:
+        return
+    overrides = resolver.resolve(merged, pool, axes)
+    # canonical_json of the identity with a sentinel seed, patched per seed: the same bytes
+    # trial_id_for() would hash, without re-serialising the overrides for every seed.
+    template = canonical_json(_identity(grid, pool, _SEED_SENTINEL, overrides))
+    marker = f'"seed":{_SEED_SENTINEL}'
+    for seed in seeds:
+        tid = "t" + hashlib.sha256(template.replace(marker, f'"seed":{seed}').encode()).hexdigest()[:12]
+        if tid in seen:
+            continue
+        trial = TrialSpec(trial_id=tid, grid=grid.name, backend=grid.backend,
+                          recipe=grid.spec.recipe, pool=pool, seed=seed, steps=grid.spec.steps,
+                          axes=axes, overrides=overrides)
+        seen[tid] = trial
+        trials.append(trial)
+
+
+def _expand_include(grid: GridSpec, resolver: _Resolver, fixed: dict[str, Any],
+                    inc: dict[str, str], seen: dict[str, TrialSpec], trials: list[TrialSpec]) -> None:
+    by_name = {a.name: a for a in grid.axes}
+    merged = dict(fixed)
+    axes: list[tuple[str, str]] = []
+    for key, label in inc.items():
+        if key in ("seed", "pool"):
+            continue
+        if key in by_name and by_name[key].kind == "bundle":
+            merged.update(by_name[key].overrides[by_name[key].index_of(label)])
+            axes.append((key, label))
+        else:
+            value = json.loads(label)
+            merged[key] = _freeze(value)
+            axes.append((key, _label(value)))
+    pool = inc.get("pool") or grid.spec.pool
+    assert pool is not None
+    axes.append(("pool", pool))
+    seeds = [int(inc["seed"])] if "seed" in inc else grid.spec.seeds
+    _add(grid, resolver, merged, pool, seeds, tuple(axes), seen, trials)
+
+
+def search_trial(grid: GridSpec, params: Mapping[str, Any], choices: Mapping[str, str],
+                 seed: int) -> TrialSpec:
+    """A trial for one point sampled by the search: axis labels in ``choices`` + ``params``."""
+    resolver = _Resolver(grid)
+    merged = dict(grid.fixed)
+    axes = []
+    pool = grid.spec.pool
+    for a in grid.axes:
+        label = choices.get(a.name, a.labels[0])
+        merged.update(a.overrides[a.index_of(label)])
+        axes.append((a.name, label))
+        if a.kind == "pool":
+            pool = label
+    for k, v in params.items():
+        merged[k] = v
+        axes.append((k, _label(v)))
+    assert pool is not None
+    seen: dict[str, TrialSpec] = {}
+    out: list[TrialSpec] = []
+    _add(grid, resolver, merged, pool, [seed], tuple(axes), seen, out)
+    return out[0]
+
+
+def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
+                 pool: str | None = None, from_step: int) -> TrialSpec:
+    """A new trial from ``parent`` with ``sets`` applied (``ablate resume --set``), linked to it."""
+    chk = _Checker(grid.file, {}, grid.recipe_config)
+    merged = dict(parent.overrides)
+    for k, v in sets.items():
+        merged[k] = _freeze(chk.value(k, v, ("--set", k)))
+    target = pool or parent.pool
+    resolver = _Resolver(grid)
+    overrides = resolver.resolve(merged, target, f"derived from {parent.trial_id}")
+    identity = _identity(grid, target, parent.seed, overrides)
+    identity["derived_from"] = [parent.trial_id, from_step]
+    axes = tuple(parent.axes) + tuple((k, _label(v)) for k, v in sorted(sets.items()))
+    return TrialSpec(trial_id=trial_id_for(identity), grid=grid.name, backend=grid.backend,
+                     recipe=grid.spec.recipe, pool=target, seed=parent.seed, steps=parent.steps,
+                     axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step))

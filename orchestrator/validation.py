@@ -1,0 +1,399 @@
+"""Grid validation: schema errors explained, then the semantic checks.
+
+Axis keys are checked against the composed recipe and the correction/engine vocabularies,
+axis values against their types and allowed values, pools against the catalogue, excludes and
+includes against the axes. Every problem is a one-line ``GridError`` with file:line, key path,
+bad value, allowed values and a did-you-mean.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import typing
+from collections.abc import Mapping, Sequence
+from typing import Any
+
+from pydantic import BaseModel, ValidationError
+
+from orchestrator import recipes
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import GridError
+from orchestrator.pools import PoolCatalog
+from orchestrator.schema import GridFile
+from orchestrator.yamlsafe import LineMap, format_path
+
+SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec}
+RESERVED_AXES = ("seed", "steps", "backend", "recipe")
+
+
+@dataclasses.dataclass(frozen=True)
+class Axis:
+    """One grid axis: a label and the dotted-key overrides for each of its values."""
+
+    name: str
+    kind: str  # "value" (list of values for a config key) | "bundle" (named sets) | "pool"
+    labels: tuple[str, ...]
+    overrides: tuple[tuple[tuple[str, Any], ...], ...]
+
+    def index_of(self, label: str) -> int:
+        return self.labels.index(label)
+
+
+def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile:
+    """The pydantic schema check, with the first error turned into a one-line GridError."""
+    try:
+        return GridFile.model_validate(data)
+    except ValidationError as exc:
+        # An unknown key explains a "missing" one (a typo), so report it first.
+        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+        loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
+        loc = _trim_union_loc(loc, data)
+        allowed, got, problem = _explain(err, data, loc)
+        line = None
+        for cut in range(len(loc), -1, -1):
+            if loc[:cut] in lines:
+                line = lines[loc[:cut]]
+                break
+        raise GridError(problem, file=file, line=line, key=format_path(loc) or None,
+                        allowed=allowed, got=got) from None
+
+
+def _trim_union_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
+    # pydantic adds union-member names (e.g. "list[...]", "int") to locations; keep real keys.
+    out: list[Any] = []
+    node = data
+    for p in loc:
+        if isinstance(node, Mapping) and p in node:
+            out.append(p)
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+            out.append(p)
+            node = node[p]
+    return tuple(out) if out else loc[:1]
+
+
+def _explain(err: Mapping[str, Any], data: Any, loc: tuple[Any, ...]) -> tuple[
+        list[str] | None, Any, str]:
+    kind = err["type"]
+    if kind == "extra_forbidden":
+        parent: Any = data
+        for p in loc[:-1]:
+            parent = parent[p] if isinstance(parent, (Mapping, list)) else None
+        allowed = _known_fields(loc[:-1])
+        return allowed, loc[-1] if loc else None, f"unknown key {loc[-1]!r}" if loc else "unknown key"
+    got = err.get("input")
+    if kind in ("literal_error", "enum"):
+        expected = err.get("ctx", {}).get("expected", "")
+        allowed = [s.strip().strip("'\"") for s in expected.replace(" or ", ",").split(",") if s.strip()]
+        return allowed, got, f"{_short(got)} is not an allowed value"
+    if kind == "missing":
+        return None, None, "required key is missing"
+    msg = err.get("msg", "invalid value")
+    return None, None, f"{_short(got)}: {msg}" if got is not None else msg
+
+
+def _known_fields(loc: tuple[Any, ...]) -> list[str] | None:
+    model: Any = GridFile
+    for p in loc:
+        if isinstance(p, int):
+            continue
+        field = getattr(model, "model_fields", {}).get(p)
+        if field is None:
+            return None
+        model = _model_in(field.annotation)
+        if model is None:
+            return None
+    return sorted(getattr(model, "model_fields", {}))
+
+
+def _model_in(annotation: Any) -> Any:
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    for arg in typing.get_args(annotation):
+        found = _model_in(arg)
+        if found is not None:
+            return found
+    return None
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, default=str) if not isinstance(value, str) else repr(value)
+    return text if len(text) <= 80 else text[:77] + "..."
+
+
+# --------------------------------------------------------------------------- semantic checks
+
+
+def _label(value: Any) -> str:
+    if isinstance(value, str):
+        return value
+    return json.dumps(value, separators=(",", ":"))
+
+
+def _allowed_values(model: type[BaseModel], field: str) -> list[str] | None:
+    ann = model.model_fields[field].annotation
+    lits: list[str] = []
+    for arg in (ann, *typing.get_args(ann)):
+        if typing.get_origin(arg) is typing.Literal:
+            lits += [str(a) for a in typing.get_args(arg)]
+    return lits or None
+
+
+class _Checker:
+    """Validates keys and values against the recipe and the vocabularies."""
+
+    def __init__(self, grid_file: str, lines: LineMap, base: Mapping[str, Any]) -> None:
+        self.file, self.lines = grid_file, lines
+        self.leaves = dict(recipes.flatten({k: v for k, v in base.items() if k not in SECTIONS}))
+
+    def err(self, problem: str, path: tuple[Any, ...], **kw: Any) -> GridError:
+        line = None
+        for cut in range(len(path), -1, -1):
+            if path[:cut] in self.lines:
+                line = self.lines[path[:cut]]
+                break
+        return GridError(problem, file=self.file, line=line, key=format_path(path), **kw)
+
+    def key(self, key: str, path: tuple[Any, ...]) -> None:
+        section, _, field = key.partition(".")
+        if section in SECTIONS:
+            fields = list(SECTIONS[section].model_fields)
+            if field not in fields:
+                raise self.err(f"unknown key {key!r}", path, allowed=[f"{section}.{f}" for f in fields],
+                               got=key)
+            return
+        if key not in self.leaves:
+            allowed = sorted(self.leaves) + [f"{s}.{f}" for s, m in SECTIONS.items() for f in m.model_fields]
+            raise self.err(f"unknown key {key!r}: not in the recipe", path, allowed=allowed, got=key,
+                           fix="override a leaf key of the recipe (see `ablate plan --show-recipe`)")
+
+    def value(self, key: str, value: Any, path: tuple[Any, ...]) -> Any:
+        self.key(key, path)
+        section, _, field = key.partition(".")
+        if section in SECTIONS:
+            model = SECTIONS[section]
+            try:
+                model.model_validate({field: value})
+            except ValidationError as exc:
+                # Cross-field rules (loc == ()) depend on the other axes: they are checked per
+                # combination at expansion. Here only the value itself is judged.
+                field_errors = [e for e in exc.errors() if e["loc"]]
+                if field_errors:
+                    allowed = _allowed_values(model, field)
+                    problem = f"{_short(value)} is not valid for {key}"
+                    if not allowed:
+                        problem += f" ({field_errors[0]['msg']})"
+                    raise self.err(problem, path, allowed=allowed, got=value) from None
+            return value
+        default = self.leaves[key]
+        if not _same_type(default, value):
+            raise self.err(f"{_short(value)} has type {type(value).__name__}, expected "
+                           f"{type(default).__name__} like the recipe default {_short(default)}",
+                           path)
+        return value
+
+
+def _same_type(default: Any, value: Any) -> bool:
+    if default is None or value is None:
+        return True
+    if isinstance(default, bool) or isinstance(value, bool):
+        return isinstance(default, bool) and isinstance(value, bool)
+    if isinstance(default, float):
+        return isinstance(value, (int, float)) and math.isfinite(value)
+    if isinstance(default, int):
+        return isinstance(value, int)
+    if isinstance(default, (list, tuple)):
+        return isinstance(value, (list, tuple))
+    if isinstance(default, Mapping):
+        return isinstance(value, Mapping)
+    return isinstance(value, type(default))
+
+
+def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root: str,
+          catalog: PoolCatalog) -> dict[str, Any]:
+    """Semantic checks of a schema-valid grid; returns the fields of its ``GridSpec``."""
+    chk = _Checker(file, lines, base)
+    fixed = tuple(sorted((k, _freeze(chk.value(k, v, ("overrides", k))))
+                         for k, v in spec.overrides.items()))
+    axes = tuple(_axis(name, values, spec, chk, catalog) for name, values in spec.axes.items())
+    _check_pools(spec, axes, chk, catalog)
+    _check_conflicts(axes, chk)
+    excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
+    includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
+    if spec.search is not None:
+        for key in spec.search.params:
+            chk.key(key, ("search", "params", key))
+    if spec.on_collapse is not None:
+        act = spec.on_collapse.resume
+        if act.pool is not None:
+            catalog.get(act.pool, file=file, line=chk.lines.get(("on_collapse", "resume", "pool")),
+                        key="on_collapse.resume.pool")
+        for k, v in act.set.items():
+            chk.value(k, v, ("on_collapse", "resume", "set", k))
+    for pool in spec.budget.per_pool:
+        catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
+                    key=f"budget.per_pool.{pool}")
+    return dict(file=file, spec=spec, axes=axes, fixed=fixed, recipe_config=base,
+                recipe_digest=recipes.digest(base), recipes_root=root, pools=catalog,
+                excludes=excludes, includes=includes, lines=lines)
+
+
+def _freeze(value: Any) -> Any:
+    if isinstance(value, list):
+        return tuple(_freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
+    return value
+
+
+def _thaw(value: Any) -> Any:
+    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2
+                                                  and isinstance(v[0], str) for v in value):
+        return {k: _thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [_thaw(v) for v in value]
+    return value
+
+
+def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCatalog) -> Axis:
+    path = ("axes", name)
+    if name in RESERVED_AXES:
+        raise chk.err(f"{name!r} cannot be an axis", path,
+                      fix="use the top-level 'seeds:' / 'steps:' keys" if name in ("seed", "steps")
+                      else "run one grid per backend/recipe")
+    if not values:
+        raise chk.err("axis has no values", path, fix="list at least one value or remove the axis")
+    if name == "pool":
+        if not isinstance(values, list):
+            raise chk.err("the pool axis is a list of pool names", path)
+        for i, v in enumerate(values):
+            if not isinstance(v, str):
+                raise chk.err(f"{_short(v)} is not a pool name", path + (i,), allowed=catalog.names())
+            catalog.get(v, file=chk.file, line=chk.lines.get(path + (i,)), key=f"axes.pool[{i}]")
+        _no_dupes(values, path, chk)
+        return Axis(name, "pool", tuple(values), tuple(() for _ in values))
+    if isinstance(values, dict):
+        labels, overrides = [], []
+        for label, bundle in values.items():
+            items = []
+            for k, v in (bundle or {}).items():
+                items.append((k, _freeze(chk.value(k, v, path + (label, k)))))
+            labels.append(label)
+            overrides.append(tuple(sorted(items)))
+        return Axis(name, "bundle", tuple(labels), tuple(overrides))
+    chk.key(name, path)
+    labels, overrides = [], []
+    for i, v in enumerate(values):
+        chk.value(name, v, path + (i,))
+        labels.append(_label(v))
+        overrides.append(((name, _freeze(v)),))
+    _no_dupes(labels, path, chk)
+    return Axis(name, "value", tuple(labels), tuple(overrides))
+
+
+def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: _Checker) -> None:
+    seen: set[str] = set()
+    for i, label in enumerate(labels):
+        if label in seen:
+            raise chk.err(f"value {label!r} is listed twice", path + (i,), fix="remove the duplicate")
+        seen.add(label)
+
+
+def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: _Checker, catalog: PoolCatalog) -> None:
+    has_axis = any(a.kind == "pool" for a in axes)
+    if spec.pool is None and not has_axis:
+        raise chk.err("no pool: give a 'pool:' key or a 'pool' axis", ("axes",),
+                      allowed=catalog.names(), fix="add e.g. 'pool: sim-h100'")
+    if spec.pool is not None:
+        if has_axis:
+            raise chk.err("both 'pool:' and a 'pool' axis are set", ("pool",), fix="keep one")
+        catalog.get(spec.pool, file=chk.file, line=chk.lines.get(("pool",)))
+    names = [spec.pool] if spec.pool else next(a.labels for a in axes if a.kind == "pool")
+    want = "sim" if spec.backend == "sim" else "gpu"
+    for i, n in enumerate(names):
+        if catalog.pools[n].kind != want:
+            path = ("pool",) if spec.pool else ("axes", "pool", i)
+            ok = [p for p in catalog.names() if catalog.pools[p].kind == want]
+            raise chk.err(f"pool {n!r} is a {catalog.pools[n].kind} pool; backend "
+                          f"{spec.backend!r} runs on {want} pools", path, allowed=ok)
+
+
+def _check_conflicts(axes: Sequence[Axis], chk: _Checker) -> None:
+    owner: dict[str, str] = {}
+    for a in axes:
+        keys = {k for ov in a.overrides for k, _ in ov}
+        for k in sorted(keys):
+            if k in owner:
+                raise chk.err(f"key {k!r} is set by both axis {owner[k]!r} and axis {a.name!r}",
+                              ("axes", a.name), fix="let one axis own each key")
+            owner[k] = a.name
+
+
+def _match_values(axis: Axis, value: Any, path: tuple[Any, ...], chk: _Checker) -> frozenset[int]:
+    values = value if isinstance(value, list) and axis.kind != "value" else [value]
+    if axis.kind == "value" and isinstance(value, list) and _label(value) not in axis.labels:
+        values = value
+    out = set()
+    for v in values:
+        label = _label(v)
+        if label not in axis.labels:
+            raise chk.err(f"{_short(v)} is not a value of axis {axis.name!r}", path,
+                          allowed=list(axis.labels), got=label)
+        out.add(axis.index_of(label))
+    return frozenset(out)
+
+
+def _exclude(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile,
+             chk: _Checker) -> tuple[tuple[int, frozenset[int]], ...]:
+    names = [a.name for a in axes]
+    if not rule:
+        raise chk.err("empty exclude rule would exclude every trial", ("exclude", i))
+    out = []
+    for key, value in rule.items():
+        path = ("exclude", i, key)
+        if key == "seed":
+            seeds = value if isinstance(value, list) else [value]
+            bad = [s for s in seeds if s not in spec.seeds]
+            if bad:
+                raise chk.err(f"seed {bad[0]!r} is not in seeds", path, allowed=spec.seeds)
+            out.append((-1, frozenset(spec.seeds.index(s) for s in seeds)))
+            continue
+        if key not in names:
+            raise chk.err(f"exclude names {key!r}, which is not an axis", path,
+                          allowed=names + ["seed"], got=key)
+        idx = names.index(key)
+        out.append((idx, _match_values(axes[idx], value, path, chk)))
+    return tuple(out)
+
+
+def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile, chk: _Checker,
+             catalog: PoolCatalog) -> tuple[tuple[str, str], ...]:
+    by_name = {a.name: a for a in axes}
+    out = []
+    for key, value in rule.items():
+        path = ("include", i, key)
+        if key == "seed":
+            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
+                raise chk.err(f"{_short(value)} is not a seed", path)
+            out.append((key, str(value)))
+        elif key == "pool":
+            if not isinstance(value, str):
+                raise chk.err(f"{_short(value)} is not a pool name", path, allowed=catalog.names())
+            catalog.get(value, file=chk.file, line=chk.lines.get(path), key=format_path(path))
+            out.append((key, value))
+        elif key in by_name and by_name[key].kind == "bundle":
+            if value not in by_name[key].labels:
+                raise chk.err(f"{_short(value)} is not a bundle of axis {key!r}", path,
+                              allowed=list(by_name[key].labels), got=value)
+            out.append((key, value))
+        else:
+            chk.value(key, value, path)
+            out.append((key, json.dumps(value)))
+    if "pool" not in dict(out) and spec.pool is None:
+        raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
+    return tuple(out)
+
+
+# --------------------------------------------------------------------------- expansion

@@ -1,0 +1,31 @@
+"""Shared fixtures. Tests run from any cwd; state goes to tmp dirs, never the repo."""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+
+
+@pytest.fixture
+def repo() -> Path:
+    return REPO
+
+
+@pytest.fixture
+def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
+    """A temp cwd with its own workdir and tracking store; recipes still resolve to the repo's."""
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABLATE_WORKDIR", str(tmp_path / ".ablate"))
+    monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
+    monkeypatch.delenv("MLFLOW_TRACKING_URI", raising=False)
+    monkeypatch.delenv("RAY_ADDRESS", raising=False)
+    return tmp_path
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    # Keep Ray and torch polite on a 2-core machine.
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    os.environ.setdefault("RAY_DEDUP_LOGS", "0")
