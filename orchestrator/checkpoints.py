@@ -247,6 +247,15 @@ class CheckpointStore:
         else:
             self.fs.pipe_file(f"{self.root_url}/{RETENTION}", json.dumps(data).encode())
 
+    def clear(self) -> None:
+        """Delete every checkpoint of the trial (a fresh start discards the old run)."""
+        for step in self._listed_steps():
+            if self.is_local:
+                shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+            else:
+                self.fs.rm(f"{self.root_url}/{step_dir_name(step)}", recursive=True)
+        self.protect([])
+
     def prune(self) -> list[int]:
         """Delete checkpoints beyond the newest ``keep`` that are not protected; returns them."""
         complete = self.steps()

@@ -70,8 +70,21 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
+        if rest:
+            self._value_check(tuple(rest), context)
         out.extend(rest)
         return tuple(sorted(out))
+
+    def _value_check(self, items: tuple[tuple[str, Any], ...], context: Any) -> None:
+        """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation)."""
+        check = getattr(self.backend_cls, "check_values", None)
+        if check is None or items in self.checked:
+            return
+        problem = check(items)
+        if problem:
+            raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
+                                  f"{problem}", "overrides", fix="change the value")
+        self.checked.add(items)
 
     def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
         key = (tuple(section_items), pool)

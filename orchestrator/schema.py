@@ -67,10 +67,10 @@ class EarlyWarningSpec(Strict):
 
     metric: StrictStr = Field("rollout_corr/k3_kl", max_length=200)
     ratio: StrictFloat | StrictInt = Field(3.0, gt=1)
-    window: StrictInt = Field(5, ge=1, le=10_000)
+    window: StrictInt = Field(10, ge=1, le=10_000)
     lag: StrictInt = Field(20, ge=1, le=100_000)
     floor: StrictFloat | StrictInt = Field(1e-4, ge=0)
-    patience: StrictInt = Field(3, ge=1, le=100_000)
+    patience: StrictInt = Field(5, ge=1, le=100_000)
     min_step: StrictInt = Field(0, ge=0)
 
     _finite_values = field_validator("ratio", "floor")(_finite)

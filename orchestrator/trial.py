@@ -140,6 +140,8 @@ class Attempt:
     started_at: float | None = None
     ended_at: float | None = None
     node: str | None = None
+    submission: str | None = None  # orchestrator submission that ran it (tells a killed
+    # orchestrator from a killed worker when an attempt ended without a record)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

@@ -35,9 +35,6 @@ DEFAULT_RULES: tuple[CollapseRuleSpec, ...] = (
     # Seed 002: "the gradient norms suddenly explode, leading to model collapse".
     CollapseRuleSpec(name="grad_norm_explosion", metric=M.GRAD_NORM, kind="explode",
                      threshold=10.0, window=20, patience=3, min_step=5),
-    # A single large spike that does not persist: worth flagging, not a collapse.
-    CollapseRuleSpec(name="grad_norm_spike", metric=M.GRAD_NORM, kind="explode",
-                     threshold=10.0, window=20, patience=1, min_step=5, verdict="unstable"),
     # Reward collapse: the smoothed reward loses half of its peak (and at least min_delta).
     CollapseRuleSpec(name="eval_reward_drop", metric=M.EVAL_REWARD, kind="drop_from_peak",
                      threshold=0.5, window=2, patience=2, min_step=0, min_delta=0.1),
@@ -278,7 +275,6 @@ class VerdictEngine:
         wspec = collapse.warning_spec
         self.warning = _Warning(wspec) if wspec is not None else None
         self.last_step: int | None = None
-        self.observations = 0  # observations since the first stop-worthy event, see _stop_reason
         self._snapshots: deque[tuple[int, dict[str, float]]] = deque(maxlen=self._snapshot_depth())
         self._fired_at: dict[str, dict[str, float]] = {}
         self._warn_seen_at: int | None = None

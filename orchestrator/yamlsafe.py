@@ -100,7 +100,11 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str
                         fix="save the file as UTF-8") from None
     if "\x00" in text:
         raise GridError("contains NUL bytes: not a text file", file=file)
-    loader = yaml.SafeLoader(text)
+    try:
+        loader = yaml.SafeLoader(text)
+    except yaml.reader.ReaderError as exc:
+        raise GridError(f"not valid YAML: character #x{exc.character:04x} is not allowed",
+                        file=file, fix="remove control characters") from None
     try:
         node = loader.get_single_node()
         if node is None:
@@ -120,6 +124,9 @@ def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str
         if isinstance(exc, yaml.constructor.ConstructorError):
             problem = f"unsafe or unknown YAML tag ({problem})"
         raise GridError(f"not valid YAML: {problem}", file=file, line=line) from None
+    except yaml.reader.ReaderError as exc:
+        raise GridError(f"not valid YAML: character #x{exc.character:04x} is not allowed",
+                        file=file, fix="remove control characters") from None
     except (yaml.YAMLError, RecursionError) as exc:
         raise GridError(f"not valid YAML: {type(exc).__name__}", file=file) from None
     finally:

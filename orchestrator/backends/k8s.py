@@ -1,0 +1,168 @@
+"""The Kubernetes backend: each attempt of a trial is one KubeRay RayJob running the verl job.
+
+The job is exactly what ``VerlBackend`` runs locally (same argv, environment and ``version``,
+hence the same trial ids), and progress is followed the same way as ``verl_run`` does it, from
+files on the shared checkpoint volume that the control plane mounts at the trial pods' path:
+
+* metrics: verl's file logger of this attempt, tailed and normalised by ``verl_run.MetricTail``,
+  -> ``ctx.log_metrics``;
+* checkpoints: verl's newest ``global_step_N`` is handed to ``ctx.save_checkpoint`` once step N's
+  metrics are in (hard links when the orchestrator's workdir is on the same volume, as
+  ``k8s/base/control.yaml`` sets it); a resume lays the stored checkpoint out as
+  ``global_step_N`` again (``verl_run.prepare_resume``);
+* ``ctx.should_stop()`` (early stop, cancel) deletes the RayJob, which frees the GPUs;
+* a failed RayJob raises ``InfraFailure`` with status, warning events and the driver's log tail.
+
+Placement, names and pod hygiene are in ``orchestrator.k8s.render``; API calls in
+``orchestrator.k8s.client``.
+"""
+
+from __future__ import annotations
+
+import time
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
+from orchestrator.backends.verl import VerlBackend
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+
+
+class K8sBackend(Backend):
+    """verl 0.9.1 trials as RayJobs on labelled GPU node pools (KubeRay + Kueue)."""
+
+    name: ClassVar[str] = "k8s"
+    version: ClassVar[str] = VerlBackend.version  # same job => same trial ids as backend verl
+    pool_kind: ClassVar[str] = "gpu"
+    poll_seconds: ClassVar[float] = 15.0
+
+    def __init__(
+        self,
+        *,
+        settings: Any = None,
+        client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._sleep = sleep
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        return VerlBackend.check(correction, rollout, pool)
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        from orchestrator.backends.verl_run import MetricTail, prepare_resume
+        from orchestrator.k8s.client import Phase, RayJobClient
+        from orchestrator.k8s.render import render_rayjob
+        from orchestrator.k8s.settings import ClusterSettings
+
+        settings = self._settings or ClusterSettings.from_env()
+        if not Path(settings.checkpoint_root).is_dir():
+            raise BackendUnavailableError(
+                f"the checkpoint volume is not mounted at {settings.checkpoint_root} here; run "
+                "`ablate submit` in the control RayCluster (k8s/README.md) or mount the volume "
+                "at that path (ABLATE_K8S_CHECKPOINT_ROOT)"
+            )
+        ckpt_dir = Path(settings.checkpoint_dir(trial.grid, trial.trial_id))
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        resume_path = prepare_resume(ctx, ckpt_dir)
+        manifest = render_rayjob(
+            trial,
+            config,
+            ctx.pool,
+            settings=settings,
+            attempt=ctx.attempt,
+            run_id=getattr(ctx, "mlflow_run_id", None),
+            resume_path=resume_path,
+            job=_VerlJob(save_freq=ctx.checkpoint_every),
+        )
+        name = manifest["metadata"]["name"]
+        client = self._client or RayJobClient(settings.namespace)
+        client.create(manifest)
+        tail = MetricTail(
+            Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
+            ctx.resume_step or 0,
+        )
+        saved = ctx.resume_step or 0
+        while True:
+            state = client.state(name)
+            finished = state is None or state.phase.finished
+            for step, data in tail.poll() + (tail.flush() if finished else []):
+                ctx.log_metrics(step, data)
+            saved = _hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+            if finished:
+                break
+            reason = ctx.should_stop()
+            if reason:
+                client.delete(name)
+                return AttemptResult(AttemptOutcome.STOPPED, tail.last_logged, reason)
+            self._sleep(self.poll_seconds)
+        last = tail.last_logged
+        if state is None:
+            raise InfraFailure(
+                f"infra_failure: RayJob {settings.namespace}/{name} disappeared "
+                f"after step {last} (deleted outside the orchestrator?)"
+            )
+        if state.phase is Phase.STOPPED:
+            return AttemptResult(
+                AttemptOutcome.STOPPED,
+                last,
+                f"Ray job stopped outside the orchestrator ({state.describe()})",
+            )
+        if state.phase is Phase.FAILED:
+            raise InfraFailure(client.failure_reason(name, state))
+        if last < trial.steps:
+            raise InfraFailure(
+                f"infra_failure: RayJob {settings.namespace}/{name} succeeded "
+                f"after step {last} of {trial.steps} (data exhausted or a step "
+                "was not logged)"
+            )
+        return AttemptResult(AttemptOutcome.COMPLETED, last)
+
+
+def _hand_over_checkpoint(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:
+    """Give verl's newest checkpoint to the orchestrator once its step's metrics are in."""
+    from orchestrator.backends.verl_run import latest_checkpoint, link_tree
+
+    step = latest_checkpoint(ckpt_dir)
+    if step is None or step <= saved or step > logged:
+        return saved
+    src = ckpt_dir / f"global_step_{step}"
+    if not src.is_dir():
+        return saved
+    ctx.save_checkpoint(step, lambda dst: link_tree(src, Path(dst)))
+    return step
+
+
+class _VerlJob:
+    """VerlBackend's argv/environment, with the runner's checkpoint cadence as verl's save_freq."""
+
+    def __init__(self, save_freq: int) -> None:
+        self.save_freq = save_freq
+
+    def command(
+        self,
+        trial: TrialSpec,
+        config: Mapping[str, Any],
+        pool: PoolSpec,
+        *,
+        checkpoint_dir: str,
+        resume_path: str | None = None,
+    ) -> list[str]:
+        return VerlBackend.command(
+            trial,
+            config,
+            pool,
+            checkpoint_dir=checkpoint_dir,
+            resume_path=resume_path,
+            save_freq=self.save_freq,
+        )
+
+    def environment(self, trial: TrialSpec, **kw: Any) -> dict[str, str]:
+        return VerlBackend.environment(trial, **kw)

@@ -1,0 +1,89 @@
+"""The CPU simulator backend: a real tiny GRPO loop with real training-inference mismatch.
+
+Plan time (``check``) imports no torch. ``run`` validates the whole config before any work,
+then trains, logging metrics every step and checkpointing every ``ctx.checkpoint_every`` steps.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from typing import Any, ClassVar
+
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+
+
+class SimBackend(Backend):
+    """Runs trials on the CPU simulator (``orchestrator.sim``)."""
+
+    name: ClassVar[str] = "sim"
+    version: ClassVar[str] = "sim-1"
+    pool_kind: ClassVar[str] = "sim"
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Refuse what the simulator cannot honour. (routing_replay on a dense model is refused
+        when the run starts: the model architecture is not known here.)"""
+        from orchestrator.sim.profile import check_rollout
+
+        if pool.kind != "sim":
+            return f"pool {pool.name} is a {pool.kind} pool; the sim backend runs on sim-* pools"
+        return check_rollout(rollout, pool.sim_profile, pool.name)
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        from orchestrator.sim.config import build_setup
+
+        setup = build_setup(config, ctx.pool)  # raises UserError before any work
+        return _train(trial, setup, ctx)
+
+
+def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+    import torch
+
+    from orchestrator import metrics as M
+    from orchestrator.exceptions import NumericFailure
+    from orchestrator.sim.model import ModelConfig
+    from orchestrator.sim.task import Task
+    from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
+
+    torch.set_num_threads(setup.threads)
+    try:
+        task = Task(**setup.task)
+    except (TypeError, ValueError) as exc:
+        from orchestrator.exceptions import UserError
+        raise UserError(f"task: {exc}") from None
+    model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
+    trainer = GRPOTrainer(model, task, TrainConfig(**setup.train), setup.correction,
+                          setup.numerics, trial.seed)
+    last = 0
+    if ctx.resume_step:
+        last = trainer.load(ctx.checkpoint_path(ctx.resume_step))
+        if last != ctx.resume_step:
+            from orchestrator.exceptions import CheckpointError
+            raise CheckpointError(f"checkpoint for step {ctx.resume_step} holds step {last}")
+    summary: dict[str, float] = {}
+    for step in range(last + 1, trial.steps + 1):
+        reason = ctx.should_stop()
+        if reason:
+            return AttemptResult(AttemptOutcome.STOPPED, last, reason, summary)
+        try:
+            metrics = trainer.step(step)
+            bad = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
+            if bad:
+                raise NumericFailure(f"non-finite metric {bad} at step {step}")
+        except NumericFailure as exc:
+            return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last, str(exc), summary)
+        ctx.log_metrics(step, metrics)
+        last = step
+        summary = {k: metrics[k] for k in (M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM) if k in metrics}
+        if M.EVAL_REWARD in metrics:
+            summary[M.EVAL_REWARD] = metrics[M.EVAL_REWARD]
+        if ctx.checkpoint_every and step % ctx.checkpoint_every == 0:
+            if not all(torch.isfinite(p).all() for p in trainer.params.values()):
+                return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last,
+                                     f"non-finite weights after step {step}", summary)
+            ctx.save_checkpoint(step, lambda d, s=step: trainer.save(d, s))
+    return AttemptResult(AttemptOutcome.COMPLETED, last, None, summary)

@@ -1,0 +1,263 @@
+"""The verl 0.9.1 backend: each trial is one GRPO job (``python -m verl.trainer.main_ppo``) with
+SGLang rollouts.
+
+Plan time (no verl import): :meth:`VerlBackend.check` refuses what verl cannot express and
+:meth:`VerlBackend.overrides` builds the exact Hydra override list (``ablate plan
+--show-overrides``). ``command()`` / ``environment()`` are pure functions of their inputs, so the
+Kubernetes backend can put them into a RayJob unchanged. :meth:`VerlBackend.validate` is a CPU
+pre-flight against verl's own config system; ``run()`` (in ``verl_run.py``) runs the job locally.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator import verl_map
+from orchestrator.backends.base import AttemptResult, Backend, RunContext
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+
+LOGGERS = ("console", "mlflow", "file")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+class VerlBackend(Backend):
+    """verl 0.9.1 GRPO + SGLang on a GPU pool."""
+
+    name: ClassVar[str] = "verl"
+    version: ClassVar[str] = "verl-0.9.1"
+    pool_kind: ClassVar[str] = "gpu"
+
+    # ----------------------------------------------------------------------- plan time
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
+        return (verl_map.check_pool(pool) or verl_map.check_correction(correction)
+                or verl_map.check_rollout(rollout, pool))
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]]) -> str | None:
+        """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
+        for key, value in items:
+            problem = verl_map.unsafe_text(value)
+            if problem:
+                return f"{key}: {problem}"
+        return None
+
+    @classmethod
+    def overrides(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
+                  checkpoint_dir: str | None = None, resume_path: str | None = None,
+                  save_freq: int | None = None) -> list[str]:
+        """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
+        correction, rollout = _sections(trial, config)
+        problem = cls.check(correction, rollout, pool)
+        if problem:
+            raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
+                            key=trial.recipe)
+        out: dict[str, str] = {}
+        for key, value in verl_map.recipe_leaves(config):
+            if verl_map.owned(key):
+                raise GridError(f"recipe sets {key!r}, which the verl backend sets itself",
+                                key=trial.recipe, fix="remove it from the recipe (see "
+                                "recipes/verl/README.md: keys owned by the backend)")
+            if value == "???":
+                raise GridError(f"recipe leaves {key!r} unset (???)", key=trial.recipe,
+                                fix=f"set it in the recipe or in the grid's overrides: {key}")
+            if key.rsplit(".", 1)[-1] in verl_map.PATH_KEYS and isinstance(value, str) and value:
+                value = str(REPO_ROOT / value) if not Path(value).is_absolute() else value
+            problem = verl_map.unsafe_text(value)
+            if problem:
+                raise GridError(f"{problem} (trial {trial.trial_id})", key=key,
+                                fix="pass the value without '${' / NUL")
+            out[key] = verl_map.override(key, value)
+        _check_recipe_values(trial, config, pool)
+        world = world_size(pool, config)
+        identity = {
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+            "trainer.project_name": trial.grid,
+            "trainer.experiment_name": trial.trial_id,
+            "trainer.logger": list(LOGGERS),
+            "trainer.total_training_steps": trial.steps,
+            # The epoch loop ends training even if steps remain; every epoch has >= 1 step.
+            "trainer.total_epochs": trial.steps,
+            "trainer.n_gpus_per_node": pool.gpus_per_node,
+            "trainer.nnodes": world // pool.gpus_per_node,
+            "trainer.default_local_dir": checkpoint_dir or f"checkpoints/{trial.grid}/{trial.trial_id}",
+            # The orchestrator decides about resuming; verl's "auto" could pick up a stale dir.
+            "trainer.resume_mode": "resume_path" if resume_path else "disable",
+            "data.seed": trial.seed,
+            "actor_rollout_ref.rollout.seed": trial.seed,
+            "actor_rollout_ref.actor.fsdp_config.seed": trial.seed,
+            "actor_rollout_ref.ref.fsdp_config.seed": trial.seed,
+            "actor_rollout_ref.actor.data_loader_seed": trial.seed,
+        }
+        if resume_path:
+            identity["trainer.resume_from_path"] = resume_path
+        if save_freq is not None:
+            identity["trainer.save_freq"] = save_freq
+        for key, value in identity.items():
+            out[key] = verl_map.override(key, value)
+        # Engine flags set in the grid replace the recipe's value of the same key.
+        for item in verl_map.rollout_overrides(rollout) + verl_map.correction_overrides(correction):
+            out[item.split("=", 1)[0].lstrip("+")] = item
+        return list(out.values())
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+        """What ``ablate plan --show-overrides`` prints: the override list."""
+        return cls.overrides(trial, config, pool)
+
+    @classmethod
+    def command(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
+                checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
+                python: str = "python") -> list[str]:
+        """argv of the job (never a shell string)."""
+        if resume_path is not None and "global_step_" not in Path(resume_path).name:
+            raise CheckpointError(f"resume path {resume_path!r} is not a verl global_step_N dir")
+        return [python, "-m", "verl.trainer.main_ppo",
+                *cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
+                               resume_path=resume_path, save_freq=save_freq)]
+
+    @staticmethod
+    def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
+                    file_logger_path: str) -> dict[str, str]:
+        """Environment of the job: verl's MLflow logger attaches to the trial's child run."""
+        env = {"VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
+               "ABLATE_TRIAL_ID": trial.trial_id}
+        if tracking_uri:
+            env["MLFLOW_TRACKING_URI"] = tracking_uri
+        if run_id:
+            # Without it verl starts a new MLflow run on every (re)start of the job.
+            env["MLFLOW_RUN_ID"] = run_id
+        return env
+
+    # ----------------------------------------------------------------------- pre-flight
+
+    @classmethod
+    def validate(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
+        """CPU pre-flight with verl installed; raises a one-line ``GridError`` on failure."""
+        from orchestrator.backends.verl_preflight import preflight
+
+        items = cls.overrides(trial, config, pool)
+        preflight([items], label=trial.trial_id)
+
+    # ----------------------------------------------------------------------- run
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        from orchestrator.backends.verl_run import run_attempt
+
+        return run_attempt(self, trial, config, ctx)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSpec, RolloutSpec]:
+    try:
+        corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
+        roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
+    except ValueError as exc:
+        raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
+                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
+    return corr, roll
+
+
+def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
+    """Values verl only checks deep inside the job (or never): fail at plan time instead."""
+    def bad(key: str, problem: str, fix: str) -> GridError:
+        return GridError(f"{problem} (trial {trial.trial_id})", key=key, fix=fix)
+
+    n = _get(config, "actor_rollout_ref.rollout.n", 1)
+    if not isinstance(n, int) or n < 2:
+        raise bad("actor_rollout_ref.rollout.n", f"GRPO needs >= 2 samples per prompt, got {n!r}",
+                  "set actor_rollout_ref.rollout.n to 2 or more")
+    if _get(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
+        raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
+                  "engine's log-probs there is no correction and no mismatch metric", "remove it")
+    if _get(config, "actor_rollout_ref.rollout.name") != "sglang":
+        raise bad("actor_rollout_ref.rollout.name", "the verl backend runs SGLang rollouts",
+                  "set actor_rollout_ref.rollout.name: sglang")
+    bsz = _get(config, "data.train_batch_size")
+    mini = _get(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    world = world_size(pool, config)
+    if isinstance(bsz, int) and (bsz * n) % world:
+        raise bad("data.train_batch_size", f"train_batch_size x rollout.n = {bsz * n} is not "
+                  f"divisible by the {world} GPUs of pool {pool.name!r}",
+                  "pick a batch size that divides evenly")
+    if isinstance(bsz, int) and isinstance(mini, int) and (mini < 1 or bsz % mini):
+        raise bad("actor_rollout_ref.actor.ppo_mini_batch_size", f"{mini} must divide "
+                  f"data.train_batch_size {bsz}", "use a divisor of the batch size")
+    tp = _get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
+    if isinstance(tp, int) and (tp < 1 or pool.gpus_per_node % tp):
+        raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
+                  f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
+                  "use 1, 2, 4 or 8")
+
+
+# --------------------------------------------------------------------------- portability
+
+
+def world_size(pool: PoolSpec, config: Mapping[str, Any] | None = None) -> int:
+    """GPUs a trial uses on ``pool``: GPUs per node x the recipe's ``trainer.nnodes``."""
+    nodes = _get(config or {}, "trainer.nnodes", None) or pool.nodes
+    if not isinstance(nodes, int) or nodes < 1:
+        raise GridError(f"trainer.nnodes must be a positive integer, got {nodes!r}",
+                        key="trainer.nnodes")
+    return pool.gpus_per_node * nodes
+
+
+def checkpoint_world_size(step_dir: str | Path) -> int | None:
+    """World size a verl ``global_step_N`` checkpoint was saved with (from its shard names)."""
+    actor = Path(step_dir) / "actor"
+    sizes = {int(m.group(1)) for p in (actor.iterdir() if actor.is_dir() else ())
+             if (m := _SHARD.match(p.name))}
+    if len(sizes) > 1:
+        raise CheckpointError(f"{actor}: shards of several world sizes {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+def portability(saved_world_size: int, pool: PoolSpec,
+                config: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+    """Can a checkpoint saved with ``saved_world_size`` GPUs resume on ``pool``? And what to do."""
+    target = world_size(pool, config)
+    if target == saved_world_size:
+        return True, (f"pool {pool.name!r} runs {target} GPUs like the checkpoint; the FSDP "
+                      "shards load as they are (numerics change with the GPU type)")
+    return False, (f"verl shards are keyed by world size: the checkpoint has {saved_world_size}, "
+                   f"pool {pool.name!r} gives {target}; either set trainer.nnodes so the GPU count "
+                   "matches, or merge to Hugging Face weights (python -m verl.model_merger merge "
+                   "--backend fsdp --local_dir <ckpt>/actor --target_dir <hf>) and start fresh "
+                   "from them, which loses the optimizer, scheduler and data-loader state")
+
+
+def shard_names(world: int) -> Sequence[str]:
+    """The model shard files verl writes for ``world`` ranks (used by tests and resume checks)."""
+    return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world)]
+
+
+def distinct(lists: Iterable[Sequence[str]]) -> list[list[str]]:
+    """Unique override lists, order kept (trials that differ only by id share a compose)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for items in lists:
+        key = tuple(items)
+        if key not in seen:
+            seen.add(key)
+            out.append(list(items))
+    return out

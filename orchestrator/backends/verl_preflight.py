@@ -1,0 +1,149 @@
+"""CPU pre-flight of verl override lists against verl 0.9.1's own configuration system.
+
+For each list: compose ``ppo_trainer`` with Hydra's compose API (unknown keys fail here),
+instantiate the config dataclasses verl builds in the job, run verl's ``validate_config``, check
+that bypass mode reaches the actor's loss (research/verl-0.9.1.md 1e), and dry-run the
+rollout-correction helper (and the bypass loss) on dummy tensors, which is where bad *values*
+surface: Hydra does not check them. Needs ``pip install -e '.[verl]'``; imports are local.
+"""
+from __future__ import annotations
+
+import contextlib
+import warnings
+from collections.abc import Iterable, Iterator, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.exceptions import BackendUnavailableError, GridError
+
+_RC_FIELDS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
+              "rollout_rs_threshold", "bypass_mode", "loss_type")
+
+
+def _one_line(exc: BaseException) -> str:
+    text = " ".join(str(exc).split()) or type(exc).__name__
+    return f"{type(exc).__name__}: {text[:400]}"
+
+
+@contextlib.contextmanager
+def verl_config_dir() -> Iterator[Any]:
+    """Hydra initialised on verl's ``trainer/config`` (cleared again afterwards)."""
+    try:
+        import verl
+        from hydra import initialize_config_dir
+        from hydra.core.global_hydra import GlobalHydra
+    except ImportError as exc:
+        raise BackendUnavailableError(f"verl is not installed ({exc.name}); run "
+                                      "pip install -e '.[verl]' for the CPU pre-flight") from None
+    cfg_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+            yield cfg_dir
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def compose(overrides: Sequence[str]) -> Any:
+    """verl's composed ``ppo_trainer`` config (call inside :func:`verl_config_dir`)."""
+    from hydra import compose as hydra_compose
+
+    return hydra_compose(config_name="ppo_trainer", overrides=list(overrides))
+
+
+def preflight(override_lists: Iterable[Sequence[str]], *, label: str = "trial") -> int:
+    """Check every override list; raise a one-line ``GridError`` on the first failure."""
+    n = 0
+    with verl_config_dir():
+        for items in override_lists:
+            try:
+                cfg = compose(items)
+            except Exception as exc:  # noqa: BLE001 - any compose failure is a config error
+                raise GridError(f"verl's config rejects the overrides of {label}: "
+                                f"{_one_line(exc)}", fix="check the key against verl 0.9.1's "
+                                "ppo_trainer.yaml (python -m verl.trainer.main_ppo --cfg job)") from None
+            check_composed(cfg, label=label)
+            n += 1
+    return n
+
+
+def check_composed(cfg: Any, *, label: str = "trial") -> dict[str, Any]:
+    """Instantiate and dry-run one composed config; returns the built dataclasses (for tests)."""
+    try:
+        built = _instantiate(cfg)
+    except GridError:
+        raise
+    except Exception as exc:  # noqa: BLE001 - verl raises AssertionError/ValueError/TypeError
+        raise GridError(f"verl rejects the config of {label}: {_one_line(exc)}",
+                        fix="fix the value named above") from None
+    return built
+
+
+def _instantiate(cfg: Any) -> dict[str, Any]:
+    from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.utils import need_critic, need_reference_policy
+    from verl.utils.config import omega_conf_to_dataclass, validate_config
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        algo = omega_conf_to_dataclass(cfg.algorithm)
+        rc = omega_conf_to_dataclass(cfg.algorithm.rollout_correction, RolloutCorrectionConfig)
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg),
+                        use_critic=need_critic(cfg))
+    if not rollout.calculate_log_probs:
+        raise GridError("actor_rollout_ref.rollout.calculate_log_probs is false: no correction "
+                        "and no mismatch metrics without the engine's log-probs")
+    _check_bypass(rc, actor)
+    _dry_run(rc, actor)
+    return {"algorithm": algo, "rollout_correction": rc, "actor": actor, "rollout": rollout}
+
+
+def _check_bypass(rc: Any, actor: Any) -> None:
+    """Bypass must reach the actor's loss in verl 0.9.1 (V1 trainer), and only then."""
+    mode = actor.policy_loss.loss_mode
+    if bool(rc.bypass_mode) != (mode == "bypass_mode"):
+        raise GridError(f"algorithm.rollout_correction.bypass_mode={rc.bypass_mode} but the actor "
+                        f"loss_mode is {mode!r}: bypass would be silently ignored (or the loss "
+                        "would treat pi_old as pi_rollout)",
+                        fix="set both, as the verl backend's overrides do")
+    if rc.bypass_mode:
+        mirrored = actor.policy_loss.rollout_correction
+        for name in _RC_FIELDS:
+            # The '+' keys arrive as a plain dict; the loss reads them with .get() like this.
+            got = mirrored.get(name) if isinstance(mirrored, dict) else getattr(mirrored, name)
+            if got != getattr(rc, name):
+                raise GridError(f"actor policy_loss.rollout_correction.{name}={got!r} differs "
+                                f"from algorithm.rollout_correction.{name}={getattr(rc, name)!r}")
+
+
+def _dry_run(rc: Any, actor: Any) -> None:
+    """Run verl's correction helper (and the bypass loss) on small tensors with these values."""
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    gen = torch.Generator().manual_seed(0)
+    shape = (4, 16)
+    rollout_lp = -torch.rand(shape, generator=gen) * 2.0 - 0.05
+    # A small mismatch, as a real job sees; the geometric band 0.999_1.001 may reject all of it.
+    old_lp = rollout_lp + 1e-4 * torch.randn(shape, generator=gen)
+    mask = torch.ones(shape)
+    mask[:, 12:] = 0
+    compute_rollout_correction_and_rejection_mask(
+        old_log_prob=old_lp, rollout_log_prob=rollout_lp, response_mask=mask,
+        rollout_is=rc.rollout_is, rollout_is_threshold=rc.rollout_is_threshold,
+        rollout_is_batch_normalize=rc.rollout_is_batch_normalize, rollout_rs=rc.rollout_rs,
+        rollout_rs_threshold=rc.rollout_rs_threshold)
+    if rc.loss_type not in ("ppo_clip", "reinforce"):
+        raise GridError(f"algorithm.rollout_correction.loss_type={rc.loss_type!r}; verl takes "
+                        "ppo_clip or reinforce")
+    if rc.bypass_mode:
+        from verl.trainer.ppo.core_algos import get_policy_loss_fn
+
+        loss_fn = get_policy_loss_fn(actor.policy_loss.loss_mode)
+        adv = torch.randn(shape, generator=gen)
+        loss, _ = loss_fn(old_log_prob=rollout_lp, log_prob=old_lp, advantages=adv,
+                          response_mask=mask, loss_agg_mode=actor.loss_agg_mode, config=actor)
+        if not torch.isfinite(loss):
+            raise GridError(f"verl's bypass loss is {float(loss)} on dummy data")

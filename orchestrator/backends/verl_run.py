@@ -1,0 +1,287 @@
+"""Running one verl attempt locally: subprocess, metric stream, checkpoints, stop, diagnostics.
+
+verl's ``file`` logger writes one ``{"step": N, "data": {...}}`` line per step to
+``VERL_FILE_LOGGER_PATH`` (opened with "wb", so each attempt gets its own file). We tail it,
+normalise names to ``orchestrator/metrics.py``, and hand finished steps to ``ctx.log_metrics``.
+verl's checkpoints (``global_step_N`` + ``latest_checkpointed_iteration.txt``) are handed to
+``ctx.save_checkpoint`` once step N's metrics are logged.
+"""
+from __future__ import annotations
+
+import json
+import math
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
+from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.trial import TrialSpec
+
+POLL_SECONDS = 2.0
+TERM_GRACE_SECONDS = 60.0
+ZERO_ADV_PATIENCE = 3  # consecutive steps with all-zero advantages before reporting
+ZERO_ADV_METRIC = "health/zero_advantage"  # 1.0 when every advantage of the step is 0
+TRACKER = "latest_checkpointed_iteration.txt"
+
+
+# --------------------------------------------------------------------------- metric names
+
+
+def normalise(data: Mapping[str, Any]) -> dict[str, float]:
+    """verl's step metrics as floats, plus the shared names where verl's differ."""
+    out: dict[str, float] = {}
+    for key, value in data.items():
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            continue  # strings, lists (e.g. generations) are not metrics
+        out[str(key)] = float(value)
+    # Bypass mode: the loss logs the mismatch metrics under the actor's prefix (1e workaround).
+    for key in list(out):
+        if key.startswith("actor/rollout_corr/"):
+            out.setdefault(key.removeprefix("actor/"), out[key])
+    reward = _eval_reward(out)
+    if reward is not None:
+        out[M.EVAL_REWARD] = reward
+    adv_max, adv_min = out.get("critic/advantages/max"), out.get("critic/advantages/min")
+    if adv_max is not None and adv_min is not None:
+        out[ZERO_ADV_METRIC] = float(adv_max == 0.0 and adv_min == 0.0)
+    return out
+
+
+def _eval_reward(m: Mapping[str, float]) -> float | None:
+    """Mean over data sources of ``val-core/<source>/<var>/mean@N`` (reward, else acc/score)."""
+    for var in ("reward", "acc", "score"):
+        vals = [v for k, v in m.items() if k.startswith("val-core/") and f"/{var}/mean@" in k
+                and math.isfinite(v)]
+        if vals:
+            return sum(vals) / len(vals)
+    return None
+
+
+class MetricTail:
+    """Reads complete lines of the file logger; merges repeated or earlier steps into the next."""
+
+    def __init__(self, path: Path, last_logged: int) -> None:
+        self.path, self.offset, self.buf = path, 0, b""
+        self.last_logged = last_logged
+        self.pending: tuple[int, dict[str, float]] | None = None
+        self.carry: dict[str, float] = {}
+
+    def poll(self) -> list[tuple[int, dict[str, float]]]:
+        """Finished steps (strictly increasing, > last logged) that appeared since the last poll."""
+        if not self.path.exists():
+            return []
+        with open(self.path, "rb") as fh:
+            if fh.seek(0, os.SEEK_END) < self.offset:  # truncated: a restart of the job
+                self.offset, self.buf = 0, b""
+            fh.seek(self.offset)
+            chunk = fh.read()
+            self.offset = fh.tell()
+        self.buf += chunk
+        *lines, self.buf = self.buf.split(b"\n")
+        done = []
+        for line in lines:
+            if not line.strip():
+                continue
+            try:
+                rec = json.loads(line)
+                step, data = int(rec["step"]), normalise(rec.get("data") or {})
+            except (ValueError, KeyError, TypeError):
+                continue  # a torn or foreign line: skip it, the next one is independent
+            done += self._add(step, data)
+        return done
+
+    def _add(self, step: int, data: dict[str, float]) -> list[tuple[int, dict[str, float]]]:
+        if step <= self.last_logged:  # e.g. validation before training at step 0 or on resume
+            self.carry.update(data)
+            return []
+        if self.pending is not None and self.pending[0] == step:
+            self.pending[1].update(data)
+            return []
+        out = self.flush()
+        self.pending = (step, {**self.carry, **data})
+        self.carry = {}
+        return out
+
+    def flush(self) -> list[tuple[int, dict[str, float]]]:
+        if self.pending is None:
+            return []
+        step, data = self.pending
+        self.pending, self.last_logged = None, step
+        return [(step, data)]
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def link_tree(src: Path, dst: Path) -> None:
+    """Copy a checkpoint directory by hard links (same filesystem) or by copying."""
+    for root, _dirs, files in os.walk(src):
+        target = dst / Path(root).relative_to(src)
+        target.mkdir(parents=True, exist_ok=True)
+        for name in files:
+            try:
+                os.link(Path(root) / name, target / name)
+            except OSError:
+                shutil.copy2(Path(root) / name, target / name)
+
+
+def latest_checkpoint(ckpt_dir: Path) -> int | None:
+    try:
+        return int((ckpt_dir / TRACKER).read_text().strip())
+    except (OSError, ValueError):
+        return None
+
+
+def prepare_resume(ctx: RunContext, ckpt_dir: Path) -> str | None:
+    """Lay out the orchestrator's checkpoint as verl's ``global_step_N`` and return its path."""
+    if ctx.resume_step is None:
+        return None
+    step_dir = ckpt_dir / f"global_step_{ctx.resume_step}"
+    if step_dir.exists():
+        shutil.rmtree(step_dir)
+    link_tree(ctx.checkpoint_path(ctx.resume_step), step_dir)
+    (ckpt_dir / TRACKER).write_text(str(ctx.resume_step))
+    return str(step_dir)
+
+
+# --------------------------------------------------------------------------- the attempt
+
+
+def _require_local_gpus(trial: TrialSpec, nodes: int, gpus: int) -> None:
+    import importlib.util
+
+    missing = [m for m in ("verl", "sglang") if importlib.util.find_spec(m) is None]
+    if missing:
+        raise BackendUnavailableError(f"trial {trial.trial_id} needs {', '.join(missing)} on "
+                                      "this machine: pip install -e '.[gpu]' on a GPU node")
+    import torch
+
+    have = torch.cuda.device_count() if torch.cuda.is_available() else 0
+    if nodes > 1 or have < gpus:
+        raise BackendUnavailableError(
+            f"trial {trial.trial_id} needs {nodes} node(s) x {gpus} GPUs, this machine has {have} "
+            "GPU(s); run it on its pool through the k8s backend (or a pool_catalog entry that "
+            "matches this machine)")
+
+
+def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
+                ctx: RunContext) -> AttemptResult:
+    """Run the job until it ends or ``ctx.should_stop()``; stream metrics and checkpoints."""
+    from orchestrator.backends.verl import world_size
+
+    world = world_size(ctx.pool, config)
+    _require_local_gpus(trial, world // ctx.pool.gpus_per_node, ctx.pool.gpus_per_node)
+    work = Path(ctx.workdir)
+    work.mkdir(parents=True, exist_ok=True)  # verl opens the logger path without creating dirs
+    ckpt_dir = work / "verl_checkpoints"
+    ckpt_dir.mkdir(parents=True, exist_ok=True)
+    log_path = work / f"metrics.attempt{ctx.attempt}.jsonl"
+    resume_path = prepare_resume(ctx, ckpt_dir)
+    argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
+                           resume_path=resume_path, save_freq=ctx.checkpoint_every,
+                           python=sys.executable)
+    # The runner may expose the trial's MLflow child run (same attribute names as the k8s backend).
+    uri = getattr(ctx, "tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
+    # An inherited MLFLOW_RUN_ID belongs to some other run; only the trial's own may reach verl.
+    inherited = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
+    env = {**inherited, **backend.environment(
+        trial, tracking_uri=uri, run_id=getattr(ctx, "mlflow_run_id", None),
+        file_logger_path=str(log_path))}
+    with open(work / f"verl.attempt{ctx.attempt}.log", "ab") as out:
+        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
+                                start_new_session=True)  # its own process group, for stop
+        return _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0), ckpt_dir,
+                      work / f"verl.attempt{ctx.attempt}.log")
+
+
+def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tail: MetricTail,
+           ckpt_dir: Path, log: Path) -> AttemptResult:
+    saved = ctx.resume_step or 0
+    zero_run, warning = 0, None
+    stop_reason = None
+    while True:
+        finished = proc.poll() is not None
+        steps = tail.poll() + (tail.flush() if finished else [])
+        for step, data in steps:
+            ctx.log_metrics(step, data)
+            zero_run = zero_run + 1 if data.get(ZERO_ADV_METRIC) == 1.0 else 0
+            if zero_run >= ZERO_ADV_PATIENCE and warning is None:
+                warning = group_diversity_warning(step, data)
+                print(f"[{trial.trial_id}] {warning}", file=sys.stderr)
+        saved = _hand_over_checkpoints(ctx, ckpt_dir, saved, tail.last_logged)
+        if finished:
+            break
+        stop_reason = ctx.should_stop()
+        if stop_reason:
+            terminate(proc)
+            continue
+        time.sleep(POLL_SECONDS)
+    last = tail.last_logged
+    if stop_reason:
+        return AttemptResult(AttemptOutcome.STOPPED, last, reason=_join(stop_reason, warning))
+    if proc.returncode != 0:
+        raise InfraFailure(f"verl exited with code {proc.returncode} after step {last}: "
+                           f"{_last_error(log)}")
+    if last < trial.steps:
+        raise InfraFailure(f"verl exited cleanly after step {last} of {trial.steps} (data "
+                           "exhausted or a step was not logged); see " + str(log))
+    return AttemptResult(AttemptOutcome.COMPLETED, last, reason=warning)
+
+
+def _hand_over_checkpoints(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:
+    """Give verl's newest checkpoint to the orchestrator once its step's metrics are in."""
+    step = latest_checkpoint(ckpt_dir)
+    if step is None or step <= saved or step > logged:
+        return saved
+    src = ckpt_dir / f"global_step_{step}"
+    if not src.is_dir():
+        return saved
+    ctx.save_checkpoint(step, lambda dst: link_tree(src, Path(dst)))
+    return step
+
+
+def terminate(proc: subprocess.Popen[bytes]) -> None:
+    """SIGTERM the job's process group (Ray, SGLang servers), then SIGKILL after a grace period."""
+    for sig, wait in ((signal.SIGTERM, TERM_GRACE_SECONDS), (signal.SIGKILL, 10.0)):
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            return
+        try:
+            proc.wait(timeout=wait)
+            return
+        except subprocess.TimeoutExpired:
+            continue
+
+
+def group_diversity_warning(step: int, data: Mapping[str, float]) -> str:
+    """The run-time face of the seed-42 trap (research/verl-0.9.1.md section 4)."""
+    spread = data.get("critic/score/max", 0.0) - data.get("critic/score/min", 0.0)
+    why = (" while rewards differ across prompts (score spread "
+           f"{spread:.3g}): samples within each group are identical") if spread > 0 else ""
+    return (f"every GRPO advantage has been 0 for {ZERO_ADV_PATIENCE} steps up to step {step}"
+            f"{why}; the policy is not learning. If SGLang runs deterministic / "
+            "rl_on_policy_target without per-request sampling seeds, all rollout.n samples are "
+            "the same; fix: turn deterministic inference off, or raise rollout.n / data difficulty")
+
+
+def _join(*parts: str | None) -> str | None:
+    text = "; ".join(p for p in parts if p)
+    return text or None
+
+
+def _last_error(log: Path, lines: int = 5) -> str:
+    try:
+        tail = log.read_text(errors="replace").splitlines()[-200:]
+    except OSError:
+        return "(no log)"
+    picked = [ln for ln in tail if "Error" in ln or "error" in ln][-lines:] or tail[-lines:]
+    return " | ".join(s.strip() for s in picked)[:600]

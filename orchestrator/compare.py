@@ -1,0 +1,305 @@
+"""``ablate compare``: comparison tables, plots and axis importance for one grid.
+
+Reads the grid's trial runs from MLflow (``compare_data``), pivots them by two axes (the other
+axes become part of the row label; seeds are aggregated with mean and 95% CI, ``compare_stats``),
+draws the plots (``compare_plots``) and writes ``results/<grid>/``:
+
+- ``summary.md``, ``summary.html`` (self-contained: plots embedded), ``cells.csv`` (one row per
+  cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``;
+- ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
+  ``verdict_map.png``, ``importance.png``.
+
+The same files are logged as artifacts (``results/``) of the grid's newest parent run, and a
+compact table is printed to the terminal.
+"""
+from __future__ import annotations
+
+import base64
+import html
+import logging
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator import workspace
+from orchestrator.compare_data import TrialResult, judge_missing, load_results
+from orchestrator.compare_stats import cell_stats, fanova_importance, format_cell, main_effects
+from orchestrator.exceptions import UserError, did_you_mean
+
+log = logging.getLogger(__name__)
+VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
+
+
+def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[str | None, str | None]:
+    """Validate ``--rows``/``--cols``; defaults: the first non-pool axis x the pool axis."""
+    for flag, value in (("--rows", rows), ("--cols", cols)):
+        if value is not None and value not in axes:
+            hint = did_you_mean(value, axes)
+            raise UserError(f"{flag} {value!r} is not an axis of this grid; allowed: {', '.join(axes)}"
+                            + (f"; did you mean {hint!r}?" if hint else ""))
+    if cols is None:
+        cols = "pool" if "pool" in axes and rows != "pool" else next((a for a in axes if a != rows), None)
+    if rows is None:
+        rows = next((a for a in axes if a != cols), None)
+    if rows is not None and rows == cols:
+        raise UserError(f"--rows and --cols are both {rows!r}; fix: pick two different axes")
+    return rows, cols
+
+
+def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None = None,
+            out_dir: str | Path | None = None, tracking_uri: str | None = None,
+            workdir: str | Path | None = None) -> Path:
+    """Write ``results/<grid>/`` for the grid's tracked trials; returns the directory."""
+    from orchestrator.grid import load_grid
+    from orchestrator.tracking import client
+
+    grid = load_grid(grid_path)
+    axis_names = [a.name for a in grid.axes]
+    rows, cols = pick_axes(axis_names, rows, cols)
+    uri = workspace.tracking_uri(tracking_uri, workdir)
+    mlc = client(uri)
+    exp = mlc.get_experiment_by_name(grid.name)
+    if exp is None:
+        raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
+                        "fix: run `ablate submit` first or pass --tracking-uri")
+    results = load_results(mlc, exp.experiment_id, axis_names,
+                           grid_dir=workspace.grid_dir(grid.name, workdir))
+    if not results:
+        raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
+    judge_missing(results, grid.spec.collapse, grid.spec.steps)
+    out = Path(out_dir) if out_dir else Path("results") / grid.name
+    out.mkdir(parents=True, exist_ok=True)
+    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri)
+    _log_to_parent(mlc, exp.experiment_id, out)
+    print_table(report)
+    return out
+
+
+def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
+                 cols: str | None, out: Path, *, grid_name: str, store: str) -> dict[str, Any]:
+    """Tables, plots and importance for ``results``; returns what the terminal table needs."""
+    from orchestrator import compare_plots as P
+
+    derived = any(r.derived_from for r in results)
+    row_keys = [a for a in axis_names if a != cols and a != rows]
+    row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
+    cells = pivot(results, row_keys, cols)
+    _write_csvs(results, cells, row_keys, cols, out)
+    effects = main_effects(results, axis_names)
+    importance = {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")}
+    _write_importance(effects, importance, out)
+    reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
+    plots = [
+        P.curves(results, reward, rows, cols, out / "curves_reward.png", title=f"{reward} vs step"),
+        P.curves(results, M.K3_KL, rows, cols, out / "curves_k3_kl.png", title="k3 KL (rollout vs trainer)",
+                 log_y=True),
+        P.curves(results, M.GRAD_NORM, rows, cols, out / "curves_grad_norm.png", title="grad norm",
+                 log_y=True),
+        P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png"),
+        P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"),
+        P.importance_bars(importance, out / "importance.png"),
+    ]
+    plots = [p for p in plots if p is not None]
+    report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
+              "results": results, "effects": effects, "importance": importance, "plots": plots,
+              "reward_metric": reward}
+    (out / "summary.md").write_text(render_markdown(report))
+    (out / "summary.html").write_text(render_html(report))
+    return report
+
+
+def _row_of(r: TrialResult, row_keys: Sequence[str]) -> tuple[str, ...]:
+    out = []
+    for k in row_keys:
+        if k == VARIANT:
+            out.append(f"derived from {r.derived_from}" if r.derived_from else "")
+        else:
+            out.append(r.axes.get(k, ""))
+    return tuple(out)
+
+
+def pivot(results: Sequence[TrialResult], row_keys: Sequence[str], col: str | None) -> list[dict[str, Any]]:
+    """One cell per (row label, column value): the seeds of one configuration, aggregated."""
+    groups: dict[tuple[tuple[str, ...], str], list[TrialResult]] = {}
+    for r in results:
+        groups.setdefault((_row_of(r, row_keys), r.axes.get(col, "") if col else ""), []).append(r)
+    return [{"row": row, "col": c, "trials": [t.trial_id for t in members], "stats": cell_stats(members)}
+            for (row, c), members in sorted(groups.items())]
+
+
+def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]], row_keys: Sequence[str],
+                col: str | None, out: Path) -> None:
+    import pandas as pd
+
+    cell_rows = []
+    for c in cells:
+        row = dict(zip(row_keys, c["row"]))
+        if col:
+            row[col] = c["col"]
+        row.update({k: v for k, v in c["stats"].items()})
+        row["trials"] = " ".join(c["trials"])
+        cell_rows.append(row)
+    pd.DataFrame(cell_rows).to_csv(out / "cells.csv", index=False)
+    trial_rows = []
+    for r in results:
+        trial_rows.append({"trial_id": r.trial_id, "run_id": r.run_id, **r.axes, "seed": r.seed,
+                           "pool": r.pool, "status": r.status, "verdict": r.verdict,
+                           "verdict_step": r.verdict_step, "verdict_reason": r.verdict_reason,
+                           "derived_from": r.derived_from or "", "last_step": r.last_step,
+                           "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),
+                           "max_k3_kl": r.peak(M.K3_KL), "max_grad_norm": r.peak(M.GRAD_NORM),
+                           "attempts": ";".join(f"{s.number}:{s.pool}:{s.start}-{s.end or ''}"
+                                                for s in r.segments)})
+    pd.DataFrame(trial_rows).to_csv(out / "trials.csv", index=False)
+
+
+def _write_importance(effects: Sequence[dict[str, Any]], importance: dict[str, dict[str, float]],
+                      out: Path) -> None:
+    import pandas as pd
+
+    rows = []
+    for e in effects:
+        target = "collapsed" if e["target"] == "collapse_rate" else e["target"]
+        rows.append({"axis": e["axis"], "target": e["target"], "main_effect": e["effect"],
+                     "fanova_importance": importance.get(target, {}).get(e["axis"], math.nan),
+                     **{f"mean[{k}]": v for k, v in e["means"].items()}})
+    pd.DataFrame(rows).to_csv(out / "importance.csv", index=False)
+
+
+def _esc_md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+def _table(report: dict[str, Any], fmt: Any) -> tuple[list[str], list[list[str]]]:
+    """Header and body of the pivot table with cells rendered by ``fmt(stats)``."""
+    cols = sorted({c["col"] for c in report["cells"]})
+    col_key = report["cols"]
+    header = list(report["rows"]) + [f"{col_key}={c}" if col_key else "all" for c in cols]
+    body = []
+    for row in sorted({c["row"] for c in report["cells"]}):
+        by_col = {c["col"]: c for c in report["cells"] if c["row"] == row}
+        body.append(list(row) + [fmt(by_col[c]["stats"]) if c in by_col else "" for c in cols])
+    return header, body
+
+
+def _verdict_counts(results: Sequence[TrialResult]) -> str:
+    counts: dict[str, int] = {}
+    for r in results:
+        counts[r.verdict or "unknown"] = counts.get(r.verdict or "unknown", 0) + 1
+    return ", ".join(f"{k} {v}" for k, v in sorted(counts.items()))
+
+
+def render_markdown(report: dict[str, Any]) -> str:
+    res = report["results"]
+    header, body = _table(report, format_cell)
+    lines = [f"# Grid `{report['grid']}`: comparison", "",
+             f"{len(res)} trials from `{report['store']}`; verdicts: {_verdict_counts(res)}.",
+             f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
+             "collapsed/judged trials @ median collapse step, max k3 KL.", "",
+             "| " + " | ".join(_esc_md(h) for h in header) + " |",
+             "|" + "---|" * len(header)]
+    lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
+              for r in body]
+    lines += ["", "## Axis importance", "",
+              "| axis | target | main effect (spread of means) | fANOVA importance |", "|---|---|---|---|"]
+    for e in report["effects"]:
+        target = "collapsed" if e["target"] == "collapse_rate" else e["target"]
+        imp = report["importance"].get(target, {}).get(e["axis"])
+        lines.append(f"| {_esc_md(e['axis'])} | {e['target']} | {_num(e['effect'])} | "
+                     f"{'–' if imp is None else f'{imp:.3f}'} |")
+    lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
+              "|---|---|---|---|---|---|---|"]
+    for r in res:
+        lines.append(f"| {r.trial_id} | {r.run_id[:8]} | {r.seed} | {_esc_md(r.pool)} | {r.verdict or '?'} | "
+                     f"{'' if r.verdict_step is None else r.verdict_step} | {_esc_md(r.verdict_reason[:160])} |")
+    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report["plots"]]
+    return "\n".join(lines) + "\n"
+
+
+def _num(v: float) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v:.3f}"
+
+
+CSS = """body{font-family:system-ui,sans-serif;margin:2em;color:#222}table{border-collapse:collapse;
+margin:1em 0;font-size:13px}th,td{border:1px solid #ccc;padding:4px 8px;vertical-align:top}
+th{background:#f3f3f3}td.c{white-space:nowrap}img{max-width:100%;border:1px solid #eee;margin:.5em 0}
+.collapsed{background:#fde0dc}"""
+
+
+def render_html(report: dict[str, Any]) -> str:
+    """A single self-contained page (inline CSS, plots as data: URIs, no external requests)."""
+    esc = html.escape
+    header, body = _table(report, lambda s: s)
+    n_rows = len(report["rows"])
+    parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(report['grid'])}</title>",
+             f"<style>{CSS}</style></head><body><h1>Grid {esc(report['grid'])}</h1>",
+             f"<p>{len(report['results'])} trials from <code>{esc(report['store'])}</code>; verdicts: "
+             f"{esc(_verdict_counts(report['results']))}. Cells: final / peak {esc(report['reward_metric'])} "
+             "(mean ± 95% CI over seeds), collapsed/judged @ median step, max k3 KL.</p>",
+             "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    for row in body:
+        tds = [f"<td>{esc(x)}</td>" for x in row[:n_rows]]
+        for st in row[n_rows:]:
+            if not st:
+                tds.append("<td></td>")
+                continue
+            klass = "c collapsed" if st["n_collapsed"] else "c"
+            text = format_cell(st, "\n")
+            tds.append(f"<td class='{klass}'>" + "<br>".join(esc(p) for p in text.split("\n")) + "</td>")
+        parts.append("<tr>" + "".join(tds) + "</tr>")
+    parts.append("</table><h2>Axis importance</h2><table><tr><th>axis</th><th>target</th>"
+                 "<th>main effect</th><th>fANOVA importance</th></tr>")
+    for e in report["effects"]:
+        target = "collapsed" if e["target"] == "collapse_rate" else e["target"]
+        imp = report["importance"].get(target, {}).get(e["axis"])
+        parts.append(f"<tr><td>{esc(e['axis'])}</td><td>{esc(e['target'])}</td><td>{_num(e['effect'])}</td>"
+                     f"<td>{'–' if imp is None else f'{imp:.3f}'}</td></tr>")
+    parts.append("</table><h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
+                 "<th>step</th><th>reason</th></tr>")
+    for r in report["results"]:
+        parts.append(f"<tr><td>{esc(r.trial_id)}</td><td>{r.seed}</td><td>{esc(r.pool)}</td>"
+                     f"<td>{esc(r.verdict or '?')}</td><td>{'' if r.verdict_step is None else r.verdict_step}</td>"
+                     f"<td>{esc(r.verdict_reason[:200])}</td></tr>")
+    parts.append("</table><h2>Plots</h2>")
+    for p in report["plots"]:
+        data = base64.b64encode(Path(p).read_bytes()).decode()
+        parts.append(f"<h3>{esc(p.stem)}</h3><img alt='{esc(p.stem)}' src='data:image/png;base64,{data}'>")
+    parts.append("</body></html>")
+    return "\n".join(parts)
+
+
+def print_table(report: dict[str, Any]) -> None:
+    """A compact version of the pivot on the terminal (final reward ± CI, collapses)."""
+    from rich.console import Console
+    from rich.table import Table
+
+    def short(s: dict[str, Any]) -> str:
+        fm, ci = s["final_reward"], s["final_reward_ci"]
+        txt = "–" if not math.isfinite(fm) else f"{fm:.2f}" + ("" if not math.isfinite(ci) else f"±{ci:.2f}")
+        coll = f"{s['n_collapsed']}/{s['n_judged']}"
+        return f"[red]{txt} ✗{coll}[/red]" if s["n_collapsed"] else f"{txt} ✓{coll}"
+
+    header, body = _table(report, short)
+    table = Table(title=f"{report['grid']}: final reward (95% CI), collapsed/judged", title_justify="left")
+    for h in header:
+        table.add_column(h, overflow="fold")
+    for row in body:
+        table.add_row(*row)
+    Console(soft_wrap=False).print(table)
+
+
+def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
+    """Log the results directory to the newest parent (grid) run; never fails the command."""
+    from orchestrator.tracking import ROLE_TAG
+
+    try:
+        runs = mlc.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'grid'",
+                               order_by=["attributes.start_time DESC"], max_results=1)
+        if not runs:
+            log.warning("no grid run in experiment %s: results not logged to MLflow", experiment_id)
+            return
+        mlc.log_artifacts(runs[0].info.run_id, str(out), "results")
+    except Exception as exc:  # noqa: BLE001 - the files on disk are the product; MLflow is a copy
+        log.warning("could not log results to MLflow: %s", exc)

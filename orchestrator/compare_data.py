@@ -1,0 +1,162 @@
+"""What ``ablate compare`` reads: the grid's trial runs in MLflow, their curves and lineage.
+
+One ``TrialResult`` per trial id (the newest child run if a trial was tracked twice). Curves come
+from MLflow's metric history; when ``ablate resume`` re-ran steps, the store holds several values
+for them and the newest timestamp (the latest attempt) wins, so a resumed trial reads as one
+continuous curve. Attempts come from the run's ``attempt.N.*`` tags, or the trial directory's
+``attempts.json`` when the tags are missing.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator.trial import TrialPaths, read_json
+
+CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM)
+
+
+@dataclasses.dataclass(frozen=True)
+class Segment:
+    """One attempt's step range and pool (for marking pool changes on curves)."""
+
+    number: int
+    pool: str
+    start: int
+    end: int | None
+
+
+@dataclasses.dataclass
+class TrialResult:
+    trial_id: str
+    run_id: str
+    axes: dict[str, str]
+    seed: int
+    pool: str
+    status: str
+    verdict: str | None  # healthy | collapsed | unstable | numeric_failure | infra_failure | None
+    verdict_step: int | None
+    verdict_reason: str
+    derived_from: str | None
+    curves: dict[str, list[tuple[int, float]]]
+    latest: dict[str, float]
+    segments: list[Segment]
+
+    @property
+    def reward_key(self) -> str:
+        return M.EVAL_REWARD if self.curves.get(M.EVAL_REWARD) else M.TRAIN_REWARD
+
+    def final(self, key: str) -> float:
+        pts = [v for _, v in self.curves.get(key, []) if math.isfinite(v)]
+        return pts[-1] if pts else math.nan
+
+    def peak(self, key: str) -> float:
+        pts = [v for _, v in self.curves.get(key, []) if math.isfinite(v)]
+        return max(pts) if pts else math.nan
+
+    @property
+    def collapsed(self) -> bool | None:
+        """True/False once judged; None when running or failed for infra reasons."""
+        if self.verdict in (None, "infra_failure"):
+            return None
+        return self.verdict in ("collapsed", "numeric_failure")
+
+    @property
+    def last_step(self) -> int:
+        return max((pts[-1][0] for pts in self.curves.values() if pts), default=0)
+
+
+def search_trial_runs(mlc: Any, experiment_id: str) -> list[Any]:
+    """Every child run of the experiment that carries a ``trial_id`` tag (paged)."""
+    runs: list[Any] = []
+    token = None
+    while True:
+        page = mlc.search_runs([experiment_id], filter_string="tags.trial_id != ''",
+                               max_results=1000, order_by=["attributes.start_time DESC"],
+                               page_token=token)
+        runs.extend(page)
+        token = page.token
+        if not token:
+            return runs
+
+
+def newest_per_step(points: Sequence[Any]) -> list[tuple[int, float]]:
+    """MLflow metric history -> one (step, value) per step, the newest timestamp winning."""
+    best: dict[int, tuple[int, float]] = {}
+    for p in points:
+        prev = best.get(p.step)
+        if prev is None or p.timestamp >= prev[0]:
+            best[p.step] = (p.timestamp, float(p.value))
+    return [(s, best[s][1]) for s in sorted(best)]
+
+
+def segments_from_tags(tags: Mapping[str, str]) -> list[Segment]:
+    out = []
+    for key, pool in tags.items():
+        parts = key.split(".")
+        if len(parts) == 3 and parts[0] == "attempt" and parts[2] == "pool" and parts[1].isdigit():
+            lo, _, hi = tags.get(f"attempt.{parts[1]}.steps", "").partition("-")
+            out.append(Segment(int(parts[1]), pool, int(lo or 1), int(hi) if hi else None))
+    return sorted(out, key=lambda s: s.number)
+
+
+def segments_from_dir(grid_dir: Path | None, trial_id: str) -> list[Segment]:
+    if grid_dir is None:
+        return []
+    path = TrialPaths(grid_dir, trial_id).attempts
+    if not path.exists():
+        return []
+    data = read_json(path)
+    items = data.get("attempts", data) if isinstance(data, dict) else data
+    return [Segment(int(a["number"]), str(a["pool"]), int(a["start_step"]),
+                    None if a.get("end_step") is None else int(a["end_step"])) for a in items]
+
+
+def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
+                 grid_dir: Path | None = None) -> list[TrialResult]:
+    """The trial runs of one experiment as ``TrialResult`` (newest run per trial id)."""
+    seen: dict[str, TrialResult] = {}
+    for run in search_trial_runs(mlc, experiment_id):
+        tags, params = run.data.tags, run.data.params
+        tid = tags.get("trial_id", "")
+        if not tid or tid in seen:
+            continue
+        curves = {key: newest_per_step(mlc.get_metric_history(run.info.run_id, key))
+                  for key in CURVE_METRICS if key in run.data.metrics}
+        axes = {a: params.get(a, "") for a in axis_names}
+        extra = {k: v for k, v in params.items() if k not in axes and k not in ("seed", "steps")}
+        if tags.get("derived_from"):
+            axes.update({k: v for k, v in extra.items() if k != "pool"})
+        step = tags.get("verdict.step", "")
+        seen[tid] = TrialResult(
+            trial_id=tid, run_id=run.info.run_id, axes=axes, seed=int(params.get("seed", tags.get("seed", 0))),
+            pool=tags.get("pool", params.get("pool", "")), status=run.info.status,
+            verdict=tags.get("verdict") or None, verdict_step=int(step) if step.isdigit() else None,
+            verdict_reason=tags.get("verdict.reason", ""), derived_from=tags.get("derived_from") or None,
+            curves=curves, latest=dict(run.data.metrics),
+            segments=segments_from_tags(tags) or segments_from_dir(grid_dir, tid),
+        )
+    return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names), r.seed,
+                                                r.trial_id))
+
+
+def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:
+    """Give trials without a recorded verdict (e.g. still running) one from their curves."""
+    from orchestrator.verdict import judge
+
+    for r in results:
+        if r.verdict is not None or not r.curves:
+            continue
+        rows: dict[int, dict[str, float]] = {}
+        for key, pts in r.curves.items():
+            for s, v in pts:
+                rows.setdefault(s, {})[key] = v
+        history = sorted(rows.items())
+        outcome = "completed" if history and history[-1][0] >= steps else "stopped"
+        v = judge(history, collapse, total_steps=steps, outcome=outcome)
+        r.verdict, r.verdict_step = v.kind.value, v.step
+        r.verdict_reason = v.reason + " (judged by compare from the curves)"

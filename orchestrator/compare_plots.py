@@ -1,0 +1,179 @@
+"""Plots of ``ablate compare`` (matplotlib, Agg backend, PNG files).
+
+Curves are faceted rows-axis x cols-axis; inside a facet each remaining configuration has one
+colour and each seed one line. A cross marks the collapse step, a dotted vertical line and the
+pool name mark where a resumed trial moved to another pool.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator.compare_data import TrialResult
+
+MAX_FACETS = 8  # per direction; more values than that are folded into the last facet's colours
+
+
+def _plt() -> Any:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    return plt
+
+
+def _facet_values(results: Sequence[TrialResult], axis: str | None) -> list[str]:
+    if axis is None:
+        return [""]
+    return sorted({r.axes.get(axis, "") for r in results})[:MAX_FACETS]
+
+
+def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: str | None,
+           out: Path, *, title: str, log_y: bool = False) -> Path | None:
+    """Metric vs step, one facet per (rows value, cols value)."""
+    have = [r for r in results if r.curves.get(metric)]
+    if not have:
+        return None
+    plt = _plt()
+    rvals, cvals = _facet_values(have, rows), _facet_values(have, cols)
+    fig, axs = plt.subplots(len(rvals), len(cvals), figsize=(3.6 * len(cvals) + 1, 2.6 * len(rvals) + 0.8),
+                            squeeze=False, sharex=True, sharey=True)
+    others = [a for a in have[0].axes if a not in (rows, cols)]
+    labels = sorted({_label(r, others) for r in have})
+    colours = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(labels)}
+    for i, rv in enumerate(rvals):
+        for j, cv in enumerate(cvals):
+            ax = axs[i][j]
+            cell = [r for r in have if (rows is None or r.axes.get(rows, "") == rv)
+                    and (cols is None or r.axes.get(cols, "") == cv)]
+            for r in cell:
+                _draw_trial(ax, r, metric, colours[_label(r, others)])
+            ax.set_title(" / ".join(x for x in (f"{rows}={rv}" if rows else "",
+                                                f"{cols}={cv}" if cols else "") if x), fontsize=8)
+            if log_y:
+                ax.set_yscale("log")
+            ax.grid(alpha=0.3)
+            if i == len(rvals) - 1:
+                ax.set_xlabel("step")
+    handles = [plt.Line2D([], [], color=colours[lab], label=lab or "trial") for lab in labels]
+    handles += [plt.Line2D([], [], color="k", marker="x", ls="", label="collapse"),
+                plt.Line2D([], [], color="grey", ls=":", label="pool change (resume)")]
+    fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
+    fig.suptitle(title, fontsize=10)
+    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def _label(r: TrialResult, axes: Sequence[str]) -> str:
+    lab = ", ".join(f"{a}={r.axes.get(a, '')}" for a in axes)
+    return lab + (f" [derived {r.derived_from}]" if r.derived_from else "")
+
+
+def _draw_trial(ax: Any, r: TrialResult, metric: str, colour: Any) -> None:
+    pts = [(s, v) for s, v in r.curves[metric] if math.isfinite(v)]
+    if not pts:
+        return
+    xs, ys = zip(*pts)
+    ax.plot(xs, ys, color=colour, lw=1.0, alpha=0.85, ls="--" if r.derived_from else "-")
+    if r.collapsed and r.verdict_step is not None:
+        near = min(pts, key=lambda p: abs(p[0] - r.verdict_step))  # type: ignore[operator]
+        ax.plot([near[0]], [near[1]], marker="x", color="k", ms=7, mew=1.5)
+    for seg in r.segments[1:]:
+        ax.axvline(seg.start - 0.5, color="grey", ls=":", lw=1)
+        ax.annotate(seg.pool, (seg.start, 1), xycoords=("data", "axes fraction"), fontsize=6,
+                    va="top", rotation=90, color="grey")
+
+
+def mismatch_by_bucket(results: Sequence[TrialResult], group: str | None, out: Path) -> Path | None:
+    """k3 KL by the rollout probability of the sampled token (last logged value per trial),
+    averaged per value of ``group`` (default the pool): seed 000's low-probability finding."""
+    buckets = [(lo, hi, M.bucket_name(lo, hi)) for lo, hi in M.PROB_BUCKETS]
+    have = [r for r in results if any(name in r.latest for _, _, name in buckets)]
+    if not have:
+        return None
+    plt = _plt()
+    fig, ax = plt.subplots(figsize=(7, 4))
+    for gv in sorted({r.axes.get(group, r.pool) if group else r.pool for r in have}):
+        members = [r for r in have if (r.axes.get(group, r.pool) if group else r.pool) == gv]
+        ys = []
+        for _, _, name in buckets:
+            vals = [r.latest[name] for r in members if name in r.latest and math.isfinite(r.latest[name])]
+            ys.append(sum(vals) / len(vals) if vals else math.nan)
+        ax.plot(range(len(buckets)), [max(y, 1e-12) if math.isfinite(y) else math.nan for y in ys],
+                marker="o", label=f"{group or 'pool'}={gv} (n={len(members)})")
+    ax.set_xticks(range(len(buckets)))
+    ax.set_xticklabels([f"[{lo:g},{min(hi, 1):g})" for lo, hi, _ in buckets], rotation=30, fontsize=7)
+    ax.set_yscale("log")
+    ax.set_xlabel("rollout probability of the sampled token")
+    ax.set_ylabel("k3 KL (last step)")
+    ax.set_title("Mismatch by token probability", fontsize=10)
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def verdict_map(cells: Sequence[dict[str, Any]], row_keys: Sequence[str], col_key: str | None,
+                out: Path) -> Path | None:
+    """Heat map of collapse rate per cell, annotated ``collapsed/judged`` and median step."""
+    if not cells:
+        return None
+    plt = _plt()
+    rlabels = sorted({" / ".join(c["row"]) for c in cells})
+    clabels = sorted({c["col"] for c in cells})
+    grid = [[math.nan] * len(clabels) for _ in rlabels]
+    fig, ax = plt.subplots(figsize=(1.8 * len(clabels) + 3, 0.5 * len(rlabels) + 1.8))
+    for c in cells:
+        i, j = rlabels.index(" / ".join(c["row"])), clabels.index(c["col"])
+        grid[i][j] = c["stats"]["collapse_rate"]
+        s = c["stats"]
+        text = f"{s['n_collapsed']}/{s['n_judged']}"
+        if math.isfinite(s["median_collapse_step"]):
+            text += f"\n@{s['median_collapse_step']:g}"
+        if s["n_unstable"]:
+            text += f"\n{s['n_unstable']} unstable"
+        ax.text(j, i, text, ha="center", va="center", fontsize=7)
+    im = ax.imshow(grid, cmap="Reds", vmin=0, vmax=1, aspect="auto")
+    ax.set_xticks(range(len(clabels)))
+    ax.set_xticklabels(clabels, fontsize=8)
+    ax.set_yticks(range(len(rlabels)))
+    ax.set_yticklabels(rlabels, fontsize=7)
+    ax.set_xlabel(col_key or "")
+    ax.set_ylabel(" / ".join(row_keys))
+    fig.colorbar(im, ax=ax, label="collapse rate")
+    ax.set_title("Verdicts: collapsed/judged @ median collapse step", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def importance_bars(importances: dict[str, dict[str, float]], out: Path) -> Path | None:
+    """One bar group per axis, one bar per target (fANOVA importance, normalised per target)."""
+    targets = [t for t, imp in importances.items() if imp]
+    if not targets:
+        return None
+    plt = _plt()
+    axes = sorted({a for t in targets for a in importances[t]})
+    fig, ax = plt.subplots(figsize=(1.4 * len(axes) + 3, 3.5))
+    width = 0.8 / len(targets)
+    for k, t in enumerate(targets):
+        ax.bar([i + k * width for i in range(len(axes))], [importances[t].get(a, 0.0) for a in axes],
+               width=width, label=t)
+    ax.set_xticks([i + width * (len(targets) - 1) / 2 for i in range(len(axes))])
+    ax.set_xticklabels(axes, fontsize=8, rotation=15)
+    ax.set_ylabel("fANOVA importance")
+    ax.legend(fontsize=8)
+    ax.set_title("Axis importance", fontsize=10)
+    fig.tight_layout()
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out

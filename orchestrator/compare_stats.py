@@ -1,0 +1,117 @@
+"""Statistics for ``ablate compare``: per-cell aggregates over seeds (mean and 95% CI), and
+per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
+from __future__ import annotations
+
+import math
+import statistics
+from collections.abc import Sequence
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator.compare_data import TrialResult
+
+
+def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
+    """(mean, half-width of the Student-t CI, n) over the finite values; half-width NaN if n < 2."""
+    xs = [v for v in values if math.isfinite(v)]
+    if not xs:
+        return math.nan, math.nan, 0
+    if len(xs) < 2:
+        return xs[0], math.nan, 1
+    from scipy import stats
+
+    sd = statistics.stdev(xs)
+    half = float(stats.t.ppf(0.5 + level / 2, len(xs) - 1)) * sd / math.sqrt(len(xs))
+    return statistics.fmean(xs), half, len(xs)
+
+
+def cell_stats(results: Sequence[TrialResult]) -> dict[str, Any]:
+    """Aggregates of the trials (seeds) in one table cell."""
+    reward = [r.final(r.reward_key) for r in results]
+    peak = [r.peak(r.reward_key) for r in results]
+    judged = [r for r in results if r.collapsed is not None]
+    collapsed = [r for r in judged if r.collapsed]
+    steps = [r.verdict_step for r in collapsed if r.verdict_step is not None]
+    k3 = [r.peak(M.K3_KL) for r in results]
+    fm, fci, n = mean_ci(reward)
+    pm, pci, _ = mean_ci(peak)
+    k3_finite = [v for v in k3 if math.isfinite(v)]
+    return {
+        "n": len(results), "n_reward": n,
+        "final_reward": fm, "final_reward_ci": fci, "peak_reward": pm, "peak_reward_ci": pci,
+        "n_judged": len(judged), "n_collapsed": len(collapsed),
+        "collapse_rate": len(collapsed) / len(judged) if judged else math.nan,
+        "median_collapse_step": statistics.median(steps) if steps else math.nan,
+        "n_unstable": sum(1 for r in results if r.verdict == "unstable"),
+        "n_infra_failure": sum(1 for r in results if r.verdict == "infra_failure"),
+        "max_k3_kl": max(k3_finite) if k3_finite else math.nan,
+        "reward_metric": results[0].reward_key if results else "",
+    }
+
+
+def _fmt(v: float, digits: int = 3) -> str:
+    return "–" if not math.isfinite(v) else f"{v:.{digits}f}"
+
+
+def format_cell(s: dict[str, Any], sep: str = "<br>") -> str:
+    """``final ± ci`` / ``peak ± ci`` / ``collapsed k/n @ median step`` / ``k3 max`` in one cell."""
+    def pm(m: float, ci: float) -> str:
+        return _fmt(m) + ("" if not math.isfinite(ci) else f" ± {_fmt(ci)}")
+
+    coll = f"collapse {s['n_collapsed']}/{s['n_judged']}"
+    if math.isfinite(s["median_collapse_step"]):
+        coll += f" @ {s['median_collapse_step']:g}"
+    k3 = "–" if not math.isfinite(s["max_k3_kl"]) else f"{s['max_k3_kl']:.2e}"
+    return sep.join([f"final {pm(s['final_reward'], s['final_reward_ci'])}",
+                     f"peak {pm(s['peak_reward'], s['peak_reward_ci'])}", coll, f"max k3 {k3}"])
+
+
+def main_effects(results: Sequence[TrialResult], axes: Sequence[str]) -> list[dict[str, Any]]:
+    """Per axis value: mean final reward and collapse rate; the effect is the spread of the means."""
+    rows = []
+    for axis in axes:
+        values = sorted({r.axes.get(axis, "") for r in results})
+        if len(values) < 2:
+            continue
+        for target in ("final_reward", "collapse_rate"):
+            means = {}
+            for v in values:
+                group = [r for r in results if r.axes.get(axis, "") == v]
+                if target == "final_reward":
+                    means[v] = mean_ci([r.final(r.reward_key) for r in group])[0]
+                else:
+                    judged = [r for r in group if r.collapsed is not None]
+                    means[v] = sum(bool(r.collapsed) for r in judged) / len(judged) if judged else math.nan
+            finite = [m for m in means.values() if math.isfinite(m)]
+            effect = max(finite) - min(finite) if len(finite) > 1 else math.nan
+            rows.append({"axis": axis, "target": target, "effect": effect,
+                         "means": {v: means[v] for v in values}})
+    return rows
+
+
+def fanova_importance(results: Sequence[TrialResult], axes: Sequence[str], target: str,
+                      seed: int = 0) -> dict[str, float]:
+    """fANOVA importance of each varying axis for ``target`` (final_reward | collapsed).
+
+    Each finished trial becomes a completed Optuna trial with categorical params (its axis
+    labels); Optuna's ``FanovaImportanceEvaluator`` (random forest + functional ANOVA) does the rest.
+    Returns {} when the target does not vary or fewer than 3 trials qualify.
+    """
+    import optuna
+
+    varying = [a for a in axes if len({r.axes.get(a, "") for r in results}) > 1]
+    points = []
+    for r in results:
+        y = (r.final(r.reward_key) if target == "final_reward"
+             else (math.nan if r.collapsed is None else float(bool(r.collapsed))))
+        if math.isfinite(y):
+            points.append(({a: r.axes.get(a, "") for a in varying}, y))
+    if not varying or len(points) < 3 or len({y for _, y in points}) < 2:
+        return {}
+    dists = {a: optuna.distributions.CategoricalDistribution(sorted({p[a] for p, _ in points}))
+             for a in varying}
+    optuna.logging.set_verbosity(optuna.logging.WARNING)
+    study = optuna.create_study(direction="maximize")
+    study.add_trials([optuna.trial.create_trial(params=p, distributions=dists, value=y) for p, y in points])
+    evaluator = optuna.importance.FanovaImportanceEvaluator(seed=seed)
+    return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))

@@ -1,0 +1,229 @@
+"""The Ray Tune searcher that feeds grid trials to Tune under the grid's concurrency limits.
+
+Ray Tune has one global limit (``max_concurrent_trials``) and none per group of trials, and a
+trial it cannot place waits forever. So the scheduler hands Tune trials through this searcher:
+``suggest`` returns the first queued trial whose pool has room (per-pool limit = min(cluster
+capacity of the pool, ``budget.per_pool``)) while fewer than ``budget.max_parallel`` run, and
+``None`` ("ask again later") otherwise. Queued trials of a full pool never block other pools.
+
+With a ``search:`` section the same gate wraps Ray Tune's ``OptunaSearch``: each Optuna point
+becomes a content-hashed trial (``grid.search_trial``); a point that ran before (this or an
+earlier submission) is answered from its stored objective instead of being run again.
+"""
+from __future__ import annotations
+
+import json
+import logging
+import math
+from collections.abc import Callable, Mapping
+from pathlib import Path
+from typing import Any
+
+from ray.tune.search import Searcher
+
+from orchestrator import records
+from orchestrator.trial import TrialPaths, TrialSpec, TrialState
+
+log = logging.getLogger(__name__)
+AXIS_PREFIX = "axis:"
+
+
+class SearchSpace:
+    """Optuna side of a ``search:`` section: distributions, sampler, mapping back to a trial."""
+
+    def __init__(self, grid: Any) -> None:
+        self.grid = grid
+        self.spec = grid.spec.search
+        self.seed = grid.spec.seeds[0]
+
+    def distributions(self) -> dict[str, Any]:
+        import optuna.distributions as d
+
+        space: dict[str, Any] = {}
+        for key, p in self.spec.params.items():
+            if p.kind == "int":
+                space[key] = d.IntDistribution(int(p.low), int(p.high), log=p.log)
+            else:
+                space[key] = d.FloatDistribution(float(p.low), float(p.high), log=p.log)
+        for axis in self.grid.axes:
+            if len(axis.labels) > 1:  # categorical axes are searched too; one label is fixed
+                space[AXIS_PREFIX + axis.name] = d.CategoricalDistribution(list(axis.labels))
+        return space
+
+    def searcher(self) -> Any:
+        import optuna
+        from ray.tune.search.optuna import OptunaSearch
+
+        sampler = (optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=min(4, self.spec.budget))
+                   if self.spec.sampler == "tpe" else optuna.samplers.RandomSampler(seed=self.seed))
+        return OptunaSearch(space=self.distributions(), metric="objective",
+                            mode=self.spec.objective.mode, sampler=sampler)
+
+    def trial(self, point: Mapping[str, Any]) -> tuple[TrialSpec, dict[str, Any]]:
+        """The trial for an Optuna point, and the point as stored in state.json."""
+        from orchestrator.grid import search_trial
+
+        params: dict[str, Any] = {}
+        for key, p in self.spec.params.items():
+            v = point[key]
+            params[key] = int(v) if p.kind == "int" else float(f"{float(v):.4g}")
+        choices = {k[len(AXIS_PREFIX):]: v for k, v in point.items() if k.startswith(AXIS_PREFIX)}
+        trial = search_trial(self.grid, params, choices, self.seed)
+        return trial, {"params": params, "choices": choices}
+
+    @staticmethod
+    def point(stored: Mapping[str, Any]) -> dict[str, Any]:
+        return {**stored["params"], **{AXIS_PREFIX + k: v for k, v in stored["choices"].items()}}
+
+
+class PoolGate(Searcher):
+    """Suggests queued trials (and search points) within the per-grid and per-pool limits."""
+
+    def __init__(self, grid_dir: Path, queue: list[TrialSpec], limits: Mapping[str, int],
+                 max_parallel: int, *, search: SearchSpace | None = None, search_budget: int = 0,
+                 on_new_trial: Callable[[TrialSpec, dict[str, Any]], None] | None = None) -> None:
+        super().__init__()
+        self.grid_dir = Path(grid_dir)
+        self.queue = list(queue)
+        self.limits = dict(limits)
+        self.max_parallel = max_parallel
+        self.running: dict[str, tuple[str, str]] = {}  # tune id -> (trial id, pool)
+        self.search = search
+        self.inner = search.searcher() if search is not None else None
+        self.search_left = search_budget
+        self.inner_ids: dict[str, list[str]] = {}  # trial id -> optuna-side ids awaiting its result
+        self._held: TrialSpec | None = None  # a search trial waiting for room on its pool
+        self._n = 0
+        self.on_new_trial = on_new_trial
+        self.results: dict[str, dict[str, Any]] = {}
+        self.errors: set[str] = set()
+
+    # Tune calls these when it wraps searchers; the gate enforces limits itself.
+    def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
+                              **spec: Any) -> bool:
+        return True
+
+    def set_max_concurrency(self, max_concurrent: int) -> bool:
+        return True
+
+    def pool_running(self, pool: str) -> int:
+        return sum(1 for _, p in self.running.values() if p == pool)
+
+    def _room(self, pool: str) -> bool:
+        return self.pool_running(pool) < self.limits.get(pool, 0)
+
+    def reasons(self) -> dict[str, str]:
+        """Why each queued trial waits (written to queue.json for ``ablate status``)."""
+        out = {}
+        for t in self.queue + ([self._held] if self._held else []):
+            if len(self.running) >= self.max_parallel:
+                out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
+            elif not self._room(t.pool):
+                out[t.trial_id] = (f"queued: pool {t.pool} full ({self.pool_running(t.pool)}/"
+                                   f"{self.limits.get(t.pool, 0)} running)")
+            else:
+                out[t.trial_id] = "queued: starting"
+        return out
+
+    def finished(self) -> bool:
+        return not self.queue and self._held is None and (self.inner is None or self.search_left <= 0)
+
+    def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
+        if records.cancel_requests(self.grid_dir).get("*"):
+            for t in self.queue + ([self._held] if self._held else []):
+                from orchestrator.runner import mark_cancelled
+
+                mark_cancelled(self.grid_dir, t.trial_id)
+            self.queue, self._held, self.search_left = [], None, 0
+        if self.finished():
+            return Searcher.FINISHED
+        if len(self.running) >= self.max_parallel:
+            return None
+        trial = self._next_queued() or self._next_search()
+        if trial is None:
+            return Searcher.FINISHED if self.finished() else None
+        self.running[trial_id] = (trial.trial_id, trial.pool)
+        return {"trial_id": trial.trial_id, "trial": trial.to_json()}
+
+    def _next_queued(self) -> TrialSpec | None:
+        for i, t in enumerate(self.queue):
+            if not self._room(t.pool):
+                continue
+            rec = records.load_state(TrialPaths(self.grid_dir, t.trial_id), t.trial_id)
+            if rec.state.is_finished():  # cancelled meanwhile (or finished by another path)
+                self.queue.pop(i)
+                return self._next_queued()
+            return self.queue.pop(i)
+        return None
+
+    def _next_search(self) -> TrialSpec | None:
+        if self.inner is None or self.search is None:
+            return None
+        if self._held is not None:
+            if not self._room(self._held.pool):
+                return None
+            trial, self._held = self._held, None
+            return trial
+        for _ in range(20):  # answer repeated points from storage, then ask again
+            if self.search_left <= 0:
+                return None
+            self._n += 1
+            inner_id = f"optuna-{self._n}"
+            point = self.inner.suggest(inner_id)
+            if point is None or point == Searcher.FINISHED:
+                return None
+            trial, stored = self.search.trial(point)
+            self.inner_ids.setdefault(trial.trial_id, []).append(inner_id)
+            rec = records.load_state(TrialPaths(self.grid_dir, trial.trial_id), trial.trial_id)
+            if rec.state.is_finished():
+                self._answer(trial.trial_id, rec.objective, error=rec.objective is None)
+                continue
+            if len(self.inner_ids[trial.trial_id]) > 1:
+                continue  # the same point is already running: it answers both
+            self.search_left -= 1
+            if self.on_new_trial is not None:
+                self.on_new_trial(trial, stored)
+            if not self._room(trial.pool):
+                self._held = trial
+                return None
+            return trial
+        return None
+
+    def _answer(self, trial_id: str, objective: float | None, *, error: bool) -> None:
+        if self.inner is None:
+            return
+        for inner_id in self.inner_ids.pop(trial_id, []):
+            ok = not error and objective is not None and math.isfinite(objective)
+            self.inner.on_trial_complete(inner_id, result={"objective": objective} if ok else None,
+                                         error=not ok)
+
+    def on_trial_complete(self, trial_id: str, result: dict | None = None, error: bool = False) -> None:
+        entry = self.running.pop(trial_id, None)
+        if entry is None:
+            return
+        tid = entry[0]
+        if error:
+            self.errors.add(tid)
+        if result:
+            self.results[tid] = result
+        self._answer(tid, (result or {}).get("objective"), error=error)
+
+    def tell_previous(self, stored: Mapping[str, Any], objective: float | None) -> None:
+        """Teach Optuna a point an earlier submission already evaluated."""
+        if self.inner is None or objective is None or not math.isfinite(objective):
+            return
+        self.inner.add_evaluated_point(SearchSpace.point(stored), objective)
+
+    def save(self, checkpoint_path: str) -> None:
+        # Tune checkpoints searchers; the durable truth is in the trial records, so JSON counters
+        # are enough (and no pickle lands on disk).
+        Path(checkpoint_path).write_text(json.dumps({"running": list(self.running.values()),
+                                                     "search_left": self.search_left}))
+
+    def restore(self, checkpoint_path: str) -> None:
+        log.info("PoolGate.restore(%s): state is rebuilt from trial records instead", checkpoint_path)
+
+
+def queued_state(grid_dir: Path, trial: TrialSpec) -> bool:
+    rec = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
+    return rec.state in (TrialState.PENDING, TrialState.RUNNING)

@@ -1,0 +1,127 @@
+"""``ablate submit GRID --backend k8s --dry-run``: every manifest of every trial, for inspection,
+plus the RayJob that runs ``ablate submit`` on the control RayCluster of ``k8s/base``.
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+from typing import Any
+
+from orchestrator.k8s import names
+from orchestrator.k8s.render import RAYJOB_API, pod_template, render_rayjob
+from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, ClusterSettings
+
+CONTROL_CLUSTER = "ablate-control"
+WORKSPACE = "/ablate/workspace"
+
+
+def render_control_rayjob(
+    grid_name: str, grid_file: str, settings: ClusterSettings
+) -> dict[str, Any]:
+    """The RayJob that runs ``ablate submit`` on the long-lived control RayCluster (k8s/base).
+
+    It targets that cluster with ``clusterSelector`` (so Kueue does not queue the control plane
+    itself); the grid file is read from the workspace volume of the control head.
+    """
+    base = grid_file.rsplit("/", 1)[-1]
+    argv = [
+        "ablate",
+        "submit",
+        f"{WORKSPACE}/grids/{base}",
+        "--backend",
+        "k8s",
+        "--workdir",
+        f"{settings.checkpoint_root}/.ablate",
+        "--tracking-uri",
+        settings.tracking_uri,
+        "--no-progress",
+    ]
+    g = names.slug(grid_name, 30) or "grid"
+    name = names.check_dns_label(
+        f"ablate-submit-{g}", "control RayJob name", max_len=names.MAX_RAYJOB_NAME, dns1035=True
+    )
+    labels = {
+        **MANAGED_BY,
+        f"{LABEL_PREFIX}/grid": names.label_safe(grid_name),
+        f"{LABEL_PREFIX}/role": "control",
+    }
+    sub_res = {"cpu": settings.submitter_cpu, "memory": settings.submitter_memory}
+    submitter = pod_template(
+        role="submitter",
+        labels=labels,
+        image=settings.control_image,
+        env=[],
+        requests=sub_res,
+        limits=sub_res,
+        shm="",
+        settings=settings,
+        pool=None,
+        with_volumes=False,
+    )
+    return {
+        "apiVersion": RAYJOB_API,
+        "kind": "RayJob",
+        "metadata": {"name": name, "namespace": settings.namespace, "labels": labels},
+        "spec": {
+            "entrypoint": shlex.join(argv),
+            "submissionMode": "K8sJobMode",
+            "clusterSelector": {"ray.io/cluster": CONTROL_CLUSTER},
+            "submitterPodTemplate": submitter,
+        },
+    }
+
+
+def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> int:
+    """Write every manifest of every trial of ``grid_path`` (and its Kueue objects) to a directory.
+
+    Nothing is sent to a cluster. Layout: ``<out>/rayjobs/<rayjob>.yaml`` (one per trial, first
+    attempt), ``<out>/kueue.yaml``, ``<out>/control-rayjob.yaml``, ``<out>/index.json``.
+    """
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.k8s.queues import dump, render_kueue
+
+    settings = ClusterSettings.from_env()
+    grid = load_grid(grid_path, backend="k8s")
+    trials = expand(grid, force=force)
+    out = Path(out_dir or f"k8s-dry-run/{grid.name}")
+    jobs_dir = out / "rayjobs"
+    jobs_dir.mkdir(parents=True, exist_ok=True)
+    for stale in jobs_dir.glob("ab-*.yaml"):  # only files this function writes
+        stale.unlink()
+    index = []
+    for trial in trials:
+        manifest = render_rayjob(
+            trial, grid.trial_config(trial), grid.pools.pools[trial.pool], settings=settings
+        )
+        name = manifest["metadata"]["name"]
+        (jobs_dir / f"{name}.yaml").write_text(dump([manifest]), encoding="utf-8")
+        index.append(
+            {
+                "trial_id": trial.trial_id,
+                "pool": trial.pool,
+                "rayjob": name,
+                "file": f"rayjobs/{name}.yaml",
+                "axes": dict(trial.axes),
+                "seed": trial.seed,
+            }
+        )
+    pools = sorted({t.pool for t in trials})
+    (out / "kueue.yaml").write_text(
+        dump(render_kueue(grid.pools, settings, pools)), encoding="utf-8"
+    )
+    (out / "control-rayjob.yaml").write_text(
+        dump([render_control_rayjob(grid.name, str(grid_path), settings)]), encoding="utf-8"
+    )
+    (out / "index.json").write_text(
+        json.dumps(
+            {"grid": grid.name, "namespace": settings.namespace, "trials": index}, indent=1
+        ),
+        encoding="utf-8",
+    )
+    print(
+        f"wrote {len(index)} RayJob manifest(s) for grid {grid.name!r} on pool(s) "
+        f"{', '.join(pools)} to {out}"
+    )
+    return 0

@@ -1,0 +1,159 @@
+"""What a grid is doing right now, read from its files: the live table of ``ablate submit`` and
+the body of ``ablate status`` (the same view, so they never disagree).
+
+Sources: ``trials/*/spec.json``, ``state.json``, ``attempts.json``, the tail of ``metrics.jsonl``,
+``queue.json`` (why queued trials wait, written by the scheduler) and ``lease.json``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as names
+from orchestrator import records
+from orchestrator.lease import active_holder
+from orchestrator.trial import TrialPaths, read_json
+
+REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
+
+
+@dataclasses.dataclass
+class TrialView:
+    trial_id: str
+    pool: str
+    steps: int
+    state: str
+    step: int = 0
+    reward: float | None = None
+    k3_kl: float | None = None
+    attempts: int = 0
+    verdict: str | None = None
+    note: str = ""  # pending reason, verdict reason or error
+    rate: float | None = None  # steps per second of the running attempt
+
+    def to_json(self) -> dict[str, Any]:
+        return dataclasses.asdict(self)
+
+
+@dataclasses.dataclass
+class GridView:
+    grid: str
+    grid_dir: str
+    trials: list[TrialView]
+    holder: dict[str, Any] | None
+    eta_s: float | None
+
+    def pools(self) -> dict[str, dict[str, int]]:
+        out: dict[str, dict[str, int]] = {}
+        for t in self.trials:
+            counts = out.setdefault(t.pool, {"running": 0, "pending": 0, "done": 0, "failed": 0,
+                                             "cancelled": 0})
+            counts[t.state] = counts.get(t.state, 0) + 1
+        return out
+
+    def to_json(self) -> dict[str, Any]:
+        return {"grid": self.grid, "grid_dir": self.grid_dir, "orchestrator": self.holder,
+                "eta_s": self.eta_s, "pools": self.pools(),
+                "trials": [t.to_json() for t in self.trials]}
+
+
+def _rate(paths: TrialPaths, step: int) -> float | None:
+    attempts = records.load_attempts(paths)
+    if not attempts or attempts[-1].outcome is not None or not attempts[-1].started_at:
+        return None
+    a = attempts[-1]
+    done = step - a.start_step + 1
+    elapsed = time.time() - a.started_at
+    return done / elapsed if done > 0 and elapsed > 0 else None
+
+
+def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
+    """Read the grid's trial files into a view (a trial without state.json is pending)."""
+    grid_dir = Path(grid_dir)
+    queue = _queue(grid_dir)
+    trials: list[TrialView] = []
+    for spec_path in sorted((grid_dir / "trials").glob("*/spec.json")):
+        paths = TrialPaths(grid_dir, spec_path.parent.name)
+        spec = records.load_spec(paths)
+        if spec is None:
+            continue
+        rec = records.load_state(paths, spec.trial_id)
+        view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
+                         state=rec.state.value, attempts=rec.attempts)
+        last = records.last_metrics(paths.metrics)
+        if last is not None:
+            view.step = last[0]
+            view.reward = next((records.finite_or_none(last[1][k]) for k in REWARD_KEYS
+                                if k in last[1]), None)
+            view.k3_kl = records.finite_or_none(last[1].get(names.K3_KL))
+        if rec.verdict:
+            view.verdict = rec.verdict.get("kind")
+            view.note = rec.verdict.get("reason", "")
+        if rec.state.value == "pending":
+            view.note = rec.pending_reason or queue.get(spec.trial_id) or rec.error or "queued"
+        elif rec.state.value == "failed":
+            view.note = rec.error or view.note
+        elif rec.state.value == "running":
+            view.rate = _rate(paths, view.step)
+        trials.append(view)
+    name = grid_name or grid_dir.name
+    return GridView(name, str(grid_dir), trials, active_holder(grid_dir), _eta(trials))
+
+
+def _queue(grid_dir: Path) -> dict[str, str]:
+    try:
+        return dict(read_json(grid_dir / "queue.json").get("reasons", {}))
+    except (FileNotFoundError, ValueError):
+        return {}
+
+
+def _eta(trials: list[TrialView]) -> float | None:
+    """Remaining steps of unfinished trials over the summed step rate of the running ones."""
+    rate = sum(t.rate for t in trials if t.rate)
+    remaining = sum(max(t.steps - t.step, 0) for t in trials if t.state in ("running", "pending"))
+    if remaining == 0:
+        return 0.0
+    return remaining / rate if rate > 0 else None
+
+
+def _fmt(value: float | None, spec: str) -> str:
+    return "" if value is None else format(value, spec)
+
+
+def _fmt_eta(seconds: float | None) -> str:
+    if seconds is None:
+        return "unknown"
+    m, s = divmod(int(seconds), 60)
+    h, m = divmod(m, 60)
+    return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
+
+
+def render(view: GridView, *, max_rows: int = 40) -> Any:
+    """A rich renderable: per-pool counts, then the trials (running first)."""
+    from rich.console import Group
+    from rich.table import Table
+
+    pools = Table(title=f"{view.grid}: {len(view.trials)} trials, ETA {_fmt_eta(view.eta_s)}")
+    for col in ("pool", "running", "pending", "done", "failed", "cancelled"):
+        pools.add_column(col, justify="left" if col == "pool" else "right")
+    for pool, c in sorted(view.pools().items()):
+        pools.add_row(pool, *(str(c.get(k, 0)) for k in ("running", "pending", "done", "failed",
+                                                          "cancelled")))
+    order = {"running": 0, "pending": 1, "failed": 2, "done": 3, "cancelled": 4}
+    rows = sorted(view.trials, key=lambda t: (order.get(t.state, 9), t.pool, t.trial_id))
+    table = Table()
+    for col in ("trial", "pool", "state", "step", "reward", "k3 KL", "att", "verdict / note"):
+        table.add_column(col, overflow="fold" if col == "verdict / note" else "ellipsis")
+    for t in rows[:max_rows]:
+        table.add_row(t.trial_id, t.pool, t.state, f"{t.step}/{t.steps}", _fmt(t.reward, ".3f"),
+                      _fmt(t.k3_kl, ".2e"), str(t.attempts),
+                      " ".join(x for x in (t.verdict or "", t.note[:120]) if x))
+    parts: list[Any] = [pools, table]
+    if len(rows) > max_rows:
+        parts.append(f"... {len(rows) - max_rows} more trials (ablate status --json lists all)")
+    if view.holder:
+        parts.append(f"orchestrator: pid {view.holder.get('pid')} on {view.holder.get('host')} "
+                     f"(submission {view.holder.get('submission')})")
+    return Group(*parts)

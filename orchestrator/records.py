@@ -1,0 +1,191 @@
+"""Durable per-trial records on disk, shared by the runner, the scheduler and ``ablate status``.
+
+Files of one trial (``TrialPaths``): ``spec.json`` (the TrialSpec), ``state.json`` (TrialState,
+MLflow run id, attempt count, verdict, MLflow commit marks), ``attempts.json`` (Attempt list),
+``metrics.jsonl`` (one line per step: the source of truth for metrics). Per grid: ``cancel.json``
+(cancel requests by trial id). JSON state is written atomically; the metrics file is append-only
+and truncated (atomically) only when a new attempt resumes from an earlier checkpoint.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import os
+import tempfile
+import time
+from collections.abc import Iterable, Iterator, Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.trial import Attempt, TrialPaths, TrialSpec, TrialState, atomic_write_json, read_json
+
+
+@dataclasses.dataclass
+class TrialRecord:
+    """Mutable view of ``state.json``; save it with :func:`save_state`."""
+
+    trial_id: str
+    state: TrialState = TrialState.PENDING
+    pool: str | None = None
+    mlflow_run_id: str | None = None
+    attempts: int = 0
+    verdict: dict[str, Any] | None = None
+    last_step: int = 0
+    committed_step: int = 0  # MLflow holds exactly steps 1..committed_step
+    pending_reason: str | None = None
+    error: str | None = None
+    search: dict[str, Any] | None = None  # Optuna point (params, choices) of a search trial
+    objective: float | None = None
+    updated_at: float = 0.0
+
+    def to_json(self) -> dict[str, Any]:
+        data = dataclasses.asdict(self)
+        data["state"] = self.state.value
+        return data
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> TrialRecord:
+        fields = {f.name for f in dataclasses.fields(cls)}
+        kw = {k: v for k, v in data.items() if k in fields}
+        kw["state"] = TrialState(data.get("state", "pending"))
+        return cls(**kw)
+
+
+def load_state(paths: TrialPaths, trial_id: str) -> TrialRecord:
+    if not paths.state.exists():
+        return TrialRecord(trial_id=trial_id)
+    return TrialRecord.from_json(read_json(paths.state))
+
+
+def save_state(paths: TrialPaths, record: TrialRecord) -> None:
+    record.updated_at = time.time()
+    atomic_write_json(paths.state, record.to_json())
+
+
+def load_spec(paths: TrialPaths) -> TrialSpec | None:
+    return TrialSpec.from_json(read_json(paths.spec)) if paths.spec.exists() else None
+
+
+def save_spec(paths: TrialPaths, trial: TrialSpec) -> None:
+    if not paths.spec.exists():
+        atomic_write_json(paths.spec, {"schema_version": 1, **trial.to_json()})
+
+
+def load_attempts(paths: TrialPaths) -> list[Attempt]:
+    if not paths.attempts.exists():
+        return []
+    return [Attempt.from_json(a) for a in read_json(paths.attempts).get("attempts", [])]
+
+
+def save_attempts(paths: TrialPaths, attempts: Iterable[Attempt]) -> None:
+    atomic_write_json(paths.attempts, {"attempts": [a.to_json() for a in attempts]})
+
+
+# --------------------------------------------------------------------------- metrics.jsonl
+
+
+def iter_metrics(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
+    """(step, metrics) rows; a torn last line (writer killed mid-line) is skipped."""
+    if not path.exists():
+        return
+    with open(path) as fh:
+        for line in fh:
+            try:
+                row = json.loads(line)
+            except json.JSONDecodeError:
+                continue
+            yield int(row["step"]), {k: float(v) for k, v in row["metrics"].items()}
+
+
+def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]]:
+    """Keep rows with step <= ``upto`` (atomically) and return them."""
+    rows = [(s, m) for s, m in iter_metrics(path) if s <= upto]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            for s, m in rows:
+                fh.write(metric_line(s, m))
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    return rows
+
+
+def metric_line(step: int, metrics: Mapping[str, float]) -> str:
+    return json.dumps({"step": step, "metrics": {k: float(v) for k, v in metrics.items()}},
+                      separators=(",", ":")) + "\n"
+
+
+def last_metrics(path: Path, max_bytes: int = 65536) -> tuple[int, dict[str, float]] | None:
+    """The last complete row of a metrics file, reading only its tail (for live progress)."""
+    try:
+        with open(path, "rb") as fh:
+            fh.seek(0, os.SEEK_END)
+            size = fh.tell()
+            fh.seek(max(0, size - max_bytes))
+            lines = fh.read().splitlines()
+    except FileNotFoundError:
+        return None
+    for raw in reversed(lines):
+        try:
+            row = json.loads(raw)
+            return int(row["step"]), row["metrics"]
+        except (json.JSONDecodeError, KeyError, ValueError):
+            continue
+    return None
+
+
+def finite_or_none(value: Any) -> float | None:
+    try:
+        v = float(value)
+    except (TypeError, ValueError):
+        return None
+    return v if math.isfinite(v) else None
+
+
+# --------------------------------------------------------------------------- cancel requests
+
+
+def cancel_path(grid_dir: Path) -> Path:
+    return Path(grid_dir) / "cancel.json"
+
+
+def _cancel_lock(grid_dir: Path) -> Any:
+    from filelock import FileLock
+
+    return FileLock(str(Path(grid_dir) / ".cancel.lock"), timeout=30)
+
+
+def cancel_requests(grid_dir: Path) -> dict[str, float]:
+    path = cancel_path(grid_dir)
+    if not path.exists():
+        return {}
+    try:
+        return dict(read_json(path).get("trials", {}))
+    except ValueError:
+        return {}
+
+
+def add_cancel_requests(grid_dir: Path, trial_ids: Iterable[str]) -> None:
+    with _cancel_lock(grid_dir):
+        current = cancel_requests(grid_dir)
+        now = time.time()
+        current.update({t: now for t in trial_ids if t not in current})
+        atomic_write_json(cancel_path(grid_dir), {"trials": current})
+
+
+def clear_cancel_requests(grid_dir: Path, trial_ids: Iterable[str]) -> None:
+    """Drop requests that were carried out (so a later ``ablate resume`` is not cancelled again)."""
+    ids = set(trial_ids)
+    if not ids or not cancel_path(grid_dir).exists():
+        return
+    with _cancel_lock(grid_dir):
+        current = cancel_requests(grid_dir)
+        if ids & set(current):
+            atomic_write_json(cancel_path(grid_dir),
+                              {"trials": {k: v for k, v in current.items() if k not in ids}})

@@ -1,0 +1,216 @@
+"""The rollout engine: samples with a KV cache in its own numeric path and returns mu.
+
+It holds its own copy of the weights, converted at every weight sync into the engine's format
+(bf16/fp16 tensors, or fp8-e4m3 values with per-channel scales), optionally ``weight_lag`` steps
+stale. Mismatch against the fp32 trainer comes only from that arithmetic: rounding of weights,
+activations, logits and K/V, and the order of reductions. Nothing is added.
+
+With ``deterministic`` the engine computes exactly like the trainer: fp32 weights and every
+decode step a full forward over the trainer's padded ``[B, T]`` shape (no KV cache), which is
+what makes mu bitwise equal to pi_old -- and what it costs.
+"""
+from __future__ import annotations
+
+import collections
+import dataclasses
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator.sim.model import ExactOps, KVCache, ModelConfig, forward
+from orchestrator.sim.profile import Numerics
+from orchestrator.sim.task import EOS, PAD, Task, response_mask
+
+DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
+          "fp8": torch.float8_e4m3fn}
+FP8_MAX = 448.0  # largest finite e4m3fn value
+
+
+def _fp8_quant(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
+    """Symmetric e4m3 quantisation along ``dim``: (values held exactly in bf16, fp32 scale)."""
+    scale = x.float().abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / FP8_MAX
+    q = (x.float() / scale).to(torch.float8_e4m3fn).to(torch.bfloat16)
+    return q, scale
+
+
+class EngineOps:
+    """Low-precision arithmetic of the rollout engine (see ``profile.SimProfile``)."""
+
+    def __init__(self, num: Numerics) -> None:
+        self.num = num
+        self.act_dtype = torch.bfloat16 if num.dtype == "fp8" else DTYPES[num.dtype]
+        self.kv_dtype = DTYPES[num.kv_cache]
+
+    def cast(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.act_dtype)
+
+    def _mm(self, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        wt = w.transpose(-1, -2)
+        if self.num.reduction_order == "reversed":  # weights were stored K-reversed at sync
+            return torch.matmul(x.flip(-1), wt)
+        if self.num.reduction_order == "chunked":
+            # split-K: each partial product is written in the activation dtype and the partials
+            # are summed in that dtype, as a split-K kernel with a low-precision workspace does.
+            s, acc = self.num.split_k, None
+            for k0 in range(0, x.shape[-1], s):
+                part = torch.matmul(x[..., k0:k0 + s], wt[..., k0:k0 + s, :]).to(out_dtype)
+                acc = part if acc is None else acc + part
+            return acc
+        return torch.matmul(x, wt)
+
+    def _lin(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
+             dtype: str) -> torch.Tensor:
+        if dtype == "fp8":  # W8A8: per-token activation scale, per-channel weight scale
+            xq, sx = _fp8_quant(x, -1)
+            y = self._mm(xq, p[name], torch.bfloat16).float() * sx * p[name + "@s"]
+            return y.to(self.act_dtype)
+        dt = DTYPES[dtype]
+        return self._mm(x.to(dt), p[name], dt).to(self.act_dtype)
+
+    def linear(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        return self._lin(x, p, name, self.num.dtype)
+
+    def router(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
+        return self._lin(x, p, name, self.num.router)
+
+    def head(self, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
+        out = self._lin(x, p, "head", self.num.lm_head)
+        # The engine returns logits in the head's dtype (fp32 head -> fp32 logits).
+        return out.to(torch.float32 if self.num.lm_head == "fp32" else out.dtype)
+
+    def store_kv(self, x: torch.Tensor) -> torch.Tensor:
+        return x.to(self.kv_dtype)
+
+    def convert(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+        """Engine-format copy of fp32 trainer weights (the 'weight sync')."""
+        out: dict[str, torch.Tensor] = {}
+        for name, w in params.items():
+            kind = self._kind(name)
+            if kind is None:  # embeddings, LayerNorm: activation dtype
+                out[name] = w.to(self.act_dtype)
+                continue
+            if self.num.reduction_order == "reversed":
+                w = w.flip(-1)
+            if kind == "fp8":
+                q, s = _fp8_quant(w, -1)  # per output channel
+                out[name], out[name + "@s"] = q, s.transpose(-1, -2)
+            else:
+                out[name] = w.to(DTYPES[kind])
+        return out
+
+    def _kind(self, name: str) -> str | None:
+        if name == "head":
+            return self.num.lm_head
+        if name.endswith("_router"):
+            return self.num.router
+        if name.endswith(("_qkv", "_out", "_fc1", "_fc2")):
+            return self.num.dtype
+        return None
+
+
+@dataclasses.dataclass
+class Rollouts:
+    prompts: torch.Tensor  # [B, P]
+    tokens: torch.Tensor  # [B, P + R] prompt + response (PAD after EOS)
+    logp_mu: torch.Tensor  # [B, R] rollout log-prob of each sampled token (fp32)
+    mask: torch.Tensor  # [B, R] response mask (through the first EOS)
+    routing: list[torch.Tensor]  # MoE: per layer [B, P + R - 1, k] rollout expert indices
+
+    @property
+    def responses(self) -> torch.Tensor:
+        return self.tokens[:, self.prompts.shape[1]:]
+
+
+class RolloutEngine:
+    """Generates rollouts with its own (lagged, low-precision) copy of the policy."""
+
+    def __init__(self, cfg: ModelConfig, task: Task, num: Numerics) -> None:
+        self.cfg, self.task, self.num = cfg, task, num
+        self.ops = ExactOps() if num.deterministic else EngineOps(num)
+        self.queue: collections.deque[dict[str, torch.Tensor]] = collections.deque()
+        self.params: dict[str, torch.Tensor] = {}
+
+    def sync(self, trainer_params: dict[str, torch.Tensor]) -> None:
+        """Receive the trainer's weights; the engine serves the ones ``weight_lag`` syncs old."""
+        self.queue.append({k: v.detach().clone() for k, v in trainer_params.items()})
+        while len(self.queue) > self.num.weight_lag + 1:
+            self.queue.popleft()
+        served = self.queue[0]
+        self.params = served if self.num.deterministic else self.ops.convert(served)
+
+    def state(self) -> dict[str, torch.Tensor]:
+        """The stale-weight queue, flattened for ``torch.save`` (restored by ``load_state``)."""
+        return {f"{i}/{k}": v for i, snap in enumerate(self.queue) for k, v in snap.items()}
+
+    def load_state(self, state: dict[str, torch.Tensor]) -> None:
+        snaps: dict[int, dict[str, torch.Tensor]] = {}
+        for key, v in state.items():
+            i, name = key.split("/", 1)
+            snaps.setdefault(int(i), {})[name] = v
+        self.queue = collections.deque(snaps[i] for i in sorted(snaps))
+        served = self.queue[0]
+        self.params = served if self.num.deterministic else self.ops.convert(served)
+
+    @torch.no_grad()
+    def generate(self, prompts: torch.Tensor, gen: torch.Generator) -> Rollouts:
+        b, plen = prompts.shape
+        rlen = self.task.response_len
+        tokens = torch.full((b, plen + rlen), PAD, dtype=torch.long)
+        tokens[:, :plen] = prompts
+        logp = torch.zeros(b, rlen)
+        done = torch.zeros(b, dtype=torch.bool)
+        if self.num.deterministic:
+            step_logp, routing = self._exact_steps(tokens), []
+        else:
+            step_logp, routing = self._cached_steps(tokens)
+        for r in range(rlen):
+            lp = next(step_logp) if r == 0 else step_logp.send(tokens)
+            tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
+            logp[:, r] = lp.gather(1, tok[:, None]).squeeze(1)
+            tok = torch.where(done, torch.full_like(tok, PAD), tok)
+            tokens[:, plen + r] = tok
+            done |= tok == EOS
+        step_logp.close()
+        mask = response_mask(tokens[:, plen:])
+        return Rollouts(prompts, tokens, logp * mask, mask,
+                        [torch.cat(r, dim=1) for r in routing] if routing else [])
+
+    def _cached_steps(self, tokens: torch.Tensor):
+        """Coroutine: log-probs of the next token, decoding with the KV cache."""
+        plen = self.task.prompt_len
+        cache = KVCache.empty(self.cfg, tokens.shape[0], self.ops.kv_dtype)
+        routing: list[list[torch.Tensor]] = [[] for _ in range(self.cfg.n_layers)] if self.cfg.moe else []
+        chunk = self.num.chunked_prefill or plen
+
+        def run(x: torch.Tensor) -> torch.Tensor:
+            out = forward(self.params, x, self.cfg, self.ops, cache=cache,
+                          temperature=self.num.temperature)
+            for layer, idx in zip(routing, out.routing):
+                layer.append(idx)
+            return F.log_softmax(out.logits[:, -1].float(), dim=-1)
+
+        def gen():
+            for s in range(0, plen, chunk):
+                lp = run(tokens[:, s:min(s + chunk, plen)])
+            pos = plen
+            while True:
+                cur = yield lp
+                lp = run(cur[:, pos:pos + 1])
+                pos += 1
+
+        return gen(), routing
+
+    def _exact_steps(self, tokens: torch.Tensor):
+        """Coroutine: the trainer's own computation, full padded sequence every step."""
+        plen = self.task.prompt_len
+
+        def gen():
+            pos = plen - 1
+            cur = tokens
+            while True:
+                out = forward(self.params, cur, self.cfg, ExactOps(),
+                              temperature=self.num.temperature)
+                cur = yield F.log_softmax(out.logits, dim=-1)[:, pos]
+                pos += 1
+
+        return gen()

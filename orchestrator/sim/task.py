@@ -1,0 +1,86 @@
+"""Synthetic task with a verifiable reward, and its tokenizer (built in code).
+
+Prompt: ``BOS d_1 .. d_n SEP`` with n random digits. Tasks (``task.name``):
+
+- ``sum_mod``: answer 2n digits, r_i = (r_{i-1} + d_{(i mod n)+1}) mod 10 (r_0 = 0), then EOS:
+  a running sum that wraps around the prompt twice. Each position is checked against the
+  model's *own* previous digit, so one early mistake does not zero the rest (partial credit).
+- ``reverse``: answer the n digits reversed, then EOS (easy; a smoke-test task).
+
+Reward = (positions correct + 1 if EOS comes right after the answer) / (answer length + 1),
+in [0, 1]. The vocabulary has digits, specials and filler symbols the policy must learn to avoid.
+"""
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+DIGITS = 10
+BOS, SEP, EOS, PAD = 10, 11, 12, 13
+N_SPECIAL = 14
+TASKS = ("progression", "sum_mod", "reverse_sum", "reverse")
+
+
+@dataclasses.dataclass(frozen=True)
+class Task:
+    name: str = "sum_mod"
+    digits: int = 8
+    answer: int = 16  # answer length of progression / sum_mod / reverse_sum (reverse: digits)
+    response_len: int = 18  # generation budget (answer + EOS + slack)
+    vocab: int = 32
+
+    def __post_init__(self) -> None:
+        if self.name not in TASKS:
+            raise ValueError(f"task.name {self.name!r} is not one of {list(TASKS)}")
+        if self.vocab < N_SPECIAL:
+            raise ValueError(f"task.vocab must be >= {N_SPECIAL}, got {self.vocab}")
+        if self.response_len < self.answer_len + 1:
+            raise ValueError(f"task.response_len must be >= {self.answer_len + 1} "
+                             f"(answer + EOS) for task {self.name}, got {self.response_len}")
+
+    @property
+    def answer_len(self) -> int:
+        return self.digits if self.name == "reverse" else self.answer
+
+    @property
+    def prompt_len(self) -> int:
+        return self.digits + 2
+
+    @property
+    def seq_len(self) -> int:
+        return self.prompt_len + self.response_len
+
+    def prompts(self, n: int, gen: torch.Generator) -> torch.Tensor:
+        """``n`` prompts [n, prompt_len] drawn with ``gen``."""
+        d = torch.randint(0, DIGITS, (n, self.digits), generator=gen)
+        return torch.cat([torch.full((n, 1), BOS), d, torch.full((n, 1), SEP)], dim=1)
+
+    def reward(self, prompts: torch.Tensor, responses: torch.Tensor) -> torch.Tensor:
+        """Verifiable reward [B] of ``responses`` [B, response_len] (PAD after EOS)."""
+        d = prompts[:, 1:1 + self.digits]
+        a = self.answer_len
+        resp = responses[:, :a]
+        if self.name == "reverse":
+            correct = resp == d.flip(1)
+        elif self.name == "progression":
+            prev = torch.cat([d[:, :1], resp[:, :-1]], dim=1)
+            correct = (resp == (prev + d[:, 1:2]) % DIGITS) & (prev < DIGITS)
+        elif self.name == "reverse_sum":
+            target = torch.cat([d.flip(1), (d + d.roll(-1, 1)) % DIGITS], dim=1)
+            target = target.repeat(1, -(-self.answer // target.shape[1]))[:, :self.answer]
+            correct = resp == target
+        else:
+            prev = torch.cat([torch.zeros_like(resp[:, :1]), resp[:, :-1]], dim=1)
+            src = d.repeat(1, -(-self.answer // self.digits))[:, :self.answer]
+            # The previous position must itself be a digit for the check to mean anything.
+            correct = (resp == (prev + src) % DIGITS) & (prev < DIGITS) & (resp < DIGITS)
+        eos_ok = responses[:, a] == EOS
+        return (correct.sum(1) + eos_ok).double() / (a + 1)
+
+
+def response_mask(responses: torch.Tensor) -> torch.Tensor:
+    """1 for generated tokens up to and including the first EOS, 0 after (padding)."""
+    is_eos = (responses == EOS).int()
+    after = (is_eos.cumsum(1) - is_eos) > 0  # strictly after the first EOS
+    return (~after).to(torch.float32)

@@ -1,0 +1,207 @@
+"""GRPO trainer of the simulator: fp32 policy, pi_old recompute, corrections, AdamW.
+
+Every random draw of step ``s`` comes from a generator seeded by (seed, s), so a run resumed
+from a checkpoint draws exactly what the uninterrupted run drew.
+"""
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+
+from orchestrator import metrics as M
+from orchestrator.corrections import (Correction, CorrectionSpec, apply_correction,
+                                      correction_metrics, mismatch_metrics, opsm_mask,
+                                      policy_loss)
+from orchestrator.exceptions import NumericFailure
+from orchestrator.sim.model import ModelConfig, forward, init_params
+from orchestrator.sim.profile import Numerics
+from orchestrator.sim.rollout import RolloutEngine, Rollouts
+from orchestrator.sim.task import Task
+
+EVAL_PROMPT_SEED = 20_251_017  # the same held-out prompts for every trial
+CKPT_FILE = "state.pt"
+
+
+@dataclasses.dataclass(frozen=True)
+class TrainConfig:
+    lr: float = 1e-3
+    prompts_per_step: int = 16
+    group_size: int = 8
+    ppo_epochs: int = 1
+    minibatches: int = 4
+    clip_eps: float = 0.2
+    kl_coef: float = 0.0
+    aux_loss_coef: float = 0.01
+    grad_clip: float = 1.0
+    weight_decay: float = 0.0
+    adam_beta1: float = 0.9
+    adam_beta2: float = 0.999
+    eval_every: int = 10
+    eval_prompts: int = 128
+
+
+def _gen(seed: int, step: int, stream: int) -> torch.Generator:
+    return torch.Generator().manual_seed((seed * 1_000_003 + step) * 7 + stream)
+
+
+def token_logp(logits: torch.Tensor, tokens: torch.Tensor, plen: int) -> torch.Tensor:
+    """Log-prob [B, R] of each response token under ``logits`` [B, T, V] of the whole sequence."""
+    lp = F.log_softmax(logits, dim=-1)[:, plen - 1:-1]
+    return lp.gather(-1, tokens[:, plen:, None]).squeeze(-1)
+
+
+def _finite(name: str, x: torch.Tensor, step: int) -> None:
+    if not torch.isfinite(x).all():
+        raise NumericFailure(f"non-finite {name} at step {step}")
+
+
+class GRPOTrainer:
+    """One trial's policy, optimizer and rollout engine."""
+
+    def __init__(self, model: ModelConfig, task: Task, train: TrainConfig,
+                 correction: CorrectionSpec, numerics: Numerics, seed: int) -> None:
+        self.model, self.task, self.cfg = model, task, train
+        self.corr, self.num, self.seed = correction, numerics, seed
+        self.params = {k: v.requires_grad_() for k, v in init_params(model, seed).items()}
+        self.ref = init_params(model, seed) if train.kl_coef > 0 else None
+        self.opt = torch.optim.AdamW(list(self.params.values()), lr=train.lr,
+                                     betas=(train.adam_beta1, train.adam_beta2),
+                                     weight_decay=train.weight_decay)
+        self.engine = RolloutEngine(model, task, numerics)
+        self.engine.sync(self.params)
+        self.eval_prompts = task.prompts(train.eval_prompts,
+                                         torch.Generator().manual_seed(EVAL_PROMPT_SEED))
+
+    # ------------------------------------------------------------------ one step
+    def step(self, step: int) -> dict[str, float]:
+        """Run step ``step`` (1-based); raises NumericFailure on NaN/inf."""
+        cfg, plen = self.cfg, self.task.prompt_len
+        gen = _gen(self.seed, step, 0)
+        t0 = time.perf_counter()
+        prompts = self.task.prompts(cfg.prompts_per_step, gen).repeat_interleave(cfg.group_size, 0)
+        ro = self.engine.generate(prompts, gen)
+        t_gen = time.perf_counter() - t0
+        rewards = self.task.reward(ro.prompts, ro.responses)
+        grouped = rewards.view(-1, cfg.group_size)
+        adv = ((grouped - grouped.mean(1, keepdim=True)) / (grouped.std(1, keepdim=True) + 1e-6))
+        adv = adv.view(-1).float()
+        _finite("rollout log-probs", ro.logp_mu, step)
+
+        replay = ro.routing if self.corr.routing_replay == "R3" and ro.routing else None
+        with torch.no_grad():
+            out = forward(self.params, ro.tokens, self.model, temperature=self.num.temperature,
+                          replay=replay)
+            logp_old = token_logp(out.logits, ro.tokens, plen)
+            lp = F.log_softmax(out.logits[:, plen - 1:-1], dim=-1)
+            entropy = -(lp.exp() * lp).sum(-1)
+        _finite("pi_old log-probs", logp_old, step)
+        if self.corr.routing_replay == "R2":
+            replay = out.routing
+        metrics = mismatch_metrics(logp_old, ro.logp_mu, ro.mask)
+        corr = None
+        if self.corr.policy == "decoupled":
+            corr = apply_correction(logp_old, ro.logp_mu, ro.mask, self.corr)
+            metrics.update(correction_metrics(corr))
+        t1 = time.perf_counter()
+        metrics.update(self._update(step, ro, logp_old, adv, corr, replay, gen))
+        self.engine.sync(self.params)
+        t_upd = time.perf_counter() - t1
+        metrics.update({
+            M.TRAIN_REWARD: rewards.mean().item(),
+            M.RESPONSE_LENGTH: ro.mask.sum(1).mean().item(),
+            M.ENTROPY: (entropy * ro.mask).sum().item() / ro.mask.sum().item(),
+            M.LR: cfg.lr,
+            M.TIME_GEN: t_gen, M.TIME_UPDATE: t_upd,
+        })
+        if cfg.eval_every and step % cfg.eval_every == 0:
+            metrics[M.EVAL_REWARD] = self.evaluate(step)
+        metrics[M.TIME_PER_STEP] = time.perf_counter() - t0
+        return metrics
+
+    def _update(self, step: int, ro: Rollouts, logp_old: torch.Tensor, adv: torch.Tensor,
+                corr: Correction | None, replay: list[torch.Tensor] | None,
+                gen: torch.Generator) -> dict[str, float]:
+        cfg, plen = self.cfg, self.task.prompt_len
+        n = ro.tokens.shape[0]
+        acc: dict[str, list[float]] = {}
+        for _ in range(cfg.ppo_epochs):
+            perm = torch.randperm(n, generator=gen)
+            for idx in perm.chunk(cfg.minibatches):
+                rep = [r[idx] for r in replay] if replay else None
+                out = forward(self.params, ro.tokens[idx], self.model,
+                              temperature=self.num.temperature, replay=rep)
+                logp = token_logp(out.logits, ro.tokens[idx], plen)
+                mu, mask = ro.logp_mu[idx], ro.mask[idx]
+                if corr is None:  # bypass: pi_old := mu, corrections from the live policy
+                    c, anchor = apply_correction(logp.detach(), mu, mask, self.corr), mu
+                    for k, v in correction_metrics(c).items():
+                        acc.setdefault(k, []).append(v)
+                else:
+                    c = Correction(None if corr.weights is None else corr.weights[idx],
+                                   corr.loss_mask[idx], corr.denom_mask[idx], {})
+                    anchor = logp_old[idx]
+                extra = None
+                if self.corr.opsm is not None:
+                    extra = opsm_mask(logp, mu, mask, adv[idx], self.corr.opsm)
+                    acc.setdefault("actor/opsm_fraction", []).append(1.0 - extra.mean().item())
+                loss, m = policy_loss(logp, anchor, adv[idx], c, self.corr, cfg.clip_eps, extra)
+                parts = {M.PG_LOSS: loss.item(), M.PG_CLIPFRAC: m["pg_clipfrac"],
+                         M.PPO_KL: ((anchor - logp.detach()) * mask).sum().item()
+                         / mask.sum().clamp_min(1).item()}
+                if self.ref is not None:
+                    with torch.no_grad():
+                        ref = token_logp(forward(self.ref, ro.tokens[idx], self.model,
+                                                 temperature=self.num.temperature).logits,
+                                         ro.tokens[idx], plen)
+                    d = (ref - logp).clamp(-20, 20)
+                    kl = ((torch.exp(d) - d - 1).clamp(-10, 10) * mask).sum() / mask.sum().clamp_min(1)
+                    loss = loss + cfg.kl_coef * kl
+                    parts[M.KL_LOSS] = kl.item()
+                if self.model.moe:
+                    loss = loss + cfg.aux_loss_coef * out.aux_loss
+                _finite("loss", loss, step)
+                self.opt.zero_grad(set_to_none=True)
+                loss.backward()
+                gn = torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.grad_clip)
+                _finite("grad norm", gn, step)
+                self.opt.step()
+                parts[M.GRAD_NORM] = gn.item()
+                for k, v in parts.items():
+                    acc.setdefault(k, []).append(v)
+        return {k: sum(v) / len(v) for k, v in acc.items()}
+
+    @torch.no_grad()
+    def evaluate(self, step: int) -> float:
+        """Mean reward on the fixed held-out prompts, sampled by the rollout engine."""
+        ro = self.engine.generate(self.eval_prompts, _gen(self.seed, step, 1))
+        return self.task.reward(ro.prompts, ro.responses).mean().item()
+
+    # ------------------------------------------------------------------ checkpoints
+    def save(self, directory: Path, step: int) -> None:
+        """Model, optimizer, RNG, step and the engine's stale-weight queue (torch.save, no pickle
+        of arbitrary objects: tensors, dicts, lists and numbers only)."""
+        state: dict[str, Any] = {
+            "step": step,
+            "params": {k: v.detach() for k, v in self.params.items()},
+            "optimizer": self.opt.state_dict(),
+            "engine_queue": self.engine.state(),
+            "torch_rng": torch.get_rng_state(),
+        }
+        torch.save(state, Path(directory) / CKPT_FILE)
+
+    def load(self, directory: Path) -> int:
+        """Restore a checkpoint written by :meth:`save`; returns its step."""
+        state: Mapping[str, Any] = torch.load(Path(directory) / CKPT_FILE, weights_only=True)
+        with torch.no_grad():
+            for k, v in state["params"].items():
+                self.params[k].copy_(v)
+        self.opt.load_state_dict(state["optimizer"])
+        self.engine.load_state(state["engine_queue"])
+        torch.set_rng_state(state["torch_rng"])
+        return int(state["step"])

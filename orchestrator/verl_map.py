@@ -1,0 +1,311 @@
+"""Grid vocabulary -> verl 0.9.1 Hydra overrides: corrections, engine flags, recipe leaves.
+
+Pure functions, no verl/torch/hydra import, so ``ablate plan`` stays fast. Facts come from
+``research/verl-0.9.1.md`` (keys, defaults, the bypass wiring of section 1e, SGLang kwargs of
+section 3, the seed-42 group-diversity trap of section 4) and ``research/corrections.md``.
+
+Two rules hold throughout: what verl cannot express is refused with the reason and the nearest
+verl setting (never silently changed), and every value reaches Hydra through :func:`hydra_value`,
+so a grid value is data, never override syntax.
+"""
+from __future__ import annotations
+
+import math
+import re
+from collections.abc import Iterator, Mapping
+from typing import Any
+
+from orchestrator.corrections import CorrectionSpec, parse_lo_hi
+from orchestrator.engine import RolloutSpec
+from orchestrator.pools import PoolSpec
+
+RC = "algorithm.rollout_correction"
+ACTOR_LOSS = "actor_rollout_ref.actor.policy_loss"
+SGLANG = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
+ROLLOUT = "actor_rollout_ref.rollout"
+
+# Keys the backend sets from the trial, the pool and the vocabularies; a recipe must not set them.
+OWNED_PREFIXES = (
+    "algorithm.rollout_correction.",
+    "actor_rollout_ref.actor.policy_loss.",
+    "actor_rollout_ref.rollout.engine_kwargs.",
+)
+OWNED_KEYS = frozenset({
+    "trainer.project_name", "trainer.experiment_name", "trainer.logger",
+    "trainer.total_training_steps", "trainer.total_epochs", "trainer.n_gpus_per_node",
+    "trainer.default_local_dir", "trainer.resume_mode", "trainer.resume_from_path",
+    "data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.fsdp_config.seed",
+    "actor_rollout_ref.ref.fsdp_config.seed", "actor_rollout_ref.actor.data_loader_seed",
+})  # fmt: skip
+# Recipe paths that verl opens on the workers: relative ones are resolved against the repo.
+PATH_KEYS = ("function_tool_path", "tool_config_path")
+
+# Compute capability by accelerator (FA3 needs Hopper 9.0; FP8 tensor cores need >= 8.9).
+COMPUTE_CAPABILITY = {"H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 8.9,
+                      "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0, "A10": 8.6}
+VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
+
+_K1 = ("token_k1", "seq_sum_k1", "seq_mean_k1")
+_RS_LEVEL_OPTION = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+
+
+# --------------------------------------------------------------------------- Hydra values
+
+_QUOTE_RUN = re.compile(r"(\\+)(?='|\$\{|$)")
+
+
+def hydra_value(value: Any) -> str:
+    """A Hydra override value that parses back to exactly ``value``.
+
+    Strings are always single-quoted: inside quotes ``,``, ``=``, ``~``, ``+``, ``[``, spaces,
+    ``$(...)`` and newlines are plain characters. Three things still need escaping (Hydra's
+    quoted-string grammar, checked by tests/test_verl_backend.py against verl's config): a
+    quote, backslashes right before a quote / ``${`` / the end, and ``${``. Values containing
+    ``${`` are refused anyway (:func:`unsafe_text`): verl re-resolves its config in place.
+    """
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if isinstance(value, int):
+        return str(value)
+    if isinstance(value, float):
+        if not math.isfinite(value):
+            raise ValueError(f"{value} is not a finite number")
+        return repr(value)
+    if isinstance(value, str):
+        problem = unsafe_text(value)
+        if problem:
+            raise ValueError(problem)
+        text = _QUOTE_RUN.sub(lambda m: m.group(1) * 2, value)
+        text = text.replace("'", "\\'").replace("${", "\\${")
+        return f"'{text}'"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    if isinstance(value, Mapping):
+        return "{" + ",".join(f"{_dict_key(k)}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    raise TypeError(f"cannot pass a {type(value).__name__} to Hydra")
+
+
+def unsafe_text(value: Any) -> str | None:
+    """Why a string inside ``value`` cannot reach verl inertly, or None.
+
+    verl's ``main_ppo`` calls ``OmegaConf.resolve(config)`` in place, which turns an escaped
+    ``\\${...}`` back into a live interpolation (``${oc.env:SECRET}`` would read the job's
+    environment into the config and MLflow), and argv cannot carry a NUL byte.
+    """
+    if isinstance(value, str):
+        if "${" in value:
+            return f"{value[:60]!r} contains '${{', which verl would resolve as an interpolation"
+        if "\x00" in value:
+            return f"{value[:60]!r} contains a NUL byte"
+        return None
+    if isinstance(value, Mapping):
+        value = list(value.keys()) + list(value.values())
+    if isinstance(value, (list, tuple)):
+        return next((p for p in map(unsafe_text, value) if p), None)
+    return None
+
+
+def _dict_key(key: Any) -> str:
+    if not isinstance(key, str) or not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", key):
+        raise ValueError(f"dict key {key!r} is not a plain identifier")
+    return key
+
+
+def override(key: str, value: Any) -> str:
+    return f"{key}={hydra_value(value)}"
+
+
+# --------------------------------------------------------------------------- plan-time checks
+
+
+def _fmt(x: float) -> str:
+    return f"{x:.6g}"
+
+
+def _lo_hi(lo: float, hi: float) -> str:
+    # 12 significant digits: 1/(1/x) round-trips and 0.999_1.001-style bands stay exact.
+    return f"{lo:.12g}_{hi:.12g}"
+
+
+def check_correction(c: CorrectionSpec) -> str | None:
+    """Why verl 0.9.1 cannot run this correction (with the nearest verl setting), or None."""
+    if c.is_level == "geometric":
+        return ("verl 0.9.1 has no geometric IS weights (rollout_is takes token|sequence); nearest: "
+                "correction.rs: geometric (rejection by geometric-mean ratio, verl seq_mean_k1) or "
+                "correction.is_level: sequence")
+    if c.is_level != "none" and c.is_mode == "clip":
+        return (f"verl truncates IS weights from above only (no lower clamp at {_fmt(c.is_lo)}); "
+                "nearest: correction.is_mode: truncate (clamp above at the upper bound) or mask "
+                "(IcePop band: weights outside the bounds set to 0)")
+    if c.veto is not None:
+        k2 = 0.5 * math.log(c.veto) ** 2
+        return (f"verl 0.9.1 removed the per-token veto (PR #4544); nearest: correction.rs_filters: "
+                f"{{seq_max_k2: {_fmt(k2)}}} rejects a sequence if any token has |log ratio| > "
+                f"{_fmt(-math.log(c.veto))} (symmetric, while the veto only looked at low ratios)")
+    if c.opsm is not None:
+        return ("verl 0.9.1 has no off-policy sequence masking (OPSM, DeepSeek-V3.2); nearest: "
+                "correction.rs: geometric (verl seq_mean_k1 rejects sequences by mean log-ratio, "
+                "whatever the advantage sign)")
+    if c.routing_replay != "off":
+        return (f"routing replay {c.routing_replay} needs a MoE model on verl's Megatron actor "
+                "(actor.router_replay); these verl recipes are dense FSDP models; fix: "
+                "correction.routing_replay: off")
+    rejects = c.rs != "off" or bool(c.rs_filters)
+    if c.denominator == "original" and rejects:
+        return ("verl rewrites response_mask after rejection sampling, so the token-mean "
+                "denominator counts surviving tokens only; it has no option to keep the original "
+                "denominator; fix: correction.denominator: renormalized, or replace RS by "
+                "correction.is_mode: mask (IcePop zeroes weights and keeps tokens in the mean)")
+    if c.is_level != "none" and c.is_mode == "mask" and c.denominator == "renormalized":
+        return ("verl's mask mode is IcePop: weights outside the bounds are set to 0 but the tokens "
+                "stay in the token-mean denominator (as in Miles' mis.py); removing them from the "
+                "mean needs RS; fix: correction.denominator: original for IcePop, or "
+                "correction.rs: token with rs_bounds (verl token_k1) to drop the tokens")
+    if c.policy == "bypass" and c.loss_type == "ppo_clip" and c.is_level != "none":
+        return ("in bypass mode with loss_type ppo_clip verl computes IS weights for metrics only "
+                "(the PPO ratio is already against pi_rollout), so the IS setting would do "
+                "nothing; fix: correction.loss_type: reinforce, or correction.is_level: none")
+    if c.rs != "off" and _RS_LEVEL_OPTION[c.rs] in c.rs_filters:
+        return (f"correction.rs: {c.rs} is verl's {_RS_LEVEL_OPTION[c.rs]}, which rs_filters also "
+                "sets; keep one of them")
+    for opt, thr in c.rs_filters.items():
+        if opt in _K1:
+            lo, hi = parse_lo_hi(thr)
+            if abs(lo * hi - 1.0) > 1e-6:
+                return (f"rs_filters.{opt}: {thr!r}: verl's k1 bounds apply to "
+                        "log(pi_rollout/pi_train), the inverse of the IS ratio, so asymmetric "
+                        f"bounds keep IS ratios in [{_fmt(1 / hi)}, {_fmt(1 / lo)}], not "
+                        f"[{_fmt(lo)}, {_fmt(hi)}]; fix: use correction.rs with rs_bounds "
+                        "(IS-ratio direction, converted for verl) or reciprocal bounds")
+    return None
+
+
+def check_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
+    """Why SGLang under verl 0.9.1 cannot run these engine flags on ``pool``, or None."""
+    if r.deterministic or r.sampling_seed_per_request:
+        return ("SGLang's deterministic / rl_on_policy_target mode samples every request with "
+                "seed 42 unless the request carries a sampling_seed, and verl 0.9.1's agent loop "
+                "sends none: all rollout.n samples of a prompt come out identical and every GRPO "
+                "advantage is 0 (research/verl-0.9.1.md section 4); fix: drop "
+                "rollout.deterministic / rollout.sampling_seed_per_request for verl (the sim "
+                "backend emulates true on-policy rollouts)")
+    if r.weight_lag:
+        return ("verl's sync trainer pushes weights to SGLang every step; a weight lag of "
+                f"{r.weight_lag} steps needs verl's separate_async trainer, which forces bypass "
+                "mode and is not mapped; fix: rollout.weight_lag: 0 (or use the sim backend)")
+    if r.reduction_order not in (None, "default"):
+        return (f"SGLang has no switch for reduction order {r.reduction_order!r} (a sim-backend "
+                "emulation); fix: drop rollout.reduction_order for verl")
+    cc = COMPUTE_CAPABILITY.get(pool.accelerator)
+    if r.attention_backend == "fa3" and cc is not None and cc < 9.0:
+        return (f"FlashAttention-3 needs Hopper (compute capability 9.0); pool {pool.name!r} has "
+                f"{pool.accelerator} ({cc}); fix: rollout.attention_backend: flashinfer or triton")
+    if "fp8" in (r.dtype, r.kv_cache_dtype) and cc is not None and cc < 8.9:
+        return (f"FP8 needs compute capability >= 8.9; pool {pool.name!r} has {pool.accelerator} "
+                f"({cc}), where SGLang would fall back to a different kernel path; fix: exclude "
+                "fp8 on this pool")
+    if r.kv_cache_dtype not in (None, "fp8") and r.kv_cache_dtype != (r.dtype or "bf16"):
+        return (f"SGLang's kv_cache_dtype takes auto (= the rollout dtype, {r.dtype or 'bf16'}) or "
+                f"fp8; a {r.kv_cache_dtype} KV cache cannot be expressed; fix: "
+                f"rollout.kv_cache_dtype: {r.dtype or 'bf16'} or fp8")
+    return None
+
+
+def check_pool(pool: PoolSpec) -> str | None:
+    if pool.kind != "gpu" or pool.gpus_per_node < 1:
+        return f"pool {pool.name!r} has no GPUs (kind {pool.kind}); verl runs on gpu pools"
+    return None
+
+
+# --------------------------------------------------------------------------- mapping
+
+
+def correction_overrides(c: CorrectionSpec) -> list[str]:
+    """The rollout-correction overrides (decoupled or bypass), all seven keys explicit."""
+    settings = correction_settings(c)
+    out = [override(f"{RC}.{k}", v) for k, v in settings.items()]
+    if c.policy == "bypass":
+        # verl 0.9.1's V1 trainer only copies rollout log-probs in bypass mode; the actor's loss
+        # must be switched and given the settings itself, or they are silently ignored (1e).
+        out.append(override(f"{ACTOR_LOSS}.loss_mode", "bypass_mode"))
+        out += [override(f"+{ACTOR_LOSS}.rollout_correction.{k}", v) for k, v in settings.items()]
+    return out
+
+
+def correction_settings(c: CorrectionSpec) -> dict[str, Any]:
+    """The seven ``algorithm.rollout_correction`` values for ``c`` (call check first)."""
+    rollout_is = None if c.is_level == "none" else c.is_level
+    if rollout_is is None:
+        threshold: Any = 2.0  # verl's default; unused without IS
+    elif c.is_mode == "mask":
+        threshold = _lo_hi(c.is_lo, c.is_hi)  # IcePop band on pi_train / pi_rollout
+    else:
+        threshold = float(c.is_hi)  # TIS: clamp above
+    options: list[str] = []
+    thresholds: list[str] = []
+    if c.rs != "off":
+        lo, hi = c.rs_lo_hi
+        options.append(_RS_LEVEL_OPTION[c.rs])
+        # k1 statistics are -log(ratio): keeping ratio in [lo, hi] means bounds [1/hi, 1/lo].
+        thresholds.append(_lo_hi(1.0 / hi, 1.0 / lo))
+    for opt, thr in sorted(c.rs_filters.items()):
+        options.append(opt)
+        thresholds.append(_lo_hi(*parse_lo_hi(thr)) if opt.endswith("_k1") else f"{float(thr):.12g}")
+    return {
+        "rollout_is": rollout_is,
+        "rollout_is_threshold": threshold,
+        "rollout_is_batch_normalize": bool(c.batch_norm and rollout_is is not None),
+        "rollout_rs": ",".join(options) if options else None,
+        "rollout_rs_threshold": ",".join(thresholds) if thresholds else None,
+        "bypass_mode": c.policy == "bypass",
+        "loss_type": c.loss_type,
+    }
+
+
+def rollout_overrides(r: RolloutSpec) -> list[str]:
+    """Engine flags -> verl rollout keys and SGLang ``ServerArgs`` kwargs (call check first)."""
+    out: list[str] = []
+    if r.dtype == "fp8":
+        out.append(override(f"{ROLLOUT}.quantization", "fp8"))
+    elif r.dtype is not None:
+        out.append(override(f"{ROLLOUT}.dtype", VERL_DTYPE[r.dtype]))
+    if r.temperature is not None:
+        out.append(override(f"{ROLLOUT}.temperature", float(r.temperature)))
+    if r.enforce_eager is not None:
+        out.append(override(f"{ROLLOUT}.enforce_eager", r.enforce_eager))  # -> disable_cuda_graph
+    if r.free_cache_engine is not None:
+        out.append(override(f"{ROLLOUT}.free_cache_engine", r.free_cache_engine))
+    if r.lm_head_fp32 is not None:
+        out.append(override(f"{SGLANG}.enable_fp32_lm_head", r.lm_head_fp32))
+    if r.kv_cache_dtype is not None:
+        out.append(override(f"{SGLANG}.kv_cache_dtype",
+                            "fp8_e4m3" if r.kv_cache_dtype == "fp8" else "auto"))
+    if r.attention_backend is not None:
+        out.append(override(f"{SGLANG}.attention_backend", r.attention_backend))
+    if r.chunked_prefill is False:
+        # verl's own enable_chunked_prefill key is not passed to SGLang; -1 disables chunking.
+        out.append(override(f"{SGLANG}.chunked_prefill_size", -1))
+    if r.deterministic is False:
+        out.append(override(f"{SGLANG}.enable_deterministic_inference", False))
+    return out
+
+
+def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
+    """(dotted key, value) of every verl leaf of a resolved recipe (vocabulary sections skipped)."""
+    def walk(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
+        for k, v in node.items():
+            key = f"{prefix}.{k}" if prefix else str(k)
+            if isinstance(v, Mapping) and v:
+                yield from walk(v, key)
+            else:
+                yield key, v
+
+    for key, value in walk({k: v for k, v in config.items()
+                            if k not in ("correction", "rollout")}, ""):
+        yield key, value
+
+
+def owned(key: str) -> bool:
+    return key in OWNED_KEYS or key.startswith(OWNED_PREFIXES)

@@ -1,0 +1,74 @@
+"""A real ``mlflow server`` on 127.0.0.1 for tests: start, stop (outage), restart on the same port.
+
+The server runs in its own session so stopping it ends its gunicorn workers too (by its process
+group id, which this helper created). Waits are bounded.
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import subprocess
+import time
+import urllib.request
+from pathlib import Path
+
+from orchestrator.tracking import server_command
+
+START_TIMEOUT_S = 90.0
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return int(s.getsockname()[1])
+
+
+class MlflowServer:
+    def __init__(self, root: Path, port: int | None = None) -> None:
+        self.root = Path(root)
+        self.root.mkdir(parents=True, exist_ok=True)
+        self.port = port or free_port()
+        self.proc: subprocess.Popen[bytes] | None = None
+
+    @property
+    def uri(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+    def start(self) -> MlflowServer:
+        cmd = server_command(f"sqlite:///{self.root / 'server.db'}", self.port, self.root / "artifacts")
+        log = open(self.root / "server.log", "ab")  # noqa: SIM115 - owned by the process
+        env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+        self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
+                                     start_new_session=True, env=env)
+        deadline = time.monotonic() + START_TIMEOUT_S
+        while time.monotonic() < deadline:
+            if self.proc.poll() is not None:
+                raise RuntimeError(f"mlflow server exited: {(self.root / 'server.log').read_text()[-2000:]}")
+            if self.healthy():
+                return self
+            time.sleep(0.5)
+        self.stop()
+        raise TimeoutError(f"mlflow server not ready on {self.uri} after {START_TIMEOUT_S} s")
+
+    def healthy(self) -> bool:
+        try:
+            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:  # noqa: S310 - loopback
+                return r.status == 200
+        except OSError:
+            return False
+
+    def stop(self) -> None:
+        if self.proc is None:
+            return
+        if self.proc.poll() is None:
+            os.killpg(self.proc.pid, signal.SIGTERM)
+            try:
+                self.proc.wait(timeout=20)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait(timeout=10)
+        self.proc = None
+        deadline = time.monotonic() + 20
+        while self.healthy() and time.monotonic() < deadline:
+            time.sleep(0.2)

@@ -1,0 +1,167 @@
+"""Runner: one attempt of a trial, in-process (no Ray). Real MLflow (SQLite), real verdict engine;
+the backend is the deterministic double of ``tests/doubles.py`` (the sim's own checkpoint/resume
+equivalence is tested with the sim)."""
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import doubles
+from orchestrator import records, workspace
+from orchestrator.exceptions import CheckpointError, InfraFailure
+from orchestrator.grid import expand, load_grid
+from orchestrator.runner import TrackingTarget, make_job, run_attempt
+from orchestrator.trial import TrialPaths
+
+GRID = """\
+name: runner-test
+recipe: sim/grpo_tiny
+backend: sim
+steps: 20
+seeds: [0]
+axes:
+  correction.is_level: [none, token]
+  pool: [sim-h100, sim-a100]
+checkpoint: {every: 5, keep: 2}
+"""
+
+
+@pytest.fixture
+def env(isolated: Path, monkeypatch: pytest.MonkeyPatch):
+    doubles.register(monkeypatch)
+    monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.005")
+    path = isolated / "grid.yaml"
+    path.write_text(GRID)
+    grid = load_grid(path)
+    trials = {(t.axis_values["correction.is_level"], t.pool): t for t in expand(grid)}
+    from orchestrator.tracking import GridRun
+
+    uri = workspace.tracking_uri()
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir())
+    tracking = TrackingTarget(uri, parent.experiment_id, parent.run_id)
+    grid_dir = workspace.grid_dir(grid.name)
+
+    def job(trial, **kw):
+        return make_job(grid, trial, grid_dir=grid_dir, tracking=tracking, submission="s-test", **kw)
+
+    return grid, trials, grid_dir, job, uri
+
+
+def _mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def _file_steps(grid_dir: Path, tid: str) -> list[int]:
+    return [s for s, _ in records.iter_metrics(TrialPaths(grid_dir, tid).metrics)]
+
+
+def test_healthy_trial_runs_to_the_end(env) -> None:
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-h100")]
+    out = run_attempt(job(t))
+    assert out["state"] == "done" and out["outcome"] == "completed" and out["last_step"] == 20
+    assert out["verdict"]["kind"] == "healthy"
+    rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
+    assert rec.committed_step == 20 and rec.attempts == 1
+    assert _file_steps(grid_dir, t.trial_id) == list(range(1, 21))
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "critic/score/mean") == list(range(1, 21))
+    store_steps = sorted(int(p.name.split("-")[1]) for p in TrialPaths(grid_dir, t.trial_id)
+                         .checkpoints.glob("step-*"))
+    assert store_steps == [15, 20]  # keep: 2 (step 20 is also the protected healthy one)
+    # A second run of a finished trial runs nothing.
+    again = run_attempt(job(t))
+    assert again["attempt"] == 1 and len(records.load_attempts(TrialPaths(grid_dir, t.trial_id))) == 1
+
+
+def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, tmp_path, monkeypatch) -> None:
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-a100")]
+    monkeypatch.setenv("ABLATE_DOUBLE_FAIL_ONCE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="injected"):
+        run_attempt(job(t))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    rec = records.load_state(paths, t.trial_id)
+    attempts = records.load_attempts(paths)
+    assert rec.state.value == "pending" and "injected" in rec.error
+    assert [(a.outcome, a.start_step, a.end_step) for a in attempts] == [("infra_failure", 1, 6)]
+    # Commit-on-checkpoint: MLflow has only what the checkpoint at step 5 covers.
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == [1, 2, 3, 4, 5]
+    out = run_attempt(job(t))
+    attempts = records.load_attempts(paths)
+    assert out["state"] == "done" and len(attempts) == 2
+    assert (attempts[1].resumed_from_step, attempts[1].start_step, attempts[1].end_step) == (5, 6, 20)
+    assert _file_steps(grid_dir, t.trial_id) == list(range(1, 21))
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
+    # The resumed run equals an uninterrupted one (the double's state is in its checkpoint).
+    monkeypatch.delenv("ABLATE_DOUBLE_FAIL_ONCE")
+    ref = trials[("token", "sim-h100")]
+    run_attempt(job(ref))
+    got = [m["acc"] for _, m in records.iter_metrics(paths.metrics)]
+    want = [m["acc"] for _, m in records.iter_metrics(TrialPaths(grid_dir, ref.trial_id).metrics)]
+    assert got == pytest.approx(want)
+
+
+def test_collapse_is_a_result_stopped_early(env) -> None:
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("none", "sim-a100")]
+    out = run_attempt(job(t))
+    assert out["state"] == "done" and out["outcome"] == "stopped"
+    assert out["verdict"]["kind"] == "collapsed" and out["verdict"]["stopped_early"]
+    assert out["last_step"] < 20
+    paths = TrialPaths(grid_dir, t.trial_id)
+    assert [a.outcome for a in records.load_attempts(paths)] == ["stopped_early"]
+    # The last checkpoints that looked healthy are protected; one is before the onset (step 9).
+    from orchestrator.checkpoints import CheckpointStore
+
+    store = CheckpointStore(paths.checkpoints, trial_id=t.trial_id)
+    assert store.protected() == {5, 10} and 5 in store.steps()
+    assert out["verdict"]["step"] == 9
+    rec = records.load_state(paths, t.trial_id)
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+
+
+def test_cancel_request_stops_a_running_trial(env, monkeypatch) -> None:
+    grid, trials, grid_dir, job, uri = env
+    monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.1")
+    t = trials[("token", "sim-h100")]
+    box: dict = {}
+    th = threading.Thread(target=lambda: box.setdefault("out", run_attempt(job(t))))
+    th.start()
+    time.sleep(1.0)
+    records.add_cancel_requests(grid_dir, [t.trial_id])
+    th.join(30)
+    out = box["out"]
+    assert out["state"] == "cancelled" and out["outcome"] == "cancelled" and out["last_step"] < 20
+    assert records.cancel_requests(grid_dir) == {}
+    assert records.load_attempts(TrialPaths(grid_dir, t.trial_id))[-1].outcome == "cancelled"
+
+
+def test_bad_explicit_resume_step_changes_nothing(env) -> None:
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-h100")]
+    run_attempt(job(t))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    before = {p.name: p.read_bytes() for p in (paths.state, paths.attempts, paths.metrics)}
+    with pytest.raises(CheckpointError, match=f"trial {t.trial_id}: checkpoint step 7 .*does not exist"):
+        run_attempt(job(t, start=7, reopen=True))
+    assert {p.name: p.read_bytes() for p in (paths.state, paths.attempts, paths.metrics)} == before
+
+
+def test_trial_lock_prevents_running_twice(env) -> None:
+    from filelock import FileLock
+
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-h100")]
+    paths = TrialPaths(grid_dir, t.trial_id)
+    paths.root.mkdir(parents=True, exist_ok=True)
+    import dataclasses
+
+    with FileLock(str(paths.root / ".run.lock")):
+        with pytest.raises(InfraFailure, match="still running in another process"):
+            run_attempt(dataclasses.replace(job(t), lock_timeout=0.3))
+    assert not paths.metrics.exists()

@@ -1,0 +1,339 @@
+"""Scheduler on a real local Ray cluster with several raylets, one pool per node.
+
+Each node carries one pool's custom resource (``pool:<name>``) so placement is observable: every
+attempt records ``ray.get_runtime_context().get_node_id()``. The backend is the deterministic
+double of ``tests/doubles.py`` (registered as ``sim`` for these tests; Ray workers import it from
+``tests/`` on their PYTHONPATH). One cluster is shared by the whole module (start-up costs ~10 s).
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+import doubles
+from orchestrator import records, scheduler
+from orchestrator.exceptions import ConcurrencyError
+from orchestrator.trial import TrialPaths
+
+TESTS = Path(__file__).resolve().parent
+REPO = TESTS.parent
+POOL_NODES = {"sim-h100": 2, "sim-a100": 2, "sim-h20": 1}  # pool -> capacity (= CPUs of its node)
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    from ray.cluster_utils import Cluster
+
+    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a length cap
+    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH", "ABLATE_DOUBLE_STEP_S")}
+    os.environ["RAY_TMPDIR"] = tmp
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
+    os.environ["ABLATE_DOUBLE_STEP_S"] = "0.05"
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    nodes = {}
+    for pool, cap in POOL_NODES.items():
+        node = c.add_node(num_cpus=cap, resources={f"pool:{pool}": cap}, labels={"pool": pool})
+        nodes[pool] = node.node_id
+    c.wait_for_nodes()
+    try:
+        yield c, nodes
+    finally:
+        c.shutdown()
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+@pytest.fixture
+def setup(isolated: Path, monkeypatch: pytest.MonkeyPatch, cluster):
+    doubles.register(monkeypatch)
+    return isolated, cluster
+
+
+def _grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
+          levels: list[str], budget: str, extra: str = "") -> Path:
+    path.write_text(f"""\
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: {steps}
+seeds: {seeds}
+axes:
+  correction.is_level: {levels}
+  pool: {pools}
+checkpoint: {{every: 5, keep: 2}}
+retries: {{max: 2}}
+budget: {budget}
+{extra}""")
+    return path
+
+
+def _trials(grid_dir: Path) -> dict[str, dict]:
+    out = {}
+    for spec in sorted((grid_dir / "trials").glob("*/spec.json")):
+        paths = TrialPaths(grid_dir, spec.parent.name)
+        s = json.loads(spec.read_text())
+        out[s["trial_id"]] = {"spec": s, "state": records.load_state(paths, s["trial_id"]),
+                              "attempts": records.load_attempts(paths),
+                              "steps": [st for st, _ in records.iter_metrics(paths.metrics)]}
+    return out
+
+
+def _max_overlap(intervals: list[tuple[float, float]]) -> int:
+    events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals],
+                    key=lambda e: (e[0], e[1]))
+    cur = best = 0
+    for _, d in events:
+        cur += d
+        best = max(best, cur)
+    return best
+
+
+def _mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+@pytest.mark.slow
+def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "placement", steps=20, seeds=[0, 1], levels=["token", "sequence"],
+                 pools=["sim-h100", "sim-a100", "sim-h20", "sim-l20"],
+                 budget="{max_parallel: 4, per_pool: {sim-h100: 1}}")
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    trials = _trials(Path(summary["grid_dir"]))
+    assert summary["states"] == {"done": 12, "pending": 4}
+    by_pool: dict[str, list[tuple[float, float]]] = {}
+    for t in trials.values():
+        pool = t["spec"]["pool"]
+        if pool == "sim-l20":
+            assert t["state"].state.value == "pending" and not t["attempts"]
+            assert "no node of the Ray cluster advertises pool:sim-l20" in t["state"].pending_reason
+            continue
+        assert t["steps"] == list(range(1, 21))
+        for a in t["attempts"]:
+            assert a.node == nodes[pool], f"{t['spec']['trial_id']} of {pool} ran on {a.node}"
+            by_pool.setdefault(pool, []).append((a.started_at, a.ended_at))
+    # Limits hold, and are reached (so the test would notice a limit that does nothing).
+    assert _max_overlap(by_pool["sim-h100"]) == 1  # budget.per_pool
+    assert _max_overlap(by_pool["sim-a100"]) == 2  # node capacity
+    assert _max_overlap(by_pool["sim-h20"]) == 1
+    assert _max_overlap([iv for ivs in by_pool.values() for iv in ivs]) <= 4
+    pending = {p["trial_id"]: p["reason"] for p in summary["pending"]}
+    assert len(pending) == 4 and all("pool:sim-l20" in r for r in pending.values())
+    capsys.readouterr()
+    assert scheduler.status_command("placement", as_json=True) == 0
+    view = json.loads(capsys.readouterr().out)
+    assert view["pools"]["sim-l20"]["pending"] == 4 and view["pools"]["sim-a100"]["done"] == 4
+    assert all("pool:sim-l20" in t["note"] for t in view["trials"] if t["pool"] == "sim-l20")
+    # Submitting again runs nothing that finished.
+    again = scheduler.submit(str(path), address=c.address, progress=False)
+    assert again["skipped_finished"] == 12
+    assert sum(len(t["attempts"]) for t in _trials(Path(summary["grid_dir"])).values()) == 12
+
+
+def test_second_submit_is_refused_while_one_runs(setup) -> None:
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "busy", steps=5, seeds=[0], levels=["token"], pools=["sim-h100"],
+                 budget="{max_parallel: 1}")
+    grid_dir = tmp / ".ablate" / "busy"
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys, time; from orchestrator.lease import GridLease; "
+         "GridLease(sys.argv[1], 'busy').acquire('other-sub'); print('held', flush=True); time.sleep(60)",
+         str(grid_dir)], stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline().strip() == "held"
+        with pytest.raises(ConcurrencyError) as exc:
+            scheduler.submit(str(path), address=c.address, progress=False)
+        msg = str(exc.value)
+        assert "\n" not in msg and f"pid {holder.pid}" in msg and "other-sub" in msg
+        assert not (grid_dir / "trials").exists() and not (grid_dir / "tune").exists()
+    finally:
+        holder.kill()
+        holder.wait()
+
+
+CRASH_DRIVER = """\
+import sys
+sys.path.insert(0, {tests!r})
+from orchestrator import backends, scheduler
+backends._REGISTRY["sim"] = ("doubles", "DoubleBackend")
+scheduler.submit({grid!r}, address={address!r}, progress=False)
+"""
+
+
+@pytest.mark.slow
+def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "crash", steps=40, seeds=[0, 1], levels=["token", "sequence"],
+                 pools=["sim-h100", "sim-a100", "sim-h20"], budget="{max_parallel: 4}")
+    grid_dir = tmp / ".ablate" / "crash"
+    script = tmp / "driver.py"
+    script.write_text(CRASH_DRIVER.format(tests=str(TESTS), grid=str(path), address=c.address))
+    proc = subprocess.Popen([sys.executable, str(script)], stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL, env=os.environ.copy())
+    deadline = time.time() + 180
+    try:
+        while time.time() < deadline:  # kill once some trials are done and others mid-run
+            ts = _trials(grid_dir) if (grid_dir / "trials").exists() else {}
+            done = sum(t["state"].state.value == "done" for t in ts.values())
+            mid = sum(t["state"].state.value == "running" and len(t["steps"]) >= 12 for t in ts.values())
+            if done >= 2 and mid >= 1:
+                break
+            time.sleep(0.2)
+        else:
+            pytest.fail("the grid never reached a mid-run point")
+    finally:
+        proc.send_signal(signal.SIGKILL)
+        proc.wait()
+    before = _trials(grid_dir)
+    done_before = {tid for tid, t in before.items() if t["state"].state.value == "done"}
+    interrupted = {tid for tid, t in before.items() if t["state"].state.value == "running"}
+    assert len(before) == 12 and done_before and interrupted
+
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    after = _trials(grid_dir)
+    assert summary["states"] == {"done": 12} and summary["skipped_finished"] == len(done_before)
+    uri = summary["tracking_uri"]
+    for tid, t in after.items():
+        assert t["steps"] == list(range(1, 41)), tid  # no step lost or duplicated on disk
+        assert _mlflow_steps(uri, t["state"].mlflow_run_id, "acc") == list(range(1, 41)), tid
+        outcomes = [a.outcome for a in t["attempts"]]
+        if tid in done_before:
+            assert outcomes == ["completed"]  # not rerun
+        assert outcomes[-1] == "completed" and outcomes.count("completed") == 1
+    resumed = [after[tid]["attempts"] for tid in interrupted]
+    for attempts in resumed:
+        assert attempts[-2].outcome == "infra_failure"
+        assert attempts[-2].reason.startswith("orchestrator stopped")
+    # At least one interrupted trial continued from a checkpoint rather than from scratch.
+    assert any(a[-1].resumed_from_step and a[-1].resumed_from_step >= 10 for a in resumed)
+    # The resumed run equals what an uninterrupted one produces (same seed -> same values).
+    for tid in interrupted:
+        twin = next(o for o, t in after.items() if o in done_before
+                    and t["spec"]["seed"] == after[tid]["spec"]["seed"])
+        got = [m["acc"] for _, m in records.iter_metrics(TrialPaths(grid_dir, tid).metrics)]
+        want = [m["acc"] for _, m in records.iter_metrics(TrialPaths(grid_dir, twin).metrics)]
+        assert got == pytest.approx(want)
+
+
+@pytest.mark.slow
+def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup, monkeypatch) -> None:
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "faults", steps=60, seeds=[0], levels=["none", "token"],
+                 pools=["sim-a100"], budget="{max_parallel: 2}")
+    grid_dir = tmp / ".ablate" / "faults"
+    killed: dict = {}
+
+    def killer() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline and not killed:
+            for spec in (grid_dir / "trials").glob("*/spec.json") if (grid_dir / "trials").exists() else []:
+                root = spec.parent
+                s = json.loads(spec.read_text())
+                running = root / "running.json"
+                if dict(s["axes"]).get("correction.is_level") != "token" or not running.exists():
+                    continue
+                n = sum(1 for _ in records.iter_metrics(root / "metrics.jsonl"))
+                if n >= 17:
+                    pid = json.loads(running.read_text())["pid"]
+                    os.kill(pid, signal.SIGKILL)
+                    killed.update(trial=s["trial_id"], pid=pid, at=n)
+                    return
+            time.sleep(0.1)
+
+    th = threading.Thread(target=killer, daemon=True)
+    th.start()
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    th.join(5)
+    assert killed, "the worker was never killed"
+    trials = _trials(grid_dir)
+    victim = trials[killed["trial"]]
+    outcomes = [(a.outcome, a.resumed_from_step) for a in victim["attempts"]]
+    assert len(outcomes) == 2 and outcomes[1] == ("completed", 15)
+    assert victim["attempts"][0].outcome == "infra_failure"
+    assert "worker process died" in victim["attempts"][0].reason
+    assert victim["steps"] == list(range(1, 61))
+    assert _mlflow_steps(summary["tracking_uri"], victim["state"].mlflow_run_id, "acc") == list(range(1, 61))
+    collapsed = next(t for tid, t in trials.items() if tid != killed["trial"])
+    assert collapsed["state"].verdict["kind"] == "collapsed"
+    assert [a.outcome for a in collapsed["attempts"]] == ["stopped_early"]  # a result: no retry
+
+
+def test_cancel_a_pool_of_a_running_grid(setup) -> None:
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "cancelme", steps=60, seeds=[0, 1], levels=["token"],
+                 pools=["sim-h100", "sim-h20"], budget="{max_parallel: 4}")
+    grid_dir = tmp / ".ablate" / "cancelme"
+    asked: dict = {}
+
+    def canceller() -> None:
+        deadline = time.time() + 120
+        while time.time() < deadline:
+            ts = _trials(grid_dir) if (grid_dir / "trials").exists() else {}
+            if any(t["spec"]["pool"] == "sim-h20" and len(t["steps"]) >= 3 for t in ts.values()):
+                asked["n"] = scheduler.cancel("cancelme", pool="sim-h20")
+                return
+            time.sleep(0.1)
+
+    th = threading.Thread(target=canceller, daemon=True)
+    th.start()
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    th.join(5)
+    assert asked["n"] == 2
+    trials = _trials(grid_dir)
+    for t in trials.values():
+        if t["spec"]["pool"] == "sim-h20":
+            assert t["state"].state.value == "cancelled"
+            assert len(t["steps"]) < 60  # the running one stopped, the queued one never ran
+        else:
+            assert t["state"].state.value == "done" and t["steps"] == list(range(1, 61))
+    assert summary["states"] == {"done": 2, "cancelled": 2}
+    assert records.cancel_requests(grid_dir) == {}
+
+
+@pytest.mark.slow
+def test_optuna_search_beats_the_worst_grid_point(setup) -> None:
+    tmp, (c, nodes) = setup
+    common = dict(steps=20, seeds=[0], levels=["token"], pools=["sim-h100"])
+    grid = _grid(tmp / "g.yaml", "lr-grid", budget="{max_parallel: 2}",
+                 extra="overrides: {train.lr: 1.0e-3}\n", **common)
+    points = []
+    for lr in (1e-4, 1e-1):
+        text = grid.read_text().replace("train.lr: 1.0e-3", f"train.lr: {lr}")
+        (tmp / "p.yaml").write_text(text)
+        s = scheduler.submit(str(tmp / "p.yaml"), address=c.address, progress=False)
+        tid = next(iter(_trials(Path(s["grid_dir"])).values()))
+        points.append(json.loads((TrialPaths(Path(s["grid_dir"]), "x").root.parent /
+                                  [k for k, v in _trials(Path(s["grid_dir"])).items()
+                                   if v["spec"]["overrides"] and
+                                   dict(map(tuple, v["spec"]["overrides"])).get("train.lr") == lr][0]
+                                  / "result.json").read_text())["summary"]["eval/reward/final"])
+    worst = min(points)
+    search = _grid(tmp / "s.yaml", "lr-search", budget="{max_parallel: 2}", extra="""\
+search:
+  params: {train.lr: {low: 1.0e-4, high: 1.0e-1, log: true}}
+  budget: 6
+  objective: {metric: eval/reward/final, mode: max}
+""", **common)
+    summary = scheduler.submit(str(search), address=c.address, progress=False)
+    assert summary["trials"] == 6 and summary["states"] == {"done": 6}
+    best = summary["search"]["best"]
+    assert best["objective"] > worst + 0.05, (best, points)
+    # A second submit of the finished search runs nothing new.
+    again = scheduler.submit(str(search), address=c.address, progress=False)
+    assert again["trials"] == 6

@@ -1,0 +1,203 @@
+"""Verdict rules, early warning and early stop on synthetic metric streams shaped like the seeds."""
+from __future__ import annotations
+
+import json
+import math
+
+import pytest
+import verdict_streams as V
+from pydantic import ValidationError
+
+from orchestrator import metrics as M
+from orchestrator.schema import CollapseRuleSpec, CollapseSpec, EarlyStopSpec, EarlyWarningSpec, GridFile
+from orchestrator.verdict import DEFAULT_RULES, Verdict, VerdictEngine, VerdictKind, judge, resolve_rules
+
+SEEDS = range(10)
+DEFAULT = CollapseSpec()
+
+
+def run(stream: V.Stream, collapse: CollapseSpec = DEFAULT, early: EarlyStopSpec | None = None,
+        steps: int | None = None) -> tuple[Verdict, int | None, str | None]:
+    """Feed a stream like the runner does: stop at the first stop reason."""
+    total = steps or stream[-1][0]
+    engine = VerdictEngine(collapse, early or EarlyStopSpec(), total)
+    for step, row in stream:
+        reason = engine.observe(step, row)
+        if reason:
+            return engine.verdict(step, "stopped", reason), step, reason
+    return engine.verdict(stream[-1][0], "completed"), None, None
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_explosion_collapses_with_k3_warning_ahead(seed: int) -> None:
+    v = judge(V.explosion(seed=seed, onset=180), DEFAULT)
+    assert v.kind is VerdictKind.COLLAPSED
+    assert v.rule == "grad_norm_explosion" and v.step == 180
+    assert v.values[M.GRAD_NORM] > 10 * v.values["reference"]
+    # k3 starts rising 40 steps before the explosion; the warning must lead it.
+    assert v.warning_step is not None and 140 < v.warning_step < 180
+    assert v.lead_time == 180 - v.warning_step and v.lead_time >= 15
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_slow_reward_drift_collapses(seed: int) -> None:
+    v = judge(V.slow_collapse(seed=seed, start=150), DEFAULT)
+    assert v.kind is VerdictKind.COLLAPSED
+    assert v.rule in ("train_reward_drop", "eval_reward_drop")
+    assert 190 <= v.step <= 230  # half of the ~0.7 peak is gone ~50 steps into the drift
+    assert v.warning_step is None and v.lead_time is None
+
+
+@pytest.mark.parametrize("maker", [V.healthy, V.noisy_healthy, V.slow_drift_healthy])
+@pytest.mark.parametrize("seed", SEEDS)
+def test_healthy_streams_stay_healthy_and_run_to_the_end(maker, seed: int) -> None:  # noqa: ANN001
+    v, stopped_at, _ = run(maker(seed=seed), early=EarlyStopSpec(enabled=True, on_warning=True, margin=10))
+    assert v.kind is VerdictKind.HEALTHY, v.reason
+    assert stopped_at is None and not v.stopped_early and v.steps_saved == 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dip_that_recovers_is_unstable_not_collapsed(seed: int) -> None:
+    v = judge(V.dip_and_recover(seed=seed, start=120, length=25), DEFAULT)
+    assert v.kind is VerdictKind.UNSTABLE
+    assert "recovered" in v.reason and v.rule == "train_reward_drop"
+
+
+def test_early_stop_margin_spares_a_dip_that_recovers() -> None:
+    stream = V.dip_and_recover(seed=3, start=120, length=25)
+    eager, at, _ = run(stream, early=EarlyStopSpec(margin=0))
+    assert at is not None and eager.kind is VerdictKind.COLLAPSED  # the price of margin 0
+    patient, at, _ = run(stream, early=EarlyStopSpec(margin=30))
+    assert at is None and patient.kind is VerdictKind.UNSTABLE
+
+
+def test_early_stop_on_explosion_records_steps_saved() -> None:
+    v, at, reason = run(V.explosion(seed=1, onset=180), early=EarlyStopSpec(margin=5), steps=300)
+    assert at is not None and 185 <= at <= 190
+    assert reason is not None and "grad_norm_explosion" in reason
+    assert v.kind is VerdictKind.COLLAPSED and v.stopped_early and v.steps_saved == 300 - at
+    assert v.step == 180  # the verdict step is the onset, not the stop
+
+
+def test_on_warning_stops_before_the_collapse() -> None:
+    v, at, reason = run(V.explosion(seed=2, onset=180),
+                        early=EarlyStopSpec(on_warning=True, margin=5), steps=300)
+    assert at is not None and at < 180 and "early warning" in (reason or "")
+    # Stopped on a warning only: nothing collapsed yet, so the verdict says healthy so far.
+    assert v.kind is VerdictKind.HEALTHY and v.stopped_early and v.steps_saved == 300 - at
+    assert v.warning_step is not None and v.warning_step <= at
+
+
+def test_early_stop_disabled_never_stops_but_judges() -> None:
+    v, at, _ = run(V.explosion(seed=0), early=EarlyStopSpec(enabled=False))
+    assert at is None and v.kind is VerdictKind.COLLAPSED and not v.stopped_early
+
+
+def test_nonfinite_is_numeric_failure_and_stops_even_without_early_stop() -> None:
+    v, at, reason = run(V.with_nan(at=60), early=EarlyStopSpec(enabled=False))
+    assert at == 60 and "non-finite" in (reason or "")
+    assert v.kind is VerdictKind.NUMERIC_FAILURE and v.step == 60
+
+
+def test_outcomes_infra_and_cancelled() -> None:
+    engine = VerdictEngine(DEFAULT, EarlyStopSpec(), 300)
+    for step, row in V.healthy(seed=0)[:80]:
+        engine.observe(step, row)
+    infra = engine.verdict(80, "infra_failure", "node lost")
+    assert infra.kind is VerdictKind.INFRA_FAILURE and infra.reason == "node lost" and infra.step == 80
+    cancelled = engine.verdict(80, "cancelled")
+    assert cancelled.kind is VerdictKind.HEALTHY and "cancelled" in cancelled.reason
+    with pytest.raises(ValueError):
+        engine.verdict(80, "exploded")
+
+
+def test_collapse_before_an_infra_failure_is_still_a_collapse() -> None:
+    engine = VerdictEngine(DEFAULT, EarlyStopSpec(enabled=False), 300)
+    for step, row in V.explosion(seed=0, onset=100)[:120]:
+        engine.observe(step, row)
+    assert engine.verdict(120, "infra_failure", "oom").kind is VerdictKind.COLLAPSED
+
+
+def test_replay_is_deterministic_and_ignores_repeated_steps() -> None:
+    stream = V.explosion(seed=4, onset=150)
+    full = judge(stream, DEFAULT)
+    # A resumed runner: a fresh engine replays the committed prefix, then the new attempt
+    # re-sends some steps (ignored) and continues.
+    engine = VerdictEngine(DEFAULT, EarlyStopSpec(enabled=False), 300)
+    for step, row in stream[:120]:
+        engine.observe(step, row)
+    for step, row in stream[100:]:
+        engine.observe(step, row)
+    assert engine.verdict(300, "completed") == full
+
+
+def test_verdict_json_and_tags_round_trip() -> None:
+    v = judge(V.explosion(seed=0), DEFAULT)
+    again = Verdict.from_json(json.loads(json.dumps(v.to_json())))
+    assert again == v
+    tags = v.tags()
+    assert tags["verdict"] == "collapsed" and tags["verdict.step"] == "180"
+    assert tags["verdict.rule"] == "grad_norm_explosion" and tags["verdict.lead_time"] == str(v.lead_time)
+    assert all(isinstance(x, str) for x in tags.values())
+    nan = judge(V.with_nan(), DEFAULT)
+    assert Verdict.from_json(json.loads(json.dumps(nan.to_json()))).kind is VerdictKind.NUMERIC_FAILURE
+
+
+def test_grid_rules_replace_extend_or_disable_defaults() -> None:
+    mine = CollapseRuleSpec(name="low_entropy", metric=M.ENTROPY, kind="below", threshold=0.2, patience=3)
+    assert [r.name for r in resolve_rules(CollapseSpec(rules=[mine]))] == ["low_entropy"]
+    assert resolve_rules(CollapseSpec(rules="none")) == ()
+    extended = resolve_rules(CollapseSpec(extra_rules=[mine]))
+    assert len(extended) == len(DEFAULT_RULES) + 1
+    # An extra rule with a default's name replaces it (e.g. a stricter grad-norm threshold).
+    strict = CollapseRuleSpec(name="grad_norm_explosion", metric=M.GRAD_NORM, kind="explode", threshold=3.0)
+    replaced = {r.name: r for r in resolve_rules(CollapseSpec(extra_rules=[strict]))}
+    assert replaced["grad_norm_explosion"].threshold == 3.0
+    # entropy falls below 0.8 after ~step 263 of the healthy stream: the custom rule fires, defaults don't.
+    v = judge(V.healthy(seed=0), CollapseSpec(rules=[
+        CollapseRuleSpec(name="low_entropy", metric=M.ENTROPY, kind="below", threshold=0.8, patience=3)]))
+    assert v.kind is VerdictKind.COLLAPSED and v.rule == "low_entropy" and 255 <= v.step <= 270
+    assert judge(V.explosion(seed=0), CollapseSpec(rules="none", early_warning=False)).kind is VerdictKind.HEALTHY
+
+
+def test_collapse_section_in_grid_file_schema() -> None:
+    base = {"name": "g", "recipe": "sim/grpo_tiny", "steps": 10}
+    spec = GridFile.model_validate({**base, "collapse": {
+        "rules": "default",
+        "extra_rules": [{"name": "k3_hard", "metric": M.K3_KL, "kind": "above", "threshold": 1.0,
+                         "patience": 5}],
+        "early_warning": {"ratio": 5.0, "lag": 30}},
+        "early_stop": {"margin": 10, "on_warning": False}})
+    assert isinstance(spec.collapse.warning_spec, EarlyWarningSpec)
+    assert spec.collapse.warning_spec.ratio == 5.0 and spec.early_stop_spec.margin == 10
+    assert GridFile.model_validate({**base, "collapse": {"early_warning": False}}).collapse.warning_spec is None
+    with pytest.raises(ValidationError):
+        GridFile.model_validate({**base, "collapse": {"extra_rules": [
+            {"name": "x", "metric": "m", "kind": "explodes"}]}})
+    with pytest.raises(ValidationError):
+        GridFile.model_validate({**base, "collapse": {"early_warning": {"ratio": 0.5}}})
+
+
+def test_grid_file_with_collapse_rules_loads(isolated, repo) -> None:  # noqa: ANN001
+    from orchestrator.exceptions import GridError
+    from orchestrator.grid import load_grid
+
+    text = (repo / "grids" / "quickstart.yaml").read_text()
+    good = isolated / "g.yaml"
+    good.write_text(text + "collapse:\n  extra_rules:\n    - {name: k3_hard, metric: rollout_corr/k3_kl, "
+                    "kind: above, threshold: 1.0, patience: 5}\nearly_stop: {margin: 10}\n")
+    grid = load_grid(good)
+    assert [r.name for r in resolve_rules(grid.spec.collapse)][-1] == "k3_hard"
+    bad = isolated / "bad.yaml"
+    bad.write_text(text + "collapse:\n  extra_rules:\n    - {name: x, metric: m, kind: explods}\n")
+    with pytest.raises(GridError) as err:
+        load_grid(bad)
+    assert "collapse" in str(err.value) and "\n" not in str(err.value)
+
+
+def test_engine_ignores_missing_and_sparse_metrics() -> None:
+    engine = VerdictEngine(DEFAULT, EarlyStopSpec(), 50)
+    for step in range(1, 51):
+        assert engine.observe(step, {M.TIME_PER_STEP: 0.1}) is None
+    v = engine.verdict(50, "completed")
+    assert v.kind is VerdictKind.HEALTHY and math.isnan(v.values.get("x", math.nan))

@@ -1,0 +1,455 @@
+"""The verl 0.9.1 backend against verl's own configuration system, on CPU.
+
+Every trial of the example GPU grids is turned into its override list; every distinct list
+(trials that differ only by id, seed or an 8-GPU pool share one) is composed with Hydra's
+compose API on verl's ``ppo_trainer`` config, its dataclasses are instantiated, verl's
+``validate_config`` runs, and the correction helper (and bypass loss) dry-run on dummy tensors.
+Needs ``pip install -e '.[verl]'``. The GPU smoke test at the bottom needs ``-m gpu``.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import math
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+
+from orchestrator import verl_map  # noqa: E402
+from orchestrator.backends.verl import (  # noqa: E402
+    VerlBackend, checkpoint_world_size, distinct, portability, shard_names, world_size)
+from orchestrator.backends.verl_preflight import (  # noqa: E402
+    check_composed, compose, preflight, verl_config_dir)
+from orchestrator.corrections import CorrectionSpec  # noqa: E402
+from orchestrator.engine import RolloutSpec  # noqa: E402
+from orchestrator.exceptions import BackendUnavailableError, GridError  # noqa: E402
+from orchestrator.grid import expand, load_grid  # noqa: E402
+from orchestrator.pools import load_catalog  # noqa: E402
+
+REPO = Path(__file__).resolve().parent.parent
+GPU_GRIDS = ("grids/seed_study.yaml", "grids/seed_study_14b.yaml")
+POOLS = load_catalog().pools
+NASTY = ["a,b", "x=y", "~/data/train.parquet", "+extra", "$(touch /tmp/pwned)", "`id`",
+         "line1\nline2", "it's", "back\\slash", "tail\\", "$HOME", "$ {x}", "\\'q",
+         "[1,2]", "{a: 1}", "null", "true", "1e-3", " spaced ", "#c", "a;b|c&d", "'", "é"]
+
+
+def _expanded(path: str) -> tuple[Any, list[Any]]:
+    grid = load_grid(REPO / path)
+    return grid, expand(grid)
+
+
+def _cfg_job(argv: list[str]) -> subprocess.CompletedProcess[str]:
+    """The job's argv with ``--cfg job``: verl composes and prints its config, then exits."""
+    dry = argv[:3] + ["--cfg", "job"] + argv[3:]
+    return subprocess.run(dry, capture_output=True, text=True, timeout=300, cwd=REPO)
+
+
+# --------------------------------------------------------------------------- every trial
+
+
+@pytest.fixture(scope="module")
+def composed() -> dict[str, Any]:
+    """Compose + instantiate every distinct override list of every trial of the GPU grids."""
+    start = time.monotonic()
+    per_list: dict[tuple[str, ...], list[Any]] = {}
+    n_trials = 0
+    for path in GPU_GRIDS:
+        grid, trials = _expanded(path)
+        n_trials += len(trials)
+        for t in trials:
+            items = VerlBackend.overrides(t, grid.trial_config(t), POOLS[t.pool])
+            assert items == VerlBackend.describe(t, grid.trial_config(t), POOLS[t.pool])
+            assert f"trainer.experiment_name='{t.trial_id}'" in items
+            assert f"trainer.project_name='{grid.name}'" in items
+            assert f"trainer.total_training_steps={t.steps}" in items
+            # Trial identity (id, seed) does not change what verl checks: share the compose.
+            key = VerlBackend.overrides(dataclasses.replace(t, trial_id="t0", seed=0),
+                                        grid.trial_config(t), POOLS[t.pool])
+            per_list.setdefault(tuple(key), []).append((grid, t))
+    results = {}
+    with verl_config_dir():
+        for items, members in per_list.items():
+            cfg = compose(list(items))
+            results[items] = (cfg, check_composed(cfg, label=members[0][1].trial_id), members)
+    elapsed = time.monotonic() - start
+    print(f"\ncomposed {len(results)} distinct override lists for {n_trials} trials "
+          f"in {elapsed:.1f} s")
+    return {"results": results, "trials": n_trials}
+
+
+def test_every_trial_of_the_gpu_grids_composes_and_instantiates(composed: dict[str, Any]) -> None:
+    assert composed["trials"] >= 300  # both grids expanded (209 + 160 at the time of writing)
+    assert len(composed["results"]) >= 90
+    for cfg, built, members in composed["results"].values():
+        grid, trial = members[0]
+        c = CorrectionSpec.model_validate(grid.trial_config(trial)["correction"]).canonical()
+        rc, actor = built["rollout_correction"], built["actor"]
+        # The composed values are the mapped ones, read back from verl's own config objects.
+        assert rc.rollout_is == (None if c.is_level == "none" else c.is_level)
+        assert rc.bypass_mode == (c.policy == "bypass")
+        assert rc.rollout_is_batch_normalize == (c.batch_norm and c.is_level != "none")
+        if c.is_level != "none" and c.is_mode == "mask":
+            assert rc.rollout_is_threshold == f"{c.is_lo:g}_{c.is_hi:g}"  # IcePop band
+        elif c.is_level != "none":
+            assert rc.rollout_is_threshold == c.is_hi  # TIS cap
+        if c.rs == "geometric":
+            lo, hi = c.rs_lo_hi  # IS-ratio band -> verl's k1 direction (-log ratio)
+            assert rc.rollout_rs == "seq_mean_k1"
+            assert rc.rollout_rs_threshold == f"{1 / hi:.12g}_{1 / lo:.12g}"
+        if c.rs == "off" and not c.rs_filters:
+            assert rc.rollout_rs is None
+        assert actor.policy_loss.loss_mode == ("bypass_mode" if c.policy == "bypass" else "vanilla")
+        assert built["rollout"].name == "sglang" and built["rollout"].calculate_log_probs
+        assert cfg.trainer.logger == ["console", "mlflow", "file"]
+        assert cfg.trainer.n_gpus_per_node == POOLS[trial.pool].gpus_per_node
+
+
+def test_bypass_reaches_the_actor_loss_in_the_composed_config(composed: dict[str, Any]) -> None:
+    bypass = [(cfg, b) for cfg, b, _ in composed["results"].values()
+              if b["rollout_correction"].bypass_mode]
+    assert bypass, "the 14B grid has bypass trials"
+    from verl.utils.config import omega_conf_to_dataclass
+
+    for cfg, built in bypass:
+        actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
+        assert actor.policy_loss.loss_mode == "bypass_mode"
+        mirrored = actor.policy_loss.rollout_correction
+        assert mirrored["loss_type"] == built["rollout_correction"].loss_type == "reinforce"
+        assert mirrored["bypass_mode"] is True
+    # Without the actor keys (verl's documented way) the check must catch the silent no-op.
+    cfg, _ = bypass[0]
+    items = [i for i in _items_of(composed, cfg) if "policy_loss" not in i]
+    with verl_config_dir():
+        with pytest.raises(GridError, match="bypass would be silently ignored"):
+            check_composed(compose(items))
+
+
+def _items_of(composed: dict[str, Any], cfg: Any) -> list[str]:
+    return next(list(k) for k, (c, _, _) in composed["results"].items() if c is cfg)
+
+
+# --------------------------------------------------------------------------- refusals
+
+
+def _refusal(corr: dict[str, Any] | None = None, roll: dict[str, Any] | None = None,
+             pool: str = "h100") -> str | None:
+    c = CorrectionSpec.model_validate(corr or {}).canonical()
+    return VerlBackend.check(c, RolloutSpec.model_validate(roll or {}), POOLS[pool])
+
+
+REFUSED = [
+    ({"is_level": "geometric"}, None, "h100", "no geometric IS weights", "rs: geometric"),
+    ({"is_level": "token", "is_mode": "clip"}, None, "h100", "from above only",
+     "is_mode: truncate"),
+    ({"veto": 1e-4}, None, "h100", "removed the per-token veto", "seq_max_k2: 42.4"),
+    ({"opsm": 1e-4}, None, "h100", "no off-policy sequence masking", "seq_mean_k1"),
+    ({"routing_replay": "R3"}, None, "h100", "MoE", "routing_replay: off"),
+    ({"rs": "token", "denominator": "original"}, None, "h100", "original denominator",
+     "denominator: renormalized"),
+    ({"is_level": "token", "is_mode": "mask"}, None, "h100", "IcePop", "denominator: original"),
+    ({"is_level": "token", "policy": "bypass"}, None, "h100", "metrics only",
+     "loss_type: reinforce"),
+    ({"rs_filters": {"token_k1": "0.5_5.0"}}, None, "h100", "inverse of the IS ratio",
+     "rs_bounds"),
+    ({"rs": "token", "rs_filters": {"token_k1": "0.5_2.0"}}, None, "h100", "also sets",
+     "keep one"),
+    (None, {"deterministic": True}, "h100", "identical", "drop rollout.deterministic"),
+    (None, {"sampling_seed_per_request": True}, "h100", "sends none", "sim"),
+    (None, {"weight_lag": 2}, "h100", "separate_async", "weight_lag: 0"),
+    (None, {"reduction_order": "reversed"}, "h100", "no switch", "drop rollout.reduction_order"),
+    (None, {"attention_backend": "fa3"}, "a100", "Hopper", "flashinfer"),
+    (None, {"attention_backend": "fa3"}, "l20", "Hopper", "flashinfer"),
+    (None, {"kv_cache_dtype": "fp8"}, "a100", "FP8", "exclude fp8"),
+    (None, {"kv_cache_dtype": "fp32"}, "h100", "kv_cache_dtype takes auto", "fp8"),
+    (None, None, "sim-h100", "no GPUs", "gpu pools"),
+]
+
+
+@pytest.mark.parametrize("corr,roll,pool,reason,fix", REFUSED)
+def test_unsupported_combinations_are_refused_with_reason_and_fix(
+        corr: Any, roll: Any, pool: str, reason: str, fix: str) -> None:
+    msg = _refusal(corr, roll, pool)
+    assert msg is not None and reason in msg and fix in msg
+    assert "\n" not in msg
+
+
+@pytest.mark.parametrize("corr,roll,pool", [
+    ({"is_level": "sequence", "is_mode": "truncate", "batch_norm": True}, None, "h100"),
+    ({"is_level": "token", "is_mode": "mask", "denominator": "original"}, None, "h100"),
+    ({"rs": "geometric", "rs_bounds": [0.999, 1.001]}, None, "l20"),
+    ({"rs": "token", "rs_bounds": [0.5, 5.0]}, None, "h100"),  # asymmetric: converted, not refused
+    ({"is_level": "token", "policy": "bypass", "loss_type": "reinforce"}, None, "h100"),
+    ({"rs_filters": {"seq_max_k2": 2.5, "token_k1": "0.5_2.0"}}, None, "h100"),
+    (None, {"attention_backend": "fa3", "lm_head_fp32": True, "chunked_prefill": False}, "h20"),
+    (None, {"kv_cache_dtype": "fp8", "dtype": "fp8"}, "l20"),
+])
+def test_supported_combinations_pass(corr: Any, roll: Any, pool: str) -> None:
+    assert _refusal(corr, roll, pool) is None
+
+
+def test_plan_time_refusal_names_the_grid_and_the_nearest_setting(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    grid = tmp_path / "g.yaml"
+    grid.write_text(textwrap.dedent(f"""\
+        name: refuse
+        recipe: verl/qwen3_4b_dapo
+        backend: verl
+        steps: 10
+        pool: h100
+        axes:
+          correction.is_level: [token, geometric]
+        """))
+    monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
+    with pytest.raises(GridError) as err:
+        expand(load_grid(grid))
+    msg = str(err.value)
+    assert msg.startswith(f"{grid}:") and "correction.is_level=geometric" in msg
+    assert "no geometric IS weights" in msg and "seq_mean_k1" in msg and "\n" not in msg
+
+
+def test_a_bad_value_hydra_lets_through_is_caught_by_the_preflight() -> None:
+    grid, trials = _expanded(GPU_GRIDS[0])
+    t = trials[0]
+    items = VerlBackend.overrides(t, grid.trial_config(t), POOLS[t.pool])
+    bad = [i for i in items if not i.startswith("algorithm.rollout_correction.rollout_is=")]
+    with pytest.raises(GridError, match="Invalid rollout_is"):
+        preflight([bad + ["algorithm.rollout_correction.rollout_is=geometric"]])
+    no_rs = [i for i in items if not i.startswith("algorithm.rollout_correction.rollout_rs=")]
+    with pytest.raises(GridError, match="rollout_rs_threshold"):
+        preflight([no_rs + ["algorithm.rollout_correction.rollout_rs=token_k1"]])
+    with pytest.raises(GridError, match="not in struct|Could not override"):
+        preflight([items + ["algorithm.rollout_correction.rollout_token_veto_threshold=1e-4"]])
+
+
+def test_recipe_values_are_checked_before_any_job_starts() -> None:
+    grid, trials = _expanded(GPU_GRIDS[0])
+    t = trials[0]
+    cfg = grid.trial_config(t)
+    cfg["actor_rollout_ref"]["rollout"]["n"] = 1
+    with pytest.raises(GridError, match="GRPO needs >= 2 samples"):
+        VerlBackend.overrides(t, cfg, POOLS[t.pool])
+    cfg = grid.trial_config(t)
+    cfg["data"]["train_batch_size"] = 3
+    cfg["actor_rollout_ref"]["rollout"]["n"] = 3
+    with pytest.raises(GridError, match="not divisible by the 8 GPUs"):
+        VerlBackend.overrides(t, cfg, POOLS[t.pool])
+    cfg = grid.trial_config(t)
+    cfg["trainer"]["project_name"] = "x"
+    with pytest.raises(GridError, match="which the verl backend sets itself"):
+        VerlBackend.overrides(t, cfg, POOLS[t.pool])
+
+
+# --------------------------------------------------------------------------- semantics
+
+
+def test_k1_rejection_bounds_are_converted_to_verls_direction() -> None:
+    """rs: token with rs_bounds [0.5, 5] must keep IS ratios in [0.5, 5] once in verl."""
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    c = CorrectionSpec.model_validate({"rs": "token", "rs_bounds": [0.5, 5.0]})
+    s = verl_map.correction_settings(c)
+    assert (s["rollout_rs"], s["rollout_rs_threshold"]) == ("token_k1", "0.2_2")
+    ratios = torch.tensor([[3.0, 0.3, 1.0, 6.0]])  # pi_train / pi_rollout per token
+    rollout_lp = torch.full_like(ratios, -1.0)
+    _, mask, _ = compute_rollout_correction_and_rejection_mask(
+        old_log_prob=rollout_lp + ratios.log(), rollout_log_prob=rollout_lp,
+        response_mask=torch.ones_like(ratios), rollout_rs=s["rollout_rs"],
+        rollout_rs_threshold=s["rollout_rs_threshold"])
+    assert mask.tolist() == [[1.0, 0.0, 1.0, 0.0]]  # 3 kept, 0.3 and 6 rejected
+
+
+def test_mask_mode_is_icepop_weights_zeroed_tokens_kept() -> None:
+    import torch
+    from verl.trainer.ppo.rollout_corr_helper import compute_rollout_correction_and_rejection_mask
+
+    c = CorrectionSpec.model_validate({"is_level": "token", "is_mode": "mask",
+                                       "is_bounds": [0.5, 5.0], "denominator": "original"})
+    s = verl_map.correction_settings(c)
+    ratios = torch.tensor([[3.0, 0.3, 1.0, 6.0]])
+    rollout_lp = torch.full_like(ratios, -1.0)
+    weights, mask, metrics = compute_rollout_correction_and_rejection_mask(
+        old_log_prob=rollout_lp + ratios.log(), rollout_log_prob=rollout_lp,
+        response_mask=torch.ones_like(ratios), rollout_is=s["rollout_is"],
+        rollout_is_threshold=s["rollout_is_threshold"])
+    w = weights.batch["rollout_is_weights"][0].tolist()
+    assert [round(x, 4) for x in w] == [3.0, 0.0, 1.0, 0.0]
+    assert mask.tolist() == [[1.0, 1.0, 1.0, 1.0]]  # tokens stay in the denominator
+
+
+def test_engine_flags_map_to_sglang_kwargs_and_replace_recipe_values() -> None:
+    grid, trials = _expanded(GPU_GRIDS[0])
+    t = trials[0]
+    cfg = grid.trial_config(t)
+    cfg["rollout"] = {**cfg["rollout"], "lm_head_fp32": True, "kv_cache_dtype": "fp8",
+                      "attention_backend": "triton", "chunked_prefill": False,
+                      "enforce_eager": True, "free_cache_engine": False, "temperature": 0.7,
+                      "dtype": "fp16"}
+    items = VerlBackend.overrides(t, cfg, POOLS["h100"])
+    sg = "+actor_rollout_ref.rollout.engine_kwargs.sglang."
+    for expected in (f"{sg}enable_fp32_lm_head=true", f"{sg}kv_cache_dtype='fp8_e4m3'",
+                     f"{sg}attention_backend='triton'", f"{sg}chunked_prefill_size=-1",
+                     "actor_rollout_ref.rollout.enforce_eager=true",
+                     "actor_rollout_ref.rollout.free_cache_engine=false",
+                     "actor_rollout_ref.rollout.dtype='float16'"):
+        assert expected in items
+    temps = [i for i in items if i.startswith("actor_rollout_ref.rollout.temperature=")]
+    assert temps == ["actor_rollout_ref.rollout.temperature=0.7"]  # the recipe's 1.0 replaced
+    with verl_config_dir():
+        cfg_v = compose(items)
+    assert cfg_v.actor_rollout_ref.rollout.engine_kwargs.sglang.enable_fp32_lm_head is True
+    assert cfg_v.actor_rollout_ref.rollout.engine_kwargs.sglang.chunked_prefill_size == -1
+
+
+# --------------------------------------------------------------------------- injection
+
+
+def test_hydra_values_round_trip_through_verls_config() -> None:
+    with verl_config_dir():
+        cfg = compose(["actor_rollout_ref.rollout.name=sglang",
+                       verl_map.override("data.train_files", NASTY),
+                       verl_map.override("actor_rollout_ref.model.path", "a,b=c"),
+                       verl_map.override("data.max_prompt_length", 77)])
+    assert list(cfg.data.train_files) == NASTY
+    assert cfg.actor_rollout_ref.model.path == "a,b=c"
+    assert cfg.data.max_prompt_length == 77
+    from omegaconf import OmegaConf
+
+    OmegaConf.resolve(cfg)  # what verl's main_ppo does before anything reads the config
+    assert list(cfg.data.train_files) == NASTY
+
+
+def test_grid_values_are_inert_in_the_job_command_and_the_cfg_job_dry_run(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One grid with hostile values -> one job argv -> verl's own `--cfg job` dry run."""
+    nasty = "/d/x,y=z ~+$(touch /tmp/pwned)\nnext'q\\ $HOME\\"
+    grid = tmp_path / "g.yaml"
+    grid.write_text(json.dumps({
+        "name": "inject", "recipe": "verl/qwen3_4b_dapo", "backend": "verl", "steps": 3,
+        "pool": "h100", "overrides": {"data.train_files": nasty,
+                                      "actor_rollout_ref.model.path": "$(id);`id`|x&y"}}))
+    monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
+    g = load_grid(grid)
+    (t,) = expand(g)
+    argv = VerlBackend.command(t, g.trial_config(t), POOLS["h100"],
+                               checkpoint_dir=str(tmp_path / "ck, x=1"), python=sys.executable)
+    assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
+    carrying = [a for a in argv if "touch /tmp/pwned" in a]
+    assert carrying == [f"data.train_files={verl_map.hydra_value(nasty)}"]  # one argv element
+    proc = _cfg_job(argv)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    import yaml
+
+    job = yaml.safe_load(proc.stdout)
+    assert job["data"]["train_files"] == nasty
+    assert job["actor_rollout_ref"]["model"]["path"] == "$(id);`id`|x&y"
+    assert job["trainer"]["default_local_dir"] == str(tmp_path / "ck, x=1")
+    assert job["trainer"]["experiment_name"] == t.trial_id
+    assert job["algorithm"]["rollout_correction"]["rollout_is"] is None
+    assert not Path("/tmp/pwned").exists()
+
+
+@pytest.mark.parametrize("value", ["${oc.env:HOME}", "a\\${x}", "nul\x00byte"])
+def test_values_verl_would_interpolate_are_rejected_at_plan_time(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: Any) -> None:
+    """verl's main_ppo re-resolves its config in place: an escaped ${...} would come alive."""
+    monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
+    grid = tmp_path / "g.yaml"
+    key = "data.train_files"
+    grid.write_text(json.dumps({"name": "i", "recipe": "verl/qwen3_4b_dapo", "backend": "verl",
+                                "steps": 3, "pool": "h100", "overrides": {key: value}}))
+    with pytest.raises(GridError, match="interpolation|NUL") as err:
+        expand(load_grid(grid))
+    assert str(err.value).startswith(str(grid)) and key in str(err.value)
+    with pytest.raises(ValueError):
+        verl_map.hydra_value(value)
+    with pytest.raises(ValueError):
+        verl_map.hydra_value(["ok", value])
+    assert VerlBackend.check_values([("k", ("ok", value))]) is not None
+
+
+def test_override_syntax_in_grid_keys_is_rejected_at_plan_time(tmp_path: Path) -> None:
+    for key in ("data.train_files=x", "+data.extra", "~data.train_files", "data.a,b"):
+        grid = tmp_path / "g.yaml"
+        grid.write_text(json.dumps({"name": "k", "recipe": "verl/qwen3_4b_dapo",
+                                    "backend": "verl", "steps": 3, "pool": "h100",
+                                    "overrides": {key: "v"}}))
+        with pytest.raises(GridError):
+            load_grid(grid)
+
+
+def test_filter_thresholds_are_re_emitted_canonically() -> None:
+    c = CorrectionSpec.model_validate({"rs_filters": {"seq_mean_k1": " 0.5_2.0\n",
+                                                      "seq_max_k3": 0.01}})
+    s = verl_map.correction_settings(c)
+    assert s["rollout_rs"] == "seq_max_k3,seq_mean_k1"
+    assert s["rollout_rs_threshold"] == "0.01,0.5_2"
+
+
+# --------------------------------------------------------------------------- resume / run
+
+
+def test_resume_command_and_environment() -> None:
+    grid, trials = _expanded(GPU_GRIDS[0])
+    t = trials[0]
+    argv = VerlBackend.command(t, grid.trial_config(t), POOLS[t.pool], checkpoint_dir="/ck",
+                               resume_path="/ck/global_step_50", save_freq=10)
+    assert "trainer.resume_mode='resume_path'" in argv
+    assert "trainer.resume_from_path='/ck/global_step_50'" in argv
+    assert [a for a in argv if a.startswith("trainer.save_freq=")] == ["trainer.save_freq=10"]
+    env = VerlBackend.environment(t, tracking_uri="http://m:5000", run_id="abc",
+                                  file_logger_path="/w/m.jsonl")
+    assert env["MLFLOW_TRACKING_URI"] == "http://m:5000" and env["MLFLOW_RUN_ID"] == "abc"
+    assert env["VERL_FILE_LOGGER_PATH"] == "/w/m.jsonl"
+    assert "MLFLOW_RUN_ID" not in VerlBackend.environment(t, tracking_uri=None, run_id=None,
+                                                           file_logger_path="/w/m.jsonl")
+
+
+def test_world_size_and_checkpoint_portability(tmp_path: Path) -> None:
+    g14, trials = _expanded(GPU_GRIDS[1])
+    cfg14 = g14.trial_config(trials[0])
+    assert world_size(POOLS["l20"], cfg14) == 16
+    step = tmp_path / "global_step_20" / "actor"
+    step.mkdir(parents=True)
+    for name in shard_names(16):
+        (step / name).write_bytes(b"")
+    saved = checkpoint_world_size(step.parent)
+    assert saved == 16
+    ok, why = portability(saved, POOLS["h100"], cfg14)
+    assert ok and "load as they are" in why
+    ok, why = portability(saved, POOLS["h100"], {"trainer": {"nnodes": 1}})
+    assert not ok and "model_merger" in why and "loses the optimizer" in why
+
+
+def test_run_without_local_gpus_says_what_is_missing(tmp_path: Path) -> None:
+    grid, trials = _expanded(GPU_GRIDS[0])
+
+    class Ctx:
+        trial, pool, attempt, workdir = trials[0], POOLS["h100"], 1, tmp_path
+        checkpoint_every, resume_step = 25, None
+
+    with pytest.raises(BackendUnavailableError, match=r"GPU|pip install -e '\.\[gpu\]'"):
+        VerlBackend().run(trials[0], grid.trial_config(trials[0]), Ctx())
+
+
+# --------------------------------------------------------------------------- GPU smoke
+
+
+@pytest.mark.gpu
+def test_gpu_smoke_tiny_model_streams_metrics_into_the_trials_mlflow_run(tmp_path: Path) -> None:
+    """Needs one node with >= 1 GPU and `pip install -e '.[gpu]'`; see recipes/verl/README.md."""
+    from verl_smoke import run_smoke
+
+    result = run_smoke(tmp_path, steps=3)
+    assert result["logged_steps"] == [1, 2, 3]
+    assert result["mlflow_steps"]["critic/score/mean"] == [1, 2, 3]
+    assert math.isfinite(result["last"]["rollout_corr/k3_kl"])
+    assert result["outcome"] == "completed"

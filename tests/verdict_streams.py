@@ -1,0 +1,124 @@
+"""Synthetic metric streams with the shapes the seeds describe, for verdict and tracking tests.
+
+Each generator returns ``[(step, {metric: value})]`` with steps 1..n, seeded numpy noise, and the
+verl metric names from ``orchestrator.metrics``. Eval reward appears every ``eval_every`` steps
+like the simulator's.
+"""
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+
+import numpy as np
+
+from orchestrator import metrics as M
+
+Stream = list[tuple[int, dict[str, float]]]
+
+
+def _base(n: int, rng: np.random.Generator, *, reward_peak: float = 0.7, noise: float = 0.03,
+          grad_sigma: float = 0.15, k3_start: float = 2e-4, k3_growth: float = 5.0) -> Stream:
+    rows: Stream = []
+    for s in range(1, n + 1):
+        frac = s / n
+        reward = reward_peak * (1 - math.exp(-5 * frac)) + 0.05
+        rows.append((s, {
+            M.TRAIN_REWARD: reward + rng.normal(0, noise),
+            M.GRAD_NORM: float(np.exp(rng.normal(0, grad_sigma))) * (1 + 0.5 * frac),
+            # Healthy k3 drifts up slowly as logits sharpen (simulator probe: ~100x over a run).
+            M.K3_KL: k3_start * math.exp(math.log(k3_growth) * frac) * float(np.exp(rng.normal(0, 0.2))),
+            M.TRAINING_PPL: 8.0 * math.exp(-1.5 * frac) + 1.0 + abs(rng.normal(0, 0.05)),
+            M.ENTROPY: 2.0 * math.exp(-1.2 * frac) + 0.1,
+        }))
+    return rows
+
+
+def _add_eval(rows: Stream, every: int, rng: np.random.Generator, noise: float = 0.02) -> Stream:
+    for s, row in rows:
+        if s % every == 0:
+            row[M.EVAL_REWARD] = row[M.TRAIN_REWARD] + rng.normal(0, noise)
+    return rows
+
+
+def healthy(n: int = 300, seed: int = 0, eval_every: int = 10) -> Stream:
+    rng = np.random.default_rng(seed)
+    return _add_eval(_base(n, rng), eval_every, rng)
+
+
+def noisy_healthy(n: int = 300, seed: int = 0, eval_every: int = 10) -> Stream:
+    """Heavy noise everywhere and isolated grad-norm spikes (4-8x) that never persist."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng, noise=0.08, grad_sigma=0.45)
+    for s, row in rows:
+        if rng.random() < 0.03:
+            row[M.GRAD_NORM] *= float(rng.uniform(4, 8))
+        row[M.K3_KL] *= float(np.exp(rng.normal(0, 0.6)))
+    return _add_eval(rows, eval_every, rng, noise=0.06)
+
+
+def slow_drift_healthy(n: int = 300, seed: int = 0, eval_every: int = 10) -> Stream:
+    """k3 grows 100x over the run (logits sharpen) and grad norm 3x, reward keeps improving."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng, k3_growth=100.0)
+    for s, row in rows:
+        row[M.GRAD_NORM] *= 1 + 2 * s / n
+    return _add_eval(rows, eval_every, rng)
+
+
+def explosion(n: int = 300, seed: int = 0, onset: int = 180, eval_every: int = 10,
+              k3_lead: int = 40) -> Stream:
+    """Seed 000/002 shape: k3 rises from ``onset - k3_lead``, then grad norm and PPL blow up at
+    ``onset`` and the reward collapses a few steps later."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    for s, row in rows:
+        if s >= onset - k3_lead:
+            row[M.K3_KL] *= math.exp(0.08 * (s - onset + k3_lead))
+        if s >= onset:
+            t = s - onset
+            row[M.GRAD_NORM] *= 20 + 5 * t
+            row[M.TRAINING_PPL] *= 4 + 0.2 * t
+            row[M.ENTROPY] *= 3
+        if s >= onset + 5:
+            row[M.TRAIN_REWARD] = 0.05 + rng.normal(0, 0.02)
+    return _add_eval(rows, eval_every, rng)
+
+
+def slow_collapse(n: int = 300, seed: int = 0, start: int = 150, eval_every: int = 10) -> Stream:
+    """The reward drifts down from its peak over ~100 steps with no grad-norm explosion."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    for s, row in rows:
+        if s >= start:
+            row[M.TRAIN_REWARD] = max(row[M.TRAIN_REWARD] * (1 - (s - start) / 100), 0.0) + 0.02
+    return _add_eval(rows, eval_every, rng)
+
+
+def dip_and_recover(n: int = 300, seed: int = 0, start: int = 120, length: int = 25,
+                    eval_every: int = 10) -> Stream:
+    """The reward loses ~70% for ``length`` steps and comes back: unstable, not collapsed."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    for s, row in rows:
+        if start <= s < start + length:
+            row[M.TRAIN_REWARD] *= 0.3
+    return _add_eval(rows, eval_every, rng)
+
+
+def with_nan(n: int = 100, seed: int = 0, at: int = 60) -> Stream:
+    rows = healthy(n, seed)
+    rows[at - 1][1][M.GRAD_NORM] = float("nan")
+    return rows
+
+
+def metric_rows(n_steps: int, n_metrics: int, seed: int = 0) -> Stream:
+    """``n_steps`` x ``n_metrics`` values with verl-like names (for tracking tests/benchmarks)."""
+    rng = np.random.default_rng(seed)
+    names = [M.TRAIN_REWARD, M.GRAD_NORM, M.K3_KL, M.ENTROPY, M.TRAINING_PPL]
+    names += [f"rollout_corr/extra_{i}" for i in range(max(n_metrics - len(names), 0))]
+    names = names[:n_metrics]
+    return [(s, {k: float(v) for k, v in zip(names, rng.random(n_metrics))}) for s in range(1, n_steps + 1)]
+
+
+def as_history(rows: Stream) -> list[tuple[int, Mapping[str, float]]]:
+    return [(s, dict(r)) for s, r in rows]
