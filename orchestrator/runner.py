@@ -193,7 +193,10 @@ class _Attempt:
         if self.record.mlflow_run_id != self.tracker.run_id:
             self.record.mlflow_run_id = self.tracker.run_id
             records.save_state(self.paths, self.record)
-        self.tracker.log_attempts(self.attempts)
+        if len(self.attempts) > 1:
+            # A resumed trial shows its attempts (pools, step ranges) while it runs; a first
+            # attempt is recorded at its end (one MLflow write less per trial).
+            self.tracker.log_attempts(self.attempts)
 
     # ------------------------------------------------------------------ MLflow commits
 

@@ -151,21 +151,24 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
 # --------------------------------------------------------------------------- submit
 
 
-def _connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None) -> bool:
-    """Connect to Ray; returns True if we started an embedded local cluster."""
+def _connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None) -> tuple[bool, bool]:
+    """Connect to Ray: (we started an embedded local cluster, we own the connection).
+
+    A caller that already initialised Ray (a notebook, a benchmark) keeps its connection.
+    """
     import ray
 
     addr = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
-        return False
+        return False, False
     if addr:
         ray.init(address=addr, log_to_driver=False, configure_logging=False)
-        return False
+        return False, True
     capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind == "sim"}
     ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
              include_dashboard=False, log_to_driver=False, configure_logging=False,
              _temp_dir=ray_tmp)
-    return True
+    return True, True
 
 
 def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], int]:
@@ -280,12 +283,13 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     if search is not None:
         trials, prior = _search_records(grid_dir)
     todo, already = _prepare_records(grid_dir, trials)
+    already += len(prior)  # search points finished by earlier submissions
     pool_specs = {p: grid.pools.get(p) for p in {t.pool for t in todo} | set(grid.spec.budget.per_pool)}
     if search is not None:
         pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
         if grid.spec.pool:
             pool_specs[grid.spec.pool] = grid.pools.get(grid.spec.pool)
-    embedded = _connect(address, pool_specs, ray_tmp)
+    embedded, owned = _connect(address, pool_specs, ray_tmp)
     parent = None
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
@@ -343,7 +347,8 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     finally:
         if parent is not None:
             parent.end("FAILED")
-        ray.shutdown()
+        if owned:
+            ray.shutdown()
 
 
 def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec],

@@ -19,6 +19,7 @@ import importlib.metadata
 import logging
 import os
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -450,8 +451,13 @@ def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = Non
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        proc.terminate()
-        proc.wait(timeout=15)
+        # The terminal's Ctrl-C reached the server too; SIGINT is gunicorn's quick shutdown.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
         return 0
 
 

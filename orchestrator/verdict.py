@@ -35,13 +35,16 @@ DEFAULT_RULES: tuple[CollapseRuleSpec, ...] = (
     # Seed 002: "the gradient norms suddenly explode, leading to model collapse".
     CollapseRuleSpec(name="grad_norm_explosion", metric=M.GRAD_NORM, kind="explode",
                      threshold=10.0, window=20, patience=3, min_step=5),
-    # Reward collapse: the smoothed reward loses half of its peak (and at least min_delta).
+    # Reward collapse: the smoothed reward loses half of its peak, and at least min_delta (an
+    # absolute floor so noise around a near-zero reward is not a collapse).
     CollapseRuleSpec(name="eval_reward_drop", metric=M.EVAL_REWARD, kind="drop_from_peak",
-                     threshold=0.5, window=2, patience=2, min_step=0, min_delta=0.1),
+                     threshold=0.5, window=2, patience=2, min_step=0, min_delta=0.03),
     CollapseRuleSpec(name="train_reward_drop", metric=M.TRAIN_REWARD, kind="drop_from_peak",
-                     threshold=0.5, window=10, patience=5, min_step=0, min_delta=0.1),
+                     threshold=0.5, window=10, patience=5, min_step=0, min_delta=0.03),
     # Seed 000: the training policy's PPL blows up together with vllm-kl.
     CollapseRuleSpec(name="ppl_blowup", metric=M.TRAINING_PPL, kind="blowup",
+                     threshold=3.0, window=5, patience=5, min_step=5),
+    CollapseRuleSpec(name="entropy_blowup", metric=M.ENTROPY, kind="blowup",
                      threshold=3.0, window=5, patience=5, min_step=5),
     # Seed 000: A100 k3 in 1e-2..1 made training infeasible; corrections.md: |kl| > 0.1 warns.
     CollapseRuleSpec(name="k3_kl_high", metric=M.K3_KL, kind="above",
@@ -153,15 +156,20 @@ class _Rule:
         value = float(metrics[spec.metric])
         if not math.isfinite(value):
             return  # the nonfinite rule owns this case
+        smoothed = spec.kind in ("blowup", "drop_from_peak")
+        if smoothed:
+            # A rolling median: one wild value (a single PPL spike) must not fire a patient rule.
+            self.smooth.append(value)
+            value = statistics.median(self.smooth)
         if self.firing is not None:
             # After firing, judge recovery against the reference frozen at the firing.
-            cond = self._condition(value, self.firing.reference)
-            self._track_after_fire(cond)
+            self._track_after_fire(self._condition(value, self.firing.reference))
             return
         cond, ref = self._evaluate(step, value)
         self._update(step, cond, value, ref)
 
     def _evaluate(self, step: int, value: float) -> tuple[bool, float | None]:
+        """Condition and reference for ``value`` (already the rolling median for smoothed kinds)."""
         spec = self.spec
         eligible = step >= spec.min_step
         if spec.kind == "explode":
@@ -173,15 +181,13 @@ class _Rule:
                 self.history.append(value)
             return cond, ref
         if spec.kind in ("blowup", "drop_from_peak"):
-            self.smooth.append(value)
-            level = sum(self.smooth) / len(self.smooth)
             full = len(self.smooth) == self.smooth.maxlen
             ref = self.best
-            cond = eligible and full and ref is not None and self._condition(level, ref)
+            cond = eligible and full and ref is not None and self._condition(value, ref)
             if full and not cond:
                 better = (lambda a, b: a > b) if spec.kind == "drop_from_peak" else (lambda a, b: a < b)
-                if self.best is None or better(level, self.best):
-                    self.best = level
+                if self.best is None or better(value, self.best):
+                    self.best = value
             return cond, ref
         return eligible and self._condition(value, None), None
 
@@ -342,8 +348,8 @@ class VerdictEngine:
         assert f is not None
         ref = "" if f.reference is None else f" vs reference {f.reference:.4g}"
         kind = {"explode": f"> {spec.threshold:g}x running median",
-                "blowup": f"> {spec.threshold:g}x its best",
-                "drop_from_peak": f"dropped >= {spec.threshold:.0%} from peak",
+                "blowup": f"(rolling median of {spec.window}) > {spec.threshold:g}x its best",
+                "drop_from_peak": f"(rolling median of {spec.window}) dropped >= {spec.threshold:.0%} from peak",
                 "above": f"> {spec.threshold:g} for {spec.patience} observations",
                 "below": f"< {spec.threshold:g} for {spec.patience} observations"}.get(spec.kind, spec.kind)
         return f"{spec.metric} = {f.value:.4g} {kind}{ref}"
@@ -392,6 +398,10 @@ class VerdictEngine:
             assert f is not None
             note = " and recovered" if rule.spec.verdict == "collapsed" else ""
             why = f"unstable from step {f.onset}: {rule.spec.name}{note}: {self._describe(rule)}"
+            others = [r for r in unstable if r is not rule]
+            if others:
+                why += "; also fired: " + ", ".join(
+                    f"{r.spec.name}@{r.firing.onset}" for r in sorted(others, key=lambda r: r.firing.onset))  # type: ignore[union-attr]
             return Verdict(VerdictKind.UNSTABLE, step=f.onset, rule=rule.spec.name, reason=why,
                            values={**self._fired_at.get(rule.spec.name, {}), rule.spec.metric: f.value},
                            **common)

@@ -62,7 +62,8 @@ class MlflowServer:
         if self.proc is None:
             return
         if self.proc.poll() is None:
-            os.killpg(self.proc.pid, signal.SIGTERM)
+            # SIGINT is gunicorn's quick shutdown (SIGTERM waits up to 30 s for workers).
+            os.killpg(self.proc.pid, signal.SIGINT)
             try:
                 self.proc.wait(timeout=20)
             except subprocess.TimeoutExpired:

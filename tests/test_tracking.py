@@ -234,21 +234,18 @@ def test_outage_mid_trial_loses_and_duplicates_nothing(quickstart, tmp_path: Pat
         assert late.end("KILLED", timeout=60) and late.run_id is not None
     finally:
         srv.stop()
-    # Read back from the same store through a fresh server.
-    srv.start()
-    try:
-        for key in rows[0][1]:
-            got = history(srv.uri, tr.run_id, sanitize_key(key))
-            assert [s for s, _ in got] == list(range(1, 301)), key
-            assert [v for _, v in got] == [r[key] for _, r in rows]
-        assert [s for s, _ in history(srv.uri, late.run_id, sanitize_key(next(iter(rows[0][1]))))] == list(
-            range(1, 51))
-        late_run = client(srv.uri).get_run(late.run_id)
-        assert late_run.info.status == "KILLED" and late_run.data.params["seed"] == str(trials[3].seed)
-        assert late_run.data.tags["mlflow.parentRunId"] == parent.run_id
-        assert client(srv.uri).get_run(tr.run_id).data.tags["verdict"] == "healthy"
-    finally:
-        srv.stop()
+    # Read back from the server's own SQLite store.
+    store = f"sqlite:///{srv.root / 'server.db'}"
+    for key in rows[0][1]:
+        got = history(store, tr.run_id, sanitize_key(key))
+        assert [s for s, _ in got] == list(range(1, 301)), key
+        assert [v for _, v in got] == [r[key] for _, r in rows]
+    assert [s for s, _ in history(store, late.run_id, sanitize_key(next(iter(rows[0][1]))))] == list(
+        range(1, 51))
+    late_run = client(store).get_run(late.run_id)
+    assert late_run.info.status == "KILLED" and late_run.data.params["seed"] == str(trials[3].seed)
+    assert late_run.data.tags["mlflow.parentRunId"] == parent.run_id
+    assert client(store).get_run(tr.run_id).data.tags["verdict"] == "healthy"
 
 
 def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
@@ -266,6 +263,7 @@ def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: P
     assert client(uri).get_run(tr.run_id).info.status == "FAILED"
 
 
+@pytest.mark.slow
 def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
     """`ablate ui` on a store with one grid: URL printed with the experiment, server answers."""
     import re
@@ -300,5 +298,5 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
                 time.sleep(0.5)
         assert ok
     finally:
-        os.killpg(proc.pid, signal.SIGTERM)
+        os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)

@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import os
 import math
 import subprocess
 import sys
@@ -130,6 +131,15 @@ def test_bypass_reaches_the_actor_loss_in_the_composed_config(composed: dict[str
     with verl_config_dir():
         with pytest.raises(GridError, match="bypass would be silently ignored"):
             check_composed(compose(items))
+
+
+def test_the_shared_hydra_file_cache_composes_the_same_configs(composed: dict[str, Any]) -> None:
+    from omegaconf import OmegaConf
+
+    lists = [list(k) for k in composed["results"]][::20]
+    with verl_config_dir(cache=False):
+        plain = [OmegaConf.to_yaml(compose(items)) for items in lists]
+    assert [OmegaConf.to_yaml(composed["results"][tuple(items)][0]) for items in lists] == plain
 
 
 def _items_of(composed: dict[str, Any], cfg: Any) -> list[str]:
@@ -453,3 +463,113 @@ def test_gpu_smoke_tiny_model_streams_metrics_into_the_trials_mlflow_run(tmp_pat
     assert result["mlflow_steps"]["critic/score/mean"] == [1, 2, 3]
     assert math.isfinite(result["last"]["rollout_corr/k3_kl"])
     assert result["outcome"] == "completed"
+
+
+# --------------------------------------------------------------------------- the run loop
+# A stand-in for the verl process (a short Python script writing what verl's file logger and
+# checkpoint manager write), so the watcher's streaming, hand-over and stop are tested on CPU.
+
+FAKE_JOB = textwrap.dedent("""\
+    import json, os, sys, time, subprocess
+    log, ckpt, mode = sys.argv[1], sys.argv[2], sys.argv[3]
+    child = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(600)"])
+    open(os.path.join(ckpt, "child.pid"), "w").write(str(child.pid))
+    fh = open(log, "wb", buffering=0)
+    def put(step, data, torn=False):
+        line = json.dumps({"step": step, "data": data}).encode()
+        if torn:  # a line written in two pieces, as a reader may see it
+            fh.write(line[:10]); time.sleep(0.3); fh.write(line[10:] + b"\\n")
+        else:
+            fh.write(line + b"\\n")
+    put(0, {"val-core/math_dapo/acc/mean@4": 0.25})
+    for step in (1, 2, 3):
+        adv = 0.0 if mode == "same" else 1.5
+        put(step, {"critic/score/mean": 0.1 * step, "critic/score/max": 1.0,
+                   "critic/score/min": 0.0, "critic/advantages/max": adv,
+                   "critic/advantages/min": -adv, "actor/rollout_corr/k3_kl": 1e-4,
+                   "note": "text is not a metric"}, torn=step == 2)
+        if step == 2:
+            d = os.path.join(ckpt, "global_step_2", "actor")
+            os.makedirs(d)
+            open(os.path.join(d, "model_world_size_8_rank_0.pt"), "w").write("w")
+            open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w").write("2")
+        time.sleep(0.2)
+    if mode == "hang":
+        time.sleep(600)
+    child.kill()
+    """)
+
+
+class FakeCtx:
+    def __init__(self, tmp: Path, stop_after: int | None = None) -> None:
+        self.workdir, self.attempt, self.resume_step, self.checkpoint_every = tmp, 1, None, 2
+        self.steps: list[tuple[int, dict[str, float]]] = []
+        self.saved: list[tuple[int, list[str]]] = []
+        self.stop_after = stop_after
+
+    def log_metrics(self, step: int, metrics: dict[str, float]) -> None:
+        assert not self.steps or step > self.steps[-1][0]
+        self.steps.append((step, dict(metrics)))
+
+    def save_checkpoint(self, step: int, write: Any) -> None:
+        assert self.steps and self.steps[-1][0] >= step  # metrics first, as the runner requires
+        dst = self.workdir / "store" / str(step)
+        dst.mkdir(parents=True)
+        write(dst)
+        self.saved.append((step, sorted(p.name for p in dst.rglob("*.pt"))))
+
+    def should_stop(self) -> str | None:
+        if self.stop_after is not None and self.steps and self.steps[-1][0] >= self.stop_after:
+            return "early stop: collapsed"
+        return None
+
+
+def _fake_run(tmp: Path, mode: str, ctx: FakeCtx, monkeypatch: pytest.MonkeyPatch) -> Any:
+    from orchestrator.backends import verl_run
+
+    monkeypatch.setattr(verl_run, "POLL_SECONDS", 0.1)
+    monkeypatch.setattr(verl_run, "TERM_GRACE_SECONDS", 5.0)
+    ckpt, log = tmp / "ck", tmp / "m.jsonl"
+    ckpt.mkdir()
+    script = tmp / "fake_verl.py"
+    script.write_text(FAKE_JOB)
+    proc = subprocess.Popen([sys.executable, str(script), str(log), str(ckpt), mode],
+                            start_new_session=True)
+    trial = _expanded(GPU_GRIDS[0])[1][0]
+    trial = dataclasses.replace(trial, steps=3)
+    result = verl_run._watch(proc, trial, ctx, verl_run.MetricTail(log, 0), ckpt, tmp / "x.log")
+    return result, int((ckpt / "child.pid").read_text())
+
+
+def test_the_watcher_streams_steps_and_hands_over_checkpoints(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = FakeCtx(tmp_path)
+    result, _ = _fake_run(tmp_path, "normal", ctx, monkeypatch)
+    assert result.outcome.value == "completed" and result.last_step == 3 and result.reason is None
+    assert [s for s, _ in ctx.steps] == [1, 2, 3]
+    first = ctx.steps[0][1]
+    assert first["eval/reward"] == 0.25  # validation before training, carried into step 1
+    assert "eval/reward" not in ctx.steps[1][1]
+    assert first["critic/score/mean"] == pytest.approx(0.1)
+    assert first["rollout_corr/k3_kl"] == 1e-4  # bypass-mode name mapped to the shared one
+    assert "note" not in first and first["health/zero_advantage"] == 0.0
+    assert ctx.saved == [(2, ["model_world_size_8_rank_0.pt"])]
+
+
+def test_the_watcher_reports_identical_groups(tmp_path: Path,
+                                              monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = FakeCtx(tmp_path)
+    result, _ = _fake_run(tmp_path, "same", ctx, monkeypatch)
+    assert all(m["health/zero_advantage"] == 1.0 for _, m in ctx.steps)
+    assert result.reason and "every GRPO advantage has been 0 for 3 steps" in result.reason
+    assert "identical" in result.reason and "deterministic" in result.reason
+
+
+def test_stop_terminates_the_whole_process_group(tmp_path: Path,
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    ctx = FakeCtx(tmp_path, stop_after=3)
+    result, child = _fake_run(tmp_path, "hang", ctx, monkeypatch)
+    assert result.outcome.value == "stopped" and result.reason == "early stop: collapsed"
+    time.sleep(0.5)
+    with pytest.raises(ProcessLookupError):
+        os.kill(child, 0)  # the job's own child (Ray/SGLang in a real run) is gone too

@@ -19,6 +19,7 @@ Placement, names and pod hygiene are in ``orchestrator.k8s.render``; API calls i
 
 from __future__ import annotations
 
+import logging
 import time
 from collections.abc import Callable, Mapping
 from pathlib import Path
@@ -31,6 +32,8 @@ from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+
+log = logging.getLogger(__name__)
 
 
 class K8sBackend(Backend):
@@ -57,8 +60,8 @@ class K8sBackend(Backend):
         return VerlBackend.check(correction, rollout, pool)
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
-        from orchestrator.backends.verl_run import MetricTail, prepare_resume
-        from orchestrator.k8s.client import Phase, RayJobClient
+        from orchestrator.backends.verl_run import prepare_resume
+        from orchestrator.k8s.client import RayJobClient
         from orchestrator.k8s.render import render_rayjob
         from orchestrator.k8s.settings import ClusterSettings
 
@@ -85,6 +88,28 @@ class K8sBackend(Backend):
         name = manifest["metadata"]["name"]
         client = self._client or RayJobClient(settings.namespace)
         client.create(manifest)
+        try:
+            return self._follow(client, name, trial, ctx, settings, ckpt_dir)
+        except InfraFailure:
+            raise  # the job ended by itself; its cluster stays for ttlSecondsAfterFinished
+        except BaseException:
+            # We stop watching (error, interrupt): never leave GPUs running unobserved, since
+            # a retry submits a new attempt.
+            _delete_quietly(client, name)
+            raise
+
+    def _follow(
+        self,
+        client: Any,
+        name: str,
+        trial: TrialSpec,
+        ctx: RunContext,
+        settings: Any,
+        ckpt_dir: Path,
+    ) -> AttemptResult:
+        from orchestrator.backends.verl_run import MetricTail
+        from orchestrator.k8s.client import Phase
+
         tail = MetricTail(
             Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
             ctx.resume_step or 0,
@@ -124,6 +149,13 @@ class K8sBackend(Backend):
                 "was not logged)"
             )
         return AttemptResult(AttemptOutcome.COMPLETED, last)
+
+
+def _delete_quietly(client: Any, name: str) -> None:
+    try:
+        client.delete(name)
+    except Exception:  # the original error is the one to report
+        log.exception("could not delete RayJob %s after an error", name)
 
 
 def _hand_over_checkpoint(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:

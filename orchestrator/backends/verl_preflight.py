@@ -26,7 +26,41 @@ def _one_line(exc: BaseException) -> str:
 
 
 @contextlib.contextmanager
-def verl_config_dir() -> Iterator[Any]:
+def _shared_file_cache() -> Iterator[None]:
+    """Let successive composes share Hydra's per-compose cache of loaded config files.
+
+    Hydra re-reads and re-parses verl's ~40 yaml files on every compose (most of its ~0.3 s);
+    the files do not change between composes and Hydra merges copies of them, so one cache is
+    safe (tests/test_verl_backend.py compares cached and uncached composes). Falls back to
+    plain composes if Hydra's internals differ.
+    """
+    try:
+        from hydra._internal import config_loader_impl as loader
+    except ImportError:
+        yield
+        return
+    original = getattr(loader.ConfigLoaderImpl, "_parse_overrides_and_create_caching_repo", None)
+    if original is None:
+        yield
+        return
+    shared: dict[str, Any] = {}
+
+    def patched(self: Any, config_name: Any, overrides: Any) -> Any:
+        parsed, repo = original(self, config_name, overrides)
+        if isinstance(getattr(repo, "cache", None), dict):
+            shared.update(repo.cache)
+            repo.cache = shared
+        return parsed, repo
+
+    loader.ConfigLoaderImpl._parse_overrides_and_create_caching_repo = patched
+    try:
+        yield
+    finally:
+        loader.ConfigLoaderImpl._parse_overrides_and_create_caching_repo = original
+
+
+@contextlib.contextmanager
+def verl_config_dir(*, cache: bool = True) -> Iterator[Any]:
     """Hydra initialised on verl's ``trainer/config`` (cleared again afterwards)."""
     try:
         import verl
@@ -38,7 +72,8 @@ def verl_config_dir() -> Iterator[Any]:
     cfg_dir = Path(verl.__file__).resolve().parent / "trainer" / "config"
     GlobalHydra.instance().clear()
     try:
-        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None):
+        with initialize_config_dir(config_dir=str(cfg_dir), version_base=None), \
+                (_shared_file_cache() if cache else contextlib.nullcontext()):
             yield cfg_dir
     finally:
         GlobalHydra.instance().clear()

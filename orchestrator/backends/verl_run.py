@@ -66,16 +66,20 @@ def _eval_reward(m: Mapping[str, float]) -> float | None:
 
 
 class MetricTail:
-    """Reads complete lines of the file logger; merges repeated or earlier steps into the next."""
+    """Reads complete lines of the file logger as they are written.
+
+    verl logs one line per training step, after the step (and its checkpoint) is done. Lines at
+    or below the last logged step (validation before training at step 0 or at the resume step)
+    are carried into the next step, so steps reach ``ctx.log_metrics`` strictly increasing.
+    """
 
     def __init__(self, path: Path, last_logged: int) -> None:
         self.path, self.offset, self.buf = path, 0, b""
         self.last_logged = last_logged
-        self.pending: tuple[int, dict[str, float]] | None = None
         self.carry: dict[str, float] = {}
 
     def poll(self) -> list[tuple[int, dict[str, float]]]:
-        """Finished steps (strictly increasing, > last logged) that appeared since the last poll."""
+        """Steps (strictly increasing, > last logged) that appeared since the last poll."""
         if not self.path.exists():
             return []
         with open(self.path, "rb") as fh:
@@ -85,7 +89,7 @@ class MetricTail:
             chunk = fh.read()
             self.offset = fh.tell()
         self.buf += chunk
-        *lines, self.buf = self.buf.split(b"\n")
+        *lines, self.buf = self.buf.split(b"\n")  # a torn last line waits for its end
         done = []
         for line in lines:
             if not line.strip():
@@ -94,28 +98,13 @@ class MetricTail:
                 rec = json.loads(line)
                 step, data = int(rec["step"]), normalise(rec.get("data") or {})
             except (ValueError, KeyError, TypeError):
-                continue  # a torn or foreign line: skip it, the next one is independent
-            done += self._add(step, data)
+                continue  # a foreign line: skip it, the next one is independent
+            if step <= self.last_logged:
+                self.carry.update(data)
+                continue
+            done.append((step, {**self.carry, **data}))
+            self.carry, self.last_logged = {}, step
         return done
-
-    def _add(self, step: int, data: dict[str, float]) -> list[tuple[int, dict[str, float]]]:
-        if step <= self.last_logged:  # e.g. validation before training at step 0 or on resume
-            self.carry.update(data)
-            return []
-        if self.pending is not None and self.pending[0] == step:
-            self.pending[1].update(data)
-            return []
-        out = self.flush()
-        self.pending = (step, {**self.carry, **data})
-        self.carry = {}
-        return out
-
-    def flush(self) -> list[tuple[int, dict[str, float]]]:
-        if self.pending is None:
-            return []
-        step, data = self.pending
-        self.pending, self.last_logged = None, step
-        return [(step, data)]
 
 
 # --------------------------------------------------------------------------- checkpoints
@@ -209,8 +198,7 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
     stop_reason = None
     while True:
         finished = proc.poll() is not None
-        steps = tail.poll() + (tail.flush() if finished else [])
-        for step, data in steps:
+        for step, data in tail.poll():
             ctx.log_metrics(step, data)
             zero_run = zero_run + 1 if data.get(ZERO_ADV_METRIC) == 1.0 else 0
             if zero_run >= ZERO_ADV_PATIENCE and warning is None:

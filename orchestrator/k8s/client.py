@@ -12,13 +12,19 @@ from __future__ import annotations
 
 import dataclasses
 import enum
-from collections.abc import Mapping
-from typing import Any
+import json
+import time
+from collections.abc import Callable, Mapping
+from typing import Any, TypeVar
 
+from orchestrator.exceptions import BackendUnavailableError, UserError
 from orchestrator.k8s.settings import LABEL_PREFIX
 from orchestrator.trial import TrialState
 
 GROUP, VERSION, PLURAL = "ray.io", "v1", "rayjobs"
+RETRY_SECONDS = 300.0
+_nap = time.sleep
+T = TypeVar("T")
 
 
 class Phase(enum.Enum):
@@ -103,7 +109,53 @@ def _load_config() -> None:
     try:
         config.load_incluster_config()  # the control RayCluster's ServiceAccount
     except config.ConfigException:
-        config.load_kube_config()
+        try:
+            config.load_kube_config()
+        except (config.ConfigException, OSError) as exc:
+            raise BackendUnavailableError(
+                "no Kubernetes credentials (no in-cluster ServiceAccount, no usable KUBECONFIG: "
+                f"{exc}); fix: run in the control RayCluster or point KUBECONFIG at the cluster"
+            ) from None
+
+
+def _transient(exc: BaseException) -> bool:
+    """Worth retrying: API server overload/restarts and broken connections, not 4xx answers."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import HTTPError
+
+    if isinstance(exc, ApiException):
+        return exc.status is None or exc.status == 429 or exc.status >= 500
+    return isinstance(exc, (HTTPError, ConnectionError, TimeoutError))
+
+
+def _retrying(fn: Callable[..., T]) -> Callable[..., T]:
+    """Retry transient API errors for up to RETRY_SECONDS: a trial runs for days, and one
+    failed poll must not abandon (and a retry then double-submit) a running RayJob."""
+    import tenacity
+
+    return tenacity.retry(
+        retry=tenacity.retry_if_exception(_transient),
+        wait=tenacity.wait_exponential(multiplier=1, max=30),
+        stop=tenacity.stop_after_delay(RETRY_SECONDS),
+        reraise=True,
+        sleep=lambda seconds: _nap(seconds),  # looked up per call, so tests can skip the wait
+    )(fn)
+
+
+def _refused(name: str, exc: Any) -> UserError:
+    hint = {
+        403: "apply k8s/base/rbac.yaml and run as ServiceAccount ablate-orchestrator",
+        404: "install the KubeRay CRDs (k8s/README.md step 1) and create the namespace",
+    }.get(exc.status, "inspect the manifest with `ablate submit GRID --backend k8s --dry-run`")
+    body = str(exc.body or "")
+    try:
+        body = str(json.loads(body).get("message", body))
+    except (ValueError, AttributeError):
+        pass
+    return UserError(
+        f"the API server refused RayJob {name}: {exc.status} {exc.reason}: {body[:400]}; "
+        f"fix: {hint}"
+    )
 
 
 class RayJobClient:
@@ -131,12 +183,14 @@ class RayJobClient:
 
         name = manifest["metadata"]["name"]
         try:
-            return self.custom.create_namespaced_custom_object(
+            return _retrying(self.custom.create_namespaced_custom_object)(
                 GROUP, VERSION, self.namespace, PLURAL, dict(manifest)
             )
         except ApiException as exc:
             if exc.status != 409:
-                raise
+                if _transient(exc):
+                    raise
+                raise _refused(name, exc) from None
         existing = self.get(name) or {}
         want = {
             k: v for k, v in manifest["metadata"]["labels"].items() if k.startswith(LABEL_PREFIX)
@@ -153,7 +207,7 @@ class RayJobClient:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            return self.custom.get_namespaced_custom_object(
+            return _retrying(self.custom.get_namespaced_custom_object)(
                 GROUP, VERSION, self.namespace, PLURAL, name
             )
         except ApiException as exc:
@@ -171,7 +225,7 @@ class RayJobClient:
         from kubernetes.client.exceptions import ApiException
 
         try:
-            self.custom.delete_namespaced_custom_object(
+            _retrying(self.custom.delete_namespaced_custom_object)(
                 GROUP,
                 VERSION,
                 self.namespace,

@@ -20,7 +20,7 @@ from orchestrator.sim.profile import Numerics, check_rollout, parse_profile, res
 SECTIONS = ("model", "task", "train", "eval", "correction", "rollout")
 MODEL_KEYS = ("arch", "d_model", "n_layers", "n_heads", "d_ff", "n_experts", "top_k",
               "aux_loss_coef")
-TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab")
+TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "aliases")
 TRAIN_KEYS = ("lr", "prompts_per_step", "group_size", "ppo_epochs", "minibatches", "clip_eps",
               "kl_coef", "grad_clip", "weight_decay", "adam_beta1", "adam_beta2", "threads")
 EVAL_KEYS = ("every", "prompts")

@@ -33,6 +33,8 @@ class SimProfile(BaseModel):
     router: Dtype | None = None  # MoE router logits; None = same as dtype (bf16 when dtype fp8)
     reduction_order: Reduction = "default"  # default | reversed K | chunked split-K
     split_k: int = Field(16, ge=1, le=4096)  # chunk of the split-K reduction (chunked only)
+    weight_quant: Literal["none", "int4"] = "none"  # int4: W4A16 group-quantised weights
+    group_size: int = Field(32, ge=1, le=4096)  # int4 quantisation group along the input dim
     weight_lag: int = Field(0, ge=0, le=64)  # steps the engine's weights trail the trainer
     chunked_prefill: int = Field(0, ge=0, le=4096)  # prefill chunk (tokens); 0 = whole prompt
 
@@ -48,6 +50,8 @@ class Numerics(BaseModel):
     router: Dtype
     reduction_order: Reduction
     split_k: int
+    weight_quant: Literal["none", "int4"]
+    group_size: int
     weight_lag: int
     chunked_prefill: int
     deterministic: bool
@@ -92,8 +96,11 @@ def resolve_numerics(profile: SimProfile, rollout: RolloutSpec) -> Numerics:
     return Numerics(
         dtype=dtype, lm_head=lm_head, kv_cache=rollout.kv_cache_dtype or profile.kv_cache,
         router=router, reduction_order=rollout.reduction_order or profile.reduction_order,
-        split_k=profile.split_k,
-        weight_lag=profile.weight_lag if rollout.weight_lag is None else rollout.weight_lag,
+        split_k=profile.split_k, weight_quant=profile.weight_quant, group_size=profile.group_size,
+        # deterministic = the trainer's arithmetic *and* weights: the pool's lag is dropped,
+        # an explicit rollout.weight_lag (async off-policy on purpose) is kept.
+        weight_lag=(rollout.weight_lag if rollout.weight_lag is not None
+                    else 0 if rollout.deterministic else profile.weight_lag),
         chunked_prefill=prefill, deterministic=bool(rollout.deterministic),
         temperature=1.0 if rollout.temperature is None else rollout.temperature)
 
@@ -111,7 +118,11 @@ def check_rollout(rollout: RolloutSpec, profile_raw: Mapping[str, Any], pool: st
             return (f"rollout.deterministic computes exactly like the fp32 trainer, so "
                     f"rollout.{clash[0]} cannot apply; drop one of them")
     try:
-        parse_profile(profile_raw, pool)
+        profile = parse_profile(profile_raw, pool)
     except UserError as exc:
         return str(exc)
+    dtype = rollout.dtype or profile.dtype
+    if profile.weight_quant == "int4" and dtype not in ("bf16", "fp16") and not rollout.deterministic:
+        return (f"pool {pool}: sim_profile.weight_quant int4 is W4A16 and needs a bf16/fp16 "
+                f"rollout dtype, got {dtype}")
     return None

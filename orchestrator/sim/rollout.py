@@ -26,6 +26,15 @@ DTYPES = {"fp32": torch.float32, "bf16": torch.bfloat16, "fp16": torch.float16,
 FP8_MAX = 448.0  # largest finite e4m3fn value
 
 
+def _int4_dequant(w: torch.Tensor, group: int) -> torch.Tensor:
+    """W4A16: symmetric int4 per group of ``group`` input channels, dequantised to fp32."""
+    k = w.shape[-1]
+    g = group if k % group == 0 else k
+    wg = w.reshape(*w.shape[:-1], k // g, g)
+    scale = wg.abs().amax(-1, keepdim=True).clamp_min(1e-12) / 7.0
+    return ((wg / scale).round().clamp(-8, 7) * scale).reshape(w.shape)
+
+
 def _fp8_quant(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
     """Symmetric e4m3 quantisation along ``dim``: (values held exactly in bf16, fp32 scale)."""
     scale = x.float().abs().amax(dim=dim, keepdim=True).clamp_min(1e-12) / FP8_MAX
@@ -91,6 +100,8 @@ class EngineOps:
                 continue
             if self.num.reduction_order == "reversed":
                 w = w.flip(-1)
+            if self.num.weight_quant == "int4" and name != "head" and not name.endswith("_router"):
+                w = _int4_dequant(w, self.num.group_size)
             if kind == "fp8":
                 q, s = _fp8_quant(w, -1)  # per output channel
                 out[name], out[name + "@s"] = q, s.transpose(-1, -2)

@@ -8,7 +8,9 @@ Prompt: ``BOS d_1 .. d_n SEP`` with n random digits. Tasks (``task.name``):
 - ``reverse``: answer the n digits reversed, then EOS (easy; a smoke-test task).
 
 Reward = (positions correct + 1 if EOS comes right after the answer) / (answer length + 1),
-in [0, 1]. The vocabulary has digits, specials and filler symbols the policy must learn to avoid.
+in [0, 1]. The vocabulary has digits, specials, a second spelling of every digit (tokens 14..23,
+both count as the digit: like an LLM's equivalent tokenisations, it leaves the trained policy
+real entropy to sample from) and filler symbols the policy must learn to avoid.
 """
 from __future__ import annotations
 
@@ -19,22 +21,27 @@ import torch
 DIGITS = 10
 BOS, SEP, EOS, PAD = 10, 11, 12, 13
 N_SPECIAL = 14
+ALIAS = 14  # tokens 14..23 are a second spelling of the digits 0..9 (see digit_value)
 TASKS = ("progression", "sum_mod", "reverse_sum", "reverse")
 
 
 @dataclasses.dataclass(frozen=True)
 class Task:
-    name: str = "sum_mod"
-    digits: int = 8
+    name: str = "progression"
+    digits: int = 3
     answer: int = 16  # answer length of progression / sum_mod / reverse_sum (reverse: digits)
     response_len: int = 18  # generation budget (answer + EOS + slack)
     vocab: int = 32
+    max_step: int = 3  # progression: step = d_2 mod max_step + 1 (difficulty knob)
+    aliases: bool = True  # tokens 14..23 also count as the digits 0..9
 
     def __post_init__(self) -> None:
         if self.name not in TASKS:
             raise ValueError(f"task.name {self.name!r} is not one of {list(TASKS)}")
-        if self.vocab < N_SPECIAL:
-            raise ValueError(f"task.vocab must be >= {N_SPECIAL}, got {self.vocab}")
+        if not 1 <= self.max_step <= DIGITS:
+            raise ValueError(f"task.max_step must be in 1..{DIGITS}, got {self.max_step}")
+        if self.vocab < ALIAS + DIGITS:
+            raise ValueError(f"task.vocab must be >= {ALIAS + DIGITS}, got {self.vocab}")
         if self.response_len < self.answer_len + 1:
             raise ValueError(f"task.response_len must be >= {self.answer_len + 1} "
                              f"(answer + EOS) for task {self.name}, got {self.response_len}")
@@ -61,11 +68,13 @@ class Task:
         d = prompts[:, 1:1 + self.digits]
         a = self.answer_len
         resp = responses[:, :a]
+        resp = digit_value(resp) if self.aliases else torch.where(resp < DIGITS, resp, -1)
         if self.name == "reverse":
             correct = resp == d.flip(1)
         elif self.name == "progression":
             prev = torch.cat([d[:, :1], resp[:, :-1]], dim=1)
-            correct = (resp == (prev + d[:, 1:2]) % DIGITS) & (prev < DIGITS)
+            step = d[:, 1:2] % self.max_step + (self.max_step < DIGITS)
+            correct = (resp == (prev + step) % DIGITS) & (prev >= 0)
         elif self.name == "reverse_sum":
             target = torch.cat([d.flip(1), (d + d.roll(-1, 1)) % DIGITS], dim=1)
             target = target.repeat(1, -(-self.answer // target.shape[1]))[:, :self.answer]
@@ -74,9 +83,15 @@ class Task:
             prev = torch.cat([torch.zeros_like(resp[:, :1]), resp[:, :-1]], dim=1)
             src = d.repeat(1, -(-self.answer // self.digits))[:, :self.answer]
             # The previous position must itself be a digit for the check to mean anything.
-            correct = (resp == (prev + src) % DIGITS) & (prev < DIGITS) & (resp < DIGITS)
+            correct = (resp == (prev + src) % DIGITS) & (prev >= 0)
         eos_ok = responses[:, a] == EOS
         return (correct.sum(1) + eos_ok).double() / (a + 1)
+
+
+def digit_value(tokens: torch.Tensor) -> torch.Tensor:
+    """0..9 for a digit in either spelling, -1 for any other token."""
+    alias = (tokens >= ALIAS) & (tokens < ALIAS + DIGITS)
+    return torch.where(tokens < DIGITS, tokens, torch.where(alias, tokens - ALIAS, -1))
 
 
 def response_mask(responses: torch.Tensor) -> torch.Tensor:

@@ -98,9 +98,35 @@ class FakeApiServer:
         return _Resp(405, {"kind": "Status", "code": 405})
 
 
+def _verb(method: str, path: str) -> tuple[str, str, str]:
+    """(apiGroup, resource, verb) the API server authorizes a request as."""
+    parts = path.strip("/").split("/")
+    group = "" if parts[0] == "api" else parts[1]
+    rest = parts[parts.index("namespaces") + 2 :]
+    resource = rest[0] + (f"/{rest[2]}" if len(rest) > 2 else "")
+    verbs = {"POST": "create", "DELETE": "delete", "PUT": "update", "PATCH": "patch"}
+    verb = verbs.get(method) or ("get" if len(rest) > 1 else "list")
+    return group, resource, verb
+
+
 @pytest.fixture
-def server() -> FakeApiServer:
-    return FakeApiServer()
+def server() -> Any:
+    """The fake API server; afterwards, every request it saw must be allowed by the Role."""
+    from conftest import REPO
+    from kustomize import build
+
+    fake = FakeApiServer()
+    yield fake
+    (role,) = [o for o in build(REPO / "k8s/base") if o["kind"] == "Role"]
+    allowed = {
+        (g, r, v)
+        for rule in role["rules"]
+        for g in rule["apiGroups"]
+        for r in rule["resources"]
+        for v in rule["verbs"]
+    }
+    for method, path, _, _ in fake.calls:
+        assert _verb(method, path) in allowed, f"{method} {path} is not granted by the Role"
 
 
 @pytest.fixture
@@ -500,3 +526,62 @@ def test_backend_is_registered_and_delegates_check() -> None:
     ]:
         assert K8sBackend.check(corr, roll, pool) == VerlBackend.check(corr, roll, pool)
     assert K8sBackend.check(CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"])
+
+
+def test_transient_api_errors_are_retried(server, client, monkeypatch) -> None:
+    """One 503 from an API server restart must not abandon a running trial."""
+    import orchestrator.k8s.client as kc
+
+    naps: list[float] = []
+    monkeypatch.setattr(kc, "_nap", naps.append)
+    _, job = _job()
+    client.create(job)
+    real = server.request
+    failures = iter([True, True])
+
+    def flaky(method, url, **kw):
+        if method == "GET" and next(failures, False):
+            return _Resp(503, {"kind": "Status", "code": 503})
+        return real(method, url, **kw)
+
+    server.request = flaky
+    server.statuses = [{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}]
+    assert client.state(job["metadata"]["name"]).phase is Phase.RUNNING
+    assert len(naps) == 2  # two backoffs, then the answer
+
+
+def test_refused_create_is_a_one_line_user_error(server, client) -> None:
+    from orchestrator.exceptions import UserError
+
+    def forbidden(method, url, **kw):
+        body = {
+            "kind": "Status",
+            "code": 403,
+            "message": "rayjobs.ray.io is forbidden: User "
+            '"system:serviceaccount:ablate:default" cannot create resource "rayjobs"',
+        }
+        return _Resp(403, body)
+
+    server.request = forbidden
+    _, job = _job()
+    with pytest.raises(UserError) as exc:
+        client.create(job)
+    msg = str(exc.value)
+    assert "403" in msg and "cannot create resource" in msg and "rbac.yaml" in msg
+    assert "\n" not in msg
+
+
+def test_an_error_while_watching_deletes_the_rayjob(server, client, tmp_path) -> None:
+    grid, trials = loaded(GPU_GRIDS[0])
+    trial = trials[4]
+    ctx = Ctx(trial, grid.pools.pools[trial.pool], tmp_path)
+    backend, _ = _backend(server, client, tmp_path, [])
+    server.statuses = [{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}]
+
+    def broken() -> None:
+        raise KeyboardInterrupt  # e.g. Ray Tune stopping the trial actor
+
+    backend._sleep = lambda _s: broken()
+    with pytest.raises(KeyboardInterrupt):
+        backend.run(trial, grid.trial_config(trial), ctx)
+    assert server.calls[-1][0] == "DELETE" and server.rayjobs == {}

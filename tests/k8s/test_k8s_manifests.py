@@ -140,7 +140,7 @@ def test_client_uses_only_granted_verbs() -> None:
     import re
 
     src = (REPO / "orchestrator/k8s/client.py").read_text()
-    calls = set(re.findall(r"\.(\w+_namespaced_\w+)\(", src))
+    calls = set(re.findall(r"\.(\w+_namespaced_\w+)\b", src))
     verb_of = {
         "create_namespaced_custom_object": ("ray.io", "rayjobs", "create"),
         "get_namespaced_custom_object": ("ray.io", "rayjobs", "get"),

@@ -416,3 +416,39 @@ def test_names_in_rendered_objects_follow_the_rules(gpu_grid: str) -> None:
             names.check_label_key(k, "label")
             names.check_label_value(v, "label")
         names.check_dns_label(job["metadata"]["name"], "RayJob", max_len=47, dns1035=True)
+
+
+def test_secrets_never_travel_as_values() -> None:
+    """A job environment that carries a secret value is refused, not rendered."""
+    grid, trials = loaded(GPU_GRIDS[0])
+    t = trials[0]
+
+    class Leaky:
+        def command(self, *a, **kw):
+            return ["python", "-c", "pass"]
+
+        def environment(self, trial, **kw):
+            return {"HF_TOKEN": "hf_live_value"}
+
+    with pytest.raises(UserError, match="HF_TOKEN looks like a secret"):
+        render_rayjob(
+            t, grid.trial_config(t), grid.pools.pools[t.pool], settings=settings(), job=Leaky()
+        )
+    _, job = rendered(GPU_GRIDS[0])[0]
+    text = json.dumps(job)
+    for e in (
+        c
+        for p in ("headGroupSpec",)
+        for c in job["spec"]["rayClusterSpec"][p]["template"]["spec"]["containers"][0]["env"]
+    ):
+        if e["name"] in ("HF_TOKEN", "MLFLOW_TRACKING_PASSWORD", "MLFLOW_TRACKING_USERNAME"):
+            assert "value" not in e and "secretKeyRef" in e["valueFrom"]
+    assert "hf_live_value" not in text
+
+
+def test_k8s_and_verl_trial_ids_agree(gpu_grid: str) -> None:
+    from orchestrator.grid import expand, load_grid
+
+    _, k8s_trials = loaded(gpu_grid)
+    verl_trials = expand(load_grid(REPO / gpu_grid, backend="verl"))
+    assert [t.trial_id for t in k8s_trials] == [t.trial_id for t in verl_trials]

@@ -1,0 +1,192 @@
+"""Orchestration overhead vs plain Ray Tune, and pool utilisation while trials are queued.
+
+1. Overhead: the same trivial trainable (``--steps`` steps of ``--step-s`` seconds of sleep,
+   four metrics a step, no checkpoint) over ``--trials`` trials, run (a) by plain Ray Tune (function
+   trainable, ``reuse_actors=True``, ``tune.report`` per step, same concurrency) and (b) by
+   ``ablate submit`` (gate, runner, state files, metrics.jsonl, checkpoint store with manifests,
+   verdict engine, MLflow child run per trial on the SQLite store). Both on the same local Ray
+   instance, in the same process run; the figure is the ratio of wall times (goal <= 1.15).
+2. Utilisation: a local multi-raylet cluster (``ray.cluster_utils.Cluster``), one node per pool
+   with capacity 2, more trials queued than slots; busy slot-time / (capacity x window) per pool,
+   the window running from the pool's first start to its last start (while trials are queued).
+   Goal >= 90%.
+
+Run: ``.venv/bin/python benchmarks/orchestration_overhead.py`` (prints the figures; ~4 minutes).
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import shutil
+import sys
+import tempfile
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+HERE = Path(__file__).resolve().parent
+REPO = HERE.parent
+sys.path.insert(0, str(HERE))
+
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend  # noqa: E402
+
+
+class TrivialBackend(Backend):
+    """Sleeps ``BENCH_STEP_S`` per step, logs 4 metrics, checkpoints a tiny JSON file if asked."""
+
+    name = "sim"
+    version = "bench-1"
+    pool_kind = "sim"
+
+    def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> AttemptResult:
+        step_s = float(os.environ["BENCH_STEP_S"])
+        start = ctx.resume_step or 0
+        for step in range(start + 1, trial.steps + 1):
+            if ctx.should_stop():
+                return AttemptResult(AttemptOutcome.STOPPED, step - 1, ctx.should_stop())
+            time.sleep(step_s)
+            ctx.log_metrics(step, {"critic/score/mean": step / trial.steps, "eval/reward": 0.5,
+                                   "actor/grad_norm": 1.0, "rollout_corr/k3_kl": 1e-4})
+            if step % ctx.checkpoint_every == 0:
+                ctx.save_checkpoint(step, lambda d, s=step: (d / "s.json").write_text(json.dumps(s)))
+        return AttemptResult(AttemptOutcome.COMPLETED, trial.steps)
+
+
+def plain_trainable(config: dict[str, Any]) -> None:
+    """The same work as TrivialBackend, as a plain Ray Tune function trainable."""
+    from ray import tune
+
+    step_s = float(os.environ["BENCH_STEP_S"])
+    for step in range(1, config["steps"] + 1):
+        time.sleep(step_s)
+        tune.report({"critic/score/mean": step / config["steps"], "eval/reward": 0.5,
+                     "actor/grad_norm": 1.0, "rollout_corr/k3_kl": 1e-4})
+
+
+def _grid_file(path: Path, name: str, *, trials: int, steps: int, pools: list[str],
+               max_parallel: int, checkpoint_every: int = 1_000_000) -> Path:
+    seeds = list(range(trials // len(pools)))
+    path.write_text(f"name: {name}\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: {steps}\n"
+                    f"seeds: {seeds}\naxes:\n  pool: {pools}\ncollapse: {{rules: none}}\n"
+                    f"checkpoint: {{every: {checkpoint_every}, keep: 2}}\n"
+                    f"budget: {{max_parallel: {max_parallel}, max_trials: 100000}}\n")
+    return path
+
+
+def _register() -> None:
+    from orchestrator import backends
+
+    backends._REGISTRY["sim"] = ("orchestration_overhead", "TrivialBackend")
+
+
+def overhead(args: argparse.Namespace, work: Path) -> dict[str, float]:
+    import ray
+    from ray import tune
+
+    from orchestrator import scheduler
+
+    slots = args.parallel
+    ray.init(num_cpus=slots, resources={"pool:sim-h100": slots}, include_dashboard=False,
+             log_to_driver=False, configure_logging=False)
+    try:
+        t0 = time.perf_counter()
+        tuner = tune.Tuner(
+            tune.with_resources(plain_trainable, {"CPU": 1, "pool:sim-h100": 1}),
+            param_space={"steps": args.steps, "i": tune.grid_search(list(range(args.trials)))},
+            tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=slots),
+            run_config=tune.RunConfig(name="plain", storage_path=str(work / "plain"), verbose=0),
+        )
+        results = tuner.fit()
+        plain = time.perf_counter() - t0
+        assert len(results) == args.trials and not results.errors
+
+        grid = _grid_file(work / "bench.yaml", "bench", trials=args.trials, steps=args.steps,
+                          pools=["sim-h100"], max_parallel=slots)
+        t0 = time.perf_counter()
+        summary = scheduler.submit(str(grid), workdir=str(work / "wd"), progress=False)
+        ours = time.perf_counter() - t0
+        assert summary["states"] == {"done": args.trials}, summary["states"]
+    finally:
+        ray.shutdown()
+    ideal = args.trials * args.steps * args.step_s / slots
+    return {"plain_tune_s": plain, "ablate_s": ours, "ratio": ours / plain, "ideal_s": ideal,
+            "overhead_per_trial_s": (ours - plain) * slots / args.trials}
+
+
+def utilisation(args: argparse.Namespace, work: Path) -> dict[str, Any]:
+    from ray.cluster_utils import Cluster
+
+    from orchestrator import records, scheduler
+    from orchestrator.trial import TrialPaths
+
+    pools = ["sim-h100", "sim-a100"]
+    cap = 2
+    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    for p in pools:
+        c.add_node(num_cpus=cap, resources={f"pool:{p}": cap})
+    c.wait_for_nodes()
+    try:
+        grid = _grid_file(work / "util.yaml", "util", trials=args.util_trials, steps=args.util_steps,
+                          pools=pools, max_parallel=cap * len(pools))
+        summary = scheduler.submit(str(grid), address=c.address, workdir=str(work / "wd"),
+                                   progress=False)
+    finally:
+        c.shutdown()
+    grid_dir = Path(summary["grid_dir"])
+    per_pool: dict[str, list[tuple[float, float]]] = {p: [] for p in pools}
+    for spec in (grid_dir / "trials").glob("*/spec.json"):
+        paths = TrialPaths(grid_dir, spec.parent.name)
+        for a in records.load_attempts(paths):
+            per_pool[a.pool].append((a.started_at, a.ended_at))
+    out: dict[str, Any] = {}
+    for pool, ivs in per_pool.items():
+        lo, hi = min(a for a, _ in ivs), max(a for a, _ in ivs)
+        busy = sum(max(0.0, min(b, hi) - max(a, lo)) for a, b in ivs)
+        out[pool] = {"busy_fraction": busy / (cap * (hi - lo)), "window_s": hi - lo,
+                     "trials": len(ivs)}
+    out["overall"] = sum(v["busy_fraction"] * v["window_s"] for v in out.values() if isinstance(v, dict)) \
+        / sum(v["window_s"] for v in out.values() if isinstance(v, dict))
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    ap.add_argument("--trials", type=int, default=100)
+    ap.add_argument("--steps", type=int, default=20)
+    ap.add_argument("--step-s", type=float, default=0.05)
+    ap.add_argument("--parallel", type=int, default=4)
+    ap.add_argument("--util-trials", type=int, default=24)
+    ap.add_argument("--util-steps", type=int, default=40)
+    ap.add_argument("--skip-util", action="store_true")
+    args = ap.parse_args()
+    os.environ["BENCH_STEP_S"] = str(args.step_s)
+    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(HERE), os.environ.get("PYTHONPATH")]))
+    os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
+    os.environ.setdefault("RAY_TMPDIR", tempfile.mkdtemp(prefix="rb", dir="/tmp"))
+    _register()
+    work = Path(tempfile.mkdtemp(prefix="ablate-bench-"))
+    try:
+        o = overhead(args, work)
+        print(f"overhead: {args.trials} trials x {args.steps} steps x {args.step_s:g} s, "
+              f"{args.parallel} slots (ideal {o['ideal_s']:.1f} s)")
+        print(f"  plain Ray Tune   {o['plain_tune_s']:7.1f} s")
+        print(f"  ablate submit    {o['ablate_s']:7.1f} s")
+        print(f"  ratio            {o['ratio']:7.3f}   (goal <= 1.15)")
+        print(f"  overhead/trial   {o['overhead_per_trial_s']:7.3f} s of slot time")
+        if not args.skip_util:
+            u = utilisation(args, work)
+            print(f"utilisation: {args.util_trials} trials x {args.util_steps} steps x "
+                  f"{args.step_s:g} s on 2 pools x capacity 2 (multi-raylet local cluster)")
+            for pool in ("sim-h100", "sim-a100"):
+                v = u[pool]
+                print(f"  {pool}: {100 * v['busy_fraction']:5.1f}% busy over {v['window_s']:.1f} s "
+                      f"({v['trials']} trials)")
+            print(f"  overall  {100 * u['overall']:5.1f}%   (goal >= 90%)")
+    finally:
+        shutil.rmtree(work, ignore_errors=True)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,143 @@
+"""SimBackend: exact on-policy mode, reproducibility, checkpoint/resume, stop, failures, refusals."""
+from __future__ import annotations
+
+import math
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from orchestrator import metrics as M
+from orchestrator.backends.base import AttemptOutcome
+from orchestrator.backends.sim import SimBackend
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import UserError
+from orchestrator.sim import trainer as trainer_mod
+
+MISMATCH = (M.K1_KL, M.K3_KL, M.CHI2_TOKEN, M.TV, M.LOG_PPL_DIFF, M.PROB_DIFF_MEAN)
+
+
+@pytest.mark.parametrize("arch", ["dense", "moe"])
+def test_deterministic_rollout_has_exactly_zero_mismatch(sim, tmp_path, arch) -> None:
+    # On the highest-mismatch pool: deterministic must override all of its arithmetic.
+    res, ctx = sim.run(tmp_path, sim.pool("sim-a100"), 4,
+                   {"rollout.deterministic": True, "model.arch": arch})
+    assert res.outcome is AttemptOutcome.COMPLETED
+    for m in ctx.metrics.values():
+        assert all(m[k] == 0.0 for k in MISMATCH), {k: m[k] for k in MISMATCH}
+        assert all(v == 0.0 for k, v in m.items() if k.startswith("mismatch/k3_kl/"))
+    # ... and the same pool without it does mismatch.
+    _, ctx = sim.run(tmp_path / "b", sim.pool("sim-a100"), 2, {"model.arch": arch})
+    assert ctx.metrics[2][M.K3_KL] > 0
+
+
+def test_seeded_runs_reproduce_and_seeds_differ(sim, tmp_path) -> None:
+    over = {"correction.is_level": "token", "correction.rs": "geometric"}
+    _, a = sim.run(tmp_path / "a", sim.pool("sim-h100"), 5, over)
+    _, b = sim.run(tmp_path / "b", sim.pool("sim-h100"), 5, over)
+    _, c = sim.run(tmp_path / "c", sim.pool("sim-h100"), 5, over, seed=1)
+    assert sim.no_timing(a.metrics) == sim.no_timing(b.metrics)
+    assert sim.no_timing(a.metrics)[5] != sim.no_timing(c.metrics)[5]
+
+
+@pytest.mark.parametrize("arch,extra", [
+    ("dense", {"rollout.weight_lag": 2, "correction.is_level": "sequence",
+               "correction.batch_norm": True, "train.kl_coef": 0.01}),
+    ("moe", {"correction.routing_replay": "R3", "correction.is_level": "token",
+             "correction.is_mode": "mask"}),
+])
+def test_resume_is_bit_for_bit(sim, tmp_path, arch, extra) -> None:
+    over = {"model.arch": arch, **extra}
+    full, ref = sim.run(tmp_path / "full", sim.pool("sim-l20"), 9, over, every=3)
+    assert full.outcome is AttemptOutcome.COMPLETED and ref.checkpoints() == [3, 6, 9]
+    # Interrupted run: stop after step 7 (checkpoint at 6), then resume from 6.
+    part, first = sim.run(tmp_path / "part", sim.pool("sim-l20"), 9, over, every=3, stop_at=7)
+    assert part.outcome is AttemptOutcome.STOPPED and part.last_step == 7
+    res, second = sim.run(tmp_path / "part", sim.pool("sim-l20"), 9, over, every=3, resume=6)
+    assert res.outcome is AttemptOutcome.COMPLETED and sorted(second.metrics) == [7, 8, 9]
+    want, got = sim.no_timing(ref.metrics), sim.no_timing(second.metrics)
+    for step in (7, 8, 9):
+        assert got[step] == want[step], step  # exact float equality, every metric
+    assert M.EVAL_REWARD in got[9]
+
+
+def test_nan_ends_with_numeric_failure_and_keeps_last_checkpoint(sim, tmp_path, monkeypatch) -> None:
+    real = trainer_mod.policy_loss
+
+    def poisoned(*args, **kwargs):
+        loss, m = real(*args, **kwargs)
+        return loss * float("nan") if trainer_mod_step[0] >= 5 else loss, m
+
+    trainer_mod_step = [0]
+    real_step = trainer_mod.GRPOTrainer.step
+
+    def counting_step(self, step):
+        trainer_mod_step[0] = step
+        return real_step(self, step)
+
+    monkeypatch.setattr(trainer_mod, "policy_loss", poisoned)
+    monkeypatch.setattr(trainer_mod.GRPOTrainer, "step", counting_step)
+    res, ctx = sim.run(tmp_path, sim.pool("sim-h100"), 8, every=2)
+    assert res.outcome is AttemptOutcome.NUMERIC_FAILURE
+    assert res.last_step == 4 and "non-finite loss at step 5" in res.reason
+    assert ctx.checkpoints() == [2, 4] and sorted(ctx.metrics) == [1, 2, 3, 4]
+    state = torch.load(ctx.checkpoint_path(4) / trainer_mod.CKPT_FILE, weights_only=True)
+    assert state["step"] == 4
+    assert all(torch.isfinite(v).all() for v in state["params"].values())
+
+
+def test_stop_request_is_honoured(sim, tmp_path) -> None:
+    res, ctx = sim.run(tmp_path, sim.pool("sim-h100"), 10, stop_at=3)
+    assert res.outcome is AttemptOutcome.STOPPED and res.last_step == 3
+    assert "stop requested" in res.reason and sorted(ctx.metrics) == [1, 2, 3]
+
+
+def test_every_step_reports_the_shared_metric_names(sim, tmp_path) -> None:
+    _, ctx = sim.run(tmp_path, sim.pool("sim-a100"), 3, {"correction.is_level": "token",
+                                               "correction.rs": "token", "correction.veto": 1e-4})
+    m = ctx.metrics[3]
+    for name in (M.TRAIN_REWARD, M.EVAL_REWARD, M.RESPONSE_LENGTH, M.GRAD_NORM, M.ENTROPY,
+                 M.PG_CLIPFRAC, M.K1_KL, M.K3_KL, M.LOG_PPL_DIFF, M.CHI2_TOKEN, M.CHI2_SEQ,
+                 M.TV, M.TRAINING_PPL, M.IS_MEAN, M.IS_STD, M.IS_MIN, M.IS_MAX, M.IS_ESS,
+                 M.RS_MASKED_FRACTION, M.VETO_FRACTION, M.TIME_PER_STEP):
+        assert name in m and math.isfinite(m[name]), name
+    fractions = sum(m[M.bucket_count_name(lo, hi)] for lo, hi in M.PROB_BUCKETS)
+    assert fractions == pytest.approx(1.0)
+
+
+# --------------------------------------------------------------------------- bad input
+@pytest.mark.parametrize("overrides,profile,needle", [
+    ({}, {"dtype": "fp4"}, "sim_profile.dtype"),
+    ({}, {"dtpye": "bf16"}, "did you mean 'dtype'"),
+    ({"train.lrr": 1e-3}, {}, "train.lrr is not a simulator setting"),
+    ({"correction.routing_replay": "R3"}, {}, "model.arch is dense"),
+    ({"model.n_heads": 5}, {}, "model.n_heads"),
+    ({"correction.is_level": "tokn"}, {}, "correction.is_level"),
+    ({"rollout.dtype": "int4"}, {}, "rollout.dtype"),
+])
+def test_bad_input_fails_before_any_work(sim, tmp_path, monkeypatch, overrides, profile, needle) -> None:
+    def boom(*a, **k):
+        raise AssertionError("training started despite bad input")
+
+    monkeypatch.setattr(trainer_mod.GRPOTrainer, "__init__", boom)
+    with pytest.raises(UserError, match=needle.replace("(", r"\(")):
+        sim.run(tmp_path, sim.pool("sim-h100", **profile), 3, overrides)
+
+
+def test_plan_time_check_refusals_and_no_torch_import(sim) -> None:
+    h100 = sim.pool("sim-h100")
+    assert SimBackend.check(CorrectionSpec(), RolloutSpec(), h100) is None
+    assert "enforce_eager" in SimBackend.check(CorrectionSpec(), RolloutSpec(enforce_eager=True), h100)
+    assert "deterministic" in SimBackend.check(
+        CorrectionSpec(), RolloutSpec(deterministic=True, dtype="bf16"), h100)
+    assert "sim-* pools" in SimBackend.check(CorrectionSpec(), RolloutSpec(), sim.pool("h100"))
+    assert "sim_profile" in SimBackend.check(CorrectionSpec(), RolloutSpec(), sim.pool("sim-h100", kv_cache="fp4"))
+    code = ("import sys; from orchestrator.backends.sim import SimBackend; "
+            "from orchestrator.pools import load_catalog; "
+            "from orchestrator.corrections import CorrectionSpec; from orchestrator.engine import RolloutSpec; "
+            "SimBackend.check(CorrectionSpec(), RolloutSpec(), load_catalog().get('sim-a100')); "
+            "print('torch' in sys.modules)")
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert out.stdout.strip() == "False"

@@ -1,0 +1,181 @@
+"""``ablate compare`` on a store populated in the test with real MLflow runs (SQLite)."""
+from __future__ import annotations
+
+import math
+from pathlib import Path
+
+import pandas as pd
+import pytest
+import verdict_streams as V
+
+from orchestrator import metrics as M
+from orchestrator.compare import compare, pick_axes
+from orchestrator.compare_stats import mean_ci
+from orchestrator.exceptions import UserError
+from orchestrator.grid import derive_trial, expand, load_grid
+from orchestrator.tracking import GridRun, TrialRun, client
+from orchestrator.trial import Attempt
+from orchestrator.verdict import VerdictEngine
+
+GRID = """
+name: cmp-test
+recipe: sim/grpo_tiny
+backend: sim
+steps: 120
+seeds: [0, 1, 2]
+axes:
+  correction.is_level: [none, sequence]
+  pool: [sim-h100, sim-a100]
+"""
+
+
+def stream_for(trial, steps: int = 120) -> V.Stream:  # noqa: ANN001
+    """Collapse depends on the pool only; reward level on the correction (for importance)."""
+    ax = trial.axis_values
+    seed = trial.seed + 10 * len(ax["correction.is_level"])
+    rows = (V.explosion(n=steps, seed=seed, onset=80 + trial.seed, eval_every=10)
+            if trial.pool == "sim-a100" else V.healthy(n=steps, seed=seed, eval_every=10))
+    if ax["correction.is_level"] == "sequence":
+        for _, r in rows:
+            for k in (M.EVAL_REWARD, M.TRAIN_REWARD):
+                if k in r:
+                    r[k] += 0.1
+    for s, r in rows:  # mismatch by token probability: worst for rare tokens, worse on a100
+        scale = 10.0 if trial.pool == "sim-a100" else 1.0
+        for i, (lo, hi) in enumerate(M.PROB_BUCKETS):
+            r[M.bucket_name(lo, hi)] = scale * 1e-2 / (10 ** i) ** 0.5
+    return rows
+
+
+def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *,  # noqa: ANN001
+          attempts: list[Attempt] | None = None, verdict: bool = True) -> TrialRun:
+    tr = TrialRun(uri, parent.experiment_id, parent.run_id, trial, grid.pools.get(trial.pool),
+                  run_id=None, buffer_dir=buf / trial.trial_id)
+    engine = VerdictEngine(grid.spec.collapse, grid.spec.early_stop_spec, trial.steps)
+    last, stop = 0, None
+    for step, row in stream:
+        last, stop = step, engine.observe(step, row)
+        if stop:
+            break
+    tr.log([r for r in stream if r[0] <= last])
+    tr.log_attempts(attempts or [Attempt(1, trial.pool, 1, last, "stopped" if stop else "completed")])
+    if verdict:
+        tr.set_verdict(engine.verdict(last, "stopped" if stop else "completed", stop))
+    assert tr.end("FINISHED")
+    return tr
+
+
+@pytest.fixture(scope="module")
+def populated(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+    """One store for the module (populating it is the slow part); cwd and env like ``isolated``."""
+    isolated = tmp_path_factory.mktemp("cmp")
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(isolated)
+        mp.setenv("ABLATE_WORKDIR", str(isolated / ".ablate"))
+        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parent.parent / "recipes"))
+        mp.setenv("COLUMNS", "200")
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield _populate(isolated)
+
+
+def _populate(isolated: Path):  # noqa: ANN202
+    gfile = isolated / "cmp.yaml"
+    gfile.write_text(GRID)
+    grid = load_grid(gfile)
+    trials = expand(grid)
+    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
+    (isolated / ".ablate").mkdir()
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=isolated / ".ablate")
+    runs = {}
+    for t in trials:
+        if t.pool == "sim-h100" and t.axis_values["correction.is_level"] == "none" and t.seed == 2:
+            continue  # tracked below as a resumed trial
+        runs[t.trial_id] = track(uri, parent, grid, t, isolated / "buf", stream_for(t))
+    # A trial that ran 60 steps on a100, then resumed on h100 (one run, two attempts).
+    moved = next(t for t in trials if t.pool == "sim-h100" and t.seed == 2
+                 and t.axis_values["correction.is_level"] == "none")
+    runs[moved.trial_id] = track(uri, parent, grid, moved, isolated / "buf", stream_for(moved),
+                                 attempts=[Attempt(1, "sim-a100", 1, 60, "infra_failure"),
+                                           Attempt(2, "sim-h100", 61, 120, "completed", resumed_from_step=60)])
+    # A derived trial (`ablate resume --set correction.is_mode=mask`) of a collapsed one.
+    base = next(t for t in trials if t.pool == "sim-a100" and t.seed == 0
+                and t.axis_values["correction.is_level"] == "sequence")
+    derived = derive_trial(grid, base, {"correction.is_mode": "mask"}, from_step=70)
+    runs[derived.trial_id] = track(uri, parent, grid, derived, isolated / "buf",
+                                   V.healthy(n=120, seed=99), verdict=False)
+    parent.end()
+    return grid, gfile, uri, runs, parent, derived, moved
+
+
+def test_compare_tables_plots_importance_and_artifacts(populated) -> None:  # noqa: ANN001
+    grid, gfile, uri, runs, parent, derived, moved = populated
+    isolated = gfile.parent
+    out = compare(gfile, workdir=str(isolated / ".ablate"))
+    assert out == Path("results") / "cmp-test" and (isolated / out / "summary.md").exists()
+    cells = pd.read_csv(out / "cells.csv")
+    regular = cells[cells["variant"].isna()]
+    assert len(regular) == 4 and set(regular["n"]) == {3}
+    a100 = regular[regular["pool"] == "sim-a100"]
+    h100 = regular[regular["pool"] == "sim-h100"]
+    assert list(a100["collapse_rate"]) == [1.0, 1.0] and list(a100["median_collapse_step"]) == [81.0, 81.0]
+    assert list(h100["collapse_rate"]) == [0.0, 0.0] and h100["median_collapse_step"].isna().all()
+    assert (a100["max_k3_kl"].to_numpy() > 5 * h100["max_k3_kl"].to_numpy()).all()
+    # Seeds aggregated: the cell's mean and CI are those of its trials' final eval rewards.
+    trials = pd.read_csv(out / "trials.csv")
+    cell = regular[(regular["pool"] == "sim-h100") & (regular["correction.is_level"] == "sequence")].iloc[0]
+    finals = trials[(trials["pool"] == "sim-h100") & (trials["correction.is_level"] == "sequence")
+                    & trials["derived_from"].isna()]["final_reward"].tolist()
+    m, ci, n = mean_ci(finals)
+    assert n == 3 and math.isclose(cell["final_reward"], m) and math.isclose(cell["final_reward_ci"], ci)
+    assert 0 < ci < 0.5
+    # The derived trial is its own row, judged from its curves since it has no verdict tag.
+    drow = cells[cells["variant"].notna()]
+    assert len(drow) == 1 and derived.derived_from[0] in drow.iloc[0]["variant"]
+    dtrial = trials[trials["trial_id"] == derived.trial_id].iloc[0]
+    assert dtrial["verdict"] == "healthy" and "judged by compare" in dtrial["verdict_reason"]
+    assert dtrial["correction.is_mode"] == "mask"
+    # Lineage: the resumed trial keeps both attempts and one continuous curve.
+    mrow = trials[trials["trial_id"] == moved.trial_id].iloc[0]
+    assert mrow["attempts"] == "1:sim-a100:1-60;2:sim-h100:61-120" and mrow["last_step"] == 120
+    # Importance: collapse is driven by the pool, the reward level by the correction.
+    imp = pd.read_csv(out / "importance.csv")
+    col = imp[imp["target"] == "collapse_rate"].set_index("axis")["fanova_importance"]
+    rew = imp[imp["target"] == "final_reward"].set_index("axis")["main_effect"]
+    assert col["pool"] > col["correction.is_level"] and col["pool"] > 0.5
+    assert rew["correction.is_level"] > 0.05
+    # Files: markdown pivot, self-contained HTML, PNG plots.
+    md = (out / "summary.md").read_text()
+    assert "| correction.is_level |" in md and "pool=sim-a100" in md and "collapse 3/3 @ 81" in md
+    page = (out / "summary.html").read_text()
+    assert "data:image/png;base64," in page and "src='http" not in page and "href=" not in page
+    for name in ("curves_reward", "curves_k3_kl", "curves_grad_norm", "mismatch_by_prob", "verdict_map",
+                 "importance"):
+        data = (out / f"{name}.png").read_bytes()
+        assert data[:8] == b"\x89PNG\r\n\x1a\n" and len(data) > 10_000, name
+    # Same files as artifacts of the grid's parent run.
+    arts = {a.path for a in client(uri).list_artifacts(parent.run_id, "results")}
+    assert {"results/summary.md", "results/summary.html", "results/cells.csv", "results/verdict_map.png"} <= arts
+
+
+def test_compare_pivots_by_any_two_axes(populated, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+    _, gfile, *_ = populated
+    isolated = gfile.parent
+    out = compare(gfile, rows="pool", cols="correction.is_level", out_dir=isolated / "other",
+                  workdir=str(isolated / ".ablate"))
+    cells = pd.read_csv(out / "cells.csv")
+    assert list(cells.columns[:2]) == ["pool", "variant"] and "correction.is_level" in cells.columns
+    printed = capsys.readouterr().out
+    assert "correction.is_level=none" in printed and "sim-a100" in printed
+
+
+def test_compare_user_errors(populated) -> None:  # noqa: ANN001
+    _, gfile, *_ = populated
+    isolated = gfile.parent
+    with pytest.raises(UserError, match="did you mean 'pool'"):
+        compare(gfile, rows="pol", workdir=str(isolated / ".ablate"))
+    with pytest.raises(UserError, match="two different axes"):
+        pick_axes(["pool", "x"], "pool", "pool")
+    other = isolated / "empty"
+    other.mkdir()
+    with pytest.raises(UserError, match="no MLflow experiment"):
+        compare(gfile, workdir=str(other))
