@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import tempfile
 import time
 from pathlib import Path
@@ -74,7 +75,12 @@ def main() -> None:
            "per_value_s": round(per_value, 2), "per_value_steps_timed": per_steps,
            "per_value_extrapolated": per_steps < args.steps, "ratio": round(ratio, 1),
            "goal_ratio_20x": ratio >= 20, "goal_batched_under_2s": batched < 2.0}
-    print(f"{n_values} values ({args.steps} steps x {args.metrics} metrics) on SQLite")
+    load = os.getloadavg()[0]
+    out["load_average_1min"] = round(load, 2)
+    out["cpus"] = os.cpu_count()
+    # Wall-clock figures: on a shared machine they scale with the load (printed alongside).
+    print(f"{n_values} values ({args.steps} steps x {args.metrics} metrics) on SQLite; "
+          f"load average {load:.1f} on {os.cpu_count()} CPUs")
     print(f"  batched TrialRun.log : {batched:7.2f} s  ({n_values / batched:,.0f} values/s)")
     note = f" (timed {per_steps} steps, scaled)" if per_steps < args.steps else ""
     print(f"  one call per value   : {per_value:7.2f} s{note}")

@@ -196,8 +196,8 @@ def render_markdown(report: dict[str, Any]) -> str:
     header, body = _table(report, format_cell)
     lines = [f"# Grid `{report['grid']}`: comparison", "",
              f"{len(res)} trials from `{report['store']}`; verdicts: {_verdict_counts(res)}.",
-             f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
-             "collapsed/judged trials @ median collapse step, max k3 KL.", "",
+             (f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
+              "collapsed/judged trials @ median collapse step, max k3 KL."), "",
              "| " + " | ".join(_esc_md(h) for h in header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
@@ -235,9 +235,9 @@ def render_html(report: dict[str, Any]) -> str:
     n_rows = len(report["rows"])
     parts = [f"<!doctype html><html><head><meta charset='utf-8'><title>{esc(report['grid'])}</title>",
              f"<style>{CSS}</style></head><body><h1>Grid {esc(report['grid'])}</h1>",
-             f"<p>{len(report['results'])} trials from <code>{esc(report['store'])}</code>; verdicts: "
-             f"{esc(_verdict_counts(report['results']))}. Cells: final / peak {esc(report['reward_metric'])} "
-             "(mean ± 95% CI over seeds), collapsed/judged @ median step, max k3 KL.</p>",
+             (f"<p>{len(report['results'])} trials from <code>{esc(report['store'])}</code>; verdicts: "
+              f"{esc(_verdict_counts(report['results']))}. Cells: final / peak {esc(report['reward_metric'])} "
+              "(mean ± 95% CI over seeds), collapsed/judged @ median step, max k3 KL.</p>"),
              "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
     for row in body:
         tds = [f"<td>{esc(x)}</td>" for x in row[:n_rows]]
@@ -301,5 +301,9 @@ def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
             log.warning("no grid run in experiment %s: results not logged to MLflow", experiment_id)
             return
         mlc.log_artifacts(runs[0].info.run_id, str(out), "results")
+        # The run's description in the MLflow UI: the comparison at a glance next to the runs.
+        note = (out / "summary.md").read_text()
+        cut = note.find("\n## Trials")
+        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", (note[:cut] if cut > 0 else note)[:7000])
     except Exception as exc:  # noqa: BLE001 - the files on disk are the product; MLflow is a copy
         log.warning("could not log results to MLflow: %s", exc)

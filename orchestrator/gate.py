@@ -22,7 +22,7 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from orchestrator import records
-from orchestrator.trial import TrialPaths, TrialSpec, TrialState
+from orchestrator.trial import TrialPaths, TrialSpec
 
 log = logging.getLogger(__name__)
 AXIS_PREFIX = "axis:"
@@ -114,7 +114,7 @@ class PoolGate(Searcher):
 
     def reasons(self) -> dict[str, str]:
         """Why each queued trial waits (written to queue.json for ``ablate status``)."""
-        out = {}
+        out = {tid: f"starting on pool {pool}" for tid, pool in self.running.values()}
         for t in self.queue + ([self._held] if self._held else []):
             if len(self.running) >= self.max_parallel:
                 out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
@@ -223,7 +223,3 @@ class PoolGate(Searcher):
     def restore(self, checkpoint_path: str) -> None:
         log.info("PoolGate.restore(%s): state is rebuilt from trial records instead", checkpoint_path)
 
-
-def queued_state(grid_dir: Path, trial: TrialSpec) -> bool:
-    rec = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
-    return rec.state in (TrialState.PENDING, TrialState.RUNNING)

@@ -145,11 +145,14 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
     rows = sorted(view.trials, key=lambda t: (order.get(t.state, 9), t.pool, t.trial_id))
     table = Table()
     for col in ("trial", "pool", "state", "step", "reward", "k3 KL", "att", "verdict / note"):
-        table.add_column(col, overflow="fold" if col == "verdict / note" else "ellipsis")
+        if col == "verdict / note":
+            table.add_column(col, overflow="fold", ratio=1, min_width=28)
+        else:
+            table.add_column(col, no_wrap=True)
     for t in rows[:max_rows]:
         table.add_row(t.trial_id, t.pool, t.state, f"{t.step}/{t.steps}", _fmt(t.reward, ".3f"),
                       _fmt(t.k3_kl, ".2e"), str(t.attempts),
-                      " ".join(x for x in (t.verdict or "", t.note[:120]) if x))
+                      t.note[:100] or t.verdict or "")
     parts: list[Any] = [pools, table]
     if len(rows) > max_rows:
         parts.append(f"... {len(rows) - max_rows} more trials (ablate status --json lists all)")

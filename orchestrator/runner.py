@@ -370,8 +370,11 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
         return mark_cancelled(Path(job.grid_dir), job.trial.trial_id)
     attempt = _Attempt(job)
     try:
+        t0 = time.perf_counter()
         attempt.prepare()
+        t1 = time.perf_counter()
         result = _backend(job).run(job.trial, job.config, _Context(attempt))
+        attempt.timing = {"prepare_s": t1 - t0, "run_s": time.perf_counter() - t1}
     except (UserError, CheckpointError) as exc:
         if not hasattr(attempt, "attempt"):
             raise  # refused before anything was recorded (e.g. an explicit bad resume step)
@@ -381,7 +384,12 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
         if hasattr(attempt, "attempt"):
             attempt.fail(exc, retriable=True)
         raise
-    return attempt.finish(result)
+    t2 = time.perf_counter()
+    out = attempt.finish(result)
+    # Orchestration cost of this attempt, outside the backend's own work (kept in result.json).
+    out["timing"] = {**attempt.timing, "finish_s": time.perf_counter() - t2}
+    atomic_write_json(paths.result, out)
+    return out
 
 
 def stored_result(paths: TrialPaths, record: records.TrialRecord) -> dict[str, Any]:

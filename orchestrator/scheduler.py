@@ -171,8 +171,10 @@ def _connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | 
     return True, True
 
 
-def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], int]:
-    """Write spec/state for new trials; reset trials left RUNNING by a dead orchestrator."""
+def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
+                     tracking_uri: str) -> tuple[list[TrialSpec], int]:
+    """Write spec/state for new trials; reset trials left RUNNING by a dead orchestrator;
+    send what finished trials still owe MLflow (their outbox, if the store was down)."""
     todo, finished = [], 0
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
@@ -180,6 +182,7 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[Tria
         rec = records.load_state(paths, t.trial_id)
         if rec.state.is_finished():
             finished += 1
+            _drain_outbox(paths, tracking_uri)
             continue
         if rec.state is TrialState.RUNNING or not paths.state.exists() or rec.pending_reason:
             rec.state, rec.pending_reason = TrialState.PENDING, None
@@ -189,22 +192,49 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[Tria
     return todo, finished
 
 
+_LIVE_VIEWS: dict[int, _Live] = {}
+
+
+def _live_callback(key: int) -> Any:
+    """A Tune callback that ticks the live view ``key``. Tune pickles its callbacks with the
+    experiment, so the callback holds only the key, never the rich Live object (it has locks)."""
+    from ray.tune import Callback
+
+    class LiveCallback(Callback):
+        def __init__(self, key: int) -> None:
+            self.key = key
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            from orchestrator import scheduler  # by reference: never pickle the views
+
+            view = scheduler._LIVE_VIEWS.get(self.key)
+            if view is not None:
+                view.tick()
+
+    return LiveCallback(key)
+
+
+def _drain_outbox(paths: TrialPaths, tracking_uri: str) -> None:
+    buffer_dir = paths.root / "mlflow-buffer"
+    if not buffer_dir.is_dir():
+        return
+    from orchestrator.tracking_buffer import Outbox
+
+    if not Outbox(buffer_dir).empty():
+        from orchestrator.tracking import drain
+
+        drain(buffer_dir, tracking_uri, timeout=10)
+
+
 class _Live:
-    """Tune callback: refreshes queue.json and the rich live table about once a second."""
+    """Refreshes queue.json and the rich live table about once a second (from Tune's loop)."""
 
     def __init__(self, grid_dir: Path, grid_name: str, gate: Any, show: bool) -> None:
-        from ray.tune import Callback
-
-        outer = self
-
-        class _CB(Callback):
-            def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-                outer.tick()
-
-        self.callback = _CB()
         self.grid_dir, self.grid_name, self.gate = grid_dir, grid_name, gate
         self._last = 0.0
         self.live: Any = None
+        _LIVE_VIEWS[id(self)] = self
+        self.callback = _live_callback(id(self))
         if show:
             from rich.live import Live
 
@@ -228,6 +258,7 @@ class _Live:
 
     def stop(self) -> None:
         self.tick(force=True)
+        _LIVE_VIEWS.pop(id(self), None)
         if self.live is not None:
             self.live.stop()
 
@@ -282,7 +313,8 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     prior: list[tuple[dict[str, Any], float | None]] = []
     if search is not None:
         trials, prior = _search_records(grid_dir)
-    todo, already = _prepare_records(grid_dir, trials)
+    records.clear_cancel_requests(grid_dir, ["*"])  # a new submission means: run it
+    todo, already = _prepare_records(grid_dir, trials, tracking_uri)
     already += len(prior)  # search points finished by earlier submissions
     pool_specs = {p: grid.pools.get(p) for p in {t.pool for t in todo} | set(grid.spec.budget.per_pool)}
     if search is not None:

@@ -19,7 +19,6 @@ import importlib.metadata
 import logging
 import os
 import re
-import signal
 import subprocess
 import sys
 import threading
@@ -181,6 +180,7 @@ class GridRun:
                 params = {"recipe": grid.spec.recipe, "backend": grid.backend, "steps": grid.spec.steps,
                           "seeds": ",".join(map(str, grid.spec.seeds))}
                 mlc.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
+                save_trials_view(mlc, exp_id, [a.name for a in grid.axes])
                 return cls(tracking_uri, exp_id, run.info.run_id)
         except Exception as exc:
             if _permanent(exc):
@@ -195,7 +195,7 @@ class GridRun:
         with fail_fast(self.tracking_uri):
             try:
                 client(self.tracking_uri).set_terminated(self.run_id, status)
-            except Exception as exc:  # the trials' state is on disk; the parent status is cosmetic
+            except Exception as exc:  # noqa: BLE001 - trial state is on disk; the parent status is cosmetic
                 log.warning("could not end grid run %s: %s", self.run_id, exc)
 
 
@@ -267,15 +267,10 @@ class TrialRun:
         def create() -> None:
             mlc = client(self.tracking_uri)
             if self.outbox.run_id is None:
-                from mlflow.entities import Param
-
                 run = mlc.create_run(self.experiment_id, run_name=trial_run_name(self.trial),
                                      tags=trial_tags(self.trial, self.pool, self.parent_run_id))
                 self.outbox.run_id = run.info.run_id
                 self.outbox.save_state()
-                items = [Param(k, v) for k, v in trial_params(self.trial).items()]
-                for chunk in _chunks(items, MAX_PARAMS_TAGS):
-                    mlc.log_batch(run.info.run_id, params=list(chunk))
             else:
                 run = mlc.get_run(self.outbox.run_id)
                 if self.outbox.through_step == 0 and not self.outbox.rows:
@@ -285,6 +280,15 @@ class TrialRun:
                     self.outbox.save_state()
                 if run.info.status != "RUNNING" and self.outbox.end_status is None:
                     mlc.update_run(self.outbox.run_id, status="RUNNING")
+            if not self.outbox.params_logged:
+                # Also after an outage between create_run and here (logging equal params is allowed).
+                from mlflow.entities import Param
+
+                items = [Param(k, v) for k, v in trial_params(self.trial).items()]
+                for chunk in _chunks(items, MAX_PARAMS_TAGS):
+                    mlc.log_batch(self.outbox.run_id, params=list(chunk))
+                self.outbox.params_logged = True
+                self.outbox.save_state()
             self._connected = True
 
         self._connected = False
@@ -429,57 +433,20 @@ def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:
 def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
        workdir: str | None = None) -> int:
     """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL."""
-    uri = workspace.tracking_uri(tracking_uri, workdir)
-    name = _grid_name(grid) if grid else None
-    suffix = ""
-    if is_remote(uri):
-        if name:
-            exp = client(uri).get_experiment_by_name(name)
-            suffix = f"#/experiments/{exp.experiment_id}/runs" if exp else ""
-        print(f"MLflow server already at {uri.rstrip('/')}/{suffix}")
-        return 0
-    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
-        raise UserError(f"no MLflow store at {uri}; fix: run `ablate submit` first or pass --tracking-uri")
-    if name:
-        exp = client(uri).get_experiment_by_name(name)
-        if exp is None:
-            raise UserError(f"grid {name!r} has no MLflow experiment in {uri}; fix: submit it first")
-        suffix = f"#/experiments/{exp.experiment_id}/runs"
-    cmd = server_command(uri, port, workspace.artifact_root(workdir))
-    print(f"MLflow UI for {uri}: http://127.0.0.1:{port}/{suffix}  (Ctrl-C to stop)", flush=True)
-    proc = subprocess.Popen(cmd)
-    try:
-        return proc.wait()
-    except KeyboardInterrupt:
-        # The terminal's Ctrl-C reached the server too; SIGINT is gunicorn's quick shutdown.
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
-        return 0
+    from orchestrator import tracking_ui
+
+    return tracking_ui.ui(grid=grid, port=port, tracking_uri=tracking_uri, workdir=workdir)
+
+
+def save_trials_view(mlc: MlflowClient, experiment_id: str, axes: Sequence[str] | None = None) -> str:
+    """The grid's shared MLflow UI view (axis params and verdict as columns); see ``tracking_ui``."""
+    from orchestrator import tracking_ui
+
+    return tracking_ui.save_trials_view(mlc, experiment_id, axes)
 
 
 def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 2) -> list[str]:
-    """``mlflow server`` on loopback; gunicorn workers, since uvicorn stalls ~40 ms per reused
-    connection on this MLflow (research/ray-and-mlflow-baselines.md)."""
-    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
-            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-            "--gunicorn-opts", f"--workers={workers} --timeout=120"]
+    """``mlflow server`` on loopback as an argument list; see ``tracking_ui``."""
+    from orchestrator import tracking_ui
 
-
-def _grid_name(grid: str) -> str:
-    """A grid file's ``name:`` (read without the full validation) or the name itself."""
-    path = Path(grid)
-    if path.suffix in (".yaml", ".yml") or path.exists():
-        if not path.exists():
-            raise UserError(f"{grid}: no such grid file; fix: pass a grid file or a grid name")
-        from orchestrator.yamlsafe import load_yaml
-
-        data = load_yaml(path)
-        data = data[0] if isinstance(data, tuple) else data
-        if not isinstance(data, dict) or "name" not in data:
-            raise UserError(f"{grid}: the grid file has no `name:`; fix: add one")
-        return str(data["name"])
-    return grid
+    return tracking_ui.server_command(backend_uri, port, artifacts, workers)

@@ -33,6 +33,7 @@ class Outbox:
         self.run_id: str | None = state.get("run_id")
         self.through_step: int = int(state.get("through_step", 0))
         self.end_status: str | None = state.get("end_status")
+        self.params_logged: bool = bool(state.get("params_logged", False))
         self.rows = list(self._read_rows())
         self.last_step = max([self.through_step] + [r["step"] for r in self.rows])
 
@@ -50,7 +51,8 @@ class Outbox:
 
     def save_state(self) -> None:
         atomic_write_json(self._state_path, {"run_id": self.run_id, "through_step": self.through_step,
-                                             "end_status": self.end_status})
+                                             "end_status": self.end_status,
+                                             "params_logged": self.params_logged})
 
     # ----------------------------------------------------------------- metrics
 
@@ -83,8 +85,7 @@ class Outbox:
         if not fresh:
             return 0
         with open(self._rows_path, "a") as fh:
-            for row in fresh:
-                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+            fh.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in fresh)
             fh.flush()
             os.fsync(fh.fileno())
         self.rows.extend(fresh)
@@ -97,8 +98,7 @@ class Outbox:
         self.save_state()
         tmp = self._rows_path.with_suffix(".tmp")
         with open(tmp, "w") as fh:
-            for row in self.rows:
-                fh.write(json.dumps(row, separators=(",", ":")) + "\n")
+            fh.writelines(json.dumps(row, separators=(",", ":")) + "\n" for row in self.rows)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, self._rows_path)

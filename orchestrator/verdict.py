@@ -329,9 +329,9 @@ class VerdictEngine:
             # Certain once the rule has held for ``margin`` more observations since it fired.
             if f.active_since_fire >= margin and f.clear_streak == 0:
                 return f"early stop: {rule.spec.name} fired at step {f.onset} ({self._describe(rule)})"
-        if self.early_stop.on_warning and self.warning is not None and self.warning.step is not None:
-            if self._obs_since_warning > margin:
-                return f"early stop: mismatch early warning at step {self.warning.step} (+{margin} margin)"
+        warned = self.warning is not None and self.warning.step is not None
+        if self.early_stop.on_warning and warned and self._obs_since_warning > margin:
+            return f"early stop: mismatch early warning at step {self.warning_step} (+{margin} margin)"
         return None
 
     def _fired(self, verdict: str | None) -> list[_Rule]:

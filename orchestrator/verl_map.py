@@ -302,9 +302,7 @@ def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
             else:
                 yield key, v
 
-    for key, value in walk({k: v for k, v in config.items()
-                            if k not in ("correction", "rollout")}, ""):
-        yield key, value
+    yield from walk({k: v for k, v in config.items() if k not in ("correction", "rollout")}, "")
 
 
 def owned(key: str) -> bool:

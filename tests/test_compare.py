@@ -29,7 +29,7 @@ axes:
 """
 
 
-def stream_for(trial, steps: int = 120) -> V.Stream:  # noqa: ANN001
+def stream_for(trial, steps: int = 120) -> V.Stream:
     """Collapse depends on the pool only; reward level on the correction (for importance)."""
     ax = trial.axis_values
     seed = trial.seed + 10 * len(ax["correction.is_level"])
@@ -47,7 +47,7 @@ def stream_for(trial, steps: int = 120) -> V.Stream:  # noqa: ANN001
     return rows
 
 
-def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *,  # noqa: ANN001
+def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *,
           attempts: list[Attempt] | None = None, verdict: bool = True) -> TrialRun:
     tr = TrialRun(uri, parent.experiment_id, parent.run_id, trial, grid.pools.get(trial.pool),
                   run_id=None, buffer_dir=buf / trial.trial_id)
@@ -66,7 +66,7 @@ def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *
 
 
 @pytest.fixture(scope="module")
-def populated(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def populated(tmp_path_factory: pytest.TempPathFactory):
     """One store for the module (populating it is the slow part); cwd and env like ``isolated``."""
     isolated = tmp_path_factory.mktemp("cmp")
     with pytest.MonkeyPatch.context() as mp:
@@ -78,7 +78,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
         yield _populate(isolated)
 
 
-def _populate(isolated: Path):  # noqa: ANN202
+def _populate(isolated: Path):
     gfile = isolated / "cmp.yaml"
     gfile.write_text(GRID)
     grid = load_grid(gfile)
@@ -107,8 +107,8 @@ def _populate(isolated: Path):  # noqa: ANN202
     return grid, gfile, uri, runs, parent, derived, moved
 
 
-def test_compare_tables_plots_importance_and_artifacts(populated) -> None:  # noqa: ANN001
-    grid, gfile, uri, runs, parent, derived, moved = populated
+def test_compare_tables_plots_importance_and_artifacts(populated) -> None:
+    _, gfile, uri, _, parent, derived, moved = populated
     isolated = gfile.parent
     out = compare(gfile, workdir=str(isolated / ".ablate"))
     assert out == Path("results") / "cmp-test" and (isolated / out / "summary.md").exists()
@@ -155,9 +155,11 @@ def test_compare_tables_plots_importance_and_artifacts(populated) -> None:  # no
     # Same files as artifacts of the grid's parent run.
     arts = {a.path for a in client(uri).list_artifacts(parent.run_id, "results")}
     assert {"results/summary.md", "results/summary.html", "results/cells.csv", "results/verdict_map.png"} <= arts
+    note = client(uri).get_run(parent.run_id).data.tags["mlflow.note.content"]
+    assert note.startswith("# Grid `cmp-test`: comparison") and "collapse 3/3 @ 81" in note
 
 
-def test_compare_pivots_by_any_two_axes(populated, capsys: pytest.CaptureFixture) -> None:  # noqa: ANN001
+def test_compare_pivots_by_any_two_axes(populated, capsys: pytest.CaptureFixture) -> None:
     _, gfile, *_ = populated
     isolated = gfile.parent
     out = compare(gfile, rows="pool", cols="correction.is_level", out_dir=isolated / "other",
@@ -168,7 +170,7 @@ def test_compare_pivots_by_any_two_axes(populated, capsys: pytest.CaptureFixture
     assert "correction.is_level=none" in printed and "sim-a100" in printed
 
 
-def test_compare_user_errors(populated) -> None:  # noqa: ANN001
+def test_compare_user_errors(populated) -> None:
     _, gfile, *_ = populated
     isolated = gfile.parent
     with pytest.raises(UserError, match="did you mean 'pool'"):

@@ -20,8 +20,15 @@ from mlflow_server import MlflowServer
 from orchestrator import metrics as M
 from orchestrator.grid import expand, load_grid
 from orchestrator.schema import CollapseSpec
-from orchestrator.tracking import (THROUGH_TAG, GridRun, TrialRun, client, drain, sanitize_key,
-                                   trial_run_name)
+from orchestrator.tracking import (
+    THROUGH_TAG,
+    GridRun,
+    TrialRun,
+    client,
+    drain,
+    sanitize_key,
+    trial_run_name,
+)
 from orchestrator.trial import Attempt
 from orchestrator.verdict import judge
 
@@ -29,14 +36,14 @@ SECRET = "s3cr3t-token-value-must-not-leak"
 
 
 @pytest.fixture(scope="module")
-def quickstart(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def quickstart(tmp_path_factory: pytest.TempPathFactory):
     os.environ.setdefault("ABLATE_RECIPES", str(Path(__file__).resolve().parent.parent / "recipes"))
     grid = load_grid(Path(__file__).resolve().parent.parent / "grids" / "quickstart.yaml")
     return grid, expand(grid)
 
 
 @pytest.fixture(scope="module")
-def server(tmp_path_factory: pytest.TempPathFactory):  # noqa: ANN201
+def server(tmp_path_factory: pytest.TempPathFactory):
     srv = MlflowServer(tmp_path_factory.mktemp("mlflow-server")).start()
     yield srv
     srv.stop()
@@ -46,12 +53,12 @@ def history(uri: str, run_id: str, key: str) -> list[tuple[int, float]]:
     return sorted((m.step, m.value) for m in client(uri).get_metric_history(run_id, key))
 
 
-def open_trial(uri: str, grid_run: GridRun, grid, trial, buf: Path, run_id: str | None = None) -> TrialRun:  # noqa: ANN001
+def open_trial(uri: str, grid_run: GridRun, grid, trial, buf: Path, run_id: str | None = None) -> TrialRun:
     return TrialRun(uri, grid_run.experiment_id, grid_run.run_id, trial, grid.pools.get(trial.pool),
                     run_id=run_id, buffer_dir=buf)
 
 
-def check_grid_in_store(uri: str, quickstart, tmp: Path, n_trials: int = 3) -> None:  # noqa: ANN001
+def check_grid_in_store(uri: str, quickstart, tmp: Path, n_trials: int = 3) -> None:
     """Parent + children with params, tags, metrics and artifacts, read back from the store."""
     grid, trials = quickstart
     os.environ["ABLATE_TEST_SECRET"] = SECRET  # must never reach params or tags
@@ -101,16 +108,16 @@ def check_grid_in_store(uri: str, quickstart, tmp: Path, n_trials: int = 3) -> N
     assert "mlflow.parentRunId" not in parent_run.data.tags
 
 
-def test_sqlite_store_runs_nesting_params_tags_metrics_artifacts(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_sqlite_store_runs_nesting_params_tags_metrics_artifacts(quickstart, tmp_path: Path) -> None:
     check_grid_in_store(f"sqlite:///{tmp_path / 'mlflow.db'}", quickstart, tmp_path)
 
 
-def test_server_runs_nesting_params_tags_metrics_artifacts(server: MlflowServer, quickstart,  # noqa: ANN001
+def test_server_runs_nesting_params_tags_metrics_artifacts(server: MlflowServer, quickstart,
                                                            tmp_path: Path) -> None:
     check_grid_in_store(server.uri, quickstart, tmp_path, n_trials=2)
 
 
-def test_logging_is_idempotent_per_step(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_logging_is_idempotent_per_step(quickstart, tmp_path: Path) -> None:
     grid, trials = quickstart
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = GridRun.open(grid, tracking_uri=uri, workdir=tmp_path)
@@ -134,14 +141,14 @@ def test_logging_is_idempotent_per_step(quickstart, tmp_path: Path) -> None:  # 
     assert [s for s, _ in history(uri, tr.run_id, M.GRAD_NORM)] == list(range(1, 41))
 
 
-def _sent_rows(tr: TrialRun, rows: list) -> list[dict]:  # noqa: ANN401
+def _sent_rows(tr: TrialRun, rows: list) -> list[dict]:
     """Rebuild outbox rows with the timestamps the store has (what a lost reply would resend)."""
     mlc = client(tr.tracking_uri)
     stamps = {m.step: m.timestamp for m in mlc.get_metric_history(tr.run_id, M.GRAD_NORM)}
     return [{"step": s, "ts": stamps[s], "metrics": {sanitize_key(k): v for k, v in m.items()}} for s, m in rows]
 
 
-def test_resume_from_earlier_checkpoint_relogs_and_newest_wins(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_resume_from_earlier_checkpoint_relogs_and_newest_wins(quickstart, tmp_path: Path) -> None:
     from orchestrator.compare_data import newest_per_step
 
     grid, trials = quickstart
@@ -184,7 +191,7 @@ tr.finish()
 """
 
 
-def test_verl_logger_attaches_to_child_run_via_mlflow_run_id(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_verl_logger_attaches_to_child_run_via_mlflow_run_id(quickstart, tmp_path: Path) -> None:
     pytest.importorskip("verl.utils.tracking")
     grid, trials = quickstart
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -193,7 +200,7 @@ def test_verl_logger_attaches_to_child_run_via_mlflow_run_id(quickstart, tmp_pat
     tr.log([(s, {M.GRAD_NORM: 0.5}) for s in range(1, 11)])
     assert tr.flush(5)
     env = {**os.environ, **tr.env()}
-    out = subprocess.run([sys.executable, "-c", VERL_CHILD], env=env, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", VERL_CHILD], env=env, capture_output=True, text=True, check=False,
                          timeout=240, cwd=tmp_path)
     assert out.returncode == 0, out.stderr[-2000:]
     tr.set_verdict(judge(V.healthy(), CollapseSpec()))
@@ -207,7 +214,7 @@ def test_verl_logger_attaches_to_child_run_via_mlflow_run_id(quickstart, tmp_pat
 
 
 @pytest.mark.slow
-def test_outage_mid_trial_loses_and_duplicates_nothing(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_outage_mid_trial_loses_and_duplicates_nothing(quickstart, tmp_path: Path) -> None:
     grid, trials = quickstart
     srv = MlflowServer(tmp_path / "srv").start()
     try:
@@ -248,7 +255,7 @@ def test_outage_mid_trial_loses_and_duplicates_nothing(quickstart, tmp_path: Pat
     assert client(store).get_run(tr.run_id).data.tags["verdict"] == "healthy"
 
 
-def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: Path) -> None:
     grid, trials = quickstart
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
     parent = GridRun.open(grid, tracking_uri=uri, workdir=tmp_path)
@@ -264,7 +271,7 @@ def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: P
 
 
 @pytest.mark.slow
-def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> None:  # noqa: ANN001
+def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> None:
     """`ablate ui` on a store with one grid: URL printed with the experiment, server answers."""
     import re
     import signal
@@ -272,7 +279,7 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
 
     from mlflow_server import free_port
 
-    grid, trials = quickstart
+    grid, _ = quickstart
     work = tmp_path / ".ablate"
     uri = f"sqlite:///{work / 'mlflow.db'}"
     work.mkdir()
@@ -286,13 +293,15 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
                             env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
-        assert f"http://127.0.0.1:{port}/#/experiments/{parent.experiment_id}/runs" in line
+        assert f"http://127.0.0.1:{port}/#/experiments/{parent.experiment_id}/runs?viewStateShareKey=" in line
+        view = client(uri).get_experiment(parent.experiment_id).tags["mlflow.sharedViewState.ablate-trials"]
+        assert "params.`correction.is_level`" in view and "tags.`verdict`" in view
         assert re.search(r"sqlite:///\S+mlflow\.db", line)
         deadline = time.monotonic() + 90
         ok = False
         while time.monotonic() < deadline and not ok:
             try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:  # noqa: S310
+                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
                     ok = r.status == 200
             except OSError:
                 time.sleep(0.5)

@@ -65,19 +65,15 @@ class SmokeContext:
         return None
 
 
-def run_smoke(tmp: Path, steps: int = 3) -> dict[str, Any]:
-    import mlflow
-    import torch
-
-    from orchestrator.backends.verl import VerlBackend
+def prepare(tmp: Path, steps: int, accelerator: str) -> tuple[Any, Any]:
+    """The one-trial grid of the smoke run (also pre-flighted on CPU by the test suite)."""
     from orchestrator.grid import expand, load_grid
 
     train, val = tmp / "train.parquet", tmp / "val.parquet"
     make_dataset(train, 64, 0)
     make_dataset(val, 16, 1)
     (tmp / "pools.yaml").write_text(json.dumps({"pools": {"gpu1": {
-        "kind": "gpu", "accelerator": torch.cuda.get_device_name(0).split()[-1],
-        "gpus_per_node": 1, "capacity": 1}}}))
+        "kind": "gpu", "accelerator": accelerator, "gpus_per_node": 1, "capacity": 1}}}))
     grid_file = tmp / "smoke.yaml"
     grid_file.write_text(json.dumps({
         "name": "verl-smoke", "recipe": "verl/qwen3_4b_dapo", "backend": "verl",
@@ -96,6 +92,16 @@ def run_smoke(tmp: Path, steps: int = 3) -> dict[str, Any]:
     os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
     grid = load_grid(grid_file)
     (trial,) = expand(grid)
+    return grid, trial
+
+
+def run_smoke(tmp: Path, steps: int = 3) -> dict[str, Any]:
+    import mlflow
+    import torch
+
+    from orchestrator.backends.verl import VerlBackend
+
+    grid, trial = prepare(tmp, steps, torch.cuda.get_device_name(0))
     uri = f"sqlite:///{tmp / 'mlflow.db'}"
     client = mlflow.MlflowClient(tracking_uri=uri)
     exp = client.create_experiment(grid.name)

@@ -116,17 +116,25 @@ def check_composed(cfg: Any, *, label: str = "trial") -> dict[str, Any]:
 
 def _instantiate(cfg: Any) -> dict[str, Any]:
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
+    from verl.trainer.ppo.core_algos import get_adv_estimator_fn
     from verl.trainer.ppo.utils import need_critic, need_reference_policy
     from verl.utils.config import omega_conf_to_dataclass, validate_config
 
+    get_adv_estimator_fn(cfg.algorithm.adv_estimator)  # verl only looks it up mid-job
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        critic = need_critic(cfg)
+    if critic:
+        raise GridError(f"algorithm.adv_estimator={cfg.algorithm.adv_estimator} needs a critic; "
+                        "the verl backend runs critic-free GRPO-style jobs",
+                        fix="algorithm.adv_estimator: grpo")
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")
         algo = omega_conf_to_dataclass(cfg.algorithm)
         rc = omega_conf_to_dataclass(cfg.algorithm.rollout_correction, RolloutCorrectionConfig)
         actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
         rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
-        validate_config(cfg, use_reference_policy=need_reference_policy(cfg),
-                        use_critic=need_critic(cfg))
+        validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=False)
     if not rollout.calculate_log_probs:
         raise GridError("actor_rollout_ref.rollout.calculate_log_probs is false: no correction "
                         "and no mismatch metrics without the engine's log-probs")

@@ -106,6 +106,10 @@ class MetricTail:
             self.carry, self.last_logged = {}, step
         return done
 
+    def flush(self) -> list[tuple[int, dict[str, float]]]:
+        """Last read once the job has ended (nothing is held back between polls)."""
+        return self.poll()
+
 
 # --------------------------------------------------------------------------- checkpoints
 
@@ -254,7 +258,7 @@ def group_diversity_warning(step: int, data: Mapping[str, float]) -> str:
     """The run-time face of the seed-42 trap (research/verl-0.9.1.md section 4)."""
     spread = data.get("critic/score/max", 0.0) - data.get("critic/score/min", 0.0)
     why = (" while rewards differ across prompts (score spread "
-           f"{spread:.3g}): samples within each group are identical") if spread > 0 else ""
+           f"{spread:.3g}), so the samples within each group look identical") if spread > 0 else ""
     return (f"every GRPO advantage has been 0 for {ZERO_ADV_PATIENCE} steps up to step {step}"
             f"{why}; the policy is not learning. If SGLang runs deterministic / "
             "rl_on_policy_target without per-request sampling seeds, all rollout.n samples are "

@@ -202,6 +202,6 @@ class GRPOTrainer:
             for k, v in state["params"].items():
                 self.params[k].copy_(v)
         self.opt.load_state_dict(state["optimizer"])
-        pass  # MUTANT
+        self.engine.load_state(state["engine_queue"])
         torch.set_rng_state(state["torch_rng"])
         return int(state["step"])

@@ -36,7 +36,7 @@ def code_interpreter(code: str) -> str:
         try:
             proc = subprocess.run([sys.executable, "-I", "-c", code], cwd=cwd, text=True,
                                   capture_output=True, timeout=TIMEOUT_SECONDS,
-                                  preexec_fn=_limits, stdin=subprocess.DEVNULL)
+                                  preexec_fn=_limits, stdin=subprocess.DEVNULL, check=False)
         except subprocess.TimeoutExpired:
             return f"Error: the program ran longer than {TIMEOUT_SECONDS} s and was stopped."
     out = proc.stdout + (("\n" + proc.stderr) if proc.stderr else "")

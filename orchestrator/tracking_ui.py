@@ -1,0 +1,102 @@
+"""``ablate ui``: the MLflow UI on loopback for a grid's store, opened on a view that shows the
+trial runs' axis values and verdicts as columns (MLflow's default shows no params at all).
+"""
+from __future__ import annotations
+
+import signal
+import subprocess
+import sys
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING
+
+from orchestrator import workspace
+from orchestrator.exceptions import UserError
+from orchestrator.tracking import ROLE_TAG, client, is_remote, sanitize_key
+
+if TYPE_CHECKING:
+    from mlflow import MlflowClient
+
+VIEW_KEY = "ablate-trials"
+
+
+def save_trials_view(mlc: MlflowClient, experiment_id: str, axes: Sequence[str] | None = None) -> str:
+    """A shared MLflow UI view of the experiment with the axis values, pool, seed and verdict as
+    columns (stored as the experiment tag the UI reads for ``?viewStateShareKey=``); returns the key.
+
+    Without it the runs table shows only Source/Models/Dataset and no params at all.
+    """
+    import json
+
+    if axes is None:
+        grids = mlc.search_runs([experiment_id], f"tags.`{ROLE_TAG}` = 'grid'", max_results=1,
+                                order_by=["attributes.start_time DESC"])
+        axes = [a for a in (grids[0].data.tags.get("axes", "") if grids else "").split(", ") if a]
+    cols = [f"params.`{sanitize_key(a)}`" for a in axes if a != "pool"]
+    cols += ["params.`pool`", "params.`seed`", "tags.`verdict`", "tags.`verdict.step`", "tags.`trial_id`",
+             "metrics.`eval/reward`", "metrics.`rollout_corr/k3_kl`", "metrics.`actor/grad_norm`"]
+    state = {"selectedColumns": cols, "runsHiddenMode": "SHOW_ALL", "orderByKey": "attributes.start_time",
+             "orderByAsc": True}
+    mlc.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
+    return VIEW_KEY
+
+
+
+def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
+       workdir: str | None = None) -> int:
+    """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL."""
+    uri = workspace.tracking_uri(tracking_uri, workdir)
+    name = _grid_name(grid) if grid else None
+    suffix = ""
+    if is_remote(uri):
+        if name:
+            exp = client(uri).get_experiment_by_name(name)
+            suffix = f"#/experiments/{exp.experiment_id}/runs" if exp else ""
+        print(f"MLflow server already at {uri.rstrip('/')}/{suffix}")
+        return 0
+    if uri.startswith("sqlite:///") and not Path(uri.removeprefix("sqlite:///")).exists():
+        raise UserError(f"no MLflow store at {uri}; fix: run `ablate submit` first or pass --tracking-uri")
+    if name:
+        mlc = client(uri)
+        exp = mlc.get_experiment_by_name(name)
+        if exp is None:
+            raise UserError(f"grid {name!r} has no MLflow experiment in {uri}; fix: submit it first")
+        suffix = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={save_trials_view(mlc, exp.experiment_id)}"
+    cmd = server_command(uri, port, workspace.artifact_root(workdir))
+    print(f"MLflow UI for {uri}: http://127.0.0.1:{port}/{suffix}  (Ctrl-C to stop)", flush=True)
+    proc = subprocess.Popen(cmd)
+    try:
+        return proc.wait()
+    except KeyboardInterrupt:
+        # The terminal's Ctrl-C reached the server too; SIGINT is gunicorn's quick shutdown.
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=15)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            proc.wait(timeout=15)
+        return 0
+
+
+def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 2) -> list[str]:
+    """``mlflow server`` on loopback; gunicorn workers, since uvicorn stalls ~40 ms per reused
+    connection on this MLflow (research/ray-and-mlflow-baselines.md)."""
+    return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
+            "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
+            "--gunicorn-opts", f"--workers={workers} --timeout=120"]
+
+
+def _grid_name(grid: str) -> str:
+    """A grid file's ``name:`` (read without the full validation) or the name itself."""
+    path = Path(grid)
+    if path.suffix in (".yaml", ".yml") or path.exists():
+        if not path.exists():
+            raise UserError(f"{grid}: no such grid file; fix: pass a grid file or a grid name")
+        from orchestrator.yamlsafe import load_yaml
+
+        data = load_yaml(path)
+        data = data[0] if isinstance(data, tuple) else data
+        if not isinstance(data, dict) or "name" not in data:
+            raise UserError(f"{grid}: the grid file has no `name:`; fix: add one")
+        return str(data["name"])
+    return grid

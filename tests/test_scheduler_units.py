@@ -1,0 +1,123 @@
+"""Scheduler pieces that need no Ray cluster: pool placement rules, the gate's limits and
+reasons, the search objective, status/cancel errors, the progress view."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+
+from orchestrator import progress, records
+from orchestrator.exceptions import UserError
+from orchestrator.gate import PoolGate
+from orchestrator.pools import load_catalog
+from orchestrator.scheduler import cancel, objective_value, plan_placement, status_command
+from orchestrator.schema import SearchObjective
+from orchestrator.trial import TrialPaths, TrialSpec, TrialState
+
+
+def _pools(*names: str):
+    cat = load_catalog()
+    return {n: cat.get(n) for n in names}
+
+
+def test_embedded_placement_uses_pool_resources_and_refuses_gpu_pools() -> None:
+    pl = plan_placement(_pools("sim-h100", "h100"), embedded=True, cluster_resources={},
+                        node_labels=[])
+    assert dict(pl["sim-h100"].resources) == {"CPU": 1.0, "pool:sim-h100": 1.0}
+    assert pl["sim-h100"].capacity == 2 and pl["sim-h100"].reason is None
+    assert pl["h100"].capacity == 0 and "GPU pool" in pl["h100"].reason
+
+
+def test_cluster_placement_prefers_pool_resource_then_accelerator_type_then_label() -> None:
+    pools = _pools("sim-a100", "h100", "h20", "a100", "l20")
+    pl = plan_placement(pools, embedded=False, cluster_resources={
+        "CPU": 64, "pool:sim-a100": 3, "accelerator_type:H100": 2},
+        node_labels=[{"ray.io/accelerator-type": "H20"}])
+    assert pl["sim-a100"].capacity == 3 and "pool:sim-a100" in pl["sim-a100"].resources
+    assert pl["h100"].resources["accelerator_type:H100"] == pytest.approx(0.001)
+    assert pl["h20"].label_selector == {"ray.io/accelerator-type": "H20"}
+    for name in ("a100", "l20"):  # nothing in the cluster advertises them: pending, with reason
+        assert pl[name].capacity == 0
+        assert "no node of the Ray cluster advertises" in pl[name].reason
+
+
+def _trial(tid: str, pool: str) -> TrialSpec:
+    return TrialSpec(trial_id=tid, grid="g", backend="sim", recipe="sim/grpo_tiny", pool=pool,
+                     seed=0, steps=10, axes=(("pool", pool),), overrides=())
+
+
+def test_gate_respects_grid_and_pool_limits_without_head_of_line_blocking(tmp_path: Path) -> None:
+    queue = [_trial("a1", "A"), _trial("a2", "A"), _trial("a3", "A"), _trial("b1", "B")]
+    gate = PoolGate(tmp_path, queue, {"A": 1, "B": 1}, max_parallel=3)
+    first = gate.suggest("x1")
+    second = gate.suggest("x2")  # A is full: B's trial goes ahead of a2/a3
+    assert first["trial_id"] == "a1" and second["trial_id"] == "b1"
+    assert gate.suggest("x3") is None  # both pools full
+    reasons = gate.reasons()
+    assert reasons["a2"] == "queued: pool A full (1/1 running)"
+    assert reasons["a1"] == "starting on pool A"
+    gate.on_trial_complete("x1", {"state": "done"})
+    assert gate.suggest("x4")["trial_id"] == "a2"
+    gate.on_trial_complete("x2", None, error=True)
+    assert gate.errors == {"b1"}
+    gate.on_trial_complete("x4", {})
+    assert gate.suggest("x5")["trial_id"] == "a3"
+    assert gate.suggest("x6") == PoolGate.FINISHED
+
+
+def test_gate_skips_trials_cancelled_while_queued(tmp_path: Path) -> None:
+    t = _trial("c1", "A")
+    paths = TrialPaths(tmp_path, "c1")
+    records.save_state(paths, records.TrialRecord(trial_id="c1", state=TrialState.CANCELLED))
+    gate = PoolGate(tmp_path, [t], {"A": 1}, max_parallel=1)
+    assert gate.suggest("x") == PoolGate.FINISHED
+
+
+def test_objective_penalises_collapse() -> None:
+    obj = SearchObjective(metric="eval/reward/final", mode="max", collapse_penalty=1.0)
+    healthy = {"summary": {"eval/reward": 0.4}, "verdict": {"kind": "healthy"}}
+    collapsed = {"summary": {"eval/reward": 0.4}, "verdict": {"kind": "collapsed"}}
+    assert objective_value(healthy, obj) == pytest.approx(0.4)
+    assert objective_value(collapsed, obj) == pytest.approx(-0.6)
+    assert objective_value({"summary": {}, "verdict": {"kind": "numeric_failure"}}, obj) == -1.0
+
+
+def _fake_grid(root: Path) -> Path:
+    grid_dir = root / "g1"
+    for tid, pool, state in (("t1", "sim-h100", TrialState.DONE), ("t2", "sim-a100", TrialState.PENDING)):
+        paths = TrialPaths(grid_dir, tid)
+        records.save_spec(paths, _trial(tid, pool))
+        records.save_state(paths, records.TrialRecord(trial_id=tid, state=state, pool=pool,
+                                                      pending_reason="not started: no capacity"
+                                                      if state is TrialState.PENDING else None))
+    with open(TrialPaths(grid_dir, "t1").metrics, "w") as fh:
+        fh.write(records.metric_line(10, {"eval/reward": 0.5, "rollout_corr/k3_kl": 1e-3}))
+    return grid_dir
+
+
+def test_status_and_cancel_without_an_orchestrator(tmp_path: Path, capsys) -> None:
+    _fake_grid(tmp_path)
+    assert status_command("g1", workdir=str(tmp_path), as_json=True) == 0
+    view = json.loads(capsys.readouterr().out)
+    by_id = {t["trial_id"]: t for t in view["trials"]}
+    assert by_id["t1"]["step"] == 10 and by_id["t1"]["reward"] == 0.5
+    assert by_id["t2"]["note"] == "not started: no capacity"
+    with pytest.raises(UserError, match="no trial 't11'; did you mean 't1'"):
+        cancel("g1", trials=["t11"], workdir=str(tmp_path))
+    with pytest.raises(UserError, match="did you mean 'sim-a100'"):
+        cancel("g1", pool="sim-a10", workdir=str(tmp_path))
+    with pytest.raises(UserError, match="grid 'nope' has no runs"):
+        status_command("nope", workdir=str(tmp_path))
+    assert cancel("g1", workdir=str(tmp_path)) == 1  # only the unfinished one
+    rec = records.load_state(TrialPaths(tmp_path / "g1", "t2"), "t2")
+    assert rec.state is TrialState.CANCELLED
+    assert records.cancel_requests(tmp_path / "g1") == {}  # nobody runs it: done at once
+
+
+def test_progress_eta_from_running_rates(tmp_path: Path) -> None:
+    view = progress.GridView("g", str(tmp_path), [
+        progress.TrialView("a", "p", 100, "running", step=50, rate=5.0),
+        progress.TrialView("b", "p", 100, "pending"),
+        progress.TrialView("c", "p", 100, "done", step=100)], None, None)
+    assert progress._eta(view.trials) == pytest.approx((50 + 100) / 5.0)
