@@ -49,11 +49,10 @@ async def _shoot(ws_url: str, url: str, out: Path, width: int, height: int, wait
         await asyncio.sleep(wait_s)
         # Close the assistant side panel and expand every parent row (its "+" expander button).
         script = """(() => {
-          const close = [...document.querySelectorAll('button[aria-label]')]
-            .find(b => /close/i.test(b.getAttribute('aria-label')) && b.closest('[class*="ssistant"], aside'));
-          if (close) close.click();
-          const buttons = [...document.querySelectorAll('button')].filter(b =>
-            /expand/i.test(b.getAttribute('aria-label') || '') || /expand/i.test(b.title || ''));
+          const close = [...document.querySelectorAll('button[data-component-id]')]
+            .filter(b => /assistant/i.test(b.dataset.componentId) && /close/i.test(b.dataset.componentId));
+          close.forEach(b => b.click());
+          const buttons = [...document.querySelectorAll('button[data-component-id*="runnamecellrenderer"]')];
           buttons.forEach(b => b.click());
           return buttons.length;
         })()"""

@@ -83,7 +83,7 @@ def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 
     connection on this MLflow (research/ray-and-mlflow-baselines.md)."""
     return [sys.executable, "-m", "mlflow", "server", "--backend-store-uri", backend_uri,
             "--artifacts-destination", str(artifacts), "--host", "127.0.0.1", "--port", str(port),
-            "--gunicorn-opts", f"--workers={workers} --timeout=120"]
+            "--workers", str(workers), "--gunicorn-opts", "--timeout=120"]
 
 
 def _grid_name(grid: str) -> str:

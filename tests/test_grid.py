@@ -70,8 +70,9 @@ def test_include_adds_one_off_points(isolated: Path) -> None:
 
 def test_value_equal_to_default_is_same_trial(isolated: Path) -> None:
     a = write(isolated, GRID.replace("  engine:\n    default: {}\n    fp32-head: {rollout.lm_head_fp32: true}\n", ""), "a.yaml")
+    default_lr = load_grid(a).recipe_config["train"]["lr"]
     b = write(isolated, GRID.replace("  engine:\n    default: {}\n    fp32-head: {rollout.lm_head_fp32: true}\n",
-                                     "  train.lr: [0.001]\n"), "b.yaml")  # 0.001 is the recipe default
+                                     f"  train.lr: [{default_lr!r}]\n"), "b.yaml")
     assert sorted(ids(a)) == sorted(ids(b))
 
 
@@ -124,7 +125,7 @@ def test_trial_config_and_spec_roundtrip(isolated: Path) -> None:
     cfg = grid.trial_config(t)
     assert cfg["rollout"]["lm_head_fp32"] is True
     assert cfg["correction"]["is_level"] == "sequence"
-    assert cfg["train"]["lr"] == pytest.approx(1e-3)
+    assert cfg["train"]["lr"] == grid.recipe_config["train"]["lr"]
     again = TrialSpec.from_json(json.loads(json.dumps(t.to_json())))
     assert again == t
 

@@ -117,7 +117,7 @@ def test_every_trial_of_the_gpu_grids_composes_and_instantiates(composed: dict[s
             assert rc.rollout_rs is None
         assert actor.policy_loss.loss_mode == ("bypass_mode" if c.policy == "bypass" else "vanilla")
         assert built["rollout"].name == "sglang" and built["rollout"].calculate_log_probs
-        assert cfg.trainer.logger == ["console", "mlflow", "file"]
+        assert cfg.trainer.logger == ["console", "file"]
         assert cfg.trainer.n_gpus_per_node == POOLS[trial.pool].gpus_per_node
 
 

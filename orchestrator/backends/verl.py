@@ -22,7 +22,11 @@ from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
-LOGGERS = ("console", "mlflow", "file")
+# The runner is the single MLflow writer: it streams verl's file logger into the trial's run and
+# commits steps only up to the last checkpoint, so a resumed job never logs a step twice. verl's
+# own MLflow logger would re-log every step after a resume and double every value, so it is off;
+# MLFLOW_RUN_ID/MLFLOW_TRACKING_URI are still exported for code in the job that wants the run.
+LOGGERS = ("console", "file")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 _SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
@@ -128,7 +132,7 @@ class VerlBackend(Backend):
     @staticmethod
     def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
                     file_logger_path: str) -> dict[str, str]:
-        """Environment of the job: verl's MLflow logger attaches to the trial's child run."""
+        """Environment of the job: the trial's MLflow run and a per-attempt file-logger path."""
         env = {"VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
                "ABLATE_TRIAL_ID": trial.trial_id}
         if tracking_uri:

@@ -58,14 +58,28 @@ class EngineOps:
         if self.num.reduction_order == "reversed":  # weights were stored K-reversed at sync
             return torch.matmul(x.flip(-1), wt)
         if self.num.reduction_order == "chunked":
-            # split-K: each partial product is written in the activation dtype and the partials
-            # are summed in that dtype, as a split-K kernel with a low-precision workspace does.
-            s, acc = self.num.split_k, None
-            for k0 in range(0, x.shape[-1], s):
-                part = torch.matmul(x[..., k0:k0 + s], wt[..., k0:k0 + s, :]).to(out_dtype)
-                acc = part if acc is None else acc + part
-            return acc
+            return self._split_k(x, wt, out_dtype)
         return torch.matmul(x, wt)
+
+    def _split_k(self, x: torch.Tensor, wt: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+        """split-K: each K-chunk's partial product is written in ``out_dtype`` and the partials
+        are summed one by one in that dtype, as a split-K kernel with a low-precision workspace
+        does. One batched matmul computes all the partials."""
+        k, s = x.shape[-1], self.num.split_k
+        if k % s or k == s:
+            s = k if k % s else s
+            if s == k:
+                return torch.matmul(x, wt)
+        n = k // s
+        xr = x.unflatten(-1, (n, s)).unsqueeze(-2)  # [..., n, 1, s]
+        wr = wt.unflatten(-2, (n, s))  # [(E), n, s, O]
+        if wt.dim() == 3:  # expert weights: keep E apart from the token dims
+            wr = wr.unsqueeze(1)
+        parts = torch.matmul(xr, wr).squeeze(-2).to(out_dtype)  # [..., n, O]
+        acc = parts[..., 0, :]
+        for i in range(1, n):
+            acc = acc + parts[..., i, :]
+        return acc
 
     def _lin(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
              dtype: str) -> torch.Tensor:
