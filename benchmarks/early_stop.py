@@ -61,6 +61,23 @@ def run_sim_grid(grid_file: Path, cache: Path) -> list[tuple[str, int, History, 
     return out
 
 
+def recorded_trials(trials_dir: Path) -> list[tuple[str, int, History, str]]:
+    """Finished trials the runner recorded (``<workdir>/<grid>/trials/*/``) that ran to their
+    last step, i.e. were not stopped early (their full history is known)."""
+    from orchestrator import records
+    from orchestrator.trial import TrialPaths, TrialSpec, read_json
+
+    out = []
+    for root in sorted(p for p in trials_dir.iterdir() if (p / "spec.json").exists()):
+        paths = TrialPaths(trials_dir.parent, root.name)
+        spec = TrialSpec.from_json(read_json(paths.spec))
+        hist = list(records.iter_metrics(paths.metrics))
+        if hist and hist[-1][0] >= spec.steps:
+            label = ", ".join(f"{k}={v}" for k, v in spec.axes) + f", seed={spec.seed} (recorded)"
+            out.append((spec.trial_id, spec.steps, hist, label))
+    return out
+
+
 def synthetic_streams() -> list[tuple[str, int, History, str]]:
     """Recorded synthetic streams (tests/verdict_streams.py) when no simulator grid is used."""
     sys.path.insert(0, str(REPO / "tests"))
@@ -148,6 +165,9 @@ def main() -> None:
     ap.add_argument("--grid", type=Path, default=REPO / "benchmarks" / "early_stop_grid.yaml")
     ap.add_argument("--cache", type=Path, default=REPO / ".ablate" / "bench-early-stop")
     ap.add_argument("--synthetic", action="store_true", help="recorded synthetic streams instead of the sim")
+    ap.add_argument("--trials-dir", type=Path, action="append", default=[],
+                    help="also use finished, not early-stopped trials the runner recorded here "
+                         "(e.g. .ablate/quickstart/trials)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -160,6 +180,10 @@ def main() -> None:
 
         collapse = load_grid(args.grid).spec.collapse
         trials, source = run_sim_grid(args.grid, args.cache), f"sim grid {args.grid.name}"
+    for d in args.trials_dir:
+        extra = recorded_trials(d)
+        trials += extra
+        source += f" + {len(extra)} recorded sim trials from {d}"
     res = evaluate(trials, collapse)
     report(res, source)
     if args.json:

@@ -31,7 +31,7 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend  # noqa: E402
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend
 
 
 class TrivialBackend(Backend):

@@ -18,7 +18,6 @@ import time
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
 
 from orchestrator import metrics as M
 from orchestrator import recipes

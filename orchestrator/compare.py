@@ -36,7 +36,8 @@ def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[
     """Validate ``--rows``/``--cols``; defaults: the first non-pool axis x the pool axis."""
     for flag, value in (("--rows", rows), ("--cols", cols)):
         if value is not None and value not in axes:
-            hint = did_you_mean(value, axes)
+            tails = [a for a in axes if a.endswith("." + value)]  # `is_level` for `correction.is_level`
+            hint = tails[0] if len(tails) == 1 else did_you_mean(value, axes)
             raise UserError(f"{flag} {value!r} is not an axis of this grid; allowed: {', '.join(axes)}"
                             + (f"; did you mean {hint!r}?" if hint else ""))
     if cols is None:

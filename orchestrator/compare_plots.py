@@ -140,7 +140,8 @@ def verdict_map(cells: Sequence[dict[str, Any]], row_keys: Sequence[str], col_ke
             text += f"\n@{s['median_collapse_step']:g}"
         if s["n_unstable"]:
             text += f"\n{s['n_unstable']} unstable"
-        ax.text(j, i, text, ha="center", va="center", fontsize=7)
+        dark = math.isfinite(s["collapse_rate"]) and s["collapse_rate"] > 0.5
+        ax.text(j, i, text, ha="center", va="center", fontsize=7, color="white" if dark else "black")
     im = ax.imshow(grid, cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(clabels)))
     ax.set_xticklabels(clabels, fontsize=8)

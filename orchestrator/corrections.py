@@ -20,6 +20,20 @@ denominator        renormalized (verl: token-mean over surviving tokens) | origi
 opsm               DeepSeek-V3.2 off-policy sequence masking delta, or null
 routing_replay     off | R2 | R3 (MoE only)
 =================  ==========================================================================
+
+The math below follows Miles ``mis.py`` and verl's ``rollout_corr_helper`` (weights, masks and
+metrics agree with verl to float tolerance where verl has the configuration; tested). Where the
+references disagree or are silent, this vocabulary decides, explicitly:
+
+- ``is_mode: mask`` zeroes the weight outside [lo, hi] and leaves the loss mask alone (verl's
+  IcePop; Miles edits the mask but keeps the denominator, which is the same loss).
+- ``veto`` applies whether or not RS is on (Miles only vetoes inside its RS path).
+- ``batch_norm`` at geometric level normalises the per-sequence weights like sequence level
+  (Miles raises).
+- ``denominator``: ``renormalized`` divides by the tokens surviving RS/filters/veto (verl),
+  ``original`` by all response tokens (Miles): rejected tokens then shrink the gradient.
+- ``opsm`` masks a sequence when A < 0 and mean_t log(mu / pi_theta) > delta (mu: the engine's
+  sampling probability, as in DeepSeek-V3.2).
 """
 from __future__ import annotations
 
@@ -294,7 +308,6 @@ def apply_correction(logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.
 def is_weight_stats(raw: torch.Tensor, w: torch.Tensor, mask: torch.Tensor,
                     spec: CorrectionSpec) -> dict[str, float]:
     """mean/std/min/max of the final weights, fraction of raw weights beyond bounds, ESS."""
-    import torch
 
     if spec.is_level == "none":
         return {}

@@ -81,10 +81,12 @@ class PoolGate(Searcher):
 
     def __init__(self, grid_dir: Path, queue: list[TrialSpec], limits: Mapping[str, int],
                  max_parallel: int, *, search: SearchSpace | None = None, search_budget: int = 0,
-                 on_new_trial: Callable[[TrialSpec, dict[str, Any]], None] | None = None) -> None:
+                 on_new_trial: Callable[[TrialSpec, dict[str, Any]], None] | None = None,
+                 routes: Mapping[str, str] | None = None) -> None:
         super().__init__()
         self.grid_dir = Path(grid_dir)
         self.queue = list(queue)
+        self.routes = dict(routes or {})  # trial id -> pool, when not the trial's own (resume)
         self.limits = dict(limits)
         self.max_parallel = max_parallel
         self.running: dict[str, tuple[str, str]] = {}  # tune id -> (trial id, pool)
@@ -106,6 +108,9 @@ class PoolGate(Searcher):
     def set_max_concurrency(self, max_concurrent: int) -> bool:
         return True
 
+    def pool_of(self, trial: TrialSpec) -> str:
+        return self.routes.get(trial.trial_id, trial.pool)
+
     def pool_running(self, pool: str) -> int:
         return sum(1 for _, p in self.running.values() if p == pool)
 
@@ -118,9 +123,10 @@ class PoolGate(Searcher):
         for t in self.queue + ([self._held] if self._held else []):
             if len(self.running) >= self.max_parallel:
                 out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
-            elif not self._room(t.pool):
-                out[t.trial_id] = (f"queued: pool {t.pool} full ({self.pool_running(t.pool)}/"
-                                   f"{self.limits.get(t.pool, 0)} running)")
+            elif not self._room(self.pool_of(t)):
+                p = self.pool_of(t)
+                out[t.trial_id] = (f"queued: pool {p} full ({self.pool_running(p)}/"
+                                   f"{self.limits.get(p, 0)} running)")
             else:
                 out[t.trial_id] = "queued: starting"
         return out
@@ -142,12 +148,13 @@ class PoolGate(Searcher):
         trial = self._next_queued() or self._next_search()
         if trial is None:
             return Searcher.FINISHED if self.finished() else None
-        self.running[trial_id] = (trial.trial_id, trial.pool)
-        return {"trial_id": trial.trial_id, "trial": trial.to_json()}
+        pool = self.pool_of(trial)
+        self.running[trial_id] = (trial.trial_id, pool)
+        return {"trial_id": trial.trial_id, "trial": trial.to_json(), "pool": pool}
 
     def _next_queued(self) -> TrialSpec | None:
         for i, t in enumerate(self.queue):
-            if not self._room(t.pool):
+            if not self._room(self.pool_of(t)):
                 continue
             rec = records.load_state(TrialPaths(self.grid_dir, t.trial_id), t.trial_id)
             if rec.state.is_finished():  # cancelled meanwhile (or finished by another path)

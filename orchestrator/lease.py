@@ -26,7 +26,7 @@ def _describe(info: dict[str, Any] | None) -> str:
 
 
 class GridLease:
-    """Exclusive right to run one grid; use as a context manager or acquire()/release()."""
+    """Exclusive right to run one grid: acquire(), then release() in a finally."""
 
     def __init__(self, grid_dir: Path, grid_name: str) -> None:
         self.grid_dir = Path(grid_dir)
@@ -59,12 +59,6 @@ class GridLease:
         atomic_write_json(self.info_path, {**info, "active": False, "ended_at": time.time()})
         self._lock.release()
         self._lock = None
-
-    def __enter__(self) -> GridLease:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        self.release()
 
 
 def holder_info(grid_dir: Path) -> dict[str, Any] | None:

@@ -18,6 +18,7 @@ PG_CLIPFRAC = "actor/pg_clipfrac"
 PPO_KL = "actor/ppo_kl"
 KL_LOSS = "actor/kl_loss"
 LR = "actor/lr"
+OPSM_FRACTION = "actor/opsm_fraction"  # sequences masked by OPSM (DeepSeek-V3.2), Miles opsm_clipfrac
 
 # Training-inference mismatch (pi_old recomputed by the trainer vs mu from the rollout engine)
 K1_KL = "rollout_corr/kl"  # E[log mu - log pi_old]

@@ -17,6 +17,7 @@ from orchestrator.lease import active_holder
 from orchestrator.trial import TrialPaths, read_json
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
+LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see scheduler._Live)
 
 
 @dataclasses.dataclass

@@ -18,7 +18,14 @@ from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trial import Attempt, TrialPaths, TrialSpec, TrialState, atomic_write_json, read_json
+from orchestrator.trial import (
+    Attempt,
+    TrialPaths,
+    TrialSpec,
+    TrialState,
+    atomic_write_json,
+    read_json,
+)
 
 
 @dataclasses.dataclass
@@ -36,6 +43,9 @@ class TrialRecord:
     pending_reason: str | None = None
     error: str | None = None
     search: dict[str, Any] | None = None  # Optuna point (params, choices) of a search trial
+    # A request to run the next attempt elsewhere / from a given checkpoint ({"pool": ...,
+    # "start": step | "latest"}), written by `ablate resume`, consumed by the next attempt.
+    resume: dict[str, Any] | None = None
     objective: float | None = None
     updated_at: float = 0.0
 
@@ -61,6 +71,13 @@ def load_state(paths: TrialPaths, trial_id: str) -> TrialRecord:
 def save_state(paths: TrialPaths, record: TrialRecord) -> None:
     record.updated_at = time.time()
     atomic_write_json(paths.state, record.to_json())
+
+
+def route_pool(record: TrialRecord, trial: TrialSpec) -> str:
+    """The pool the next attempt of a trial runs on: a resume request's, else the last one's."""
+    if record.resume and record.resume.get("pool"):
+        return str(record.resume["pool"])
+    return record.pool or trial.pool
 
 
 def load_spec(paths: TrialPaths) -> TrialSpec | None:

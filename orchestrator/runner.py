@@ -70,8 +70,8 @@ def _node_id() -> str:
 
         if ray.is_initialized():
             return ray.get_runtime_context().get_node_id()
-    except Exception:  # noqa: BLE001 - outside Ray the hostname is the best we have
-        pass
+    except Exception as exc:  # noqa: BLE001 - outside Ray the hostname is the best we have
+        log.debug("no Ray node id: %s", exc)
     return f"local:{socket.gethostname()}"
 
 
@@ -156,7 +156,7 @@ class _Attempt:
         self.record.state = TrialState.RUNNING
         self.record.pool = job.pool.name
         self.record.attempts = self.number
-        self.record.pending_reason = self.record.error = None
+        self.record.pending_reason = self.record.error = self.record.resume = None
         self.record.last_step = start
         records.save_state(paths, self.record)
         self.scratch = paths.root / "work" / f"attempt-{self.number}"
@@ -169,6 +169,9 @@ class _Attempt:
 
     def _start_step(self) -> int | None:
         start = self.job.start
+        request = self.record.resume or {}
+        if start == "latest" and request.get("start") is not None:
+            start = request["start"]  # `ablate resume --from STEP`, consumed by this attempt
         if start == "fresh":
             self.store.clear()  # a later crash must not resume from the discarded run
             return None
@@ -192,6 +195,13 @@ class _Attempt:
                                 buffer_dir=buffer_dir)
         if self.record.mlflow_run_id != self.tracker.run_id:
             self.record.mlflow_run_id = self.tracker.run_id
+            records.save_state(self.paths, self.record)
+        start = self.resume_step or 0
+        if self.record.committed_step > start:
+            # Resuming before what MLflow already holds (an older checkpoint, `ablate resume
+            # --from`): the outbox accepts those steps again; readers take the newest timestamp.
+            self.tracker.outbox.rewind(start)
+            self.record.committed_step = start
             records.save_state(self.paths, self.record)
         if len(self.attempts) > 1:
             # A resumed trial shows its attempts (pools, step ranges) while it runs; a first
@@ -322,7 +332,7 @@ class _Attempt:
                     self.tracker.set_verdict(self.engine.verdict(self.last_step, "infra_failure", reason))
                     self.tracker.end("FAILED")
                 self.tracker.flush(10.0)
-            except Exception:  # noqa: BLE001 - the original failure is what matters
+            except Exception:
                 log.exception("trial %s: tracking update after failure failed", self.job.trial.trial_id)
 
 

@@ -25,10 +25,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import records, workspace
-from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.lease import GridLease, active_holder
+from orchestrator.exceptions import UserError
+from orchestrator.lease import GridLease
 from orchestrator.pools import PoolSpec
-from orchestrator.runner import AttemptJob, TrackingTarget, mark_cancelled, run_attempt
+from orchestrator.runner import AttemptJob, TrackingTarget, run_attempt
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
 from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json
 
@@ -85,7 +85,7 @@ def _resource_fn(placements: Mapping[str, Placement]) -> Any:
     from ray.tune import PlacementGroupFactory
 
     def resources(config: Mapping[str, Any]) -> Any:
-        p = placements[config["trial"]["pool"]]
+        p = placements[config["pool"]]
         if p.label_selector:
             return PlacementGroupFactory([dict(p.resources)], bundle_label_selector=[dict(p.label_selector)])
         return PlacementGroupFactory([dict(p.resources)])
@@ -135,7 +135,7 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
     trial = TrialSpec.from_json(config["trial"])
     job = AttemptJob(grid_dir=gctx.grid_dir, trial=trial,
                      config=apply_overrides(gctx.recipe_config, trial.override_map),
-                     pool=gctx.pools[trial.pool], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
+                     pool=gctx.pools[config["pool"]], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
                      early_stop=gctx.early_stop, tracking=gctx.tracking, submission=gctx.submission,
                      backend_ref=gctx.backend_refs[trial.backend])
     result = run_attempt(job)
@@ -192,9 +192,6 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
     return todo, finished
 
 
-_LIVE_VIEWS: dict[int, _Live] = {}
-
-
 def _live_callback(key: int) -> Any:
     """A Tune callback that ticks the live view ``key``. Tune pickles its callbacks with the
     experiment, so the callback holds only the key, never the rich Live object (it has locks)."""
@@ -205,9 +202,9 @@ def _live_callback(key: int) -> Any:
             self.key = key
 
         def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-            from orchestrator import scheduler  # by reference: never pickle the views
+            from orchestrator import progress  # by reference: never pickle the views
 
-            view = scheduler._LIVE_VIEWS.get(self.key)
+            view = progress.LIVE_VIEWS.get(self.key)
             if view is not None:
                 view.tick()
 
@@ -233,7 +230,9 @@ class _Live:
         self.grid_dir, self.grid_name, self.gate = grid_dir, grid_name, gate
         self._last = 0.0
         self.live: Any = None
-        _LIVE_VIEWS[id(self)] = self
+        from orchestrator import progress
+
+        progress.LIVE_VIEWS[id(self)] = self
         self.callback = _live_callback(id(self))
         if show:
             from rich.live import Live
@@ -258,7 +257,9 @@ class _Live:
 
     def stop(self) -> None:
         self.tick(force=True)
-        _LIVE_VIEWS.pop(id(self), None)
+        from orchestrator import progress
+
+        progress.LIVE_VIEWS.pop(id(self), None)
         if self.live is not None:
             self.live.stop()
 
@@ -316,7 +317,10 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     records.clear_cancel_requests(grid_dir, ["*"])  # a new submission means: run it
     todo, already = _prepare_records(grid_dir, trials, tracking_uri)
     already += len(prior)  # search points finished by earlier submissions
-    pool_specs = {p: grid.pools.get(p) for p in {t.pool for t in todo} | set(grid.spec.budget.per_pool)}
+    trial_pool = {t.trial_id: t.pool for t in todo}
+    routes = {t.trial_id: records.route_pool(records.load_state(TrialPaths(grid_dir, t.trial_id),
+                                                                t.trial_id), t) for t in todo}
+    pool_specs = {p: grid.pools.get(p) for p in set(routes.values()) | set(grid.spec.budget.per_pool)}
     if search is not None:
         pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
         if grid.spec.pool:
@@ -328,7 +332,7 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
         placements = plan_placement(pool_specs, embedded=embedded,
                                     cluster_resources=ray.cluster_resources(),
                                     node_labels=[n.get("Labels") or {} for n in nodes])
-        runnable = _park_unplaceable(grid_dir, todo, placements)
+        runnable = _park_unplaceable(grid_dir, todo, placements, routes)
         limits = {p: min(pl.capacity, grid.spec.budget.per_pool.get(p, pl.capacity))
                   for p, pl in placements.items()}
         parent = GridRun.open(grid, tracking_uri=tracking_uri, workdir=root)
@@ -349,7 +353,8 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
             records.save_state(paths, rec)
 
         gate = PoolGate(grid_dir, runnable, limits, max_parallel, search=search, search_budget=budget,
-                        on_new_trial=remember)
+                        on_new_trial=remember,
+                        routes={t: p for t, p in routes.items() if p != trial_pool.get(t)})
         for stored, value in prior:
             gate.tell_previous(stored, value)
         live = _Live(grid_dir, grid.name, gate, progress)
@@ -365,7 +370,7 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
             tuner.fit()
         finally:
             live.stop()
-        _mark_exhausted(grid_dir, gate.errors)
+        _mark_exhausted(grid_dir, gate.errors, tracking_uri)
         if search is not None:
             _store_objectives(grid_dir, gate.results)
         summary = summarize(grid, grid_dir, trials_of(grid_dir, search is not None, trials))
@@ -383,12 +388,12 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
             ray.shutdown()
 
 
-def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec],
-                      placements: Mapping[str, Placement]) -> list[TrialSpec]:
+def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec], placements: Mapping[str, Placement],
+                      routes: Mapping[str, str]) -> list[TrialSpec]:
     """Trials whose pool has no capacity stay PENDING with the reason, instead of hanging Tune."""
     runnable = []
     for t in todo:
-        reason = placements[t.pool].reason
+        reason = placements[routes.get(t.trial_id, t.pool)].reason
         if reason is None:
             runnable.append(t)
             continue
@@ -399,8 +404,11 @@ def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec],
     return runnable
 
 
-def _mark_exhausted(grid_dir: Path, trial_ids: set[str]) -> None:
-    """Trials Tune gave up on (retries.max infra failures) end FAILED with their last error."""
+def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> None:
+    """Trials Tune gave up on (retries.max infra failures) end FAILED with their last error,
+    on disk and in MLflow (their runs would otherwise stay RUNNING there)."""
+    import logging
+
     for tid in trial_ids:
         paths = TrialPaths(grid_dir, tid)
         rec = records.load_state(paths, tid)
@@ -411,6 +419,17 @@ def _mark_exhausted(grid_dir: Path, trial_ids: set[str]) -> None:
         rec.state, rec.error = TrialState.FAILED, f"retries exhausted after {len(attempts)} attempts: {reason}"
         rec.verdict = {"kind": "infra_failure", "step": rec.last_step, "reason": rec.error}
         records.save_state(paths, rec)
+        if rec.mlflow_run_id:
+            try:
+                from orchestrator.tracking import client
+
+                mlc = client(tracking_uri)
+                for key, value in (("verdict", "infra_failure"), ("verdict.reason", rec.error[:4000]),
+                                   ("verdict.step", str(rec.last_step))):
+                    mlc.set_tag(rec.mlflow_run_id, key, value)
+                mlc.set_terminated(rec.mlflow_run_id, "FAILED")
+            except Exception as exc:  # noqa: BLE001 - the record on disk is what counts
+                logging.getLogger(__name__).warning("trial %s: MLflow not updated: %s", tid, exc)
 
 
 def _search_records(grid_dir: Path) -> tuple[list[TrialSpec], list[tuple[dict[str, Any], float | None]]]:
@@ -470,93 +489,7 @@ def summarize(grid: Any, grid_dir: Path, trial_ids: list[str]) -> dict[str, Any]
     return out
 
 
-# --------------------------------------------------------------------------- status / cancel
+# `ablate status` and `ablate cancel` live in control.py; commands.py calls them through here.
+from orchestrator.control import cancel, status_command
 
-
-def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
-    """``grid`` is a grid file or a grid name; its directory must exist in the workdir."""
-    name = grid
-    if grid.endswith((".yaml", ".yml")) or os.path.sep in grid:
-        from orchestrator.grid import load_grid
-
-        name = load_grid(grid).name
-    grid_dir = workspace.grid_dir(name, workdir)
-    if not (grid_dir / "trials").is_dir():
-        known = [Path(p).parent.name for p in map(str, workspace.workdir(workdir).glob("*/trials"))]
-        hint = did_you_mean(name, known)
-        raise UserError(f"grid {name!r} has no runs in {workspace.workdir(workdir)}"
-                        + (f"; did you mean {hint!r}?" if hint else "; start it with `ablate submit GRID_FILE`"))
-    return grid_dir
-
-
-def status_command(grid: str | None, *, workdir: str | None = None, as_json: bool = False) -> int:
-    """Print per-pool counts and per-trial progress of one grid (or every grid in the workdir)."""
-    import json
-    import sys
-
-    from orchestrator import progress
-
-    if grid is None:
-        dirs = sorted(p.parent for p in workspace.workdir(workdir).glob("*/trials"))
-        if not dirs:
-            raise UserError(f"no grids have run in {workspace.workdir(workdir)}; "
-                            "start one with `ablate submit GRID_FILE`")
-    else:
-        dirs = [_resolve_grid_dir(grid, workdir)]
-    views = [progress.collect(d) for d in dirs]
-    if as_json:
-        json.dump([v.to_json() for v in views] if grid is None else views[0].to_json(), sys.stdout,
-                  default=str)
-        sys.stdout.write("\n")
-        return 0
-    from rich.console import Console
-
-    console = Console()
-    for v in views:
-        console.print(progress.render(v))
-        if v.holder is None and any(t.state in ("running", "pending") for t in v.trials):
-            console.print("no orchestrator is running this grid: `ablate submit` it again to resume")
-    return 0
-
-
-def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = None,
-           workdir: str | None = None) -> int:
-    """Cancel unfinished trials (given ids, one pool, or the whole grid); returns how many.
-
-    Trials nobody runs are marked CANCELLED at once; running ones are asked to stop through
-    ``cancel.json`` and stop within a step (their attempt is recorded as cancelled).
-    """
-    from filelock import FileLock, Timeout
-
-    grid_dir = _resolve_grid_dir(grid, workdir)
-    known = {p.parent.name: records.load_spec(TrialPaths(grid_dir, p.parent.name))
-             for p in (grid_dir / "trials").glob("*/spec.json")}
-    for tid in trials or []:
-        if tid not in known:
-            hint = did_you_mean(tid, known)
-            raise UserError(f"grid {grid_dir.name}: no trial {tid!r}"
-                            + (f"; did you mean {hint!r}?" if hint else "; see `ablate status`"))
-    if pool is not None and not any(s is not None and s.pool == pool for s in known.values()):
-        pools = sorted({s.pool for s in known.values() if s is not None})
-        hint = did_you_mean(pool, pools)
-        raise UserError(f"grid {grid_dir.name}: no trial on pool {pool!r}; pools: {', '.join(pools)}"
-                        + (f"; did you mean {hint!r}?" if hint else ""))
-    chosen = [t for t, s in known.items() if s is not None and (trials and t in trials or
-              pool is not None and s.pool == pool or not trials and pool is None)]
-    targets = [t for t in chosen
-               if not records.load_state(TrialPaths(grid_dir, t), t).state.is_finished()]
-    requests = list(targets) + (["*"] if not trials and pool is None else [])
-    if requests and active_holder(grid_dir) is not None:
-        records.add_cancel_requests(grid_dir, requests)
-    for tid in targets:
-        lock = FileLock(str(TrialPaths(grid_dir, tid).root / ".run.lock"))
-        try:
-            lock.acquire(timeout=0)
-        except Timeout:
-            records.add_cancel_requests(grid_dir, [tid])  # running: its runner stops it
-            continue
-        try:
-            mark_cancelled(grid_dir, tid)
-        finally:
-            lock.release()
-    return len(targets)
+__all__ = ["Placement", "cancel", "objective_value", "plan_placement", "status_command", "submit"]

@@ -9,7 +9,9 @@ exactly where an uninterrupted one would be. Behaviour switches (all from the tr
 * ``train.lr`` shapes the final reward (peak at 3e-3), so a search has something to find;
 * env ``ABLATE_DOUBLE_STEP_S`` sets the sleep per step (default 0.02 s);
 * env ``ABLATE_DOUBLE_FAIL_ONCE=<dir>``: the first attempt of each trial raises at step 7
-  (a marker file in <dir> remembers it), to test retries.
+  (a marker file in <dir> remembers it), to test retries;
+* ``train.lr: 0.0666`` (a sentinel no real grid uses) makes every attempt raise at step 7, to
+  test exhausted retries.
 
 Register it for a test with :func:`register` (the driver ships the (module, class) pair to Ray
 workers, which import this module from ``tests/`` on their PYTHONPATH).
@@ -48,6 +50,8 @@ class DoubleBackend(Backend):
                 return AttemptResult(AttemptOutcome.STOPPED, step, reason)
             step += 1
             time.sleep(delay)
+            if lr == 0.0666 and step == 7:
+                raise RuntimeError("injected infra failure at step 7 (every attempt)")
             if fail_dir and step == 7:
                 marker = Path(fail_dir) / f"{trial.trial_id}.failed"
                 if not marker.exists():

@@ -65,10 +65,14 @@ class MlflowServer:
             # SIGINT is gunicorn's quick shutdown (SIGTERM waits up to 30 s for workers).
             os.killpg(self.proc.pid, signal.SIGINT)
             try:
-                self.proc.wait(timeout=20)
+                self.proc.wait(timeout=5)
             except subprocess.TimeoutExpired:
                 os.killpg(self.proc.pid, signal.SIGKILL)
                 self.proc.wait(timeout=10)
+        try:  # workers of the group this helper created must not outlive it
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc = None
         deadline = time.monotonic() + 20
         while self.healthy() and time.monotonic() < deadline:

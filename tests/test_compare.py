@@ -175,6 +175,8 @@ def test_compare_user_errors(populated) -> None:
     isolated = gfile.parent
     with pytest.raises(UserError, match="did you mean 'pool'"):
         compare(gfile, rows="pol", workdir=str(isolated / ".ablate"))
+    with pytest.raises(UserError, match="did you mean 'correction.is_level'"):
+        pick_axes(["correction.is_level", "pool"], "is_level", None)
     with pytest.raises(UserError, match="two different axes"):
         pick_axes(["pool", "x"], "pool", "pool")
     other = isolated / "empty"

@@ -7,8 +7,15 @@ import pytest
 import torch
 
 from orchestrator import metrics as M
-from orchestrator.corrections import (CorrectionSpec, apply_correction, is_weights,
-                                      mismatch_metrics, opsm_mask, policy_loss, rejection_mask)
+from orchestrator.corrections import (
+    CorrectionSpec,
+    apply_correction,
+    is_weights,
+    mismatch_metrics,
+    opsm_mask,
+    policy_loss,
+    rejection_mask,
+)
 
 
 def _batch(seed: int, b: int = 16, r: int = 12, scale: float = 0.6):
@@ -25,32 +32,32 @@ verl_helper = pytest.importorskip("verl.trainer.ppo.rollout_corr_helper")
 
 VERL_CASES = [
     # (our spec, verl kwargs)
-    (dict(is_level="token", is_mode="truncate", is_bounds=[None, 2.0]),
-     dict(rollout_is="token", rollout_is_threshold=2.0)),
-    (dict(is_level="sequence", is_mode="truncate", is_bounds=[None, 5.0]),
-     dict(rollout_is="sequence", rollout_is_threshold=5.0)),
-    (dict(is_level="token", is_mode="mask", is_bounds=[0.5, 5.0]),  # IcePop
-     dict(rollout_is="token", rollout_is_threshold="0.5_5.0")),
-    (dict(is_level="sequence", is_mode="mask", is_bounds=[0.5, 2.0]),
-     dict(rollout_is="sequence", rollout_is_threshold="0.5_2.0")),
-    (dict(is_level="token", is_mode="truncate", is_bounds=[None, 2.0], batch_norm=True),
-     dict(rollout_is="token", rollout_is_threshold=2.0, rollout_is_batch_normalize=True)),
-    (dict(is_level="sequence", is_mode="truncate", is_bounds=[None, 3.0], batch_norm=True),
-     dict(rollout_is="sequence", rollout_is_threshold=3.0, rollout_is_batch_normalize=True)),
-    (dict(rs_filters={"token_k1": "0.5_2.0"}), dict(rollout_rs="token_k1", rollout_rs_threshold="0.5_2.0")),
-    (dict(rs_filters={"token_k2": 0.1}), dict(rollout_rs="token_k2", rollout_rs_threshold=0.1)),
-    (dict(rs_filters={"token_k3": 0.05}), dict(rollout_rs="token_k3", rollout_rs_threshold=0.05)),
-    (dict(rs_filters={"seq_sum_k1": "0.3_3.0"}), dict(rollout_rs="seq_sum_k1", rollout_rs_threshold="0.3_3.0")),
-    (dict(rs_filters={"seq_mean_k1": "0.9_1.1"}), dict(rollout_rs="seq_mean_k1", rollout_rs_threshold="0.9_1.1")),
-    (dict(rs_filters={"seq_sum_k3": 0.5}), dict(rollout_rs="seq_sum_k3", rollout_rs_threshold=0.5)),
-    (dict(rs_filters={"seq_mean_k3": 0.01}), dict(rollout_rs="seq_mean_k3", rollout_rs_threshold=0.01)),
-    (dict(rs_filters={"seq_mean_k2": 0.05}), dict(rollout_rs="seq_mean_k2", rollout_rs_threshold=0.05)),
-    (dict(rs_filters={"seq_max_k2": 0.3}), dict(rollout_rs="seq_max_k2", rollout_rs_threshold=0.3)),
-    (dict(rs_filters={"seq_max_k3": 0.2}), dict(rollout_rs="seq_max_k3", rollout_rs_threshold=0.2)),
-    (dict(is_level="token", is_mode="truncate", is_bounds=[None, 2.0],
-          rs_filters={"token_k1": "0.5_2.0", "seq_max_k3": 0.3}),
-     dict(rollout_is="token", rollout_is_threshold=2.0, rollout_rs="token_k1,seq_max_k3",
-          rollout_rs_threshold="0.5_2.0,0.3")),
+    ({"is_level": "token", "is_mode": "truncate", "is_bounds": [None, 2.0]},
+     {"rollout_is": "token", "rollout_is_threshold": 2.0}),
+    ({"is_level": "sequence", "is_mode": "truncate", "is_bounds": [None, 5.0]},
+     {"rollout_is": "sequence", "rollout_is_threshold": 5.0}),
+    ({"is_level": "token", "is_mode": "mask", "is_bounds": [0.5, 5.0]},  # IcePop
+     {"rollout_is": "token", "rollout_is_threshold": "0.5_5.0"}),
+    ({"is_level": "sequence", "is_mode": "mask", "is_bounds": [0.5, 2.0]},
+     {"rollout_is": "sequence", "rollout_is_threshold": "0.5_2.0"}),
+    ({"is_level": "token", "is_mode": "truncate", "is_bounds": [None, 2.0], "batch_norm": True},
+     {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_is_batch_normalize": True}),
+    ({"is_level": "sequence", "is_mode": "truncate", "is_bounds": [None, 3.0], "batch_norm": True},
+     {"rollout_is": "sequence", "rollout_is_threshold": 3.0, "rollout_is_batch_normalize": True}),
+    ({"rs_filters": {"token_k1": "0.5_2.0"}}, {"rollout_rs": "token_k1", "rollout_rs_threshold": "0.5_2.0"}),
+    ({"rs_filters": {"token_k2": 0.1}}, {"rollout_rs": "token_k2", "rollout_rs_threshold": 0.1}),
+    ({"rs_filters": {"token_k3": 0.05}}, {"rollout_rs": "token_k3", "rollout_rs_threshold": 0.05}),
+    ({"rs_filters": {"seq_sum_k1": "0.3_3.0"}}, {"rollout_rs": "seq_sum_k1", "rollout_rs_threshold": "0.3_3.0"}),
+    ({"rs_filters": {"seq_mean_k1": "0.9_1.1"}}, {"rollout_rs": "seq_mean_k1", "rollout_rs_threshold": "0.9_1.1"}),
+    ({"rs_filters": {"seq_sum_k3": 0.5}}, {"rollout_rs": "seq_sum_k3", "rollout_rs_threshold": 0.5}),
+    ({"rs_filters": {"seq_mean_k3": 0.01}}, {"rollout_rs": "seq_mean_k3", "rollout_rs_threshold": 0.01}),
+    ({"rs_filters": {"seq_mean_k2": 0.05}}, {"rollout_rs": "seq_mean_k2", "rollout_rs_threshold": 0.05}),
+    ({"rs_filters": {"seq_max_k2": 0.3}}, {"rollout_rs": "seq_max_k2", "rollout_rs_threshold": 0.3}),
+    ({"rs_filters": {"seq_max_k3": 0.2}}, {"rollout_rs": "seq_max_k3", "rollout_rs_threshold": 0.2}),
+    ({"is_level": "token", "is_mode": "truncate", "is_bounds": [None, 2.0],
+          "rs_filters": {"token_k1": "0.5_2.0", "seq_max_k3": 0.3}},
+     {"rollout_is": "token", "rollout_is_threshold": 2.0, "rollout_rs": "token_k1,seq_max_k3",
+          "rollout_rs_threshold": "0.5_2.0,0.3"}),
 ]
 
 
@@ -190,7 +197,7 @@ def test_bypass_ppo_clip_does_not_apply_weights_but_reinforce_does() -> None:
 def test_log_space_clamp_keeps_weights_finite() -> None:
     lr = torch.tensor([[80.0, -80.0]], dtype=torch.float64)
     mask = torch.ones_like(lr)
-    w, raw, _ = is_weights(lr, mask, CorrectionSpec(is_level="sequence", is_mode="mask",
+    _, raw, _ = is_weights(lr, mask, CorrectionSpec(is_level="sequence", is_mode="mask",
                                                     is_bounds=[0.5, 2.0]))
     assert torch.isfinite(raw).all() and raw[0, 0].item() == pytest.approx(1.0)  # sum is 0
     _, raw, _ = is_weights(lr, mask, CorrectionSpec(is_level="token", is_mode="mask"))

@@ -7,9 +7,9 @@ import threading
 import time
 from pathlib import Path
 
+import doubles
 import pytest
 
-import doubles
 from orchestrator import records, workspace
 from orchestrator.exceptions import CheckpointError, InfraFailure
 from orchestrator.grid import expand, load_grid
@@ -29,8 +29,14 @@ checkpoint: {every: 5, keep: 2}
 """
 
 
+@pytest.fixture(scope="module")
+def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
+    # One store for the module: creating MLflow's SQLite schema costs seconds per test.
+    return f"sqlite:///{tmp_path_factory.mktemp('mlflow') / 'mlflow.db'}"
+
+
 @pytest.fixture
-def env(isolated: Path, monkeypatch: pytest.MonkeyPatch):
+def env(isolated: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str):
     doubles.register(monkeypatch)
     monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.005")
     path = isolated / "grid.yaml"
@@ -39,7 +45,7 @@ def env(isolated: Path, monkeypatch: pytest.MonkeyPatch):
     trials = {(t.axis_values["correction.is_level"], t.pool): t for t in expand(grid)}
     from orchestrator.tracking import GridRun
 
-    uri = workspace.tracking_uri()
+    uri = mlflow_uri
     parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir())
     tracking = TrackingTarget(uri, parent.experiment_id, parent.run_id)
     grid_dir = workspace.grid_dir(grid.name)
@@ -61,7 +67,7 @@ def _file_steps(grid_dir: Path, tid: str) -> list[int]:
 
 
 def test_healthy_trial_runs_to_the_end(env) -> None:
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-h100")]
     out = run_attempt(job(t))
     assert out["state"] == "done" and out["outcome"] == "completed" and out["last_step"] == 20
@@ -79,7 +85,7 @@ def test_healthy_trial_runs_to_the_end(env) -> None:
 
 
 def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, tmp_path, monkeypatch) -> None:
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-a100")]
     monkeypatch.setenv("ABLATE_DOUBLE_FAIL_ONCE", str(tmp_path))
     with pytest.raises(RuntimeError, match="injected"):
@@ -107,7 +113,7 @@ def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, t
 
 
 def test_collapse_is_a_result_stopped_early(env) -> None:
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, uri = env
     t = trials[("none", "sim-a100")]
     out = run_attempt(job(t))
     assert out["state"] == "done" and out["outcome"] == "stopped"
@@ -126,7 +132,7 @@ def test_collapse_is_a_result_stopped_early(env) -> None:
 
 
 def test_cancel_request_stops_a_running_trial(env, monkeypatch) -> None:
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, _uri = env
     monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.1")
     t = trials[("token", "sim-h100")]
     box: dict = {}
@@ -142,7 +148,7 @@ def test_cancel_request_stops_a_running_trial(env, monkeypatch) -> None:
 
 
 def test_bad_explicit_resume_step_changes_nothing(env) -> None:
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, _uri = env
     t = trials[("token", "sim-h100")]
     run_attempt(job(t))
     paths = TrialPaths(grid_dir, t.trial_id)
@@ -155,13 +161,12 @@ def test_bad_explicit_resume_step_changes_nothing(env) -> None:
 def test_trial_lock_prevents_running_twice(env) -> None:
     from filelock import FileLock
 
-    grid, trials, grid_dir, job, uri = env
+    _grid, trials, grid_dir, job, _uri = env
     t = trials[("token", "sim-h100")]
     paths = TrialPaths(grid_dir, t.trial_id)
     paths.root.mkdir(parents=True, exist_ok=True)
     import dataclasses
 
-    with FileLock(str(paths.root / ".run.lock")):
-        with pytest.raises(InfraFailure, match="still running in another process"):
-            run_attempt(dataclasses.replace(job(t), lock_timeout=0.3))
+    with FileLock(str(paths.root / ".run.lock")), pytest.raises(InfraFailure, match="still running"):
+        run_attempt(dataclasses.replace(job(t), lock_timeout=0.3))
     assert not paths.metrics.exists()

@@ -19,9 +19,9 @@ import threading
 import time
 from pathlib import Path
 
+import doubles
 import pytest
 
-import doubles
 from orchestrator import records, scheduler
 from orchestrator.exceptions import ConcurrencyError
 from orchestrator.trial import TrialPaths
@@ -166,14 +166,14 @@ def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
 
 
 def test_second_submit_is_refused_while_one_runs(setup) -> None:
-    tmp, (c, nodes) = setup
+    tmp, (c, _nodes) = setup
     path = _grid(tmp / "g.yaml", "busy", steps=5, seeds=[0], levels=["token"], pools=["sim-h100"],
                  budget="{max_parallel: 1}")
     grid_dir = tmp / ".ablate" / "busy"
     holder = subprocess.Popen(
-        [sys.executable, "-c", "import sys, time; from orchestrator.lease import GridLease; "
+        [sys.executable, "-c", ("import sys, time; from orchestrator.lease import GridLease; "
          "lease = GridLease(sys.argv[1], 'busy'); lease.acquire('other-sub'); print('held', flush=True); "
-         "time.sleep(60)", str(grid_dir)], stdout=subprocess.PIPE, text=True)
+         "time.sleep(60)"), str(grid_dir)], stdout=subprocess.PIPE, text=True)
     try:
         assert holder.stdout.readline().strip() == "held"
         with pytest.raises(ConcurrencyError) as exc:
@@ -194,8 +194,8 @@ scheduler.submit({grid!r}, address={address!r}, progress=False)
 
 @pytest.mark.slow
 def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
-    tmp, (c, nodes) = setup
-    path = _grid(tmp / "g.yaml", "crash", steps=40, seeds=[0, 1], levels=["token", "sequence"],
+    tmp, (c, _nodes) = setup
+    path = _grid(tmp / "g.yaml", "crash", steps=30, seeds=[0, 1], levels=["token", "sequence"],
                  pools=["sim-h100", "sim-a100", "sim-h20"], budget="{max_parallel: 4}",
                  extra="collapse: {rules: none}\n")
     grid_dir = tmp / ".ablate" / "crash"
@@ -227,9 +227,9 @@ def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
     assert summary["states"] == {"done": 12} and summary["skipped_finished"] == len(done_before)
     uri = summary["tracking_uri"]
     for tid, t in after.items():
-        assert t["steps"] == list(range(1, 41)), tid  # no step lost or duplicated on disk
+        assert t["steps"] == list(range(1, 31)), tid  # no step lost or duplicated on disk
         for key in ("critic/score/mean", "rollout_corr/k3_kl"):
-            assert _mlflow_steps(uri, t["state"].mlflow_run_id, key) == list(range(1, 41)), (tid, key)
+            assert _mlflow_steps(uri, t["state"].mlflow_run_id, key) == list(range(1, 31)), (tid, key)
         outcomes = [a.outcome for a in t["attempts"]]
         if tid in done_before:
             assert outcomes == ["completed"]  # not rerun
@@ -253,7 +253,7 @@ collapse:
 
 @pytest.mark.slow
 def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None:
-    tmp, (c, nodes) = setup
+    tmp, (c, _nodes) = setup
     path = _grid(tmp / "g.yaml", "faults", steps=40, seeds=[0], levels=["token"], pools=["sim-a100"],
                  axes="  rollout.deterministic: [true, false]\n", budget="{max_parallel: 2}",
                  extra=MISMATCH_RULE)
@@ -299,7 +299,7 @@ def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None
 
 
 def test_cancel_a_pool_of_a_running_grid(setup, double) -> None:
-    tmp, (c, nodes) = setup
+    tmp, (c, _nodes) = setup
     path = _grid(tmp / "g.yaml", "cancelme", steps=60, seeds=[0, 1], levels=["token"],
                  pools=["sim-h100", "sim-h20"], budget="{max_parallel: 4}")
     grid_dir = tmp / ".ablate" / "cancelme"
@@ -348,7 +348,7 @@ checkpoint: {every: 10}
 
 @pytest.mark.slow
 def test_optuna_search_beats_the_worst_grid_point(setup) -> None:
-    tmp, (c, nodes) = setup
+    tmp, (c, _nodes) = setup
     head = "recipe: sim/grpo_tiny\nbackend: sim\nsteps: 40\nseeds: [0]\npool: sim-h100\n"
     grid = tmp / "g.yaml"
     grid.write_text(f"name: lr-grid\n{head}axes:\n  train.lr: [1.0e-4, 1.0e-2]\n"
@@ -368,3 +368,62 @@ def test_optuna_search_beats_the_worst_grid_point(setup) -> None:
     # A second submit of the finished search runs nothing new.
     again = scheduler.submit(str(search), address=c.address, progress=False)
     assert again["trials"] == 5 and again["skipped_finished"] == 5
+
+
+def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
+    """What `ablate resume` (issue 6) builds on: reopen a trial with a resume request."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.trial import TrialState, transition
+
+    tmp, (c, nodes) = setup
+    path = _grid(tmp / "g.yaml", "moveme", steps=20, seeds=[0], levels=["token"], pools=["sim-h100"],
+                 budget="{max_parallel: 1}", extra="collapse: {rules: none}\n")
+    first = scheduler.submit(str(path), address=c.address, progress=False)
+    grid_dir = Path(first["grid_dir"])
+    (tid,) = _trials(grid_dir)
+    paths = TrialPaths(grid_dir, tid)
+    rec = records.load_state(paths, tid)
+    run_id = rec.mlflow_run_id
+    rec.state = transition(rec.state, TrialState.PENDING, resume=True)
+    rec.resume = {"pool": "sim-h20", "start": 15}  # keep: 2 leaves steps 15 and 20
+    records.save_state(paths, rec)
+    second = scheduler.submit(str(path), address=c.address, progress=False)
+    assert second["states"] == {"done": 1}
+    t = _trials(grid_dir)[tid]
+    a1, a2 = t["attempts"]
+    assert (a1.pool, a1.node, a1.outcome) == ("sim-h100", nodes["sim-h100"], "completed")
+    assert (a2.pool, a2.node, a2.resumed_from_step, a2.start_step, a2.end_step) == (
+        "sim-h20", nodes["sim-h20"], 15, 16, 20)
+    assert t["state"].mlflow_run_id == run_id and t["state"].resume is None
+    assert t["steps"] == list(range(1, 21))
+    # MLflow: one run; steps 16-20 were logged again by the resumed attempt, and the newest
+    # value per step is the resumed attempt's (what metrics.jsonl holds).
+    hist = MlflowClient(second["tracking_uri"]).get_metric_history(run_id, "critic/score/mean")
+    newest: dict[int, tuple[int, float]] = {}
+    for m in hist:
+        if m.step not in newest or m.timestamp >= newest[m.step][0]:
+            newest[m.step] = (m.timestamp, m.value)
+    want = {s: m["critic/score/mean"] for s, m in records.iter_metrics(paths.metrics)}
+    assert sorted(newest) == list(range(1, 21))
+    assert {s: v for s, (_, v) in newest.items()} == pytest.approx(want)
+
+
+def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> None:
+    from mlflow.tracking import MlflowClient
+
+    tmp, (c, _nodes) = setup
+    path = _grid(tmp / "g.yaml", "doomed", steps=20, seeds=[0], levels=["token"], pools=["sim-h20"],
+                 budget="{max_parallel: 1}", extra="", tiny=False)
+    path.write_text(path.read_text().replace("retries: {max: 2}", "retries: {max: 1}")
+                    + "overrides: {train.lr: 0.0666}\n")
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    assert summary["states"] == {"failed": 1}
+    (t,) = _trials(Path(summary["grid_dir"])).values()
+    assert [(a.outcome, a.start_step, a.end_step) for a in t["attempts"]] == [
+        ("infra_failure", 1, 6), ("infra_failure", 6, 6)]  # retried once, from the step-5 checkpoint
+    assert "retries exhausted after 2 attempts" in t["state"].error and "injected" in t["state"].error
+    assert t["state"].verdict["kind"] == "infra_failure"
+    run = MlflowClient(summary["tracking_uri"]).get_run(t["state"].mlflow_run_id)
+    assert run.info.status == "FAILED" and run.data.tags["verdict"] == "infra_failure"
+    assert summary["failed"][0]["trial_id"] == t["spec"]["trial_id"]

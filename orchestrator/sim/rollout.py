@@ -66,10 +66,8 @@ class EngineOps:
         are summed one by one in that dtype, as a split-K kernel with a low-precision workspace
         does. One batched matmul computes all the partials."""
         k, s = x.shape[-1], self.num.split_k
-        if k % s or k == s:
-            s = k if k % s else s
-            if s == k:
-                return torch.matmul(x, wt)
+        if k % s or k <= s:  # a K that does not split evenly runs as one chunk
+            return torch.matmul(x, wt).to(out_dtype)
         n = k // s
         xr = x.unflatten(-1, (n, s)).unsqueeze(-2)  # [..., n, 1, s]
         wr = wt.unflatten(-2, (n, s))  # [(E), n, s, O]

@@ -15,9 +15,15 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator import metrics as M
-from orchestrator.corrections import (Correction, CorrectionSpec, apply_correction,
-                                      correction_metrics, mismatch_metrics, opsm_mask,
-                                      policy_loss)
+from orchestrator.corrections import (
+    Correction,
+    CorrectionSpec,
+    apply_correction,
+    correction_metrics,
+    mismatch_metrics,
+    opsm_mask,
+    policy_loss,
+)
 from orchestrator.exceptions import NumericFailure
 from orchestrator.sim.model import ModelConfig, forward, init_params
 from orchestrator.sim.profile import Numerics
@@ -149,7 +155,7 @@ class GRPOTrainer:
                 extra = None
                 if self.corr.opsm is not None:
                     extra = opsm_mask(logp, mu, mask, adv[idx], self.corr.opsm)
-                    acc.setdefault("actor/opsm_fraction", []).append(1.0 - extra.mean().item())
+                    acc.setdefault(M.OPSM_FRACTION, []).append(1.0 - extra.mean().item())
                 loss, m = policy_loss(logp, anchor, adv[idx], c, self.corr, cfg.clip_eps, extra)
                 parts = {M.PG_LOSS: loss.item(), M.PG_CLIPFRAC: m["pg_clipfrac"],
                          M.PPO_KL: ((anchor - logp.detach()) * mask).sum().item()

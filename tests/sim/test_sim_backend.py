@@ -53,7 +53,7 @@ def test_resume_is_bit_for_bit(sim, tmp_path, arch, extra) -> None:
     full, ref = sim.run(tmp_path / "full", sim.pool("sim-l20"), 9, over, every=3)
     assert full.outcome is AttemptOutcome.COMPLETED and ref.checkpoints() == [3, 6, 9]
     # Interrupted run: stop after step 7 (checkpoint at 6), then resume from 6.
-    part, first = sim.run(tmp_path / "part", sim.pool("sim-l20"), 9, over, every=3, stop_at=7)
+    part, _ = sim.run(tmp_path / "part", sim.pool("sim-l20"), 9, over, every=3, stop_at=7)
     assert part.outcome is AttemptOutcome.STOPPED and part.last_step == 7
     res, second = sim.run(tmp_path / "part", sim.pool("sim-l20"), 9, over, every=3, resume=6)
     assert res.outcome is AttemptOutcome.COMPLETED and sorted(second.metrics) == [7, 8, 9]
@@ -141,3 +141,28 @@ def test_plan_time_check_refusals_and_no_torch_import(sim) -> None:
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"
+
+
+def test_routing_replay_r3_removes_router_flips_from_the_mismatch(sim, tmp_path) -> None:
+    # Same seed -> same rollouts at step 1; R3 makes pi_old use the rollout's expert choices.
+    over = {"model.arch": "moe", "train.prompts_per_step": 8}
+    _, off = sim.run(tmp_path / "off", sim.pool("sim-a100"), 1, over)
+    _, r3 = sim.run(tmp_path / "r3", sim.pool("sim-a100"), 1, {**over, "correction.routing_replay": "R3"})
+    assert r3.metrics[1][M.TRAIN_REWARD] == off.metrics[1][M.TRAIN_REWARD]  # same samples
+    assert r3.metrics[1][M.K3_KL] < off.metrics[1][M.K3_KL]
+
+
+@pytest.mark.parametrize("over,metric", [
+    ({"correction.policy": "bypass", "correction.loss_type": "reinforce",
+      "correction.is_level": "token"}, M.IS_MEAN),
+    ({"correction.policy": "bypass", "correction.rs_filters": {"seq_max_k3": 0.01}},
+     M.RS_MASKED_FRACTION),
+    ({"correction.opsm": 1e-4, "correction.is_level": "geometric", "correction.is_mode": "mask",
+      "correction.is_bounds": [0.999, 1.001]}, M.OPSM_FRACTION),
+    ({"model.arch": "moe", "correction.routing_replay": "R2", "correction.denominator": "original",
+      "correction.rs": "sequence", "correction.rs_bounds": [0.5, 2.0]}, M.RS_SEQ_MASKED_FRACTION),
+])
+def test_other_correction_paths_run_and_report(sim, tmp_path, over, metric) -> None:
+    res, ctx = sim.run(tmp_path, sim.pool("sim-a100"), 2, over)
+    assert res.outcome is AttemptOutcome.COMPLETED
+    assert all(math.isfinite(m[metric]) for m in ctx.metrics.values())

@@ -1,0 +1,105 @@
+"""``ablate status`` and ``ablate cancel``: read and steer a grid from any process.
+
+Both work from the grid's files alone, so they answer whether or not an orchestrator runs the
+grid. Cancelling a trial nobody runs marks it CANCELLED at once (under its run lock); a running
+trial is asked to stop through ``cancel.json`` and its runner ends the attempt within a step.
+"""
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from orchestrator import records, workspace
+from orchestrator.exceptions import UserError, did_you_mean
+from orchestrator.lease import active_holder
+from orchestrator.runner import mark_cancelled
+from orchestrator.trial import TrialPaths
+
+
+def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
+    """``grid`` is a grid file or a grid name; its directory must exist in the workdir."""
+    name = grid
+    if grid.endswith((".yaml", ".yml")) or os.path.sep in grid:
+        from orchestrator.grid import load_grid
+
+        name = load_grid(grid).name
+    grid_dir = workspace.grid_dir(name, workdir)
+    if not (grid_dir / "trials").is_dir():
+        known = [Path(p).parent.name for p in map(str, workspace.workdir(workdir).glob("*/trials"))]
+        hint = did_you_mean(name, known)
+        raise UserError(f"grid {name!r} has no runs in {workspace.workdir(workdir)}"
+                        + (f"; did you mean {hint!r}?" if hint else "; start it with `ablate submit GRID_FILE`"))
+    return grid_dir
+
+
+def status_command(grid: str | None, *, workdir: str | None = None, as_json: bool = False) -> int:
+    """Print per-pool counts and per-trial progress of one grid (or every grid in the workdir)."""
+    import json
+    import sys
+
+    from orchestrator import progress
+
+    if grid is None:
+        dirs = sorted(p.parent for p in workspace.workdir(workdir).glob("*/trials"))
+        if not dirs:
+            raise UserError(f"no grids have run in {workspace.workdir(workdir)}; "
+                            "start one with `ablate submit GRID_FILE`")
+    else:
+        dirs = [_resolve_grid_dir(grid, workdir)]
+    views = [progress.collect(d) for d in dirs]
+    if as_json:
+        json.dump([v.to_json() for v in views] if grid is None else views[0].to_json(), sys.stdout,
+                  default=str)
+        sys.stdout.write("\n")
+        return 0
+    from rich.console import Console
+
+    console = Console()
+    for v in views:
+        console.print(progress.render(v))
+        if v.holder is None and any(t.state in ("running", "pending") for t in v.trials):
+            console.print("no orchestrator is running this grid: `ablate submit` it again to resume")
+    return 0
+
+
+def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = None,
+           workdir: str | None = None) -> int:
+    """Cancel unfinished trials (given ids, one pool, or the whole grid); returns how many.
+
+    Trials nobody runs are marked CANCELLED at once; running ones are asked to stop through
+    ``cancel.json`` and stop within a step (their attempt is recorded as cancelled).
+    """
+    from filelock import FileLock, Timeout
+
+    grid_dir = _resolve_grid_dir(grid, workdir)
+    known = {p.parent.name: records.load_spec(TrialPaths(grid_dir, p.parent.name))
+             for p in (grid_dir / "trials").glob("*/spec.json")}
+    for tid in trials or []:
+        if tid not in known:
+            hint = did_you_mean(tid, known)
+            raise UserError(f"grid {grid_dir.name}: no trial {tid!r}"
+                            + (f"; did you mean {hint!r}?" if hint else "; see `ablate status`"))
+    if pool is not None and not any(s is not None and s.pool == pool for s in known.values()):
+        pools = sorted({s.pool for s in known.values() if s is not None})
+        hint = did_you_mean(pool, pools)
+        raise UserError(f"grid {grid_dir.name}: no trial on pool {pool!r}; pools: {', '.join(pools)}"
+                        + (f"; did you mean {hint!r}?" if hint else ""))
+    chosen = [t for t, s in known.items() if s is not None and (trials and t in trials or
+              pool is not None and s.pool == pool or not trials and pool is None)]
+    targets = [t for t in chosen
+               if not records.load_state(TrialPaths(grid_dir, t), t).state.is_finished()]
+    requests = list(targets) + (["*"] if not trials and pool is None else [])
+    if requests and active_holder(grid_dir) is not None:
+        records.add_cancel_requests(grid_dir, requests)
+    for tid in targets:
+        lock = FileLock(str(TrialPaths(grid_dir, tid).root / ".run.lock"))
+        try:
+            lock.acquire(timeout=0)
+        except Timeout:
+            records.add_cancel_requests(grid_dir, [tid])  # running: its runner stops it
+            continue
+        try:
+            mark_cancelled(grid_dir, tid)
+        finally:
+            lock.release()
+    return len(targets)

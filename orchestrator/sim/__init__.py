@@ -1,0 +1,5 @@
+"""The CPU GRPO simulator behind the ``sim`` backend (see README.md in this directory).
+
+Importing the package is cheap; the submodules ``model``, ``rollout``, ``trainer``, ``task`` and
+``calibrate`` import torch, ``profile`` and ``config`` do not (plan-time checks use them).
+"""
