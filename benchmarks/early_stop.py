@@ -29,9 +29,9 @@ from pathlib import Path
 
 History = list[tuple[int, dict[str, float]]]
 REPO = Path(__file__).resolve().parent.parent
-SETTINGS = [  # (label, margin, on_warning)
+SETTINGS = [  # (label, margin, on_warning); margin 20 is the default
     ("margin 0", 0, False), ("margin 5", 5, False), ("margin 10", 10, False), ("margin 20", 20, False),
-    ("warning + 10", 10, True), ("warning + 30", 30, True),
+    ("margin 40", 40, False), ("warning + 10", 10, True), ("warning + 30", 30, True),
 ]
 
 
@@ -119,7 +119,7 @@ def evaluate(trials: Sequence[tuple[str, int, History, str]], collapse: object) 
     bad_kinds = (VerdictKind.HEALTHY, VerdictKind.UNSTABLE)
     for label, margin, on_warning in SETTINGS:
         early = EarlyStopSpec(enabled=True, margin=margin, on_warning=on_warning)
-        saved = wrong = agree = stopped = 0
+        saved = wrong = wrong_healthy = agree = stopped = 0
         wrong_ids = []
         for tid, total, hist, name in trials:
             v, at = replay(hist, total, collapse, early)
@@ -129,12 +129,14 @@ def evaluate(trials: Sequence[tuple[str, int, History, str]], collapse: object) 
                 saved += total - at
                 if ref.kind in bad_kinds:
                     wrong += 1
-                    wrong_ids.append(name)
+                    wrong_healthy += ref.kind is VerdictKind.HEALTHY
+                    wrong_ids.append(f"{name} [{ref.kind.value}]")
             # A trial stopped on a warning alone has no collapse yet; it "predicts" a collapse.
             early_kind = VerdictKind.COLLAPSED if at is not None and v.kind in bad_kinds else v.kind
             agree += early_kind is ref.kind
         rows.append({"setting": label, "stopped": stopped, "saved_share": saved / total_steps,
-                     "wrongly_stopped": wrong, "wrongly_stopped_trials": wrong_ids,
+                     "wrongly_stopped": wrong, "healthy_stopped": wrong_healthy,
+                     "wrongly_stopped_trials": wrong_ids,
                      "agreement": agree / len(trials)})
     leads = [v.lead_time for v in full.values() if v.kind is VerdictKind.COLLAPSED and v.lead_time is not None]
     return {"trials": len(trials), "trial_steps": total_steps, "full_run_verdicts": kinds,
@@ -152,10 +154,12 @@ def report(res: Mapping[str, object], source: str) -> None:
     print(f"collapses with an early warning: {res['collapsed_with_warning']}, lead time median "
           f"{res['lead_time_median']} steps, range {res['lead_time_range']}; "
           f"steps after collapse onsets (upper bound on savings): {res['ideal_saved_share']:.1%}")
-    print(f"{'setting':<14}{'stopped':>8}{'saved':>9}{'wrongly stopped':>17}{'agreement':>11}")
+    print("wrongly stopped = stopped, but the full run ended healthy or unstable (recovered)")
+    print(f"{'setting':<14}{'stopped':>8}{'saved':>9}{'wrongly stopped':>17}{'of them healthy':>17}"
+          f"{'agreement':>11}")
     for r in res["settings"]:  # type: ignore[attr-defined]
         print(f"{r['setting']:<14}{r['stopped']:>8}{r['saved_share']:>9.1%}{r['wrongly_stopped']:>17}"
-              f"{r['agreement']:>11.1%}")
+              f"{r['healthy_stopped']:>17}{r['agreement']:>11.1%}")
         if r["wrongly_stopped_trials"]:
             print(f"{'':14}wrongly stopped: {', '.join(r['wrongly_stopped_trials'][:6])}")
 

@@ -41,10 +41,9 @@ DEFAULT_RULES: tuple[CollapseRuleSpec, ...] = (
                      threshold=0.5, window=2, patience=2, min_step=0, min_delta=0.03),
     CollapseRuleSpec(name="train_reward_drop", metric=M.TRAIN_REWARD, kind="drop_from_peak",
                      threshold=0.5, window=10, patience=5, min_step=0, min_delta=0.03),
-    # Seed 000: the training policy's PPL blows up together with vllm-kl.
+    # Seed 000: the training policy's PPL blows up together with vllm-kl. (No default entropy
+    # blow-up: in the simulator entropy falls to ~0 and recovers, which reads as a 100x "blow-up".)
     CollapseRuleSpec(name="ppl_blowup", metric=M.TRAINING_PPL, kind="blowup",
-                     threshold=3.0, window=5, patience=5, min_step=5),
-    CollapseRuleSpec(name="entropy_blowup", metric=M.ENTROPY, kind="blowup",
                      threshold=3.0, window=5, patience=5, min_step=5),
     # Seed 000: A100 k3 in 1e-2..1 made training infeasible; corrections.md: |kl| > 0.1 warns.
     CollapseRuleSpec(name="k3_kl_high", metric=M.K3_KL, kind="above",
@@ -143,7 +142,8 @@ class _Rule:
         self.best: float | None = None  # running peak (drop) or running min (blowup)
         self.streak = 0
         self.streak_start: int | None = None
-        self.firing: _Firing | None = None
+        self.firing: _Firing | None = None  # the current episode
+        self.episodes: list[_Firing] = []  # earlier episodes the trial recovered from
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> None:
         spec = self.spec
@@ -222,15 +222,26 @@ class _Rule:
             self.firing = _Firing(onset=self.streak_start or step, fired=step, value=value, reference=ref)
 
     def _track_after_fire(self, cond: bool) -> None:
-        assert self.firing is not None
+        f = self.firing
+        assert f is not None
         if cond:
-            self.firing.clear_streak = 0
-            self.firing.active_since_fire += 1
-        else:
-            self.firing.clear_streak += 1
+            f.clear_streak = 0
+            f.active_since_fire += 1
+            return
+        f.clear_streak += 1
+        if f.clear_streak >= max(RECOVERY_OBS, self.spec.patience) and self.spec.kind != "nonfinite":
+            # Recovered: remember the episode and re-arm, so a later relapse is judged (and can
+            # stop the trial) on its own, not on the count of an old episode.
+            self.episodes.append(f)
+            self.firing, self.streak, self.streak_start = None, 0, None
 
     def recovered(self) -> bool:
-        return self.firing is not None and self.firing.clear_streak >= max(RECOVERY_OBS, self.spec.patience)
+        """Fired before, and not in an episode now."""
+        return self.firing is None and bool(self.episodes)
+
+    def first_onset(self) -> int:
+        starts = [e.onset for e in self.episodes] + ([self.firing.onset] if self.firing else [])
+        return min(starts)
 
 
 class _Warning:
@@ -343,8 +354,8 @@ class VerdictEngine:
         rules = [r for r in self.rules if r.firing is not None and r.spec.kind in kinds]
         return min(rules, key=lambda r: r.firing.onset) if rules else None  # type: ignore[union-attr]
 
-    def _describe(self, rule: _Rule) -> str:
-        f, spec = rule.firing, rule.spec
+    def _describe(self, rule: _Rule, episode: _Firing | None = None) -> str:
+        f, spec = episode or rule.firing, rule.spec
         assert f is not None
         ref = "" if f.reference is None else f" vs reference {f.reference:.4g}"
         kind = {"explode": f"> {spec.threshold:g}x running median",
@@ -373,8 +384,7 @@ class VerdictEngine:
             return Verdict(VerdictKind.NUMERIC_FAILURE, step=step, rule="nonfinite", reason=why,
                            values=self._fired_at.get("nonfinite", {}), **self._lead(warn, step), **{
                                k: v for k, v in common.items() if k != "warning_step"})
-        complete = outcome == "completed"
-        collapsed = [r for r in self._fired("collapsed") if not (complete and r.recovered())]
+        collapsed = self._fired("collapsed")
         if collapsed:
             rule = collapsed[0]
             f = rule.firing
@@ -391,18 +401,18 @@ class VerdictEngine:
         if outcome == "infra_failure":
             return Verdict(VerdictKind.INFRA_FAILURE, step=last_step, reason=reason or "infra failure",
                            **common)
-        unstable = self._fired("unstable") + [r for r in self._fired("collapsed") if r.recovered()]
+        unstable = [r for r in self.rules if (r.firing is not None or r.episodes)
+                    and r.spec.kind != "nonfinite"]
         if unstable:
-            rule = min(unstable, key=lambda r: r.firing.onset)  # type: ignore[union-attr]
-            f = rule.firing
-            assert f is not None
+            unstable.sort(key=lambda r: r.first_onset())
+            rule = unstable[0]
+            f = rule.firing or rule.episodes[0]
             note = " and recovered" if rule.spec.verdict == "collapsed" else ""
-            why = f"unstable from step {f.onset}: {rule.spec.name}{note}: {self._describe(rule)}"
-            others = [r for r in unstable if r is not rule]
-            if others:
-                why += "; also fired: " + ", ".join(
-                    f"{r.spec.name}@{r.firing.onset}" for r in sorted(others, key=lambda r: r.firing.onset))  # type: ignore[union-attr]
-            return Verdict(VerdictKind.UNSTABLE, step=f.onset, rule=rule.spec.name, reason=why,
+            why = (f"unstable from step {rule.first_onset()}: {rule.spec.name}{note}: "
+                   f"{self._describe(rule, f)}")
+            if len(unstable) > 1:
+                why += "; also fired: " + ", ".join(f"{r.spec.name}@{r.first_onset()}" for r in unstable[1:])
+            return Verdict(VerdictKind.UNSTABLE, step=rule.first_onset(), rule=rule.spec.name, reason=why,
                            values={**self._fired_at.get(rule.spec.name, {}), rule.spec.metric: f.value},
                            **common)
         why = "healthy: no collapse rule fired"

@@ -113,10 +113,10 @@ def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelCo
         cache.v[i][:, :, start:start + t] = ops.store_kv(v)
         k = cache.k[i][:, :, :start + t].to(q.dtype)
         v = cache.v[i][:, :, :start + t].to(q.dtype)
-    scores = torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))
-    # Query at absolute position start+r sees keys 0..start+r.
-    causal = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
-    scores = scores.float().masked_fill(~causal, float("-inf"))
+    scores = (torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).float()
+    if t > 1:  # query at absolute position start+r sees keys 0..start+r (one query sees all)
+        causal = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+        scores = scores.masked_fill(~causal, float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # softmax in fp32, like fused kernels
     out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, d)
     return ops.linear(out, p, f"l{i}_out")

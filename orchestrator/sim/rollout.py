@@ -53,54 +53,66 @@ class EngineOps:
     def cast(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.act_dtype)
 
-    def _mm(self, x: torch.Tensor, w: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
-        wt = w.transpose(-1, -2)
+    def _mm(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
+            out_dtype: torch.dtype) -> torch.Tensor:
+        blk = p.get(name + "@blk")
+        if blk is not None:
+            return self._split_k(x, blk, out_dtype)
+        wt = p[name].transpose(-1, -2)
         if self.num.reduction_order == "reversed":  # weights were stored K-reversed at sync
             return torch.matmul(x.flip(-1), wt)
-        if self.num.reduction_order == "chunked":
-            return self._split_k(x, wt, out_dtype)
         return torch.matmul(x, wt)
 
-    def _split_k(self, x: torch.Tensor, wt: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def _split_k(self, x: torch.Tensor, blk: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
         """split-K: each K-chunk's partial product is written in ``out_dtype`` and the partials
         are summed one by one in that dtype, as a split-K kernel with a low-precision workspace
-        does. One batched matmul computes all the partials."""
-        k, s = x.shape[-1], self.num.split_k
-        if k % s or k <= s:  # a K that does not split evenly runs as one chunk
-            return torch.matmul(x, wt).to(out_dtype)
-        n = k // s
-        xr = x.unflatten(-1, (n, s)).unsqueeze(-2)  # [..., n, 1, s]
-        wr = wt.unflatten(-2, (n, s))  # [(E), n, s, O]
-        if wt.dim() == 3:  # expert weights: keep E apart from the token dims
-            wr = wr.unsqueeze(1)
-        parts = torch.matmul(xr, wr).squeeze(-2).to(out_dtype)  # [..., n, O]
-        acc = parts[..., 0, :]
+        does. ``blk`` is block-diagonal [(E), K, n*O], so one GEMM yields all n partials (the
+        zero blocks add exact zeros)."""
+        parts = torch.matmul(x, blk).to(out_dtype)
+        n = blk.shape[-2] // self.num.split_k
+        o = blk.shape[-1] // n
+        acc = parts[..., :o]
         for i in range(1, n):
-            acc = acc + parts[..., i, :]
+            acc = acc + parts[..., i * o:(i + 1) * o]
         return acc
+
+    def _blocks(self, w: torch.Tensor) -> torch.Tensor | None:
+        """Block-diagonal split-K layout of ``w`` [(E), O, K], or None if K does not split."""
+        o, k = w.shape[-2], w.shape[-1]
+        s = self.num.split_k
+        if k % s or k <= s:
+            return None
+        n = k // s
+        wt = w.transpose(-1, -2)
+        blk = torch.zeros(*w.shape[:-2], k, n * o, dtype=w.dtype)
+        for i in range(n):
+            blk[..., i * s:(i + 1) * s, i * o:(i + 1) * o] = wt[..., i * s:(i + 1) * s, :]
+        return blk
 
     def _lin(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
              dtype: str) -> torch.Tensor:
+        """``x @ W.T`` in ``dtype``; the output is in ``dtype`` (bf16 for fp8)."""
         if dtype == "fp8":  # W8A8: per-token activation scale, per-channel weight scale
             xq, sx = _fp8_quant(x, -1)
-            y = self._mm(xq, p[name], torch.bfloat16).float() * sx * p[name + "@s"]
-            return y.to(self.act_dtype)
+            y = self._mm(xq, p, name, torch.bfloat16).float() * sx * p[name + "@s"]
+            return y.to(torch.bfloat16)
         dt = DTYPES[dtype]
-        return self._mm(x.to(dt), p[name], dt).to(self.act_dtype)
+        return self._mm(x.to(dt), p, name, dt)
 
     def linear(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-        return self._lin(x, p, name, self.num.dtype)
+        return self._lin(x, p, name, self.num.dtype).to(self.act_dtype)
 
     def router(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
-        return self._lin(x, p, name, self.num.router)
+        return self._lin(x, p, name, self.num.router)  # the caller upcasts for the softmax
 
     def head(self, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
-        out = self._lin(x, p, "head", self.num.lm_head)
-        # The engine returns logits in the head's dtype (fp32 head -> fp32 logits).
-        return out.to(torch.float32 if self.num.lm_head == "fp32" else out.dtype)
+        # Logits come back in the head's own dtype (fp32 head -> fp32 logits, no rounding).
+        return self._lin(x, p, "head", self.num.lm_head)
 
     def store_kv(self, x: torch.Tensor) -> torch.Tensor:
-        return x.to(self.kv_dtype)
+        # Rounded to the KV dtype, held in the activation dtype (the rounded value is exact there,
+        # fp16 range limits aside): reading the cache then converts nothing.
+        return x.to(self.kv_dtype).to(self.act_dtype)
 
     def convert(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         """Engine-format copy of fp32 trainer weights (the 'weight sync')."""
@@ -119,6 +131,10 @@ class EngineOps:
                 out[name], out[name + "@s"] = q, s.transpose(-1, -2)
             else:
                 out[name] = w.to(DTYPES[kind])
+            if self.num.reduction_order == "chunked":
+                blk = self._blocks(out[name])
+                if blk is not None:
+                    out[name + "@blk"] = blk
         return out
 
     def _kind(self, name: str) -> str | None:
@@ -201,7 +217,7 @@ class RolloutEngine:
     def _cached_steps(self, tokens: torch.Tensor):
         """Coroutine: log-probs of the next token, decoding with the KV cache."""
         plen = self.task.prompt_len
-        cache = KVCache.empty(self.cfg, tokens.shape[0], self.ops.kv_dtype)
+        cache = KVCache.empty(self.cfg, tokens.shape[0], self.ops.act_dtype)
         routing: list[list[torch.Tensor]] = [[] for _ in range(self.cfg.n_layers)] if self.cfg.moe else []
         chunk = self.num.chunked_prefill or plen
 
