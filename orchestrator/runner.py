@@ -29,7 +29,14 @@ from orchestrator.checkpoints import CheckpointStore
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
-from orchestrator.trial import Attempt, TrialPaths, TrialSpec, TrialState, atomic_write_json
+from orchestrator.trial import (
+    Attempt,
+    TrialPaths,
+    TrialSpec,
+    TrialState,
+    atomic_write_json,
+    transition,
+)
 
 log = logging.getLogger(__name__)
 _OUTCOME = {AttemptOutcome.COMPLETED: "completed", AttemptOutcome.STOPPED: "stopped",
@@ -153,7 +160,7 @@ class _Attempt:
         self.attempts = attempts + [self.attempt]
         records.save_attempts(paths, self.attempts)
         self._open_tracking()
-        self.record.state = TrialState.RUNNING
+        self.record.state = _to_running(self.record.state)
         self.record.pool = job.pool.name
         self.record.attempts = self.number
         self.record.pending_reason = self.record.error = self.record.resume = None
@@ -293,7 +300,7 @@ class _Attempt:
         self.commit(self.last_step)
         verdict = self.engine.verdict(self.last_step, outcome, reason)
         state = TrialState.CANCELLED if outcome == "cancelled" else TrialState.DONE
-        self.record.state = state
+        self.record.state = transition(self.record.state, state)
         self.record.verdict = verdict.to_json()
         self.record.last_step = self.last_step
         records.save_state(self.paths, self.record)
@@ -319,9 +326,9 @@ class _Attempt:
         self.record.error = reason
         self.record.last_step = self.last_step
         if retriable:
-            self.record.state = TrialState.PENDING
+            self.record.state = transition(self.record.state, TrialState.PENDING)
         else:
-            self.record.state = TrialState.FAILED
+            self.record.state = transition(self.record.state, TrialState.FAILED)
             self.record.verdict = self.engine.verdict(self.last_step, "infra_failure", reason).to_json()
         records.save_state(self.paths, self.record)
         if self.tracker is not None:
@@ -334,6 +341,16 @@ class _Attempt:
                 self.tracker.flush(10.0)
             except Exception:
                 log.exception("trial %s: tracking update after failure failed", self.job.trial.trial_id)
+
+
+def _to_running(state: TrialState) -> TrialState:
+    """The legal path to RUNNING: a reopened finished trial and a stale RUNNING one (its
+    process died unrecorded) pass through PENDING first."""
+    if state.is_finished():
+        state = transition(state, TrialState.PENDING, resume=True)  # `ablate resume`, --fresh
+    elif state is TrialState.RUNNING:
+        state = transition(state, TrialState.PENDING)
+    return transition(state, TrialState.RUNNING)
 
 
 def _verdict_engine(job: AttemptJob) -> Any:
@@ -420,7 +437,7 @@ def mark_cancelled(grid_dir: Path, trial_id: str) -> dict[str, Any]:
     paths = TrialPaths(grid_dir, trial_id)
     record = records.load_state(paths, trial_id)
     if not record.state.is_finished():
-        record.state = TrialState.CANCELLED
+        record.state = transition(record.state, TrialState.CANCELLED)
         record.pending_reason = None
         records.save_state(paths, record)
     records.clear_cancel_requests(grid_dir, [trial_id])

@@ -30,7 +30,7 @@ from orchestrator.lease import GridLease
 from orchestrator.pools import PoolSpec
 from orchestrator.runner import AttemptJob, TrackingTarget, run_attempt
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
-from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json
+from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json, transition
 
 LABEL_ACCELERATOR = "ray.io/accelerator-type"
 
@@ -185,7 +185,9 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
             _drain_outbox(paths, tracking_uri)
             continue
         if rec.state is TrialState.RUNNING or not paths.state.exists() or rec.pending_reason:
-            rec.state, rec.pending_reason = TrialState.PENDING, None
+            if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
+                rec.state = transition(rec.state, TrialState.PENDING)
+            rec.pending_reason = None
             rec.pool = rec.pool or t.pool
             records.save_state(paths, rec)
         todo.append(t)
@@ -416,7 +418,8 @@ def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> N
             continue
         attempts = records.load_attempts(paths)
         reason = (attempts[-1].reason if attempts else None) or rec.error or "infra failure"
-        rec.state, rec.error = TrialState.FAILED, f"retries exhausted after {len(attempts)} attempts: {reason}"
+        rec.state = transition(rec.state, TrialState.FAILED)
+        rec.error = f"retries exhausted after {len(attempts)} attempts: {reason}"
         rec.verdict = {"kind": "infra_failure", "step": rec.last_step, "reason": rec.error}
         records.save_state(paths, rec)
         if rec.mlflow_run_id:

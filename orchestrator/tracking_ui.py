@@ -64,7 +64,7 @@ def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = Non
         suffix = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={save_trials_view(mlc, exp.experiment_id)}"
     cmd = server_command(uri, port, workspace.artifact_root(workdir))
     print(f"MLflow UI for {uri}: http://127.0.0.1:{port}/{suffix}  (Ctrl-C to stop)", flush=True)
-    proc = subprocess.Popen(cmd)
+    proc = subprocess.Popen(cmd, env=server_env())
     try:
         return proc.wait()
     except KeyboardInterrupt:
@@ -76,6 +76,14 @@ def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = Non
             proc.kill()
             proc.wait(timeout=15)
         return 0
+
+
+def server_env() -> dict[str, str]:
+    """The server's environment: MLflow's GenAI job runner off (it starts ~7 huey worker
+    processes that runs of this tool never use; on a laptop they only take CPU and memory)."""
+    import os
+
+    return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
 def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 2) -> list[str]:

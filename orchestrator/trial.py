@@ -33,7 +33,8 @@ class TrialState(enum.Enum):
 
 
 _TRANSITIONS: dict[TrialState, frozenset[TrialState]] = {
-    TrialState.PENDING: frozenset({TrialState.RUNNING, TrialState.CANCELLED}),
+    # PENDING -> FAILED: a trial queued for retry after an infra failure has no retries left.
+    TrialState.PENDING: frozenset({TrialState.RUNNING, TrialState.CANCELLED, TrialState.FAILED}),
     # RUNNING -> PENDING: an infra failure queued for retry, or an orchestrator restart.
     TrialState.RUNNING: frozenset(
         {TrialState.PENDING, TrialState.DONE, TrialState.FAILED, TrialState.CANCELLED}

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from orchestrator.tracking import server_command
+from orchestrator.tracking_ui import server_command, server_env
 
 START_TIMEOUT_S = 90.0
 
@@ -38,7 +38,7 @@ class MlflowServer:
     def start(self) -> MlflowServer:
         cmd = server_command(f"sqlite:///{self.root / 'server.db'}", self.port, self.root / "artifacts")
         log = open(self.root / "server.log", "ab")  # noqa: SIM115 - owned by the process
-        env = {**os.environ, "MLFLOW_TRACKING_URI": ""}
+        env = {**server_env(), "MLFLOW_TRACKING_URI": ""}
         self.proc = subprocess.Popen(cmd, stdout=log, stderr=subprocess.STDOUT, cwd=self.root,
                                      start_new_session=True, env=env)
         deadline = time.monotonic() + START_TIMEOUT_S

@@ -26,6 +26,7 @@ axes:
   correction.is_level: [none, token]
   pool: [sim-h100, sim-a100]
 checkpoint: {every: 5, keep: 2}
+early_stop: {margin: 0}
 """
 
 

@@ -248,6 +248,7 @@ def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
 MISMATCH_RULE = """\
 collapse:
   rules: [{name: any_mismatch, metric: rollout_corr/k3_kl, kind: above, threshold: 0.0, patience: 3, min_step: 5}]
+early_stop: {margin: 0}
 """
 
 

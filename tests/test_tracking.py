@@ -213,7 +213,6 @@ def test_verl_logger_attaches_to_child_run_via_mlflow_run_id(quickstart, tmp_pat
     assert len(client(uri).search_runs([parent.experiment_id])) == 2  # verl made no run of its own
 
 
-@pytest.mark.slow
 def test_outage_mid_trial_loses_and_duplicates_nothing(quickstart, tmp_path: Path) -> None:
     grid, trials = quickstart
     srv = MlflowServer(tmp_path / "srv").start()

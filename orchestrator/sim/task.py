@@ -1,16 +1,23 @@
 """Synthetic task with a verifiable reward, and its tokenizer (built in code).
 
-Prompt: ``BOS d_1 .. d_n SEP`` with n random digits. Tasks (``task.name``):
+Prompt: ``BOS d_1 .. d_n SEP`` with n random digits; the answer has ``answer`` digits then EOS.
+Tasks (``task.name``):
 
-- ``sum_mod``: answer 2n digits, r_i = (r_{i-1} + d_{(i mod n)+1}) mod 10 (r_0 = 0), then EOS:
-  a running sum that wraps around the prompt twice. Each position is checked against the
-  model's *own* previous digit, so one early mistake does not zero the rest (partial credit).
-- ``reverse``: answer the n digits reversed, then EOS (easy; a smoke-test task).
+- ``progression`` (default): answer digit r_i = (r_{i-1} + step) mod 10 for i = 1..answer,
+  with r_0 := d_1 and step = d_2 mod max_step + 1. One rule shared by every position, so credit from all positions
+  teaches it; a tiny model learns it from scratch over ~40-250 steps (middle difficulty).
+- ``sum_mod``: r_i = (r_{i-1} + d_{(i mod n)+1}) mod 10 from r_0 = 0 (hard: a 2-layer model
+  stays near chance for 300 steps).
+- ``reverse_sum``: the digits reversed, then pairwise sums (hard, position-specific copying).
+- ``reverse``: the n digits reversed (a smoke-test task).
+
+Each digit of a running task is checked against the model's *own* previous digit, so one
+early mistake does not zero the rest (partial credit).
 
 Reward = (positions correct + 1 if EOS comes right after the answer) / (answer length + 1),
 in [0, 1]. The vocabulary has digits, specials, a second spelling of every digit (tokens 14..23,
-both count as the digit: like an LLM's equivalent tokenisations, it leaves the trained policy
-real entropy to sample from) and filler symbols the policy must learn to avoid.
+both count as the digit: like an LLM's equivalent tokenisations, more correct continuations
+keep the policy's entropy up for longer) and filler symbols the policy must learn to avoid.
 """
 from __future__ import annotations
 
