@@ -94,7 +94,7 @@ def main() -> None:
             pages: list[dict] = []
             while time.monotonic() < deadline and not pages:
                 try:
-                    with urllib.request.urlopen(f"http://127.0.0.1:{dbg}/json", timeout=2) as r:  # noqa: S310
+                    with urllib.request.urlopen(f"http://127.0.0.1:{dbg}/json", timeout=2) as r:
                         pages = [p for p in json.load(r) if p.get("type") == "page"]
                 except OSError:
                     time.sleep(0.5)
