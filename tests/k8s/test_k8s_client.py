@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import GPU_GRIDS, loaded, settings
+from k8shelpers import GPU_GRIDS, loaded, settings
 
 from orchestrator.backends.base import AttemptOutcome
 from orchestrator.exceptions import InfraFailure
@@ -112,7 +112,7 @@ def _verb(method: str, path: str) -> tuple[str, str, str]:
 @pytest.fixture
 def server() -> Any:
     """The fake API server; afterwards, every request it saw must be allowed by the Role."""
-    from conftest import REPO
+    from k8shelpers import REPO
     from kustomize import build
 
     fake = FakeApiServer()
@@ -139,7 +139,7 @@ def client(server: FakeApiServer) -> RayJobClient:
 
 
 def _job() -> tuple[Any, dict]:
-    from conftest import rendered
+    from k8shelpers import rendered
 
     return rendered(GPU_GRIDS[0])[0]
 

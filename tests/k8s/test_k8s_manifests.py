@@ -7,7 +7,7 @@ import shutil
 import subprocess
 
 import pytest
-from conftest import REPO
+from k8shelpers import REPO
 from k8svalidate import ManifestInvalid, check_policy, load_all, pod_specs, validate
 from kustomize import build
 

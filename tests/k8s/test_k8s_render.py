@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 import yaml
-from conftest import GPU_GRIDS, IMAGE, REPO, loaded, rendered, settings
+from k8shelpers import GPU_GRIDS, IMAGE, REPO, loaded, rendered, settings
 from k8svalidate import ManifestInvalid, crd_dir, load_all, validate
 
 from orchestrator.backends.verl import VerlBackend, world_size
