@@ -1,10 +1,12 @@
 """What ``ablate compare`` reads: the grid's trial runs in MLflow, their curves and lineage.
 
-One ``TrialResult`` per trial id (the newest child run if a trial was tracked twice). Curves come
-from MLflow's metric history; when ``ablate resume`` re-ran steps, the store holds several values
-for them and the newest timestamp (the latest attempt) wins, so a resumed trial reads as one
-continuous curve. Attempts come from the run's ``attempt.N.*`` tags, or the trial directory's
-``attempts.json`` when the tags are missing.
+One ``TrialResult`` per trial id (the newest active child run if a trial was tracked twice).
+Curves come from MLflow's metric history: a resumed trial's run holds one value per step (a resume
+from an earlier checkpoint replaces the run, see ``orchestrator.resume``; superseded runs are
+soft-deleted and not read), so it reads as one continuous curve. Should a store still hold two
+values for a step, the newest timestamp wins. Attempts come from the run's ``attempt.N.*`` tags,
+or the trial directory's ``attempts.json`` when the tags are missing; the steps a resume replaced
+(the collapse it rescued) come from the trial directory's ``superseded/attempt-N.jsonl``.
 """
 from __future__ import annotations
 
@@ -45,6 +47,7 @@ class TrialResult:
     curves: dict[str, list[tuple[int, float]]]
     latest: dict[str, float]
     segments: list[Segment]
+    superseded: list[dict[str, list[tuple[int, float]]]] = dataclasses.field(default_factory=list)
 
     @property
     def reward_key(self) -> str:
@@ -116,6 +119,24 @@ def segments_from_dir(grid_dir: Path | None, trial_id: str) -> list[Segment]:
                     None if a.get("end_step") is None else int(a["end_step"])) for a in items]
 
 
+def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, list[tuple[int, float]]]]:
+    """Curves of the steps each resume replaced, oldest first (drawn dashed by compare)."""
+    if grid_dir is None:
+        return []
+    from orchestrator.records import iter_metrics
+
+    out = []
+    files = (TrialPaths(grid_dir, trial_id).root / "superseded").glob("attempt-*.jsonl")
+    for path in sorted(files, key=lambda p: int(p.stem.split("-")[1])):
+        curves: dict[str, list[tuple[int, float]]] = {}
+        for step, row in iter_metrics(path):
+            for key in CURVE_METRICS:
+                if key in row:
+                    curves.setdefault(key, []).append((step, row[key]))
+        out.append(curves)
+    return out
+
+
 def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
                  grid_dir: Path | None = None) -> list[TrialResult]:
     """The trial runs of one experiment as ``TrialResult`` (newest run per trial id)."""
@@ -139,6 +160,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             verdict_reason=tags.get("verdict.reason", ""), derived_from=tags.get("derived_from") or None,
             curves=curves, latest=dict(run.data.metrics),
             segments=segments_from_tags(tags) or segments_from_dir(grid_dir, tid),
+            superseded=superseded_tails(grid_dir, tid),
         )
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names), r.seed,
                                                 r.trial_id))

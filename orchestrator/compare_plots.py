@@ -2,7 +2,8 @@
 
 Curves are faceted rows-axis x cols-axis; inside a facet each remaining configuration has one
 colour and each seed one line. A cross marks the collapse step, a dotted vertical line and the
-pool name mark where a resumed trial moved to another pool.
+pool name mark where a resumed trial moved to another pool; a faint dotted curve shows the steps
+a resume replaced (the collapse it rescued). Derived trials are dashed.
 """
 from __future__ import annotations
 
@@ -62,6 +63,9 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
     handles = [plt.Line2D([], [], color=colours[lab], label=lab or "trial") for lab in labels]
     handles += [plt.Line2D([], [], color="k", marker="x", ls="", label="collapse"),
                 plt.Line2D([], [], color="grey", ls=":", label="pool change (resume)")]
+    if any(r.superseded for r in have):
+        handles.append(plt.Line2D([], [], color="grey", lw=0.8, alpha=0.4, ls=":",
+                                  label="replaced by a resume"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
     fig.tight_layout(rect=(0, 0.08, 1, 0.96))
@@ -81,6 +85,10 @@ def _draw_trial(ax: Any, r: TrialResult, metric: str, colour: Any) -> None:
         return
     xs, ys = zip(*pts)
     ax.plot(xs, ys, color=colour, lw=1.0, alpha=0.85, ls="--" if r.derived_from else "-")
+    for tail in r.superseded:  # what a resume replaced (the collapse it rescued), faint
+        old = [(s, v) for s, v in tail.get(metric, []) if math.isfinite(v)]
+        if old:
+            ax.plot(*zip(*old), color=colour, lw=0.8, alpha=0.4, ls=":")
     if r.collapsed and r.verdict_step is not None:
         near = min(pts, key=lambda p: abs(p[0] - r.verdict_step))  # type: ignore[operator]
         ax.plot([near[0]], [near[1]], marker="x", color="k", ms=7, mew=1.5)

@@ -2,7 +2,8 @@
 
 Files of one trial (``TrialPaths``): ``spec.json`` (the TrialSpec), ``state.json`` (TrialState,
 MLflow run id, attempt count, verdict, MLflow commit marks), ``attempts.json`` (Attempt list),
-``metrics.jsonl`` (one line per step: the source of truth for metrics). Per grid: ``cancel.json``
+``metrics.jsonl`` (one line per step: the source of truth for metrics), ``superseded/attempt-N.jsonl``
+(rows attempt N replaced by resuming from an earlier checkpoint). Per grid: ``cancel.json``
 (cancel requests by trial id). JSON state is written atomically; the metrics file is append-only
 and truncated (atomically) only when a new attempt resumes from an earlier checkpoint.
 """
@@ -25,6 +26,7 @@ from orchestrator.trial import (
     TrialState,
     atomic_write_json,
     read_json,
+    transition,
 )
 
 
@@ -47,6 +49,10 @@ class TrialRecord:
     # "start": step | "latest"}), written by `ablate resume`, consumed by the next attempt.
     resume: dict[str, Any] | None = None
     objective: float | None = None
+    # MLflow runs this trial's run replaced (a resume before what MLflow held), oldest first.
+    superseded_runs: list[str] = dataclasses.field(default_factory=list)
+    # The one automatic rescue (`on_collapse:`) or its refusal: {"by", "trial", "pool", "start"|"error"}.
+    rescue: dict[str, Any] | None = None
     updated_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -118,6 +124,12 @@ def iter_metrics(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
 def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]]:
     """Keep rows with step <= ``upto`` (atomically) and return them."""
     rows = [(s, m) for s, m in iter_metrics(path) if s <= upto]
+    write_metrics(path, rows)
+    return rows
+
+
+def write_metrics(path: Path, rows: Iterable[tuple[int, Mapping[str, float]]]) -> None:
+    """Replace a metrics file with ``rows`` atomically (temp file + fsync + rename)."""
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
@@ -130,7 +142,22 @@ def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
-    return rows
+
+
+def effective_ranges(attempts: Iterable[Attempt]) -> list[tuple[str, int, int | None]]:
+    """(pool, first, last) step ranges each attempt contributes to the trial's one step axis
+    (last None while it runs): a later attempt that resumed from an earlier checkpoint replaces
+    the steps after that checkpoint."""
+    items = list(attempts)
+    out: list[tuple[str, int, int | None]] = []
+    for i, a in enumerate(items):
+        last = a.end_step
+        if i + 1 < len(items):
+            cut = items[i + 1].start_step - 1
+            last = cut if last is None else min(last, cut)
+        if last is None or last >= a.start_step:
+            out.append((a.pool, a.start_step, last))
+    return out
 
 
 def metric_line(step: int, metrics: Mapping[str, float]) -> str:
@@ -206,3 +233,29 @@ def clear_cancel_requests(grid_dir: Path, trial_ids: Iterable[str]) -> None:
         if ids & set(current):
             atomic_write_json(cancel_path(grid_dir),
                               {"trials": {k: v for k, v in current.items() if k not in ids}})
+
+
+# --------------------------------------------------------------------------- results
+
+
+def stored_result(paths: TrialPaths, record: TrialRecord) -> dict[str, Any]:
+    """The result of a finished trial from its files (``result.json`` if the run wrote one)."""
+    if paths.result.exists():
+        data = dict(read_json(paths.result))
+        data["state"] = record.state.value
+        return data
+    return {"trial_id": record.trial_id, "state": record.state.value, "outcome": record.state.value,
+            "last_step": record.last_step, "attempt": record.attempts, "verdict": record.verdict,
+            "error": record.error, "summary": {}}
+
+
+def mark_cancelled(grid_dir: Path, trial_id: str) -> dict[str, Any]:
+    """Cancel a trial that is not running (caller holds its lock or knows nobody runs it)."""
+    paths = TrialPaths(grid_dir, trial_id)
+    record = load_state(paths, trial_id)
+    if not record.state.is_finished():
+        record.state = transition(record.state, TrialState.CANCELLED)
+        record.pending_reason = None
+        save_state(paths, record)
+    clear_cancel_requests(grid_dir, [trial_id])
+    return stored_result(paths, record)

@@ -6,7 +6,10 @@ store, the verdict engine, the MLflow child run and the attempt record. Its cent
 the last saved checkpoint (and everything at the end). A later attempt resumes from a checkpoint
 at step K and truncates the local file to K, so MLflow never sees a step twice and never misses
 one. A commit cut short by a crash is simply sent again: the tracking outbox keeps the last step
-it holds and drops anything at or below it.
+it holds and drops anything at or below it. When MLflow already holds steps after K (``ablate
+resume`` from an earlier checkpoint), the child run is replaced by a fresh one refilled from the
+local file (``orchestrator.resume`` explains why); the replaced rows are kept in
+``superseded/attempt-N.jsonl`` and as an artifact.
 
 Infra failures (exceptions, a killed worker) are recorded as an attempt and re-raised so Ray Tune
 retries the trial; collapse and numeric failure are results and return normally.
@@ -28,6 +31,7 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult
 from orchestrator.checkpoints import CheckpointStore
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError
 from orchestrator.pools import PoolSpec
+from orchestrator.records import mark_cancelled, stored_result  # re-exported (control, gate)
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.trial import (
     Attempt,
@@ -143,7 +147,15 @@ class _Attempt:
                 attempts[i] = dataclasses.replace(a, outcome="infra_failure", reason=why,
                                                   end_step=max(last_on_disk, a.start_step - 1))
         start = self.resume_step or 0
+        self.number = len(attempts) + 1
+        self.tail: list[tuple[int, dict[str, float]]] = []
+        if job.start != "fresh" and self.record.committed_step > start:
+            # Resuming before what MLflow holds (`ablate resume --from`): the steps after the
+            # checkpoint are replaced. Keep them (the collapse they show) before truncating.
+            self.tail = [(s, m) for s, m in file_rows if s > start]
+            records.write_metrics(paths.root / "superseded" / f"attempt-{self.number}.jsonl", self.tail)
         rows = records.truncate_metrics(paths.metrics, start)
+        self.kept_rows = rows
         if job.start == "fresh":
             self.record = records.TrialRecord(trial_id=job.trial.trial_id)
         self.engine = _verdict_engine(job)
@@ -153,7 +165,7 @@ class _Attempt:
             self.last_values.update(row)
         self.pending = [(s, m) for s, m in rows if s > self.record.committed_step]
         self.last_step = start
-        self.number = len(attempts) + 1
+        self.request = dict(self.record.resume or {})  # why this attempt runs (`ablate resume`)
         self.attempt = Attempt(number=self.number, pool=job.pool.name, start_step=start + 1,
                                resumed_from_step=self.resume_step, started_at=time.time(),
                                node=_node_id(), submission=job.submission)
@@ -189,27 +201,46 @@ class _Attempt:
 
     def _open_tracking(self) -> None:
         target = self.job.tracking
+        start = self.resume_step or 0
         if target is None:
+            self.record.committed_step = min(self.record.committed_step, start)
             return
         from orchestrator.tracking import TrialRun, drain
 
         buffer_dir = self.paths.root / "mlflow-buffer"
-        if self.job.start == "fresh" and buffer_dir.exists():
-            drain(buffer_dir, target.uri)  # the old run gets what it was owed, then a new run
+        old = self.record.mlflow_run_id
+        # MLflow cannot delete metric points, so a run that already holds steps after the resume
+        # point is replaced by a fresh one, refilled from metrics.jsonl (see orchestrator.resume).
+        replace = self.record.committed_step > start and self.job.start != "fresh"
+        if (self.job.start == "fresh" or replace) and buffer_dir.exists():
+            drain(buffer_dir, target.uri, timeout=10)  # the old run gets what it was owed, then a new run
             shutil.rmtree(buffer_dir)
+        if replace:
+            self.record.mlflow_run_id, self.record.committed_step = None, 0
+            self.record.superseded_runs = [*self.record.superseded_runs, *([old] if old else [])]
+            self.pending = list(self.kept_rows)
         self.tracker = TrialRun(target.uri, target.experiment_id, target.parent_run_id,
                                 self.job.trial, self.job.pool, run_id=self.record.mlflow_run_id,
                                 buffer_dir=buffer_dir)
-        if self.record.mlflow_run_id != self.tracker.run_id:
+        if replace or self.record.mlflow_run_id != self.tracker.run_id:
             self.record.mlflow_run_id = self.tracker.run_id
             records.save_state(self.paths, self.record)
-        start = self.resume_step or 0
-        if self.record.committed_step > start:
-            # Resuming before what MLflow already holds (an older checkpoint, `ablate resume
-            # --from`): the outbox accepts those steps again; readers take the newest timestamp.
-            self.tracker.outbox.rewind(start)
-            self.record.committed_step = start
-            records.save_state(self.paths, self.record)
+        if replace:
+            self.tracker.outbox.add_artifact(f"superseded-{old or 'unsent'}.json", {
+                "run_id": old, "replaced_from_step": start + 1, "by_attempt": self.number,
+                "rows": [{"step": s, "metrics": m} for s, m in self.tail]})
+        if self.tracker.run_id is not None:
+            from orchestrator.tracking import supersede
+
+            for run_id in self.record.superseded_runs:  # again next attempt if the store was down
+                supersede(target.uri, run_id, self.tracker.run_id)
+        self.commit(start)  # steps up to the checkpoint are final (the refill of a new run)
+        tags = {"supersedes": ",".join(self.record.superseded_runs)} if self.record.superseded_runs else {}
+        if self.request.get("reason"):
+            tags.update({"resume.reason": str(self.request["reason"]), "resume.from_step": str(start),
+                         "resume.pool": str(self.request.get("pool") or self.job.pool.name)})
+        if tags:
+            self.tracker.set_tags(tags)
         if len(self.attempts) > 1:
             # A resumed trial shows its attempts (pools, step ranges) while it runs; a first
             # attempt is recorded at its end (one MLflow write less per trial).
@@ -417,31 +448,6 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
     out["timing"] = {**attempt.timing, "finish_s": time.perf_counter() - t2}
     atomic_write_json(paths.result, out)
     return out
-
-
-def stored_result(paths: TrialPaths, record: records.TrialRecord) -> dict[str, Any]:
-    """The result of a finished trial from its files (``result.json`` if the run wrote one)."""
-    if paths.result.exists():
-        from orchestrator.trial import read_json
-
-        data = dict(read_json(paths.result))
-        data["state"] = record.state.value
-        return data
-    return {"trial_id": record.trial_id, "state": record.state.value, "outcome": record.state.value,
-            "last_step": record.last_step, "attempt": record.attempts, "verdict": record.verdict,
-            "error": record.error, "summary": {}}
-
-
-def mark_cancelled(grid_dir: Path, trial_id: str) -> dict[str, Any]:
-    """Cancel a trial that is not running (caller holds its lock or knows nobody runs it)."""
-    paths = TrialPaths(grid_dir, trial_id)
-    record = records.load_state(paths, trial_id)
-    if not record.state.is_finished():
-        record.state = transition(record.state, TrialState.CANCELLED)
-        record.pending_reason = None
-        records.save_state(paths, record)
-    records.clear_cancel_requests(grid_dir, [trial_id])
-    return stored_result(paths, record)
 
 
 def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,

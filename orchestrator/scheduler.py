@@ -289,14 +289,26 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
         return _run(grid, trials, grid_dir, submission, address=address,
                     tracking_uri=workspace.tracking_uri(tracking_uri, workdir),
                     root=workspace.workdir(workdir), max_parallel=max_parallel or
-                    grid.spec.budget.max_parallel, progress=progress, ray_tmp=ray_tmp)
+                    grid.spec.budget.max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=True)
     finally:
         lease.release()
 
 
+def run_trials(grid: Any, trials: list[TrialSpec], *, submission: str, address: str | None = None,
+               tracking_uri: str | None = None, workdir: str | None = None,
+               max_parallel: int | None = None, progress: bool = True,
+               ray_tmp: str | None = None) -> dict[str, Any]:
+    """Run exactly ``trials`` of ``grid`` on Ray Tune (``ablate resume``, derived trials
+    included); the caller holds the grid lease. No automatic rescue round."""
+    return _run(grid, list(trials), workspace.grid_dir(grid.name, workdir), submission,
+                address=address, tracking_uri=workspace.tracking_uri(tracking_uri, workdir),
+                root=workspace.workdir(workdir), max_parallel=max_parallel or
+                grid.spec.budget.max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=False)
+
+
 def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
          address: str | None, tracking_uri: str, root: Path, max_parallel: int, progress: bool,
-         ray_tmp: str | None) -> dict[str, Any]:
+         ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
     # Tune's own console output would fight the rich live table; our view replaces it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
     import ray
@@ -323,6 +335,10 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     routes = {t.trial_id: records.route_pool(records.load_state(TrialPaths(grid_dir, t.trial_id),
                                                                 t.trial_id), t) for t in todo}
     pool_specs = {p: grid.pools.get(p) for p in set(routes.values()) | set(grid.spec.budget.per_pool)}
+    on_collapse = grid.spec.on_collapse if rescue and search is None else None
+    if on_collapse is not None and on_collapse.resume.pool:
+        # Known before Ray starts: the embedded cluster only has resources for these pools.
+        pool_specs[on_collapse.resume.pool] = grid.pools.get(on_collapse.resume.pool)
     if search is not None:
         pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
         if grid.spec.pool:
@@ -354,28 +370,44 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
             rec.search, rec.pool = stored, trial.pool
             records.save_state(paths, rec)
 
-        gate = PoolGate(grid_dir, runnable, limits, max_parallel, search=search, search_budget=budget,
-                        on_new_trial=remember,
-                        routes={t: p for t, p in routes.items() if p != trial_pool.get(t)})
-        for stored, value in prior:
-            gate.tell_previous(stored, value)
-        live = _Live(grid_dir, grid.name, gate, progress)
-        try:
-            tuner = tune.Tuner(
-                tune.with_resources(tune.with_parameters(_trainable, gctx=gctx), _resource_fn(placements)),
-                tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True),
-                run_config=tune.RunConfig(
-                    name=submission, storage_path=str(grid_dir / "tune"), verbose=0,
-                    failure_config=tune.FailureConfig(max_failures=grid.spec.retries.max),
-                    callbacks=[live.callback]),
-            )
-            tuner.fit()
-        finally:
-            live.stop()
-        _mark_exhausted(grid_dir, gate.errors, tracking_uri)
+        def fit(runnable: list[TrialSpec], routes: Mapping[str, str], budget: int, name: str) -> Any:
+            gate = PoolGate(grid_dir, runnable, limits, max_parallel, search=search, search_budget=budget,
+                            on_new_trial=remember,
+                            routes={t: p for t, p in routes.items() if p != trial_pool.get(t)})
+            for stored, value in prior:
+                gate.tell_previous(stored, value)
+            live = _Live(grid_dir, grid.name, gate, progress)
+            try:
+                tuner = tune.Tuner(
+                    tune.with_resources(tune.with_parameters(_trainable, gctx=gctx), _resource_fn(placements)),
+                    tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True),
+                    run_config=tune.RunConfig(
+                        name=name, storage_path=str(grid_dir / "tune"), verbose=0,
+                        failure_config=tune.FailureConfig(max_failures=grid.spec.retries.max),
+                        callbacks=[live.callback]),
+                )
+                tuner.fit()
+            finally:
+                live.stop()
+            _mark_exhausted(grid_dir, gate.errors, tracking_uri)
+            return gate
+
+        gate = fit(runnable, routes, budget, submission)
         if search is not None:
             _store_objectives(grid_dir, gate.results)
+        rescued: list[TrialSpec] = []
+        if on_collapse is not None:
+            # `on_collapse: {resume: ...}`: one automatic rescue round, under this lease.
+            from orchestrator.resume import auto_rescue
+
+            rescued = auto_rescue(grid, grid_dir, [t.trial_id for t in trials])
+            if rescued:
+                again = {t.trial_id: records.route_pool(records.load_state(
+                    TrialPaths(grid_dir, t.trial_id), t.trial_id), t) for t in rescued}
+                fit(_park_unplaceable(grid_dir, rescued, placements, again), again, 0,
+                    submission + "-rescue")
         summary = summarize(grid, grid_dir, trials_of(grid_dir, search is not None, trials))
+        summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(submission=submission, elapsed_s=round(time.time() - started, 2),
                        skipped_finished=already, tune_dir=str(grid_dir / "tune" / submission),
                        tracking_uri=tracking_uri, parent_run_id=parent.run_id,

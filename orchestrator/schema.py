@@ -114,6 +114,9 @@ class CheckpointSpec(Strict):
     every: StrictInt = Field(25, ge=1, le=10_000_000)
     keep: StrictInt = Field(3, ge=1, le=1000)
     store: StrictStr | None = Field(None, max_length=1000)  # local path or fsspec URL
+    # `ablate resume --from last-healthy` takes the newest checkpoint strictly before
+    # (verdict step - healthy_margin): the onset a rule reports can lag the real damage.
+    healthy_margin: StrictInt = Field(0, ge=0, le=10_000_000)
 
 
 class SearchParam(Strict):

@@ -335,10 +335,11 @@ class TrialRun:
             tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
             if a.resumed_from_step is not None:
                 tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
-        current = attempts[-1] if attempts else None
-        if current is not None and current.outcome is None:
-            # `ablate resume` from an earlier checkpoint re-runs steps this run already has.
-            self.outbox.rewind(current.start_step - 1)
+        from orchestrator.records import effective_ranges
+
+        # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
+        tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
+                                      for p, lo, hi in effective_ranges(attempts))
         if len(attempts) > 1:
             prev = attempts[-2]
             tags["resumed_from"] = f"attempt {prev.number} on {prev.pool} at step {attempts[-1].start_step - 1}"
@@ -416,6 +417,28 @@ class TrialRun:
         if self.run_id is None:
             return {}
         return {"MLFLOW_TRACKING_URI": self.tracking_uri, "MLFLOW_RUN_ID": self.run_id}
+
+
+def supersede(tracking_uri: str, old_run_id: str, new_run_id: str) -> bool:
+    """Mark ``old_run_id`` as replaced by ``new_run_id`` and soft-delete it (MLflow keeps it,
+    restorable from the UI's deleted runs). False if the store is unreachable (the caller keeps
+    the old id in ``state.json`` and tries again on the next attempt)."""
+    mlc = client(tracking_uri)
+    with fail_fast(tracking_uri):
+        try:
+            run = mlc.get_run(old_run_id)
+            if run.info.lifecycle_stage == "deleted":
+                return True
+            mlc.set_tag(old_run_id, "superseded_by", new_run_id)
+            if run.info.status == "RUNNING":
+                mlc.set_terminated(old_run_id, "KILLED")
+            mlc.delete_run(old_run_id)
+            return True
+        except Exception as exc:  # noqa: BLE001 - retried on the trial's next attempt
+            if getattr(exc, "error_code", "") == "RESOURCE_DOES_NOT_EXIST":
+                return True  # gone already (purged by `mlflow gc`)
+            log.warning("could not mark MLflow run %s superseded by %s: %s", old_run_id, new_run_id, exc)
+            return False
 
 
 def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:

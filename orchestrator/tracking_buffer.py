@@ -103,17 +103,6 @@ class Outbox:
             os.fsync(fh.fileno())
         os.replace(tmp, self._rows_path)
 
-    def rewind(self, step: int) -> bool:
-        """A new attempt restarts after ``step``: accept steps above it again (MLflow then holds
-        both attempts' values for those steps; readers keep the newest timestamp per step)."""
-        if step >= self.last_step:
-            return False
-        self.rows = [r for r in self.rows if r["step"] <= step]
-        self.through_step = min(self.through_step, step)
-        self.last_step = step
-        self.mark_sent(self.through_step)
-        return True
-
     # ----------------------------------------------------------------- tags and artifacts
 
     def pending_tags(self) -> dict[str, str]:

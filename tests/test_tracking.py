@@ -148,8 +148,11 @@ def _sent_rows(tr: TrialRun, rows: list) -> list[dict]:
     return [{"step": s, "ts": stamps[s], "metrics": {sanitize_key(k): v for k, v in m.items()}} for s, m in rows]
 
 
-def test_resume_from_earlier_checkpoint_relogs_and_newest_wins(quickstart, tmp_path: Path) -> None:
-    from orchestrator.compare_data import newest_per_step
+def test_resume_from_earlier_checkpoint_replaces_the_run_one_value_per_step(quickstart, tmp_path: Path) -> None:
+    """`ablate resume --from 30`: the runner refills a fresh run (steps 1-30 from the local file,
+    then the new attempt) and ``supersede`` links and soft-deletes the old one."""
+    from orchestrator.compare_data import load_results
+    from orchestrator.tracking import supersede
 
     grid, trials = quickstart
     uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
@@ -158,18 +161,21 @@ def test_resume_from_earlier_checkpoint_relogs_and_newest_wins(quickstart, tmp_p
     tr = open_trial(uri, parent, grid, t, tmp_path / "buf")
     tr.log([(s, {M.GRAD_NORM: 1.0}) for s in range(1, 51)])
     tr.log_attempts([Attempt(1, "sim-a100", 1, 50, "completed")])
-    tr.end()
-    time.sleep(0.01)  # the new attempt's rows get later timestamps
-    # `ablate resume --from 30 --pool sim-h100`: the second attempt re-runs 31..50 and goes on.
-    tr2 = open_trial(uri, parent, grid, t, tmp_path / "buf", run_id=tr.run_id)
-    tr2.log_attempts([Attempt(1, "sim-a100", 1, 50, "completed"), Attempt(2, "sim-h100", 31, None)])
-    tr2.log([(s, {M.GRAD_NORM: 2.0}) for s in range(31, 61)])
+    assert tr.end()
+    tr2 = open_trial(uri, parent, grid, t, tmp_path / "buf2")
+    tr2.log([(s, {M.GRAD_NORM: 1.0}) for s in range(1, 31)] + [(s, {M.GRAD_NORM: 2.0}) for s in range(31, 61)])
+    tr2.log_attempts([Attempt(1, "sim-a100", 1, 50, "completed"), Attempt(2, "sim-h100", 31, 60, "completed")])
     assert tr2.end()
-    merged = newest_per_step(client(uri).get_metric_history(tr.run_id, M.GRAD_NORM))
-    assert [s for s, _ in merged] == list(range(1, 61))
+    assert supersede(uri, tr.run_id, tr2.run_id) and supersede(uri, tr.run_id, tr2.run_id)  # idempotent
+    merged = history(uri, tr2.run_id, M.GRAD_NORM)
+    assert [s for s, _ in merged] == list(range(1, 61))  # no duplicate, no gap
     assert {v for s, v in merged if s <= 30} == {1.0} and {v for s, v in merged if s > 30} == {2.0}
-    tags = client(uri).get_run(tr.run_id).data.tags
-    assert tags["attempt.2.pool"] == "sim-h100" and tags["pools"] == "sim-a100,sim-h100"
+    tags = client(uri).get_run(tr2.run_id).data.tags
+    assert tags["pools"] == "sim-a100,sim-h100" and tags["pool_steps"] == "sim-a100:1-30,sim-h100:31-60"
+    old = client(uri).get_run(tr.run_id)
+    assert old.info.lifecycle_stage == "deleted" and old.data.tags["superseded_by"] == tr2.run_id
+    (res,) = [r for r in load_results(client(uri), parent.experiment_id, ["pool"]) if r.trial_id == t.trial_id]
+    assert res.run_id == tr2.run_id and [g.pool for g in res.segments] == ["sim-a100", "sim-h100"]
 
 
 def test_sanitised_names_match_verl_logger() -> None:

@@ -1,0 +1,938 @@
+"""Issue 9: reproduce the source articles' findings on the CPU simulator and write the report.
+
+One command regenerates everything (grid trials, derived trials, analysis, plots, report)::
+
+    .venv/bin/python benchmarks/findings.py            # workdir /tmp/findings-work
+    .venv/bin/python benchmarks/findings.py --workdir DIR --skip-run   # analyse existing runs only
+
+Phases:
+1. ``orchestrator.scheduler.submit(grids/findings/findings.yaml)`` (what ``ablate submit`` runs):
+   42 trials, 250 steps, seeds 0-2. Submitting again runs nothing twice (content-hashed trials).
+2. Derived trials (findings 7 and 8), with the runner's own resume machinery because
+   ``orchestrator/resume.py`` (issue 6) had not landed: a derived trial (``derive_trial``, linked to
+   its parent by the ``derived_from`` tag) is seeded with a copy of the parent's checkpoint and run
+   from that step by ``runner.run_attempt``. F7: every collapsed uncorrected sim-a100 trial, from
+   its last checkpoint before the verdict step, on sim-h20. F8: every uncorrected sim-a100 trial,
+   from step 100, with sequence-level MIS switched on (same pool).
+3. Analysis: every number is read back from MLflow (``compare_data.load_results`` + metric
+   histories); each finding's criterion (fixed before the runs, printed in the report) turns the
+   measurements into reproduced / partly / not reproduced. Writes ``results/findings/REPORT.md``,
+   ``trials.csv`` and PNG plots.
+"""
+from __future__ import annotations
+
+import argparse
+import math
+import shutil
+import statistics
+import sys
+import time
+from collections.abc import Callable, Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+ROOT = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(ROOT))
+
+GRID = ROOT / "grids" / "findings" / "findings.yaml"
+OUT = ROOT / "results" / "findings"
+DEFAULT_WORKDIR = "/tmp/findings-work"
+EXPERIMENT = "findings"
+F8_SWITCH_STEP = 100
+F8_SETS = {"correction.is_level": "sequence", "correction.is_mode": "mask",
+           "correction.is_bounds": [0.2, 5.0]}
+RANGE_DENSE = (1e-5, 1e-3)
+RANGE_MOE = (1e-3, 1e-1)
+RANGE_A100 = (1e-2, 1.0)
+
+# ----------------------------------------------------------------------------- statistics
+
+
+def t_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """Mean and two-sided 95% Student-t interval (nan bounds with fewer than 2 values)."""
+    from scipy import stats
+
+    xs = [x for x in xs if math.isfinite(x)]
+    if not xs:
+        return math.nan, math.nan, math.nan
+    m = statistics.fmean(xs)
+    if len(xs) < 2:
+        return m, math.nan, math.nan
+    h = stats.t.ppf(0.975, len(xs) - 1) * statistics.stdev(xs) / math.sqrt(len(xs))
+    return m, m - h, m + h
+
+
+def welch_ci(a: Sequence[float], b: Sequence[float]) -> tuple[float, float, float]:
+    """mean(a) - mean(b) with a 95% Welch interval."""
+    from scipy import stats
+
+    a = [x for x in a if math.isfinite(x)]
+    b = [x for x in b if math.isfinite(x)]
+    if len(a) < 2 or len(b) < 2:
+        d = statistics.fmean(a) - statistics.fmean(b) if a and b else math.nan
+        return d, math.nan, math.nan
+    va, vb = statistics.variance(a) / len(a), statistics.variance(b) / len(b)
+    d = statistics.fmean(a) - statistics.fmean(b)
+    se = math.sqrt(va + vb)
+    if se == 0:
+        return d, d, d
+    df = (va + vb) ** 2 / (va ** 2 / (len(a) - 1) + vb ** 2 / (len(b) - 1))
+    h = stats.t.ppf(0.975, df) * se
+    return d, d - h, d + h
+
+
+def geo_ci(xs: Sequence[float]) -> tuple[float, float, float]:
+    """Geometric mean with a 95% t-interval computed on log10 (positive values only)."""
+    logs = [math.log10(x) for x in xs if x > 0 and math.isfinite(x)]
+    m, lo, hi = t_ci(logs)
+    return tuple(10 ** v if math.isfinite(v) else math.nan for v in (m, lo, hi))  # type: ignore[return-value]
+
+
+def wilson(k: int, n: int) -> tuple[float, float]:
+    """95% Wilson interval of a proportion k/n."""
+    if n == 0:
+        return math.nan, math.nan
+    z, p = 1.96, k / n
+    den = 1 + z * z / n
+    mid = (p + z * z / (2 * n)) / den
+    h = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / den
+    return max(0.0, mid - h), min(1.0, mid + h)
+
+
+def fmt(x: float, sci: bool = True) -> str:
+    if not math.isfinite(x):
+        return "n/a"
+    return f"{x:.2e}" if sci else f"{x:.3f}"
+
+
+def fmt_ci(c: tuple[float, float, float], sci: bool = True) -> str:
+    m, lo, hi = c
+    return f"{fmt(m, sci)} [{fmt(lo, sci)}, {fmt(hi, sci)}]"
+
+
+# ----------------------------------------------------------------------------- running
+
+
+def run_grid(workdir: str) -> dict[str, Any]:
+    """Phase 1: the shared grid through the scheduler (``ablate submit``)."""
+    from orchestrator.scheduler import submit
+
+    return submit(str(GRID), workdir=workdir, progress=False)
+
+
+def _derived_worker(args: tuple[str, str, dict[str, Any], str, int, str, str, str]) -> dict[str, Any]:
+    """Run one derived trial (in a fresh process): copy the parent's checkpoint, resume from it."""
+    grid_path, parent_id, sets, pool, from_step, workdir, exp_id, parent_run = args
+    from orchestrator import workspace
+    from orchestrator.grid import derive_trial, expand, load_grid
+    from orchestrator.runner import TrackingTarget, make_job, run_attempt
+    from orchestrator.trial import TrialPaths
+
+    grid = load_grid(grid_path)
+    parent = {t.trial_id: t for t in expand(grid, force=True)}[parent_id]
+    child = derive_trial(grid, parent, sets, pool=pool, from_step=from_step)
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    src = TrialPaths(grid_dir, parent_id).checkpoints / f"step-{from_step:08d}"
+    dst = TrialPaths(grid_dir, child.trial_id).checkpoints / src.name
+    if not dst.exists():
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        shutil.copytree(src, dst)
+    uri = workspace.tracking_uri(None, workdir)
+    job = make_job(grid, child, grid_dir=grid_dir, tracking=TrackingTarget(uri, exp_id, parent_run),
+                   submission=f"findings-derived-{int(time.time())}", start=from_step)
+    out = run_attempt(job)
+    return {"trial_id": child.trial_id, "parent": parent_id, "outcome": out.get("outcome"),
+            "pool": pool, "from_step": from_step}
+
+
+def run_derived(workdir: str) -> list[dict[str, Any]]:
+    """Phase 2: the derived trials of findings 7 (resume on sim-h20) and 8 (MIS on mid-run)."""
+    import concurrent.futures as cf
+    import multiprocessing as mp
+
+    from orchestrator import workspace
+    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.records import load_state
+    from orchestrator.tracking import GridRun
+    from orchestrator.trial import TrialPaths
+
+    grid = load_grid(str(GRID))
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    jobs: list[tuple[str, str, dict[str, Any], str, int]] = []
+    for t in expand(grid, force=True):
+        ax = dict(t.axes)
+        if not (t.pool == "sim-a100" and ax.get("corr") == "none" and ax.get("arch") == "dense"):
+            continue
+        paths = TrialPaths(grid_dir, t.trial_id)
+        store = CheckpointStore(paths.checkpoints, trial_id=t.trial_id, keep=100)
+        if F8_SWITCH_STEP in store.steps():
+            jobs.append((str(GRID), t.trial_id, dict(F8_SETS), t.pool, F8_SWITCH_STEP))
+        rec = load_state(paths, t.trial_id)
+        verdict = (rec.verdict or {}) if isinstance(getattr(rec, "verdict", None), dict) else {}
+        kind = verdict.get("kind") or verdict.get("verdict")
+        vstep = verdict.get("step")
+        if kind == "collapsed" and vstep:
+            healthy = store.latest(before=int(vstep))
+            if healthy:
+                jobs.append((str(GRID), t.trial_id, {}, "sim-h20", healthy))
+    if not jobs:
+        return []
+    uri = workspace.tracking_uri(None, workdir)
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
+    args = [j + (workdir, parent.experiment_id, parent.run_id) for j in jobs]
+    with cf.ProcessPoolExecutor(max_workers=2, mp_context=mp.get_context("spawn")) as ex:
+        done = list(ex.map(_derived_worker, args))
+    parent.end("FINISHED")
+    return done
+
+
+# ----------------------------------------------------------------------------- loading
+
+EXTRA = ("rollout_corr/training_ppl", "perf/time_per_step", "actor/entropy")
+
+
+def load_all(workdir: str) -> list[Any]:
+    """Every trial run of the experiment, with extra curves (PPL, timing, buckets) attached."""
+    from orchestrator import metrics as M
+    from orchestrator import workspace
+    from orchestrator.compare_data import load_results, newest_per_step
+    from orchestrator.tracking import client
+
+    mlc = client(workspace.tracking_uri(None, workdir))
+    exp = mlc.get_experiment_by_name(EXPERIMENT)
+    if exp is None:
+        raise SystemExit(f"no MLflow experiment {EXPERIMENT!r} in {workdir}: run without --skip-run")
+    results = load_results(mlc, exp.experiment_id, ["arch", "pool", "corr", "engine"])
+    buckets = [M.bucket_name(lo, hi) for lo, hi in M.PROB_BUCKETS]
+    fracs = [M.bucket_count_name(lo, hi) for lo, hi in M.PROB_BUCKETS]
+    for r in results:
+        for key in EXTRA + tuple(buckets) + tuple(fracs):
+            if key in r.latest:
+                r.curves[key] = newest_per_step(mlc.get_metric_history(r.run_id, key))
+        r.axes["pool"] = r.pool
+    return results
+
+
+class Missing(Exception):
+    """A finding's trials are not (all) in the store yet: the finding is not measured."""
+
+
+def select(results: Sequence[Any], derived: bool = False, **axes: str) -> list[Any]:
+    """Finished trials whose axes match (derived trials only when ``derived``); ``Missing`` if none."""
+    out = []
+    for r in results:
+        if bool(r.derived_from) != derived or r.status != "FINISHED":
+            continue
+        if all(r.axes.get(k) == v for k, v in axes.items()):
+            out.append(r)
+    if not out:
+        raise Missing("no finished trial with " + ", ".join(f"{k}={v}" for k, v in axes.items()))
+    return sorted(out, key=lambda r: r.seed)
+
+
+def maybe(results: Sequence[Any], **axes: str) -> list[Any]:
+    """``select`` that returns [] instead of raising (plots draw what exists)."""
+    try:
+        return select(results, **axes)
+    except Missing:
+        return []
+
+
+def values(r: Any, key: str, lo: int = 1, hi: int = 10 ** 9) -> list[float]:
+    return [v for s, v in r.curves.get(key, []) if lo <= s <= hi and math.isfinite(v)]
+
+
+def k3_median(r: Any) -> float:
+    from orchestrator import metrics as M
+
+    xs = values(r, M.K3_KL)
+    return statistics.median(xs) if xs else math.nan
+
+
+def final_eval(r: Any) -> float:
+    """Mean of the last three eval points (steps 230-250)."""
+    from orchestrator import metrics as M
+
+    pts = [v for _, v in r.curves.get(M.EVAL_REWARD, []) if math.isfinite(v)]
+    return statistics.fmean(pts[-3:]) if pts else math.nan
+
+
+def collapsed(r: Any) -> bool:
+    return r.verdict in ("collapsed", "numeric_failure")
+
+
+def reward_collapsed(r: Any) -> bool:
+    """Post-hoc secondary measure (never a verdict): final eval reward below half its peak."""
+    from orchestrator import metrics as M
+
+    return final_eval(r) < 0.5 * r.peak(M.EVAL_REWARD)
+
+
+def posthoc_counts(res: Sequence[Any], pool: str) -> str:
+    parts = []
+    for c in CORRS:
+        ts = maybe(res, **{**BASE, "pool": pool, "corr": c})
+        if ts:
+            parts.append(f"{c} {sum(map(reward_collapsed, ts))}/{len(ts)}")
+    return ", ".join(parts)
+
+
+# ----------------------------------------------------------------------------- findings
+
+Finding = dict[str, Any]
+BASE = {"arch": "dense", "corr": "none", "engine": "default"}
+
+
+def f1(res: Sequence[Any]) -> Finding:
+    dense = [k3_median(r) for r in select(res, **{**BASE, "pool": "sim-h100"})]
+    moe = [k3_median(r) for r in select(res, **{**BASE, "arch": "moe", "pool": "sim-h100"})]
+    cd, cm = geo_ci(dense), geo_ci(moe)
+    inside = lambda c, rg: all(math.isfinite(v) and rg[0] <= v <= rg[1] for v in c[1:])  # noqa: E731
+    ok_d, ok_m = inside(cd, RANGE_DENSE), inside(cm, RANGE_MOE)
+    verdict = "reproduced" if ok_d and ok_m else "partly" if ok_d or ok_m else "not reproduced"
+    why = (f"dense CI {'inside' if ok_d else 'outside'} 1e-5..1e-3; MoE CI {'inside' if ok_m else 'outside'}"
+           f" 1e-3..1e-1 (MoE/dense = {fmt(cm[0] / cd[0])}x)")
+    return {"n": (len(dense), len(moe)), "measured": f"dense {fmt_ci(cd)}; MoE {fmt_ci(cm)}",
+            "verdict": verdict, "why": why, "seeds": len(dense)}
+
+
+def bucket_profile(r: Any) -> list[float]:
+    """Per probability bucket, the step-mean k3 of the tokens in it (nan when never populated)."""
+    from orchestrator import metrics as M
+
+    out = []
+    for lo, hi in M.PROB_BUCKETS:
+        xs = values(r, M.bucket_name(lo, hi))
+        out.append(statistics.fmean(xs) if xs else math.nan)
+    return out
+
+
+def f2(res: Sequence[Any]) -> Finding:
+    from scipy import stats
+
+    from orchestrator import metrics as M
+
+    trials = select(res, **{**BASE, "pool": "sim-h100"})
+    profiles = [bucket_profile(r) for r in trials]
+    rhos, ratios = [], []
+    for p in profiles:
+        idx = [i for i, v in enumerate(p) if math.isfinite(v) and v > 0]
+        if len(idx) >= 3:
+            rhos.append(stats.spearmanr(idx, [p[i] for i in idx]).statistic)
+            ratios.append(p[idx[0]] / p[idx[-1]])
+    per_bucket = []
+    for i, (lo, hi) in enumerate(M.PROB_BUCKETS):
+        per_bucket.append((f"{lo:g}-{min(hi, 1.0):g}", geo_ci([p[i] for p in profiles])))
+    rho = t_ci(rhos)
+    ok = bool(ratios) and all(x >= 10 for x in ratios) and rho[0] <= -0.8
+    part = bool(ratios) and rho[0] < 0
+    verdict = "reproduced" if ok else "partly" if part else "not reproduced"
+    ratio_s = ", ".join(f"{x:.0f}x" for x in ratios)
+    return {"measured": f"Spearman rho(bucket, k3) {fmt_ci(rho, False)}; lowest/highest bucket {ratio_s}",
+            "verdict": verdict, "why": "criterion: rho <= -0.8 and lowest/highest >= 10x in every seed",
+            "buckets": per_bucket, "seeds": len(trials)}
+
+
+def f3(res: Sequence[Any]) -> Finding:
+    med = {p: [k3_median(r) for r in select(res, **{**BASE, "pool": p})]
+           for p in ("sim-h20", "sim-h100", "sim-a100")}
+    ci = {p: geo_ci(v) for p, v in med.items()}
+    order = all(a < b < c for a, b, c in zip(med["sim-h20"], med["sim-h100"], med["sim-a100"]))
+    spread = ci["sim-a100"][0] / ci["sim-h20"][0]
+    a_in = all(math.isfinite(v) and RANGE_A100[0] <= v <= RANGE_A100[1] for v in ci["sim-a100"][1:])
+    ok = order and spread >= 100
+    verdict = "reproduced" if ok and a_in else "partly" if ok or a_in else "not reproduced"
+    meas = "; ".join(f"{p} {fmt_ci(c)}" for p, c in ci.items())
+    why = (f"ordering h20<h100<a100 in every seed: {order}; a100/h20 = {spread:.1e}x; "
+           f"a100 CI inside 1e-2..1: {a_in}")
+    return {"measured": meas, "verdict": verdict, "why": why, "seeds": len(med["sim-a100"])}
+
+
+def onset(curve: Sequence[tuple[int, float]], factor: float, base_hi: int = 25,
+          smooth: int = 5) -> int | None:
+    """First step after ``base_hi`` where the trailing ``smooth``-mean exceeds ``factor`` x the
+    median of steps 1..base_hi."""
+    base = [v for s, v in curve if s <= base_hi and math.isfinite(v)]
+    if not base:
+        return None
+    ref = statistics.median(base)
+    for i, (s, _) in enumerate(curve):
+        if s <= base_hi:
+            continue
+        win = [v for _, v in curve[max(0, i - smooth + 1): i + 1] if math.isfinite(v)]
+        if win and statistics.fmean(win) > factor * ref:
+            return s
+    return None
+
+
+def onset_from_min(curve: Sequence[tuple[int, float]], factor: float, start: int = 26,
+                   smooth: int = 5) -> int | None:
+    """First step >= ``start`` where the trailing ``smooth``-mean exceeds ``factor`` x the lowest
+    trailing mean seen before it (a blow-up from the trough: PPL falls while the policy learns)."""
+    low = math.inf
+    for i, (s, _) in enumerate(curve):
+        win = [v for _, v in curve[max(0, i - smooth + 1): i + 1] if math.isfinite(v)]
+        if not win:
+            continue
+        m = statistics.fmean(win)
+        if s >= start and m > factor * low:
+            return s
+        low = min(low, m)
+    return None
+
+
+def onsets(r: Any) -> dict[str, int | None]:
+    from orchestrator import metrics as M
+
+    return {"k3": onset(r.curves.get(M.K3_KL, []), 5.0),
+            "grad_norm": onset(r.curves.get(M.GRAD_NORM, []), 5.0),
+            "ppl": onset_from_min(r.curves.get(M.TRAINING_PPL, []), 2.0)}
+
+
+def f4(res: Sequence[Any]) -> Finding:
+    a100 = select(res, **{**BASE, "pool": "sim-a100"})
+    h20 = select(res, **{**BASE, "pool": "sim-h20"})
+    ka, kh = sum(map(collapsed, a100)), sum(map(collapsed, h20))
+    rows, leads_g, leads_p = [], [], []
+    for r in a100:
+        o = onsets(r)
+        lg = o["grad_norm"] - o["k3"] if o["grad_norm"] and o["k3"] else None
+        lp = o["ppl"] - o["k3"] if o["ppl"] and o["k3"] else None
+        rows.append((r.seed, r.verdict, r.verdict_step, o, lg, lp, r.verdict_reason))
+        if collapsed(r):
+            leads_g.append(lg)
+            leads_p.append(lp)
+    lo_a, hi_a = wilson(ka, len(a100))
+    fired = [r for r in a100 if r.verdict in ("collapsed", "numeric_failure", "unstable")]
+    fired_h20 = sum(r.verdict in ("collapsed", "numeric_failure", "unstable") for r in h20)
+    fg = [x[4] for x in rows if x[1] in ("collapsed", "numeric_failure", "unstable") and x[4] is not None]
+    meas = (f"collapsed: sim-a100 {ka}/{len(a100)} (95% CI {lo_a:.2f}-{hi_a:.2f}), sim-h20 {kh}/{len(h20)}; "
+            f"descriptive, not the criterion: a collapse rule fired (collapsed or unstable = fired then "
+            f"recovered) in sim-a100 {len(fired)}/{len(a100)}, sim-h20 {fired_h20}/{len(h20)}, grad-norm "
+            f"onset minus k3 onset in those sim-a100 trials {fmt_ci(t_ci(fg), False)} steps; "
+            f"lead of grad-norm onset over k3 onset {fmt_ci(t_ci([x for x in leads_g if x is not None]), False)} "
+            f"steps, PPL {fmt_ci(t_ci([x for x in leads_p if x is not None]), False)} steps")
+    ordered = [g is not None and g >= 0 and p is not None and p >= 0 for g, p in zip(leads_g, leads_p)]
+    need = math.ceil(2 * len(a100) / 3)
+    if ka >= need and kh == 0 and sum(ordered) >= math.ceil(2 * max(ka, 1) / 3):
+        verdict, why = "reproduced", "collapse under large mismatch only, and k3 rises first"
+    elif ka >= 1:
+        verdict = "partly"
+        why = ("collapse seen but " + ("the low-mismatch control collapsed too" if kh else
+               "in fewer than 2/3 seeds" if ka < need else "grad norm / PPL did not follow the k3 rise"))
+    else:
+        verdict, why = "not reproduced", "no uncorrected sim-a100 trial collapsed (verdict rules: defaults)"
+    return {"measured": meas, "verdict": verdict, "why": why, "rows": rows, "seeds": len(a100)}
+
+
+CORRS = ("none", "tis-token", "mis-seq")
+
+
+def f5(res: Sequence[Any]) -> Finding:
+    rate = {c: select(res, **{**BASE, "pool": "sim-a100", "corr": c}) for c in CORRS}
+    k = {c: (sum(map(collapsed, v)), len(v)) for c, v in rate.items()}
+    meas = ", ".join(f"{c} {a}/{n}" for c, (a, n) in k.items())
+    n = k["none"][1]
+    need = math.ceil(2 * n / 3)
+    if k["none"][0] < need:
+        verdict, why = "not reproduced", ("precondition missing: the uncorrected sim-a100 run did not "
+                                          "collapse in >= 2/3 seeds, so there is no collapse to prevent")
+    elif k["tis-token"][0] >= need and k["mis-seq"][0] <= k["mis-seq"][1] // 3:
+        verdict, why = "reproduced", "token-level TIS collapses, sequence-level MIS does not"
+    elif k["tis-token"][0] > k["mis-seq"][0]:
+        verdict, why = "partly", "sequence MIS collapses less often than token TIS, short of the thresholds"
+    else:
+        verdict, why = "not reproduced", "sequence-level MIS collapsed as often as token-level TIS"
+    return {"measured": "collapsed on sim-a100: " + meas, "verdict": verdict, "why": why, "seeds": n}
+
+
+def f6(res: Sequence[Any]) -> Finding:
+    base = [final_eval(r) for r in select(res, **{**BASE, "pool": "sim-h100"})]
+    parts, lows, means = [], [], []
+    for c in CORRS[1:]:
+        d = welch_ci([final_eval(r) for r in select(res, **{**BASE, "pool": "sim-h100", "corr": c})], base)
+        parts.append(f"{c} {d[0]:+.3f} [{d[1]:+.3f}, {d[2]:+.3f}]")
+        lows.append(d[1])
+        means.append(d[0])
+    if all(math.isfinite(x) and x > -0.05 for x in lows):
+        verdict, why = "reproduced", "every correction's CI of the eval-reward difference is above -0.05"
+    elif all(m > -0.05 for m in means):
+        verdict, why = "partly", "no mean loss beyond -0.05, but some CIs reach below -0.05 (3 seeds)"
+    else:
+        verdict, why = "not reproduced", "some correction lowers final eval reward by more than 0.05"
+    return {"measured": f"sim-h100 final eval reward (none {fmt_ci(t_ci(base), False)}); "
+                        "difference vs none: " + "; ".join(parts),
+            "verdict": verdict, "why": why, "seeds": len(base)}
+
+
+def _parent_of(res: Sequence[Any], r: Any) -> Any | None:
+    pid = (r.derived_from or "").split("@")[0]
+    return next((p for p in res if p.trial_id == pid), None)
+
+
+def f7(res: Sequence[Any]) -> Finding:
+    kids = [r for r in res if r.derived_from and r.pool == "sim-h20"]
+    if not kids:
+        return {"measured": "no collapsed uncorrected sim-a100 trial to resume", "verdict": "not run yet",
+                "why": "finding 4 produced no collapse, so there was no collapsed run to resume", "seeds": 0}
+    ok, parts, diffs = 0, [], []
+    for r in kids:
+        p = _parent_of(res, r)
+        d = final_eval(r) - final_eval(p) if p else math.nan
+        diffs.append(d)
+        good = (not collapsed(r)) and d >= 0.05
+        ok += good
+        parts.append(f"seed {r.seed}: from step {r.derived_from.split('@')[1]}, final eval "
+                     f"{final_eval(r):.3f} vs {final_eval(p):.3f} on sim-a100, verdict {r.verdict}")
+    need = math.ceil(2 * len(kids) / 3)
+    verdict = "reproduced" if ok >= need else "partly" if ok else "not reproduced"
+    return {"measured": f"recovered {ok}/{len(kids)}; eval gain {fmt_ci(t_ci(diffs), False)}; " + "; ".join(parts),
+            "verdict": verdict, "why": "recovered = resumed trial not collapsed and final eval >= parent's + 0.05",
+            "seeds": len(kids)}
+
+
+def _mean_log_k3(r: Any, lo: int, hi: int) -> float:
+    from orchestrator import metrics as M
+
+    xs = [math.log10(v) for v in values(r, M.K3_KL, lo, hi) if v > 0]
+    return statistics.fmean(xs) if xs else math.nan
+
+
+def _slope(r: Any, lo: int, hi: int) -> float:
+    import numpy as np
+
+    from orchestrator import metrics as M
+
+    pts = [(s, math.log10(v)) for s, v in r.curves.get(M.K3_KL, []) if lo <= s <= hi and v > 0]
+    if len(pts) < 3:
+        return math.nan
+    x, y = np.array(pts).T
+    return float(np.polyfit(x, y, 1)[0]) * 100  # decades per 100 steps
+
+
+def f8(res: Sequence[Any]) -> Finding:
+    kids = [r for r in res if r.derived_from and r.pool == "sim-a100"]
+    if not kids:
+        return {"measured": "no checkpoint at the switch step", "verdict": "not run yet",
+                "why": "derived trials missing", "seeds": 0}
+    lo, hi = F8_SWITCH_STEP + 1, 250
+    diffs, sl_p, sl_k = [], [], []
+    for r in kids:
+        p = _parent_of(res, r)
+        diffs.append(_mean_log_k3(r, lo, hi) - _mean_log_k3(p, lo, hi))
+        sl_p.append(_slope(p, lo, hi))
+        sl_k.append(_slope(r, lo, hi))
+    d = t_ci(diffs)
+    verdict = ("reproduced" if math.isfinite(d[2]) and d[2] < 0 else
+               "partly" if d[0] < 0 else "not reproduced")
+    return {"measured": (f"mean log10 k3 over steps {lo}-{hi}, MIS-on minus MIS-off: {fmt_ci(d, False)} decades "
+                         f"(k3 x{10 ** d[0]:.2f}); slope off {fmt_ci(t_ci(sl_p), False)}, "
+                         f"on {fmt_ci(t_ci(sl_k), False)} decades/100 steps"),
+            "verdict": verdict, "why": "criterion: CI of the log10-k3 difference below 0 (partly: mean below 0)",
+            "seeds": len(kids)}
+
+
+def fluctuation(r: Any, lo: int = 26) -> float:
+    """Std of the train reward around its centred 11-step moving average, steps >= lo."""
+    from orchestrator import metrics as M
+
+    pts = [v for s, v in r.curves.get(M.TRAIN_REWARD, []) if math.isfinite(v)]
+    res = []
+    for i in range(max(lo - 1, 5), len(pts) - 5):
+        res.append(pts[i] - statistics.fmean(pts[i - 5: i + 6]))
+    return statistics.pstdev(res) if len(res) > 2 else math.nan
+
+
+def f9(res: Sequence[Any]) -> Finding:
+    from orchestrator import metrics as M
+
+    tis = select(res, **{**BASE, "pool": "sim-a100", "corr": "tis-token"})
+    mis = select(res, **{**BASE, "pool": "sim-a100", "corr": "mis-seq"})
+    fl = welch_ci([fluctuation(r) for r in tis], [fluctuation(r) for r in mis])
+    pk = welch_ci([r.peak(M.EVAL_REWARD) for r in mis], [r.peak(M.EVAL_REWARD) for r in tis])
+    both_ci = fl[1] > 0 and pk[1] > 0
+    both_mean = fl[0] > 0 and pk[0] > 0
+    verdict = "reproduced" if both_ci else "partly" if both_mean or fl[1] > 0 or pk[1] > 0 else "not reproduced"
+    return {"measured": (f"sim-a100 reward fluctuation TIS - MIS {fl[0]:+.4f} [{fl[1]:+.4f}, {fl[2]:+.4f}]; "
+                         f"peak eval MIS - TIS {pk[0]:+.3f} [{pk[1]:+.3f}, {pk[2]:+.3f}]"),
+            "verdict": verdict, "why": "criterion: both differences > 0 with CIs above 0 (partly: both means > 0 or one CI)",
+            "seeds": len(tis)}
+
+
+def f10(res: Sequence[Any]) -> Finding:
+    from orchestrator import metrics as M
+
+    sel = {e: select(res, arch="dense", corr="none", pool="sim-h100", engine=e)
+           for e in ("default", "fp32-lm-head", "deterministic")}
+    ratio = geo_ci([k3_median(a) / k3_median(b) for a, b in zip(sel["fp32-lm-head"], sel["default"])])
+    det_max = max((max(values(r, M.K3_KL), default=math.nan) for r in sel["deterministic"]), default=math.nan)
+    tps = lambda r: statistics.median(values(r, M.TIME_PER_STEP)) if values(r, M.TIME_PER_STEP) else math.nan  # noqa: E731
+    cost = geo_ci([tps(a) / tps(b) for a, b in zip(sel["deterministic"], sel["default"])])
+    a = ratio[0] >= 0.1
+    b = det_max == 0.0
+    c = math.isfinite(cost[1]) and cost[1] > 1
+    verdict = "reproduced" if a and b and c else "partly" if a or b else "not reproduced"
+    return {"measured": (f"k3 fp32-LM-head / default {fmt_ci(ratio, False)}; deterministic max k3 over all steps "
+                         f"and seeds {det_max:g}; time/step deterministic / default {fmt_ci(cost, False)}"),
+            "verdict": verdict,
+            "why": (f"fp32 head keeps >= 10% of k3: {a}; deterministic k3 exactly 0: {b}; "
+                    f"speed cost CI above 1x: {c}"), "seeds": len(sel["default"])}
+
+
+FINDINGS: list[tuple[int, str, Callable[[Sequence[Any]], Finding], str]] = [
+    (1, "Mismatch magnitude: dense k3 ~1e-5..1e-3, MoE ~1e-3..1e-1 (seed 001)", f1,
+     "median k3 over steps 1-250 per trial (sim-h100, no correction); geometric mean over seeds with a "
+     "t-interval on log10. Reproduced if the dense CI lies in 1e-5..1e-3 and the MoE CI in 1e-3..1e-1; "
+     "partly if one does."),
+    (2, "Mismatch grows as the sampled token's probability goes to 0 (seed 000)", f2,
+     "per trial (sim-h100 dense, no correction) the step-mean k3 of each rollout-probability bucket; "
+     "reproduced if Spearman rho(bucket index, k3) <= -0.8 on average and the lowest populated bucket is "
+     ">= 10x the highest in every seed; partly if rho < 0."),
+    (3, "Hardware pools differ by orders of magnitude; A100-like at 1e-2..1 (seed 000)", f3,
+     "median k3 per trial on sim-h20 / sim-h100 / sim-a100 (dense, no correction). Reproduced if "
+     "h20 < h100 < a100 in every seed, a100/h20 >= 100x and the a100 CI lies in 1e-2..1; partly if "
+     "either part holds."),
+    (4, "Without correction under large mismatch training collapses; grad norm and PPL blow up after "
+        "k3 rises (seeds 000, 002)", f4,
+     "collapse = the runner's verdict (default rules: grad-norm explosion, reward drop, PPL blow-up) on "
+     "sim-a100 vs sim-h20, no correction. Onset of a metric = first step > 25 where its trailing 5-step "
+     "mean exceeds 5x its median over steps 1-25 (k3, grad norm), or, for the training PPL (which falls "
+     "while the policy learns), 2x the lowest trailing mean before it; lead = onset(grad "
+     "norm or PPL) - onset(k3). Reproduced if >= 2/3 sim-a100 seeds collapse, no sim-h20 seed does, and "
+     "in >= 2/3 of the collapsed trials both onsets are at or after the k3 onset."),
+    (5, "Token-level TIS/MIS does not prevent that collapse; sequence/geometric MIS does (seeds 000, 002)", f5,
+     "collapse counts (runner verdict) on sim-a100 per correction. Reproduced if none collapses in >= 2/3 "
+     "seeds, token TIS in >= 2/3 and sequence MIS in <= 1/3; partly if sequence MIS collapses less often "
+     "than token TIS. (Token MIS and geometric MIS were cut for time: not tested.)"),
+    (6, "MIS/TIS does not hurt reward when mismatch is small (seed 001)", f6,
+     "final eval reward (mean of the evals at steps 230/240/250) on sim-h100, each correction minus no "
+     "correction, Welch 95% CI. Reproduced if every lower bound > -0.05; partly if every mean > -0.05."),
+    (7, "Resuming a collapsed run's last healthy checkpoint on a low-mismatch pool recovers it (seed 000)", f7,
+     "each collapsed uncorrected sim-a100 trial is resumed from its last checkpoint before the verdict "
+     "step on sim-h20 (derived trial). Recovered if the resumed trial is not judged collapsed and its "
+     "final eval reward is >= the parent's (which stayed on sim-a100) + 0.05. Reproduced if >= 2/3 recover."),
+    (8, "Turning MIS on mid-run suppresses the growth of k3 (seed 001)", f8,
+     f"each uncorrected sim-a100 trial is continued from its step-{F8_SWITCH_STEP} checkpoint with "
+     "sequence-level MIS (mask, [0.2, 5]). Measure: mean log10 k3 over the remaining steps, derived minus "
+     "parent. Reproduced if its CI is below 0; partly if the mean is."),
+    (9, "TIS reward fluctuates; MIS exceeds TIS's peak (seed 000)", f9,
+     "sim-a100, token TIS vs sequence MIS: fluctuation = std of the train reward around its centred "
+     "11-step moving average (steps >= 26); peak = max eval reward. Reproduced if TIS fluctuates more "
+     "AND MIS peaks higher with both CIs above 0; partly if both means point that way or one CI does."),
+    (10, "FP32 LM head alone does not remove the mismatch (seed 000); deterministic removes it at a speed "
+         "cost (seed 001)", f10,
+     "sim-h100 dense, no correction: k3 ratio fp32-LM-head / default (per seed, geometric mean); the "
+     "deterministic engine's maximum k3 over all steps; median perf/time_per_step ratio deterministic / "
+     "default. Reproduced if the ratio >= 0.1, the deterministic max is exactly 0 and the cost CI is "
+     "above 1x; partly if one of the first two holds."),
+]
+
+
+# ----------------------------------------------------------------------------- plots
+
+
+def plots(res: Sequence[Any], out: Path) -> list[str]:
+    """Write the report's PNGs; returns their file names."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    from orchestrator import metrics as M
+
+    names = []
+    # 1. k3 by pool / arch
+    fig, ax = plt.subplots(figsize=(8, 4.5))
+    cells = [("sim-h20", "dense", "tab:green"), ("sim-h100", "dense", "tab:blue"),
+             ("sim-h100", "moe", "tab:purple"), ("sim-a100", "dense", "tab:red")]
+    for pool, arch, col in cells:
+        for i, r in enumerate(maybe(res, **{**BASE, "pool": pool, "arch": arch})):
+            pts = [(s, v) for s, v in r.curves.get(M.K3_KL, []) if v > 0]
+            if pts:
+                ax.plot(*zip(*pts), color=col, lw=0.7, alpha=0.7, label=f"{pool} {arch}" if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("step")
+    ax.set_ylabel("k3 KL (rollout vs trainer)")
+    ax.set_title("F1/F3: mismatch by pool and architecture (no correction, 3 seeds)")
+    ax.legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "f1_f3_k3_by_pool.png", dpi=110)
+    plt.close(fig)
+    names.append("f1_f3_k3_by_pool.png")
+    # 2. buckets
+    fig, ax = plt.subplots(figsize=(8, 4))
+    labels = [f"{lo:g}-{min(hi, 1.0):g}" for lo, hi in M.PROB_BUCKETS]
+    for pool, col in (("sim-h100", "tab:blue"), ("sim-a100", "tab:red")):
+        for i, r in enumerate(maybe(res, **{**BASE, "pool": pool})):
+            ax.plot(labels, bucket_profile(r), marker="o", color=col, lw=0.8,
+                    label=pool if i == 0 else None)
+    ax.set_yscale("log")
+    ax.set_xlabel("rollout probability of the sampled token")
+    ax.set_ylabel("mean k3 in bucket")
+    ax.set_title("F2: mismatch by sampled-token probability")
+    ax.legend(fontsize=8)
+    ax.tick_params(axis="x", labelsize=7)
+    fig.tight_layout()
+    fig.savefig(out / "f2_buckets.png", dpi=110)
+    plt.close(fig)
+    names.append("f2_buckets.png")
+    # 3. collapse dynamics
+    keys = [(M.K3_KL, True), (M.GRAD_NORM, True), (M.TRAINING_PPL, True), (M.EVAL_REWARD, False)]
+    fig, axs = plt.subplots(len(keys), 1, figsize=(8, 9), sharex=True)
+    for ax, (key, log) in zip(axs, keys):
+        for pool, col in (("sim-a100", "tab:red"), ("sim-h20", "tab:green")):
+            for i, r in enumerate(maybe(res, **{**BASE, "pool": pool})):
+                pts = [(s, v) for s, v in r.curves.get(key, []) if math.isfinite(v) and (v > 0 or not log)]
+                if pts:
+                    ax.plot(*zip(*pts), color=col, lw=0.7, label=pool if i == 0 else None)
+                if pool == "sim-a100" and r.verdict_step and collapsed(r):
+                    ax.axvline(r.verdict_step, color="k", ls=":", lw=0.6)
+        if log:
+            ax.set_yscale("log")
+        ax.set_ylabel(key.split("/")[-1])
+    axs[0].legend(fontsize=8)
+    axs[0].set_title("F4: uncorrected sim-a100 vs sim-h20 (dotted: collapse verdict step)")
+    axs[-1].set_xlabel("step")
+    fig.tight_layout()
+    fig.savefig(out / "f4_collapse_dynamics.png", dpi=110)
+    plt.close(fig)
+    names.append("f4_collapse_dynamics.png")
+    # 4. reward by correction
+    fig, axs = plt.subplots(1, 2, figsize=(11, 4), sharey=True)
+    cols = dict(zip(CORRS, ("k", "tab:orange", "tab:blue")))
+    for ax, pool in zip(axs, ("sim-h100", "sim-a100")):
+        for c in CORRS:
+            for i, r in enumerate(maybe(res, **{**BASE, "pool": pool, "corr": c})):
+                pts = r.curves.get(M.EVAL_REWARD, [])
+                if pts:
+                    ax.plot(*zip(*pts), color=cols[c], lw=0.8, label=c if i == 0 else None)
+        ax.set_title(f"F5/F6/F9: eval reward on {pool}")
+        ax.set_xlabel("step")
+    axs[0].set_ylabel("eval reward")
+    axs[0].legend(fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "f5_f6_f9_reward_by_correction.png", dpi=110)
+    plt.close(fig)
+    names.append("f5_f6_f9_reward_by_correction.png")
+    # 5. derived trials
+    kids = [r for r in res if r.derived_from]
+    if kids:
+        fig, axs = plt.subplots(1, 2, figsize=(11, 4))
+        for r in kids:
+            p = _parent_of(res, r)
+            ax, key = (axs[0], M.EVAL_REWARD) if r.pool == "sim-h20" else (axs[1], M.K3_KL)
+            if p is not None:
+                ax.plot(*zip(*p.curves.get(key, [(0, math.nan)])), color="tab:red", lw=0.7)
+            ax.plot(*zip(*r.curves.get(key, [(0, math.nan)])), color="tab:green" if r.pool == "sim-h20"
+                    else "tab:blue", lw=0.9)
+        axs[0].set_title("F7: eval reward, parent on sim-a100 (red) / resumed on sim-h20 (green)")
+        axs[1].set_title(f"F8: k3, MIS off (red) / MIS on from step {F8_SWITCH_STEP} (blue)")
+        axs[1].set_yscale("log")
+        for ax in axs:
+            ax.set_xlabel("step")
+            ax.title.set_fontsize(9)
+        fig.tight_layout()
+        fig.savefig(out / "f7_f8_derived.png", dpi=110)
+        plt.close(fig)
+        names.append("f7_f8_derived.png")
+    return names
+
+
+# ----------------------------------------------------------------------------- report
+
+
+def run_minutes(res: Sequence[Any], workdir: str, derived: bool) -> tuple[float, float, int]:
+    """(wall span first start -> last end, summed run durations, count) of finished trial runs,
+    in minutes, from MLflow run times."""
+    from orchestrator import workspace
+    from orchestrator.tracking import client
+
+    mlc = client(workspace.tracking_uri(None, workdir))
+    starts, ends, total, n = [], [], 0.0, 0
+    for r in res:
+        if bool(r.derived_from) != derived or r.status != "FINISHED":
+            continue
+        info = mlc.get_run(r.run_id).info
+        if info.end_time:
+            starts.append(info.start_time)
+            ends.append(info.end_time)
+            total += (info.end_time - info.start_time) / 60000
+            n += 1
+    span = (max(ends) - min(starts)) / 60000 if ends else math.nan
+    return span, total, n
+
+
+def write_csv(res: Sequence[Any], out: Path) -> None:
+    import csv
+
+    from orchestrator import metrics as M
+
+    with open(out / "trials.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["trial_id", "derived_from", "arch", "pool", "corr", "engine", "seed", "verdict",
+                    "verdict_step", "k3_median", "k3_max", "final_eval", "peak_eval", "reason"])
+        for r in res:
+            k3 = values(r, M.K3_KL)
+            w.writerow([r.trial_id, r.derived_from or "", r.axes.get("arch"), r.pool, r.axes.get("corr"),
+                        r.axes.get("engine"), r.seed, r.verdict, r.verdict_step or "", f"{k3_median(r):.3e}",
+                        f"{max(k3, default=math.nan):.3e}", f"{final_eval(r):.4f}",
+                        f"{r.peak(M.EVAL_REWARD):.4f}", r.verdict_reason])
+
+
+def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: Mapping[str, Any]) -> str:
+    """Compute every finding and write REPORT.md (+ plots, trials.csv); returns the markdown."""
+    OUT.mkdir(parents=True, exist_ok=True)
+    pngs = plots(res, OUT)
+    write_csv(res, OUT)
+    computed = []
+    for num, title, fn, crit in FINDINGS:
+        try:
+            f = fn(res)
+        except Missing as exc:
+            f = {"measured": str(exc), "verdict": "not run yet", "why": "its trials are not finished", "seeds": 0}
+        except Exception as exc:  # noqa: BLE001 - one broken finding must not hide the others
+            f = {"measured": f"analysis error: {type(exc).__name__}: {exc}", "verdict": "not measured",
+                 "why": "analysis failed", "seeds": 0}
+        computed.append((num, title, crit, f))
+    g_span, g_sum, g_n = run_minutes(res, workdir, derived=False)
+    d_span, d_sum, d_n = run_minutes(res, workdir, derived=True)
+    n_grid = sum(1 for r in res if not r.derived_from)
+    n_der = sum(1 for r in res if r.derived_from)
+    lines = [
+        "# Reproducing the source articles' findings on the CPU simulator (issue 9)",
+        "",
+        "Generated by `benchmarks/findings.py` from the MLflow store of its run; do not edit by hand.",
+        "Regenerate: `.venv/bin/python benchmarks/findings.py` (workdir `/tmp/findings-work`; "
+        "`--skip-run` re-analyses existing runs).",
+        "",
+        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. MLflow experiment `{EXPERIMENT}` "
+        f"in `sqlite:///{Path(workdir).resolve()}/mlflow.db`: {n_grid} grid trials + {n_der} derived trials.",
+        "",
+        "## Summary",
+        "",
+        "| # | finding | grid | seeds | measured (95% CI) | verdict | MLflow experiment |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for num, title, _, f in computed:
+        grid = "grids/findings/findings.yaml" + (" + derived trials" if num in (7, 8) else "")
+        lines.append(f"| {num} | {title} | `{grid}` | {f.get('seeds', '')} | {f['measured']} | "
+                     f"**{f['verdict']}** ({f['why']}) | `{EXPERIMENT}` |")
+    lines += [
+        "",
+        "## Setup (every knob, and why it is physically meaningful)",
+        "",
+        "- Recipe `sim/grpo_tiny` (2-layer d=64 transformer, progression task, 16-digit answers, 16 prompts x 8 "
+        "samples per step), 250 steps, seeds 0, 1, 2, checkpoints every 25 steps.",
+        "- **Learning rate 2.0e-3** (recipe default 5e-4) for every trial: an aggressive optimizer step. A pre-run "
+        "probe (seed 0, uncorrected) showed k3 rising to ~0.3 and grad-norm spikes on sim-a100 at this rate and "
+        "none at 5e-4 (orchestrator/sim/README.md: no collapse at the default rate).",
+        "- **Pools** (`orchestrator/pools.yaml`, emulated numerics): sim-h20 (fp16, fp32 LM head), sim-h100 "
+        "(bf16, split-K, fp8 KV), sim-a100 (int4 W4A16, fp8 router/LM head/KV, split-K, **weights 2 syncs stale**). "
+        "sim-a100's mismatch is partly policy lag (async off-policy), not rounding alone: the seeds' A100 "
+        "mismatch was numeric. Every sim-a100 result below carries that caveat.",
+        "- **MoE** (finding 1): the recipe's own `model.arch: moe` (4 experts, top-1, aux loss 0.01), same size.",
+        "- **Corrections** (`corr` axis): `tis-token` token IS truncate at 2 (TIS); `mis-seq` sequence-level IS "
+        "mask band [0.2, 5] (MIS; documented sequence range 2-10). Decoupled (3-policy) PPO, RS off, no batch "
+        "norm. Token-level MIS and geometric MIS were in the first design and were cut to fit the time budget "
+        "on a shared machine: findings 5 and 9 are tested with token TIS vs sequence MIS only.",
+        "- **Engine** (finding 10): `rollout.lm_head_fp32: true`; `rollout.deterministic: true` (trainer's code path).",
+        "- Verdicts: the runner's default collapse rules (`orchestrator/verdict.py`), early stop off so every curve runs to 250.",
+        "- Findings 7/8 use derived trials run by the runner's resume machinery (parent checkpoint copied into the "
+        "derived trial's store, `run_attempt(start=step)`), because `ablate resume` (issue 6) had not landed. "
+        "A resume on sim-h20 of a sim-a100 checkpoint restores the engine's stale-weight queue, so the first "
+        "post-resume step still samples from 2-sync-old weights.",
+        "",
+        "## Cost of regeneration (measured in this run)",
+        "",
+        f"- finished grid trials: {g_n}; summed trial run time {g_sum:.1f} min; wall span first start -> last "
+        f"end {g_span:.1f} min (MLflow run times; the span includes pauses between staged submissions)",
+        f"- finished derived trials: {d_n}; summed run time {d_sum:.1f} min",
+        f"- full regeneration estimate with 2 trials side by side (budget.max_parallel 2): "
+        f"{(g_sum + d_sum) / 2:.1f} min of trial time + analysis; the trials ran on a 2-core machine shared "
+        "with other engineers' test suites (run time per trial varies ~2-4x with that load)",
+    ]
+    for k, v in timings.items():
+        lines.append(f"- this invocation, {k}: {v / 60:.1f} min")
+    lines.append(f"- trials run by this invocation's submit: {ran.get('ran', 'n/a')}")
+    lines += ["", "## Findings in detail", ""]
+    for num, title, crit, f in computed:
+        lines += [f"### {num}. {title}", "", f"- Criterion (fixed before the runs): {crit}",
+                  f"- Measured: {f['measured']}", f"- Verdict: **{f['verdict']}** — {f['why']}"]
+        if "buckets" in f:
+            lines.append("- k3 by rollout-probability bucket (geometric mean over seeds [95% CI]): " +
+                         "; ".join(f"p {b}: {fmt_ci(c)}" for b, c in f["buckets"]))
+        if "rows" in f:
+            for seed, v, vs, o, lg, lp, why in f["rows"]:
+                lines.append(f"  - sim-a100 seed {seed}: verdict {v} at step {vs}; onsets k3 {o['k3']}, grad norm "
+                             f"{o['grad_norm']}, PPL {o['ppl']}; {why}")
+        lines.append("")
+    lines += ["### Post-hoc secondary measure (not used for any verdict)", "",
+              "Reward collapse = final eval reward (steps 230-250) below half of the trial's peak eval reward:",
+              f"- sim-a100: {posthoc_counts(res, 'sim-a100')}",
+              f"- sim-h100: {posthoc_counts(res, 'sim-h100')}",
+              f"- sim-h20: {posthoc_counts(res, 'sim-h20')}", "",
+              "## Verdict audit (every trial not judged healthy)", "",
+              "The verdicts above are the runner's, from the default rules. This table lets a reader check "
+              "what fired; a grad-norm 'explosion' whose reference median is ~0 (the policy's entropy has "
+              "collapsed, gradients vanish) is a rule artefact, not a training collapse.", "",
+              "| trial | derived from | arch | pool | corr | engine | seed | verdict | step | peak eval | final eval | reason |",
+              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    from orchestrator import metrics as M
+
+    for r in res:
+        if r.verdict != "healthy" and r.status == "FINISHED":
+            lines.append(f"| {r.trial_id} | {r.derived_from or ''} | {r.axes.get('arch')} | {r.pool} | "
+                         f"{r.axes.get('corr')} | {r.axes.get('engine')} | {r.seed} | {r.verdict} | "
+                         f"{r.verdict_step or ''} | {r.peak(M.EVAL_REWARD):.3f} | {final_eval(r):.3f} | "
+                         f"{r.verdict_reason[:160]} |")
+    zero_ref = [r for r in res if r.status == "FINISHED" and "grad_norm_explosion" in r.verdict_reason and "vs reference 0" in r.verdict_reason
+                and "vs reference 0." not in r.verdict_reason]
+    lines += ["", "## Problems found in the tool while doing this", "",
+              f"- Verdict rule `grad_norm_explosion` (default): {len(zero_ref)} trial(s) above were judged on a "
+              "running-median reference of exactly 0 (vanished gradients after the entropy collapse), so any "
+              "small gradient reads as a >10x 'explosion'. The rule needs an absolute floor (like the reward "
+              "rules' min_delta). Verdicts above are reported as the runner gave them.",
+              "- `python -m orchestrator.sim --set train.lr=2e-3` passes the string '2e-3' (YAML 1.1 has no "
+              "float without a dot) and fails in AdamW with a TypeError; `2.0e-3` works. Grids are validated "
+              "and unaffected.",
+              "- `ablate resume` (issue 6) was not available; findings 7/8 use the runner's resume path "
+              "directly (see Setup).", ""]
+    lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs] + [""]
+    lines += ["Per-trial figures: `trials.csv`.", ""]
+    text = "\n".join(lines)
+    (OUT / "REPORT.md").write_text(text)
+    return text
+
+
+def main(argv: Sequence[str] | None = None) -> int:
+    """Run the grid and derived trials (unless ``--skip-run``) and write the report."""
+    ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    ap.add_argument("--workdir", default=DEFAULT_WORKDIR, help="ablate workdir (MLflow store inside)")
+    ap.add_argument("--skip-run", action="store_true", help="only analyse what the workdir holds")
+    ap.add_argument("--phases", default="grid,derived,report",
+                    help="comma list of grid, derived, report (default: all three)")
+    args = ap.parse_args(argv)
+    phases = set() if args.skip_run else set(args.phases.split(","))
+    timings: dict[str, float] = {}
+    ran: dict[str, Any] = {}
+    t0 = time.perf_counter()
+    if "grid" in phases:
+        summary = run_grid(args.workdir)
+        ran["ran"] = f"states {summary.get('states')}, verdicts {summary.get('verdicts')}"
+        timings["grid submit"] = time.perf_counter() - t0
+    if "derived" in phases:
+        t1 = time.perf_counter()
+        done = run_derived(args.workdir)
+        timings["derived trials"] = time.perf_counter() - t1
+        ran["derived"] = len(done)
+    t2 = time.perf_counter()
+    res = load_all(args.workdir)
+    timings["analysis"] = time.perf_counter() - t2  # report() time is added below
+    report(res, args.workdir, timings, ran)
+    print(f"wrote {OUT / 'REPORT.md'} in {time.perf_counter() - t0:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
