@@ -9,6 +9,7 @@ import importlib
 import json
 import sys
 from collections.abc import Callable
+from pathlib import Path
 from types import ModuleType
 from typing import Any
 
@@ -102,7 +103,11 @@ def compare_body(args: argparse.Namespace) -> int:
     compare = _require("orchestrator.compare")
     out = compare.compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
                           tracking_uri=args.tracking_uri, workdir=args.workdir)
+    from orchestrator import workspace
+
     print(f"results written to {out}")
+    print(f"MLflow store: {workspace.tracking_uri(args.tracking_uri, args.workdir)} "
+          f"(browse it with `ablate ui {Path(out).name if args.out is None else args.grid}`)")
     return 0
 
 
