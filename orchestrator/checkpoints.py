@@ -250,11 +250,24 @@ class CheckpointStore:
     def clear(self) -> None:
         """Delete every checkpoint of the trial (a fresh start discards the old run)."""
         for step in self._listed_steps():
-            if self.is_local:
-                shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
-            else:
-                self.fs.rm(f"{self.root_url}/{step_dir_name(step)}", recursive=True)
+            self._remove(step)
         self.protect([])
+
+    def drop_after(self, step: int) -> list[int]:
+        """Delete checkpoints newer than ``step``: resuming from ``step`` abandons the branch they
+        belong to, and a later ``latest()`` (an infra retry) must not pick one of them up."""
+        gone = [s for s in self._listed_steps() if s > step]
+        for s in gone:
+            self._remove(s)
+        if gone:
+            self.protect(s for s in self.protected() if s <= step)
+        return gone
+
+    def _remove(self, step: int) -> None:
+        if self.is_local:
+            shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
+        else:
+            self.fs.rm(f"{self.root_url}/{step_dir_name(step)}", recursive=True)
 
     def prune(self) -> list[int]:
         """Delete checkpoints beyond the newest ``keep`` that are not protected; returns them."""
@@ -266,10 +279,7 @@ class CheckpointStore:
                 continue
             if step > max(complete, default=-1):
                 continue  # a save in progress elsewhere, or a partial newer step: not ours to judge
-            if self.is_local:
-                shutil.rmtree(self.root / step_dir_name(step), ignore_errors=True)
-            else:
-                self.fs.rm(f"{self.root_url}/{step_dir_name(step)}", recursive=True)
+            self._remove(step)
             removed.append(step)
         if self.is_local and self.root.is_dir():
             for tmp in self.root.glob(".step-*.tmp"):

@@ -13,7 +13,6 @@ import dataclasses
 import json
 import math
 import os
-import tempfile
 import time
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -25,6 +24,7 @@ from orchestrator.trial import (
     TrialSpec,
     TrialState,
     atomic_write_json,
+    atomic_write_text,
     read_json,
     transition,
 )
@@ -130,18 +130,7 @@ def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]
 
 def write_metrics(path: Path, rows: Iterable[tuple[int, Mapping[str, float]]]) -> None:
     """Replace a metrics file with ``rows`` atomically (temp file + fsync + rename)."""
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as fh:
-            for s, m in rows:
-                fh.write(metric_line(s, m))
-            fh.flush()
-            os.fsync(fh.fileno())
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    atomic_write_text(path, lambda fh: fh.writelines(metric_line(s, m) for s, m in rows))
 
 
 def effective_ranges(attempts: Iterable[Attempt]) -> list[tuple[str, int, int | None]]:

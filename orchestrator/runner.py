@@ -154,6 +154,8 @@ class _Attempt:
             # checkpoint are replaced. Keep them (the collapse they show) before truncating.
             self.tail = [(s, m) for s, m in file_rows if s > start]
             records.write_metrics(paths.root / "superseded" / f"attempt-{self.number}.jsonl", self.tail)
+        if self.resume_step is not None:
+            self.store.drop_after(self.resume_step)  # the abandoned branch's checkpoints
         rows = records.truncate_metrics(paths.metrics, start)
         self.kept_rows = rows
         if job.start == "fresh":

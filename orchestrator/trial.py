@@ -12,9 +12,9 @@ import hashlib
 import json
 import os
 import tempfile
-from collections.abc import Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TextIO
 
 SCHEMA_VERSION = 1
 
@@ -188,22 +188,27 @@ class TrialPaths:
         return self.root / "trial.log"
 
 
-def atomic_write_json(path: Path, data: Any) -> None:
-    """Write JSON with a schema version via temp file + fsync + rename (never half-written)."""
+def atomic_write_text(path: Path, write: Callable[[TextIO], None]) -> None:
+    """Write a file via temp file + fsync + rename, so readers never see it half-written."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    if isinstance(data, dict) and "schema_version" not in data:
-        data = {"schema_version": SCHEMA_VERSION, **data}
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
         with os.fdopen(fd, "w") as fh:
-            json.dump(data, fh, indent=1, sort_keys=True, default=list)
+            write(fh)
             fh.flush()
             os.fsync(fh.fileno())
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)
         raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write JSON with a schema version atomically (see :func:`atomic_write_text`)."""
+    if isinstance(data, dict) and "schema_version" not in data:
+        data = {"schema_version": SCHEMA_VERSION, **data}
+    atomic_write_text(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True, default=list))
 
 
 def read_json(path: Path) -> Any:

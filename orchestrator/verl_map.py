@@ -294,15 +294,9 @@ def rollout_overrides(r: RolloutSpec) -> list[str]:
 
 def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every verl leaf of a resolved recipe (vocabulary sections skipped)."""
-    def walk(node: Mapping[str, Any], prefix: str) -> Iterator[tuple[str, Any]]:
-        for k, v in node.items():
-            key = f"{prefix}.{k}" if prefix else str(k)
-            if isinstance(v, Mapping) and v:
-                yield from walk(v, key)
-            else:
-                yield key, v
+    from orchestrator.recipes import flatten
 
-    yield from walk({k: v for k, v in config.items() if k not in ("correction", "rollout")}, "")
+    yield from flatten({k: v for k, v in config.items() if k not in ("correction", "rollout")})
 
 
 def owned(key: str) -> bool:

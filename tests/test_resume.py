@@ -305,3 +305,15 @@ def test_verl_move_is_checked_for_world_size_before_anything_changes(isolated: P
     assert not paths.state.exists()  # planning writes nothing
     with pytest.raises(UserError, match="--pool sim-h20: a sim pool.*verl backend on gpu pools"):
         plan(grid, grid_dir, [trial], pool="sim-h20", start=20, sets={}, reason="test")
+
+
+def test_checkpoints_of_an_abandoned_branch_are_dropped(tmp_path: Path) -> None:
+    """After a resume from step 3, an infra retry's ``latest`` must not find the old step 6."""
+    from orchestrator.checkpoints import CheckpointStore
+
+    store = CheckpointStore(tmp_path / "ck", trial_id="t1", keep=5)
+    for step in (3, 6, 9):
+        store.save(step, lambda d, s=step: (d / "w.bin").write_bytes(bytes([s])))
+    store.protect([3, 6])
+    assert store.drop_after(3) == [6, 9]
+    assert store.steps() == [3] and store.latest() == 3 and store.protected() == {3}

@@ -107,7 +107,7 @@ class K8sBackend(Backend):
         settings: Any,
         ckpt_dir: Path,
     ) -> AttemptResult:
-        from orchestrator.backends.verl_run import MetricTail
+        from orchestrator.backends.verl_run import MetricTail, hand_over_checkpoint
         from orchestrator.k8s.client import Phase
 
         tail = MetricTail(
@@ -120,7 +120,7 @@ class K8sBackend(Backend):
             finished = state is None or state.phase.finished
             for step, data in tail.poll() + (tail.flush() if finished else []):
                 ctx.log_metrics(step, data)
-            saved = _hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
             if finished:
                 break
             reason = ctx.should_stop()
@@ -156,20 +156,6 @@ def _delete_quietly(client: Any, name: str) -> None:
         client.delete(name)
     except Exception:  # the original error is the one to report
         log.exception("could not delete RayJob %s after an error", name)
-
-
-def _hand_over_checkpoint(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:
-    """Give verl's newest checkpoint to the orchestrator once its step's metrics are in."""
-    from orchestrator.backends.verl_run import latest_checkpoint, link_tree
-
-    step = latest_checkpoint(ckpt_dir)
-    if step is None or step <= saved or step > logged:
-        return saved
-    src = ckpt_dir / f"global_step_{step}"
-    if not src.is_dir():
-        return saved
-    ctx.save_checkpoint(step, lambda dst: link_tree(src, Path(dst)))
-    return step
 
 
 class _VerlJob:

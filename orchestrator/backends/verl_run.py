@@ -208,7 +208,7 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
             if zero_run >= ZERO_ADV_PATIENCE and warning is None:
                 warning = group_diversity_warning(step, data)
                 print(f"[{trial.trial_id}] {warning}", file=sys.stderr)
-        saved = _hand_over_checkpoints(ctx, ckpt_dir, saved, tail.last_logged)
+        saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
         if finished:
             break
         stop_reason = ctx.should_stop()
@@ -228,7 +228,7 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
     return AttemptResult(AttemptOutcome.COMPLETED, last, reason=warning)
 
 
-def _hand_over_checkpoints(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:
+def hand_over_checkpoint(ctx: RunContext, ckpt_dir: Path, saved: int, logged: int) -> int:
     """Give verl's newest checkpoint to the orchestrator once its step's metrics are in."""
     step = latest_checkpoint(ckpt_dir)
     if step is None or step <= saved or step > logged:
