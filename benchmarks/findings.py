@@ -309,7 +309,7 @@ def f1(res: Sequence[Any]) -> Finding:
     dense = [k3_median(r) for r in select(res, **{**BASE, "pool": "sim-h100"})]
     moe = [k3_median(r) for r in select(res, **{**BASE, "arch": "moe", "pool": "sim-h100"})]
     cd, cm = geo_ci(dense), geo_ci(moe)
-    inside = lambda c, rg: all(math.isfinite(v) and rg[0] <= v <= rg[1] for v in c[1:])  # noqa: E731
+    inside = lambda c, rg: all(math.isfinite(v) and rg[0] <= v <= rg[1] for v in c[1:])
     ok_d, ok_m = inside(cd, RANGE_DENSE), inside(cm, RANGE_MOE)
     verdict = "reproduced" if ok_d and ok_m else "partly" if ok_d or ok_m else "not reproduced"
     why = (f"dense CI {'inside' if ok_d else 'outside'} 1e-5..1e-3; MoE CI {'inside' if ok_m else 'outside'}"
@@ -507,8 +507,12 @@ def f7(res: Sequence[Any]) -> Finding:
         diffs.append(d)
         good = (not collapsed(r)) and d >= 0.05
         ok += good
+        bits = r.verdict_reason.split(": ")
+        rule = (bits[1] if len(bits) > 1 else bits[0]) if r.verdict != "healthy" else ""
+        note = " (grad-norm rule on vanished gradients, see Problems)" if small_explosion(r.verdict_reason) else ""
         parts.append(f"seed {r.seed}: from step {r.derived_from.split('@')[1]}, final eval "
-                     f"{final_eval(r):.3f} vs {final_eval(p):.3f} on sim-a100, verdict {r.verdict}")
+                     f"{final_eval(r):.3f} vs {final_eval(p):.3f} on sim-a100, verdict {r.verdict}"
+                     + (f" [{rule}]{note}" if rule else ""))
     need = math.ceil(2 * len(kids) / 3)
     verdict = "reproduced" if ok >= need else "partly" if ok else "not reproduced"
     return {"measured": f"recovered {ok}/{len(kids)}; eval gain {fmt_ci(t_ci(diffs), False)}; " + "; ".join(parts),
@@ -591,14 +595,16 @@ def f10(res: Sequence[Any]) -> Finding:
            for e in ("default", "fp32-lm-head", "deterministic")}
     ratio = geo_ci([k3_median(a) / k3_median(b) for a, b in zip(sel["fp32-lm-head"], sel["default"])])
     det_max = max((max(values(r, M.K3_KL), default=math.nan) for r in sel["deterministic"]), default=math.nan)
-    tps = lambda r: statistics.median(values(r, M.TIME_PER_STEP)) if values(r, M.TIME_PER_STEP) else math.nan  # noqa: E731
+    tps = lambda r: statistics.median(values(r, M.TIME_PER_STEP)) if values(r, M.TIME_PER_STEP) else math.nan
     cost = geo_ci([tps(a) / tps(b) for a, b in zip(sel["deterministic"], sel["default"])])
     a = ratio[0] >= 0.1
     b = det_max == 0.0
     c = math.isfinite(cost[1]) and cost[1] > 1
     verdict = "reproduced" if a and b and c else "partly" if a or b else "not reproduced"
     return {"measured": (f"k3 fp32-LM-head / default {fmt_ci(ratio, False)}; deterministic max k3 over all steps "
-                         f"and seeds {det_max:g}; time/step deterministic / default {fmt_ci(cost, False)}"),
+                         f"and seeds {det_max:g}; time/step deterministic / default {fmt_ci(cost, False)} (wall time per "
+                         "step of trials that ran at different moments on a shared 2-core machine: the "
+                         "load differed, so this ratio is noisy; benchmarks/sim_step.py measures it quietly)"),
             "verdict": verdict,
             "why": (f"fp32 head keeps >= 10% of k3: {a}; deterministic k3 exactly 0: {b}; "
                     f"speed cost CI above 1x: {c}"), "seeds": len(sel["default"])}
@@ -606,50 +612,50 @@ def f10(res: Sequence[Any]) -> Finding:
 
 FINDINGS: list[tuple[int, str, Callable[[Sequence[Any]], Finding], str]] = [
     (1, "Mismatch magnitude: dense k3 ~1e-5..1e-3, MoE ~1e-3..1e-1 (seed 001)", f1,
-     "median k3 over steps 1-250 per trial (sim-h100, no correction); geometric mean over seeds with a "
+     ("median k3 over steps 1-250 per trial (sim-h100, no correction); geometric mean over seeds with a "
      "t-interval on log10. Reproduced if the dense CI lies in 1e-5..1e-3 and the MoE CI in 1e-3..1e-1; "
-     "partly if one does."),
+     "partly if one does.")),
     (2, "Mismatch grows as the sampled token's probability goes to 0 (seed 000)", f2,
-     "per trial (sim-h100 dense, no correction) the step-mean k3 of each rollout-probability bucket; "
+     ("per trial (sim-h100 dense, no correction) the step-mean k3 of each rollout-probability bucket; "
      "reproduced if Spearman rho(bucket index, k3) <= -0.8 on average and the lowest populated bucket is "
-     ">= 10x the highest in every seed; partly if rho < 0."),
+     ">= 10x the highest in every seed; partly if rho < 0.")),
     (3, "Hardware pools differ by orders of magnitude; A100-like at 1e-2..1 (seed 000)", f3,
-     "median k3 per trial on sim-h20 / sim-h100 / sim-a100 (dense, no correction). Reproduced if "
+     ("median k3 per trial on sim-h20 / sim-h100 / sim-a100 (dense, no correction). Reproduced if "
      "h20 < h100 < a100 in every seed, a100/h20 >= 100x and the a100 CI lies in 1e-2..1; partly if "
-     "either part holds."),
-    (4, "Without correction under large mismatch training collapses; grad norm and PPL blow up after "
-        "k3 rises (seeds 000, 002)", f4,
-     "collapse = the runner's verdict (default rules: grad-norm explosion, reward drop, PPL blow-up) on "
+     "either part holds.")),
+    (4, ("Without correction under large mismatch training collapses; grad norm and PPL blow up after "
+        "k3 rises (seeds 000, 002)"), f4,
+     ("collapse = the runner's verdict (default rules: grad-norm explosion, reward drop, PPL blow-up) on "
      "sim-a100 vs sim-h20, no correction. Onset of a metric = first step > 25 where its trailing 5-step "
      "mean exceeds 5x its median over steps 1-25 (k3, grad norm), or, for the training PPL (which falls "
      "while the policy learns), 2x the lowest trailing mean before it; lead = onset(grad "
      "norm or PPL) - onset(k3). Reproduced if >= 2/3 sim-a100 seeds collapse, no sim-h20 seed does, and "
-     "in >= 2/3 of the collapsed trials both onsets are at or after the k3 onset."),
+     "in >= 2/3 of the collapsed trials both onsets are at or after the k3 onset.")),
     (5, "Token-level TIS/MIS does not prevent that collapse; sequence/geometric MIS does (seeds 000, 002)", f5,
-     "collapse counts (runner verdict) on sim-a100 per correction. Reproduced if none collapses in >= 2/3 "
+     ("collapse counts (runner verdict) on sim-a100 per correction. Reproduced if none collapses in >= 2/3 "
      "seeds, token TIS and token MIS each in >= 2/3, sequence and geometric MIS each in <= 1/3; partly if "
-     "sequence+geometric collapse less often than token-level."),
+     "sequence+geometric collapse less often than token-level.")),
     (6, "MIS/TIS does not hurt reward when mismatch is small (seed 001)", f6,
-     "final eval reward (mean of the evals at steps 230/240/250) on sim-h100, each correction minus no "
-     "correction, Welch 95% CI. Reproduced if every lower bound > -0.05; partly if every mean > -0.05."),
+     ("final eval reward (mean of the evals at steps 230/240/250) on sim-h100, each correction minus no "
+     "correction, Welch 95% CI. Reproduced if every lower bound > -0.05; partly if every mean > -0.05.")),
     (7, "Resuming a collapsed run's last healthy checkpoint on a low-mismatch pool recovers it (seed 000)", f7,
-     "each collapsed uncorrected sim-a100 trial is resumed from its last checkpoint before the verdict "
+     ("each collapsed uncorrected sim-a100 trial is resumed from its last checkpoint before the verdict "
      "step on sim-h20 (derived trial). Recovered if the resumed trial is not judged collapsed and its "
-     "final eval reward is >= the parent's (which stayed on sim-a100) + 0.05. Reproduced if >= 2/3 recover."),
+     "final eval reward is >= the parent's (which stayed on sim-a100) + 0.05. Reproduced if >= 2/3 recover.")),
     (8, "Turning MIS on mid-run suppresses the growth of k3 (seed 001)", f8,
-     f"each uncorrected sim-a100 trial is continued from its step-{F8_SWITCH_STEP} checkpoint with "
+     (f"each uncorrected sim-a100 trial is continued from its step-{F8_SWITCH_STEP} checkpoint with "
      "sequence-level MIS (mask, [0.2, 5]). Measure: mean log10 k3 over the remaining steps, derived minus "
-     "parent. Reproduced if its CI is below 0; partly if the mean is."),
+     "parent. Reproduced if its CI is below 0; partly if the mean is.")),
     (9, "TIS reward fluctuates; MIS exceeds TIS's peak (seed 000)", f9,
-     "sim-a100, token TIS vs sequence MIS: fluctuation = std of the train reward around its centred "
+     ("sim-a100, token TIS vs sequence MIS: fluctuation = std of the train reward around its centred "
      "11-step moving average (steps >= 26); peak = max eval reward. Reproduced if TIS fluctuates more "
-     "AND MIS peaks higher with both CIs above 0; partly if both means point that way or one CI does."),
-    (10, "FP32 LM head alone does not remove the mismatch (seed 000); deterministic removes it at a speed "
-         "cost (seed 001)", f10,
-     "sim-h100 dense, no correction: k3 ratio fp32-LM-head / default (per seed, geometric mean); the "
+     "AND MIS peaks higher with both CIs above 0; partly if both means point that way or one CI does.")),
+    (10, ("FP32 LM head alone does not remove the mismatch (seed 000); deterministic removes it at a speed "
+         "cost (seed 001)"), f10,
+     ("sim-h100 dense, no correction: k3 ratio fp32-LM-head / default (per seed, geometric mean); the "
      "deterministic engine's maximum k3 over all steps; median perf/time_per_step ratio deterministic / "
      "default. Reproduced if the ratio >= 0.1, the deterministic max is exactly 0 and the cost CI is "
-     "above 1x; partly if one of the first two holds."),
+     "above 1x; partly if one of the first two holds.")),
 ]
 
 
@@ -820,18 +826,18 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
                  "why": "analysis failed", "seeds": 0}
         computed.append((num, title, crit, f))
     g_span, g_sum, g_n = run_minutes(res, workdir, derived=False)
-    d_span, d_sum, d_n = run_minutes(res, workdir, derived=True)
+    _d_span, d_sum, d_n = run_minutes(res, workdir, derived=True)
     n_grid = sum(1 for r in res if not r.derived_from)
     n_der = sum(1 for r in res if r.derived_from)
     lines = [
         "# Reproducing the source articles' findings on the CPU simulator (issue 9)",
         "",
         "Generated by `benchmarks/findings.py` from the MLflow store of its run; do not edit by hand.",
-        "Regenerate: `.venv/bin/python benchmarks/findings.py` (workdir `/tmp/findings-work`; "
-        "`--skip-run` re-analyses existing runs).",
+        ("Regenerate: `.venv/bin/python benchmarks/findings.py` (workdir `/tmp/findings-work`; "
+        "`--skip-run` re-analyses existing runs)."),
         "",
-        f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. MLflow experiment `{EXPERIMENT}` "
-        f"in `sqlite:///{Path(workdir).resolve()}/mlflow.db`: {n_grid} grid trials + {n_der} derived trials.",
+        (f"Generated {time.strftime('%Y-%m-%d %H:%M UTC', time.gmtime())}. MLflow experiment `{EXPERIMENT}` "
+        f"in `sqlite:///{Path(workdir).resolve()}/mlflow.db`: {n_grid} grid trials + {n_der} derived trials."),
         "",
         "## Summary",
         "",
@@ -846,43 +852,46 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
         "",
         "## Setup (every knob, and why it is physically meaningful)",
         "",
-        "- Recipe `sim/grpo_tiny` (2-layer d=64 transformer, progression task, 16-digit answers, 16 prompts x 8 "
-        "samples per step), 250 steps, seeds 0, 1, 2, checkpoints every 25 steps.",
-        "- **Learning rate 2.0e-3** (recipe default 5e-4) for every trial: an aggressive optimizer step. A pre-run "
+        ("- Recipe `sim/grpo_tiny` (2-layer d=64 transformer, progression task, 16-digit answers, 16 prompts x 8 "
+        "samples per step), 250 steps, seeds 0, 1, 2, checkpoints every 25 steps."),
+        ("- **Learning rate 2.0e-3** (recipe default 5e-4) for every trial: an aggressive optimizer step. A pre-run "
         "probe (seed 0, uncorrected) showed k3 rising to ~0.3 and grad-norm spikes on sim-a100 at this rate and "
-        "none at 5e-4 (orchestrator/sim/README.md: no collapse at the default rate).",
-        "- **Pools** (`orchestrator/pools.yaml`, emulated numerics): sim-h20 (fp16, fp32 LM head), sim-h100 "
+        "none at 5e-4 (orchestrator/sim/README.md: no collapse at the default rate)."),
+        ("- **Pools** (`orchestrator/pools.yaml`, emulated numerics): sim-h20 (fp16, fp32 LM head), sim-h100 "
         "(bf16, split-K, fp8 KV), sim-a100 (int4 W4A16, fp8 router/LM head/KV, split-K, **weights 2 syncs stale**). "
         "sim-a100's mismatch is partly policy lag (async off-policy), not rounding alone: the seeds' A100 "
-        "mismatch was numeric. Every sim-a100 result below carries that caveat.",
+        "mismatch was numeric. Every sim-a100 result below carries that caveat."),
         "- **MoE** (finding 1): the recipe's own `model.arch: moe` (4 experts, top-1, aux loss 0.01), same size.",
-        "- **Corrections** (`corr` axis): `tis-token` token IS truncate at 2 (TIS); `mis-token` token IS mask "
+        ("- **Corrections** (`corr` axis): `tis-token` token IS truncate at 2 (TIS); `mis-token` token IS mask "
         "band [0.5, 2]; `mis-seq` sequence IS mask band [0.2, 5] (documented sequence range 2-10); `mis-geo` "
         "geometric-mean IS mask band [0.99, 1.01] (between verl's 0.999_1.001 Geo-RS preset and no masking). "
         "Decoupled (3-policy) PPO, RS off, no batch norm. Finding 9's 'MIS' is `mis-seq` (seed 000's MIS is "
-        "sequence-level).",
+        "sequence-level)."),
         "- **Engine** (finding 10): `rollout.lm_head_fp32: true`; `rollout.deterministic: true` (trainer's code path).",
         "- Verdicts: the runner's default collapse rules (`orchestrator/verdict.py`), early stop off so every curve runs to 250.",
-        "- Findings 7/8 use derived trials run by the runner's resume machinery (parent checkpoint copied into the "
+        ("- Findings 7/8 use derived trials run by the runner's resume machinery (parent checkpoint copied into the "
         "derived trial's store, `run_attempt(start=step)`), because `ablate resume` (issue 6) had not landed. "
         "A resume on sim-h20 of a sim-a100 checkpoint restores the engine's stale-weight queue, so the first "
-        "post-resume step still samples from 2-sync-old weights.",
+        "post-resume step still samples from 2-sync-old weights."),
         "",
         "## Cost of regeneration (measured in this run)",
         "",
-        f"- finished grid trials: {g_n}; summed trial run time {g_sum:.1f} min; wall span first start -> last "
-        f"end {g_span:.1f} min (MLflow run times; the span includes pauses between staged submissions)",
+        (f"- finished grid trials: {g_n}; summed trial run time {g_sum:.1f} min; wall span first start -> last "
+        f"end {g_span:.1f} min (MLflow run times; the span includes pauses between staged submissions)"),
         f"- finished derived trials: {d_n}; summed run time {d_sum:.1f} min",
-        f"- full regeneration estimate with 2 trials side by side (budget.max_parallel 2): "
+        (f"- full regeneration estimate with 2 trials side by side (budget.max_parallel 2): "
         f"{(g_sum + d_sum) / 2:.1f} min of trial time + analysis; the trials ran on a 2-core machine shared "
-        "with other engineers' test suites (run time per trial varies ~2-4x with that load)",
+        "with other engineers' test suites (run time per trial varies ~2-4x with that load)"),
     ]
     for k, v in timings.items():
         lines.append(f"- this invocation, {k}: {v / 60:.1f} min")
-    lines.append(f"- trials run by this invocation's submit: {ran.get('ran', 'n/a')}")
+    lines.append(f"- grid after this invocation's submit: {ran.get('ran', 'n/a')}")
+    lines.append("- the sum above is an estimate: this report's trials were run in priority-ordered "
+                 "submissions of the same grid into one workdir, so a from-scratch regeneration was not timed "
+                 "end to end; the grid phase reuses finished trials (content-hashed ids)")
     lines += ["", "## Findings in detail", ""]
     for num, title, crit, f in computed:
-        lines += [f"### {num}. {title}", "", f"- Criterion (fixed before the runs): {crit}",
+        lines += [f"### {num}. {title}", "", f"- Criterion (fixed before the results it judges were seen): {crit}",
                   f"- Measured: {f['measured']}", f"- Verdict: **{f['verdict']}** — {f['why']}"]
         if "buckets" in f:
             lines.append("- k3 by rollout-probability bucket (geometric mean over seeds [95% CI]): " +
@@ -898,9 +907,9 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
               f"- sim-h100: {posthoc_counts(res, 'sim-h100')}",
               f"- sim-h20: {posthoc_counts(res, 'sim-h20')}", "",
               "## Verdict audit (every trial not judged healthy)", "",
-              "The verdicts above are the runner's, from the default rules. This table lets a reader check "
+              ("The verdicts above are the runner's, from the default rules. This table lets a reader check "
               "what fired; a grad-norm 'explosion' whose reference median is ~0 (the policy's entropy has "
-              "collapsed, gradients vanish) is a rule artefact, not a training collapse.", "",
+              "collapsed, gradients vanish) is a rule artefact, not a training collapse."), "",
               "| trial | derived from | arch | pool | corr | engine | seed | verdict | step | peak eval | final eval | reason |",
               "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     from orchestrator import metrics as M
@@ -919,11 +928,11 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
               "ordinary gradient reads as >10x. The rule needs an absolute floor (like the reward rules' "
               "min_delta). Verdicts above are reported as the runner gave them: " +
               ", ".join(f"{r.trial_id} ({r.pool} {corr_label(r)} {r.axes.get('engine')} seed {r.seed})" for r in zero_ref) + ".",
-              "- `python -m orchestrator.sim --set train.lr=2e-3` passes the string '2e-3' (YAML 1.1 has no "
+              ("- `python -m orchestrator.sim --set train.lr=2e-3` passes the string '2e-3' (YAML 1.1 has no "
               "float without a dot) and fails in AdamW with a TypeError; `2.0e-3` works. Grids are validated "
-              "and unaffected.",
-              "- `ablate resume` (issue 6) was not available; findings 7/8 use the runner's resume path "
-              "directly (see Setup).", ""]
+              "and unaffected."),
+              ("- `ablate resume` (issue 6) was not available; findings 7/8 use the runner's resume path "
+              "directly (see Setup)."), ""]
     lines += ["## Plots", ""] + [f"![{p}]({p})" for p in pngs] + [""]
     lines += ["Per-trial figures: `trials.csv`.", ""]
     text = "\n".join(lines)

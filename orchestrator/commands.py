@@ -114,9 +114,14 @@ def compare_body(args: argparse.Namespace) -> int:
 def resume_body(args: argparse.Namespace) -> int:
     resume = _require("orchestrator.resume")
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
-    resume.resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
-                  start=args.from_, sets=_parse_sets(args.set), workdir=args.workdir,
-                  tracking_uri=args.tracking_uri, address=args.address)
+    out = resume.resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
+                        start=args.from_, sets=_parse_sets(args.set), workdir=args.workdir,
+                        tracking_uri=args.tracking_uri, address=args.address)
+    for r in out["resumed"]:
+        verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
+        kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
+        link = f" (derived from {r['parent']})" if r["derived"] else ""
+        print(f"{r['trial_id']}{link}: resumed on {r['pool']} from step {r['from_step']} -> {kind}")
     return 0
 
 

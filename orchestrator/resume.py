@@ -96,19 +96,21 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
         plans = plan(grid, grid_dir, parents, pool=pool, start=start, sets=dict(sets or {}),
                      reason="ablate resume")
         trials = apply(grid, grid_dir, plans)
+        summary: dict[str, Any] = {}
         if local:
-            results = _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
+            _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
         else:
             from orchestrator.scheduler import run_trials
 
             summary = run_trials(grid, trials, submission=submission, address=address,
                                  tracking_uri=tracking_uri, workdir=workdir, progress=progress)
-            results = {t.trial_id: records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
-                       .to_json() for t in trials}
-            results["_summary"] = summary
     finally:
         lease.release()
-    return {"grid": grid.name, "submission": submission, "results": results,
+    results = {}
+    for t in trials:
+        paths = TrialPaths(grid_dir, t.trial_id)
+        results[t.trial_id] = records.stored_result(paths, records.load_state(paths, t.trial_id))
+    return {"grid": grid.name, "submission": submission, "results": results, "summary": summary,
             "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
                          "from_step": p.start, "derived": p.derived} for p in plans]}
 
@@ -348,26 +350,23 @@ def _seed_derived(grid: Any, grid_dir: Path, p: Plan) -> None:
 
 
 def _run_local(grid: Any, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
-               tracking_uri: str | None, workdir: str | None) -> dict[str, Any]:
-    """Run the resumed attempts one after another in this process (no Ray)."""
+               tracking_uri: str | None, workdir: str | None) -> None:
+    """Run the resumed attempts one after another in this process (no Ray, like run-trial)."""
     from orchestrator.runner import TrackingTarget, make_job, run_attempt
     from orchestrator.tracking import GridRun
 
     uri = workspace.tracking_uri(tracking_uri, workdir)
     parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
     target = TrackingTarget(uri, parent.experiment_id, parent.run_id)
-    results: dict[str, Any] = {}
     status = "FAILED"
     try:
         for t in trials:
             rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
-            job = make_job(grid, t, grid_dir=grid_dir, tracking=target, submission=submission,
-                           pool=records.route_pool(rec, t))
-            results[t.trial_id] = run_attempt(job)
+            run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=target, submission=submission,
+                                 pool=records.route_pool(rec, t)))
         status = "FINISHED"
     finally:
         parent.end(status)
-    return results
 
 
 __all__ = ["Plan", "apply", "auto_rescue", "known_trials", "plan", "resume",

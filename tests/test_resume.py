@@ -317,3 +317,20 @@ def test_checkpoints_of_an_abandoned_branch_are_dropped(tmp_path: Path) -> None:
     store.protect([3, 6])
     assert store.drop_after(3) == [6, 9]
     assert store.steps() == [3] and store.latest() == 3 and store.protected() == {3}
+
+
+def test_on_collapse_set_rescue_derives_a_trial_once_and_records_it(isolated: Path) -> None:
+    from orchestrator.resume import auto_rescue
+
+    path, grid, t = _grid(isolated, name="autoset",
+                          extra="on_collapse: {resume: {set: {correction.is_level: geometric}}}\n")
+    run_single(path, t.trial_id)
+    grid_dir = workspace.grid_dir(grid.name)
+    (child,) = auto_rescue(grid, grid_dir, [t.trial_id])
+    assert child.derived_from == (t.trial_id, 3) and child.pool == "sim-a100"
+    rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
+    assert rec.rescue["by"] == "on_collapse" and rec.rescue["trial"] == child.trial_id
+    assert rec.state.value == "done" and rec.verdict["kind"] == "collapsed"  # the parent stays
+    crec = records.load_state(TrialPaths(grid_dir, child.trial_id), child.trial_id)
+    assert crec.state.value == "pending" and crec.resume["reason"].startswith("on_collapse rescue")
+    assert auto_rescue(grid, grid_dir, [t.trial_id]) == []  # once

@@ -396,18 +396,19 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     assert (a1.pool, a1.node, a1.outcome) == ("sim-h100", nodes["sim-h100"], "completed")
     assert (a2.pool, a2.node, a2.resumed_from_step, a2.start_step, a2.end_step) == (
         "sim-h20", nodes["sim-h20"], 15, 16, 20)
-    assert t["state"].mlflow_run_id == run_id and t["state"].resume is None
+    assert t["state"].resume is None and t["state"].superseded_runs == [run_id]
     assert t["steps"] == list(range(1, 21))
-    # MLflow: one run; steps 16-20 were logged again by the resumed attempt, and the newest
-    # value per step is the resumed attempt's (what metrics.jsonl holds).
-    hist = MlflowClient(second["tracking_uri"]).get_metric_history(run_id, "critic/score/mean")
-    newest: dict[int, tuple[int, float]] = {}
-    for m in hist:
-        if m.step not in newest or m.timestamp >= newest[m.step][0]:
-            newest[m.step] = (m.timestamp, m.value)
+    # MLflow: MLflow held steps 16-20 already, so the run was replaced by one refilled from
+    # metrics.jsonl (one value per step, the resumed attempt's); the old one is soft-deleted.
+    mlc = MlflowClient(second["tracking_uri"])
+    new_id = t["state"].mlflow_run_id
+    assert new_id != run_id and mlc.get_run(run_id).info.lifecycle_stage == "deleted"
+    assert mlc.get_run(run_id).data.tags["superseded_by"] == new_id
+    hist = mlc.get_metric_history(new_id, "critic/score/mean")
     want = {s: m["critic/score/mean"] for s, m in records.iter_metrics(paths.metrics)}
-    assert sorted(newest) == list(range(1, 21))
-    assert {s: v for s, (_, v) in newest.items()} == pytest.approx(want)
+    assert sorted(m.step for m in hist) == list(range(1, 21))
+    assert {m.step: m.value for m in hist} == pytest.approx(want)
+    assert mlc.get_run(new_id).data.tags["pool_steps"] == "sim-h100:1-15,sim-h20:16-20"
 
 
 def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> None:
