@@ -13,7 +13,6 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from orchestrator.exceptions import UserError
 
 
 class NotAvailable(Exception):
@@ -41,19 +40,9 @@ def _guard(name: str, body: Callable[[argparse.Namespace], int]) -> Callable[[ar
 
 
 def _parse_sets(items: list[str] | None) -> dict[str, Any]:
-    """``KEY=VALUE`` pairs; VALUE is parsed as YAML (so 1e-3, true, [0.5, 2.0] work)."""
-    import yaml
+    from orchestrator.recipes import parse_assignments
 
-    out: dict[str, Any] = {}
-    for item in items or []:
-        key, sep, value = item.partition("=")
-        if not sep or not key:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. correction.is_level=sequence")
-        try:
-            out[key.strip()] = yaml.safe_load(value)
-        except yaml.YAMLError:
-            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
-    return out
+    return parse_assignments(items)
 
 
 def _from_step(text: str) -> str | int:

@@ -108,3 +108,32 @@ def apply_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
             node = node.setdefault(p, {})
         node[parts[-1]] = list(value) if isinstance(value, tuple) else value
     return out
+
+
+def parse_assignments(items: list[str] | None) -> dict[str, Any]:
+    """``KEY=VALUE`` command-line pairs; VALUE is YAML (``true``, ``[0.5, 2.0]``, ``sequence``).
+
+    YAML 1.1 reads ``2e-3`` (no dot) as a string; a value that Python reads as a float is taken
+    as a float, so ``--set train.lr=2e-3`` means what it says.
+    """
+    import yaml
+
+    from orchestrator.exceptions import UserError
+
+    out: dict[str, Any] = {}
+    for item in items or []:
+        key, sep, text = item.partition("=")
+        if not sep or not key.strip():
+            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. correction.is_level=sequence")
+        try:
+            value = yaml.safe_load(text)
+        except yaml.YAMLError:
+            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+        if isinstance(value, str):
+            try:
+                value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf",
+                                                                       "infinity") else value
+            except ValueError:
+                pass
+        out[key.strip()] = value
+    return out

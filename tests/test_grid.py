@@ -152,3 +152,17 @@ def test_repo_grids_plan(repo: Path, isolated: Path, capsys: pytest.CaptureFixtu
     for grid in sorted((repo / "grids").rglob("*.yaml")):
         assert main(["plan", str(grid), "--json"]) == 0, grid
         assert json.loads(capsys.readouterr().out)["count"] > 0
+
+
+def test_set_values_parse_like_yaml_and_floats() -> None:
+    from orchestrator.exceptions import UserError
+    from orchestrator.recipes import parse_assignments
+
+    got = parse_assignments(["train.lr=2e-3", "correction.is_bounds=[0.5, 2.0]",
+                             "rollout.lm_head_fp32=true", "correction.is_level=sequence",
+                             "task.name=nan"])
+    assert got == {"train.lr": 2e-3, "correction.is_bounds": [0.5, 2.0],
+                   "rollout.lm_head_fp32": True, "correction.is_level": "sequence",
+                   "task.name": "nan"}
+    with pytest.raises(UserError, match="expected KEY=VALUE"):
+        parse_assignments(["train.lr"])

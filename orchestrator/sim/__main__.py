@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-import yaml
 
 from orchestrator import metrics as M
 from orchestrator import recipes
@@ -22,13 +21,9 @@ from orchestrator.pools import load_catalog
 
 
 def _parse_set(items: list[str]) -> dict[str, object]:
-    out: dict[str, object] = {}
-    for item in items:
-        key, sep, value = item.partition("=")
-        if not sep:
-            raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. correction.is_level=token")
-        out[key] = yaml.safe_load(value)
-    return out
+    from orchestrator.recipes import parse_assignments
+
+    return parse_assignments(items)
 
 
 def main(argv: list[str] | None = None) -> int:
