@@ -10,7 +10,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.k8s import names
-from orchestrator.k8s.render import RAYJOB_API, pod_template, render_rayjob
+from orchestrator.k8s.render import RAYJOB_API, render_rayjob, submitter_template
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, ClusterSettings
 
 CONTROL_CLUSTER = "ablate-control"
@@ -47,19 +47,7 @@ def render_control_rayjob(
         f"{LABEL_PREFIX}/grid": names.label_safe(grid_name),
         f"{LABEL_PREFIX}/role": "control",
     }
-    sub_res = {"cpu": settings.submitter_cpu, "memory": settings.submitter_memory}
-    submitter = pod_template(
-        role="submitter",
-        labels=labels,
-        image=settings.control_image,
-        env=[],
-        requests=sub_res,
-        limits=sub_res,
-        shm="",
-        settings=settings,
-        pool=None,
-        with_volumes=False,
-    )
+    submitter = submitter_template(labels, settings.control_image, settings)
     return {
         "apiVersion": RAYJOB_API,
         "kind": "RayJob",

@@ -174,6 +174,13 @@ def pod_template(
     return k.ApiClient().sanitize_for_serialization(k.V1PodTemplateSpec(metadata=meta, spec=spec))
 
 
+def submitter_template(labels: dict[str, str], image: str, settings: ClusterSettings) -> dict[str, Any]:
+    """KubeRay's submitter pod (it only runs ``ray job submit``): small, no volumes, no GPU."""
+    res = {"cpu": settings.submitter_cpu, "memory": settings.submitter_memory}
+    return pod_template(role="submitter", labels=labels, image=image, env=[], requests=res,
+                        limits=res, shm="", settings=settings, pool=None, with_volumes=False)
+
+
 def _placement(pool: PoolSpec, fallback: Sequence[PoolSpec]) -> dict[str, Any]:
     """nodeSelector on the pool's labels (pinned), or a node affinity OR-ing same-shape pools."""
     from kubernetes import client as k
@@ -331,7 +338,6 @@ def render_rayjob(
     if settings.gpu_resource:
         worker_res[settings.gpu_resource] = gpu
     head_res = {"cpu": settings.head_cpu, "memory": settings.head_memory}
-    sub_res = {"cpu": settings.submitter_cpu, "memory": settings.submitter_memory}
     worker = {
         "groupName": names.check_dns_label(f"gpu-{names.slug(pool.name, 50)}", "worker group"),
         "replicas": nodes,
@@ -376,18 +382,7 @@ def render_rayjob(
         "ttlSecondsAfterFinished": settings.ttl_seconds_after_finished,
         # Retries are the orchestrator's: an infra failure resumes from the last checkpoint.
         "backoffLimit": 0,
-        "submitterPodTemplate": pod_template(
-            role="submitter",
-            labels=labels,
-            image=image,
-            env=[],
-            requests=sub_res,
-            limits=sub_res,
-            shm="",
-            settings=settings,
-            pool=None,
-            with_volumes=False,
-        ),
+        "submitterPodTemplate": submitter_template(labels, image, settings),
         "rayClusterSpec": {
             "enableInTreeAutoscaling": False,  # Kueue admits fixed-size clusters only
             "headGroupSpec": {
