@@ -132,6 +132,28 @@ class _Firing:
     active_since_fire: int = 0  # observations since firing with the condition true
 
 
+class _Streak:
+    """Consecutive observations with a condition true, and the step where that run began."""
+
+    def __init__(self, patience: int) -> None:
+        self.patience = patience
+        self.count = 0
+        self.start: int | None = None
+
+    def update(self, step: int, cond: bool) -> int | None:
+        """Count one observation; the onset step once ``patience`` are in a row, else None."""
+        if not cond:
+            self.reset()
+            return None
+        if self.count == 0:
+            self.start = step
+        self.count += 1
+        return self.start if self.count >= self.patience else None
+
+    def reset(self) -> None:
+        self.count, self.start = 0, None
+
+
 class _Rule:
     """Incremental state of one rule: its reference statistic and its current streak."""
 
@@ -140,8 +162,7 @@ class _Rule:
         self.history: deque[float] = deque(maxlen=max(spec.window, 1))  # raw, for explode
         self.smooth: deque[float] = deque(maxlen=max(spec.window, 1))  # for blowup/drop
         self.best: float | None = None  # running peak (drop) or running min (blowup)
-        self.streak = 0
-        self.streak_start: int | None = None
+        self.streak = _Streak(spec.patience)
         self.firing: _Firing | None = None  # the current episode
         self.episodes: list[_Firing] = []  # earlier episodes the trial recovered from
 
@@ -212,14 +233,9 @@ class _Rule:
         if self.firing is not None:
             self._track_after_fire(cond)
             return
-        if not cond:
-            self.streak, self.streak_start = 0, None
-            return
-        if self.streak == 0:
-            self.streak_start = step
-        self.streak += 1
-        if self.streak >= self.spec.patience:
-            self.firing = _Firing(onset=self.streak_start or step, fired=step, value=value, reference=ref)
+        onset = self.streak.update(step, cond)
+        if onset is not None:
+            self.firing = _Firing(onset=onset, fired=step, value=value, reference=ref)
 
     def _track_after_fire(self, cond: bool) -> None:
         f = self.firing
@@ -233,7 +249,8 @@ class _Rule:
             # Recovered: remember the episode and re-arm, so a later relapse is judged (and can
             # stop the trial) on its own, not on the count of an old episode.
             self.episodes.append(f)
-            self.firing, self.streak, self.streak_start = None, 0, None
+            self.firing = None
+            self.streak.reset()
 
     def recovered(self) -> bool:
         """Fired before, and not in an episode now."""
@@ -250,8 +267,7 @@ class _Warning:
     def __init__(self, spec: EarlyWarningSpec) -> None:
         self.spec = spec
         self.values: deque[float] = deque(maxlen=spec.lag + spec.window * 4)
-        self.streak = 0
-        self.streak_start: int | None = None
+        self.streak = _Streak(spec.patience)
         self.step: int | None = None  # onset of the first warning
 
     def observe(self, step: int, metrics: Mapping[str, float]) -> None:
@@ -271,14 +287,7 @@ class _Warning:
         ref_vals = vals[: len(vals) - self.spec.lag]
         reference = statistics.median(ref_vals[-w * 4:])
         rising = recent >= float(self.spec.floor) and recent > float(self.spec.ratio) * max(reference, 1e-30)
-        if not rising:
-            self.streak, self.streak_start = 0, None
-            return
-        if self.streak == 0:
-            self.streak_start = step
-        self.streak += 1
-        if self.streak >= self.spec.patience:
-            self.step = self.streak_start
+        self.step = self.streak.update(step, rising)
 
 
 class VerdictEngine:
