@@ -125,7 +125,12 @@ def run_trial_body(args: argparse.Namespace) -> int:
     result = runner.run_single(args.grid, args.trial, workdir=args.workdir,
                                tracking_uri=args.tracking_uri, fresh=args.fresh)
     print(json.dumps(result, default=str))
-    return 0
+    if result.get("state") == "done":
+        return 0
+    # A trial that did not run to a verdict (infra failure, cancelled) is not a success.
+    print(f"ablate run-trial: trial {result.get('trial_id')} {result.get('state')}: "
+          f"{result.get('error') or 'see its state.json'}", file=sys.stderr)
+    return 1
 
 
 # --------------------------------------------------------------------------- parsers

@@ -38,6 +38,7 @@ from orchestrator.backends.verl_preflight import (
 )
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.checkpoints import step_dir_name
 from orchestrator.exceptions import BackendUnavailableError, GridError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import load_catalog
@@ -489,17 +490,50 @@ def test_the_gpu_smoke_trial_passes_the_cpu_preflight(tmp_path: Path) -> None:
     VerlBackend.validate(trial, grid.trial_config(trial), pool)
 
 
+def test_the_gpu_smoke_harness_runs_the_trial_through_ablate_run_trial(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """On CPU the same harness gets as far as the backend's GPU check, and says so."""
+    from verl_smoke import run_smoke
+
+    model = tmp_path / "model"
+    model.mkdir()
+    (model / "config.json").write_text("{}")
+    monkeypatch.setenv("ABLATE_SMOKE_MODEL", str(model))
+    result = run_smoke(tmp_path, steps=3, accelerator="NVIDIA A10G", timeout=300)
+    assert result["returncode"] == 1, result["stdout"]
+    last = result["stderr"].strip().splitlines()[-1]
+    assert "failed" in last and "GPU node" in last and "Traceback" not in result["stderr"], last
+    # recorded as an infra failure with its reason, no step logged anywhere
+    assert result["state"]["verdict"]["kind"] == "infra_failure"
+    assert result["steps"] == [] and not any(result["mlflow"].values())
+
+
+def test_the_gpu_smoke_refuses_a_model_that_is_not_a_local_directory(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    from verl_smoke import run_smoke
+
+    monkeypatch.setenv("ABLATE_SMOKE_MODEL", "Qwen/Qwen2.5-0.5B-Instruct")
+    with pytest.raises(RuntimeError, match=r"not a local Hugging Face model directory.*fix:"):
+        run_smoke(tmp_path, steps=3, accelerator="NVIDIA A10G")
+
+
 @pytest.mark.gpu
 def test_gpu_smoke_tiny_model_streams_metrics_into_the_trials_mlflow_run(tmp_path: Path) -> None:
-    """Needs one node with >= 1 GPU and `pip install -e '.[gpu]'`; see recipes/verl/README.md."""
+    """Needs one node with >= 1 GPU, `pip install -e '.[gpu,test]'` and $ABLATE_SMOKE_MODEL set
+    to a local model directory; see recipes/verl/README.md."""
     from verl_smoke import run_smoke
 
     result = run_smoke(tmp_path, steps=3)
-    assert result["logged_steps"] == [1, 2, 3]
-    assert result["mlflow_steps"]["critic/score/mean"] == [1, 2, 3]
-    assert math.isfinite(result["last"]["rollout_corr/k3_kl"])
-    assert result["outcome"] == "completed"
-    assert result["checkpoints"][-1] == 3  # the last step is saved, after its metrics
+    assert result["returncode"] == 0, result["stderr"][-4000:]
+    assert result["steps"] == [1, 2, 3]
+    assert result["state"]["state"] == "done", result["state"]
+    score = result["mlflow"]["critic/score/mean"]
+    assert [step for step, _ in score] == [1, 2, 3]  # each step exactly once in the child run
+    k3 = result["mlflow"]["rollout_corr/k3_kl"]
+    assert [step for step, _ in k3] == [1, 2, 3] and all(math.isfinite(v) for _, v in k3)
+    # checkpoint every 2 steps, and the final step is always saved
+    saved = sorted(p.name for p in (result["trial_dir"] / "checkpoints").iterdir())
+    assert step_dir_name(3) in saved, saved
 
 
 # --------------------------------------------------------------------------- the run loop

@@ -1,21 +1,27 @@
 """GPU smoke run of the verl backend: a tiny model, a few GRPO steps, metrics into MLflow.
 
-Used by ``tests/test_verl_backend.py::test_gpu_smoke_...`` (marker ``gpu``). It builds a tiny
-arithmetic data set in verl's RL parquet format (GSM8K-style ``#### answer`` so verl's built-in
-reward scores it), a one-GPU pool, a one-trial grid on the 4B recipe with small lengths and the
-model swapped for ``$ABLATE_SMOKE_MODEL`` (default Qwen/Qwen2.5-0.5B-Instruct), creates the
-trial's MLflow run, and runs ``VerlBackend().run`` with a minimal RunContext.
+Used by ``tests/test_verl_backend.py`` (the ``gpu``-marked smoke test, and a CPU test that runs
+the same harness up to the GPU check). It builds a tiny arithmetic data set in verl's RL parquet
+format (GSM8K-style ``#### answer`` so verl's built-in reward scores it), a one-GPU pool, and a
+one-trial grid on the 4B recipe with small lengths and the model swapped for the *local* model
+directory in ``$ABLATE_SMOKE_MODEL`` (nothing is downloaded at run time). It then runs the trial
+the way a user would, ``python -m orchestrator run-trial GRID --trial ID --workdir W``, and reads
+back what the orchestrator recorded: the trial's state, its ``metrics.jsonl`` and the metric
+history of its child run in the workdir's MLflow store (the runner is the single MLflow writer;
+verl itself logs to console and to the per-attempt file the backend streams from).
 """
 from __future__ import annotations
 
 import json
 import os
 import random
-from collections.abc import Callable, Mapping
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
 REPO = Path(__file__).resolve().parent.parent
+MODEL_ENV = "ABLATE_SMOKE_MODEL"
 
 
 def make_dataset(path: Path, n: int, seed: int) -> None:
@@ -35,37 +41,19 @@ def make_dataset(path: Path, n: int, seed: int) -> None:
     pd.DataFrame(rows).to_parquet(path)
 
 
-class SmokeContext:
-    """A RunContext that records what the backend reports."""
-
-    def __init__(self, trial: Any, pool: Any, workdir: Path, tracking_uri: str,
-                 run_id: str) -> None:
-        self.trial, self.pool, self.attempt, self.workdir = trial, pool, 1, workdir
-        self.checkpoint_every, self.resume_step = 2, None
-        self.tracking_uri, self.mlflow_run_id = tracking_uri, run_id
-        self.steps: list[int] = []
-        self.last: dict[str, float] = {}
-        self.checkpoints: list[int] = []
-
-    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
-        assert not self.steps or step > self.steps[-1], (self.steps, step)
-        self.steps.append(step)
-        self.last = dict(metrics)
-
-    def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
-        d = self.workdir / "store" / f"step_{step}"
-        d.mkdir(parents=True)
-        write(d)
-        self.checkpoints.append(step)
-
-    def checkpoint_path(self, step: int) -> Path:
-        return self.workdir / "store" / f"step_{step}"
-
-    def should_stop(self) -> str | None:
-        return None
+def local_model() -> str:
+    """The local model directory of the smoke run; a clear error when it is not one."""
+    path = os.environ.get(MODEL_ENV, "")
+    if not path or not (Path(path) / "config.json").is_file():
+        raise RuntimeError(
+            f"${MODEL_ENV}={path!r} is not a local Hugging Face model directory (no config.json); "
+            "fix: download a small instruct model once, e.g. `huggingface-cli download "
+            f"Qwen/Qwen2.5-0.5B-Instruct --local-dir /models/qwen2.5-0.5b`, and set {MODEL_ENV} "
+            "to that directory")
+    return path
 
 
-def prepare(tmp: Path, steps: int, accelerator: str) -> tuple[Any, Any]:
+def prepare(tmp: Path, steps: int, accelerator: str, model: str = "/models/smoke") -> tuple[Any, Any]:
     """The one-trial grid of the smoke run (also pre-flighted on CPU by the test suite)."""
     from orchestrator.grid import expand, load_grid
 
@@ -78,9 +66,9 @@ def prepare(tmp: Path, steps: int, accelerator: str) -> tuple[Any, Any]:
     grid_file.write_text(json.dumps({
         "name": "verl-smoke", "recipe": "verl/qwen3_4b_dapo", "backend": "verl",
         "steps": steps, "pool": "gpu1", "pool_catalog": str(tmp / "pools.yaml"),
+        "checkpoint": {"every": 2},
         "overrides": {
-            "actor_rollout_ref.model.path":
-                os.environ.get("ABLATE_SMOKE_MODEL", "Qwen/Qwen2.5-0.5B-Instruct"),
+            "actor_rollout_ref.model.path": model,
             "data.train_files": str(train), "data.val_files": str(val),
             "data.max_prompt_length": 256, "data.max_response_length": 128,
             "data.train_batch_size": 8, "actor_rollout_ref.rollout.n": 4,
@@ -95,20 +83,39 @@ def prepare(tmp: Path, steps: int, accelerator: str) -> tuple[Any, Any]:
     return grid, trial
 
 
-def run_smoke(tmp: Path, steps: int = 3) -> dict[str, Any]:
+def run_smoke(tmp: Path, steps: int = 3, accelerator: str | None = None,
+              timeout: float = 3600.0) -> dict[str, Any]:
+    """Run the smoke trial with ``ablate run-trial`` and collect what was recorded."""
     import mlflow
-    import torch
 
-    from orchestrator.backends.verl import VerlBackend
+    model = local_model()
+    if accelerator is None:
+        import torch
 
-    grid, trial = prepare(tmp, steps, torch.cuda.get_device_name(0))
-    uri = f"sqlite:///{tmp / 'mlflow.db'}"
-    client = mlflow.MlflowClient(tracking_uri=uri)
-    exp = client.create_experiment(grid.name)
-    run = client.create_run(exp, run_name=trial.trial_id)
-    ctx = SmokeContext(trial, grid.pools.pools["gpu1"], tmp / "work", uri, run.info.run_id)
-    result = VerlBackend().run(trial, grid.trial_config(trial), ctx)
-    history = {key: [m.step for m in client.get_metric_history(run.info.run_id, key)]
-               for key in ("critic/score/mean", "rollout_corr/k3_kl")}
-    return {"logged_steps": ctx.steps, "mlflow_steps": history, "last": ctx.last,
-            "checkpoints": ctx.checkpoints, "outcome": result.outcome.value}
+        accelerator = torch.cuda.get_device_name(0)
+    grid, trial = prepare(tmp, steps, accelerator, model)
+    workdir = tmp / "ablate"
+    argv = [sys.executable, "-m", "orchestrator", "run-trial", str(tmp / "smoke.yaml"),
+            "--trial", trial.trial_id, "--workdir", str(workdir)]
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    proc = subprocess.run(argv, cwd=tmp, env=env, capture_output=True, text=True,
+                          timeout=timeout, check=False)
+    trial_dir = workdir / grid.name / "trials" / trial.trial_id
+    metrics = trial_dir / "metrics.jsonl"
+    steps_seen = ([json.loads(line)["step"] for line in metrics.read_text().splitlines() if line]
+                  if metrics.is_file() else [])
+    state = (json.loads((trial_dir / "state.json").read_text())
+             if (trial_dir / "state.json").is_file() else {})
+    history: dict[str, list[tuple[int, float]]] = {}
+    if (workdir / "mlflow.db").is_file():
+        client = mlflow.MlflowClient(tracking_uri=f"sqlite:///{workdir / 'mlflow.db'}")
+        exp = client.get_experiment_by_name(grid.name)
+        runs = client.search_runs([exp.experiment_id],
+                                  filter_string=f"tags.trial_id = '{trial.trial_id}'") if exp else []
+        for run in runs:
+            for key in ("critic/score/mean", "rollout_corr/k3_kl"):
+                history.setdefault(key, []).extend(
+                    (m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
+    return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
+            "trial_id": trial.trial_id, "steps": steps_seen, "state": state,
+            "mlflow": {k: sorted(v) for k, v in history.items()}, "trial_dir": trial_dir}
