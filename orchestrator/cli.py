@@ -84,16 +84,16 @@ def _print_plan(grid: Any, trials: Sequence[Any], details: dict[str, list[str]],
     table.add_column("seed", justify="right")
     for n in names:
         table.add_column(n)
-    if details:
-        table.add_column("backend overrides")
     shown = trials if limit <= 0 else trials[:limit]
     for t in shown:
         axes = t.axis_values
-        row = [t.trial_id, t.pool, str(t.seed)] + [axes.get(n, "") for n in names]
-        if details:
-            row.append("\n".join(details[t.trial_id]))
-        table.add_row(*row)
+        table.add_row(t.trial_id, t.pool, str(t.seed), *[axes.get(n, "") for n in names])
     console.print(table)
+    for t in shown if details else ():
+        # Plain lines, never wrapped or cut, so a list can be copied into a command line.
+        print(f"\n{t.trial_id} ({t.pool}, seed {t.seed}) {grid.backend} overrides:")
+        for line in details[t.trial_id]:
+            print(f"  {line}")
     if len(shown) < len(trials):
         console.print(f"... {len(trials) - len(shown)} more (use --limit 0 to show all)")
     pools: dict[str, int] = {}

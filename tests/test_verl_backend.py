@@ -467,6 +467,21 @@ def test_world_size_and_checkpoint_portability(tmp_path: Path) -> None:
     assert not ok and "model_merger" in why and "loses the optimizer" in why
 
 
+def test_plan_show_overrides_prints_each_trials_exact_list_uncut(
+        capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    grid, trials = _expanded(GPU_GRIDS[0])
+    assert main(["plan", GPU_GRIDS[0], "--show-overrides", "--limit", "2"]) == 0
+    out = capsys.readouterr().out
+    for t in trials[:2]:
+        block = out.split(f"\n{t.trial_id} ({t.pool}, seed {t.seed}) verl overrides:\n", 1)[1]
+        printed = [line[2:] for line in block.split("\n\n", 1)[0].splitlines()
+                   if line.startswith("  ")]
+        assert printed == VerlBackend.describe(t, grid.trial_config(t), POOLS[t.pool])
+    assert f"{trials[2].trial_id} ({trials[2].pool}" not in out  # --limit holds
+
+
 def test_run_without_local_gpus_says_what_is_missing(tmp_path: Path) -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
 
