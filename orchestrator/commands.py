@@ -105,7 +105,8 @@ def resume_body(args: argparse.Namespace) -> int:
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
     out = resume.resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
                         start=args.from_, sets=_parse_sets(args.set), workdir=args.workdir,
-                        tracking_uri=args.tracking_uri, address=args.address)
+                        tracking_uri=args.tracking_uri, address=args.address,
+                        derive=args.derive)
     for r in out["resumed"]:
         verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
@@ -189,6 +190,9 @@ def add_commands(sub: Any, _lazy: Callable[[str], Any]) -> None:
                    help="last-healthy (default), latest, or a step number")
     r.add_argument("--set", action="append", metavar="KEY=VALUE",
                    help="change a setting: makes a new derived trial linked to the old one")
+    r.add_argument("--derive", action="store_true",
+                   help="run the continuation as a new derived trial and keep the old one as it "
+                        "ended (implied by --set); e.g. a collapsed run and its rescue side by side")
     r.add_argument("--address", help="existing Ray cluster")
     _common(r)
     r.set_defaults(func=_guard("resume", resume_body))

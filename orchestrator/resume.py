@@ -6,7 +6,7 @@ Two kinds of resume:
 * without ``--set`` the same trial goes on: its ``state.json`` gets a request ``{pool, start}``
   that the next attempt consumes (``runner._Attempt``), and a new attempt record holds its pool
   and step range. ``--pool`` is the only way a trial ever leaves its pool.
-* with ``--set`` a new trial is derived (``grid.derive_trial``): its own content-hashed id, a
+* with ``--set`` (or ``--derive``) a new trial is derived (``grid.derive_trial``): its own
   ``derived_from = (parent id, step)`` link, the parent's checkpoint at that step copied into its
   own store, the parent's metrics up to that step as its history (attempts marked ``inherited``),
   and its own MLflow child run tagged ``derived_from``.
@@ -73,8 +73,11 @@ class Plan:
 def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
-           local: bool = False, progress: bool = True) -> dict[str, Any]:
+           local: bool = False, progress: bool = True, derive: bool = False) -> dict[str, Any]:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
+
+    ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
+    parent as it ended, so both stay comparable (e.g. a collapsed run and its rescue on another pool).
 
     Returns ``{"grid", "resumed": [...], "results": {trial id: result}}``. Raises a one-line
     ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
@@ -94,7 +97,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     try:
         parents = select_trials(grid_dir, select=select, trial_ids=trial_ids)
         plans = plan(grid, grid_dir, parents, pool=pool, start=start, sets=dict(sets or {}),
-                     reason="ablate resume")
+                     reason="ablate resume", derive=derive)
         trials = apply(grid, grid_dir, plans)
         summary: dict[str, Any] = {}
         if local:
@@ -204,7 +207,7 @@ def _matches(select: str | None, state: TrialState, kind: str | None) -> bool:
 
 
 def plan(grid: Any, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
-         start: str | int, sets: Mapping[str, Any], reason: str) -> list[Plan]:
+         start: str | int, sets: Mapping[str, Any], reason: str, derive: bool = False) -> list[Plan]:
     """Check everything a resume needs and return what to do; writes nothing."""
     from orchestrator.grid import derive_trial
 
@@ -222,7 +225,8 @@ def plan(grid: Any, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
         store = _store(grid, paths, parent.trial_id)
         step = start_step(store, rec, start, grid.spec.checkpoint.healthy_margin)
         ckpt = store.path(step)  # verified by SHA-256 (downloaded first from a remote store)
-        trial = derive_trial(grid, parent, sets, pool=pool, from_step=step) if sets else parent
+        derived = bool(sets) or derive
+        trial = derive_trial(grid, parent, sets, pool=pool, from_step=step) if derived else parent
         _check_pool(grid, backend, trial, pool_spec, ckpt)
         if trial is not parent:
             child = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)

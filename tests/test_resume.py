@@ -168,6 +168,35 @@ def test_derived_resume_with_set_is_a_separate_linked_trial(isolated: Path) -> N
     assert run.data.tags["verdict"] == "collapsed"
 
 
+def test_derive_keeps_the_collapsed_parent_and_rescues_a_copy_on_another_pool(
+        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    from orchestrator.cli import main
+
+    path, grid, t = _grid(isolated)
+    run_single(path, t.trial_id)
+    grid_dir = workspace.grid_dir(grid.name)
+    parent_before = _snapshot(grid_dir, t.trial_id)
+    # `--derive` with no --set
+    got = resume(path, select="collapsed", pool="sim-h20", derive=True, local=True)
+    (item,) = got["resumed"]
+    child = item["trial_id"]
+    assert item["derived"] and child != t.trial_id and item["pool"] == "sim-h20"
+    assert item["from_step"] == 3  # last healthy checkpoint before the verdict step 6
+    assert _snapshot(grid_dir, t.trial_id)["files"] == parent_before["files"]  # still collapsed
+    spec = records.load_spec(TrialPaths(grid_dir, child))
+    assert spec.pool == "sim-h20" and spec.derived_from == (t.trial_id, 3)
+    assert got["results"][child]["verdict"]["kind"] == "healthy"
+    (run,) = _active_runs(child)
+    assert [s for s, _ in _history(run.info.run_id)] == list(range(1, 13))
+    # the same derivation again is refused, naming the trial to use instead; nothing changes
+    before = _snapshot(grid_dir, child)
+    capsys.readouterr()
+    assert main(["resume", path, "--trial", t.trial_id, "--pool", "sim-h20", "--derive"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and f"--trial {child}" in err[0], err
+    assert _snapshot(grid_dir, child) == before
+
+
 @pytest.mark.parametrize("damage", ["missing", "corrupt"])
 def test_missing_or_corrupt_checkpoint_fails_and_changes_nothing(isolated: Path, damage: str) -> None:
     path, grid, t = _grid(isolated)
