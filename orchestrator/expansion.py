@@ -17,6 +17,7 @@ from pydantic import ValidationError
 from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.schema import split_index
 from orchestrator.trial import TrialSpec, canonical_json, trial_id_for
 from orchestrator.validation import SECTIONS, _Checker, _freeze, _label, _thaw
 
@@ -245,7 +246,14 @@ def search_trial(grid: GridSpec, params: Mapping[str, Any], choices: Mapping[str
         if a.kind == "pool":
             pool = label
     for k, v in params.items():
-        merged[k] = v
+        name, index = split_index(k)
+        if index is None:
+            merged[k] = v
+        else:  # one element of a list value (an IS/RS bound); validated at plan time
+            section, _, field = name.partition(".")
+            current = merged.get(name, resolver.section_base[section].get(field) if section in SECTIONS
+                                 else resolver.leaves.get(name))
+            merged[name] = tuple(v if i == index else e for i, e in enumerate(current))
         axes.append((k, _label(v)))
     assert pool is not None
     seen: dict[str, TrialSpec] = {}

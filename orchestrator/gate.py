@@ -6,9 +6,16 @@ trial it cannot place waits forever. So the scheduler hands Tune trials through 
 capacity of the pool, ``budget.per_pool``)) while fewer than ``budget.max_parallel`` run, and
 ``None`` ("ask again later") otherwise. Queued trials of a full pool never block other pools.
 
-With a ``search:`` section the same gate wraps Ray Tune's ``OptunaSearch``: each Optuna point
-becomes a content-hashed trial (``grid.search_trial``); a point that ran before (this or an
-earlier submission) is answered from its stored objective instead of being run again.
+A pool whose limit is its whole Ray capacity gets one *standby* trial beyond it (``standby``,
+only when the grid limit cannot be exceeded either): Tune stages it, Ray cannot place it until a
+slot frees, and the moment a trial ends Tune hands its live worker to the standby one. Without
+it Tune starts a new worker process for the next trial, and a finishing trial's cached worker
+is then given to that trial instead, so under load one slot per pool stays "starting" forever.
+
+With a ``search:`` section the same gate wraps Ray Tune's ``OptunaSearch``
+(``search.SearchSpace``): each Optuna point becomes a content-hashed trial
+(``grid.search_trial``); a point that ran before (this or an earlier submission) is answered
+from its stored objective instead of being run again.
 """
 from __future__ import annotations
 
@@ -22,58 +29,10 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from orchestrator import records
+from orchestrator.search import SearchSpace
 from orchestrator.trial import TrialPaths, TrialSpec
 
 log = logging.getLogger(__name__)
-AXIS_PREFIX = "axis:"
-
-
-class SearchSpace:
-    """Optuna side of a ``search:`` section: distributions, sampler, mapping back to a trial."""
-
-    def __init__(self, grid: Any) -> None:
-        self.grid = grid
-        self.spec = grid.spec.search
-        self.seed = grid.spec.seeds[0]
-
-    def distributions(self) -> dict[str, Any]:
-        import optuna.distributions as d
-
-        space: dict[str, Any] = {}
-        for key, p in self.spec.params.items():
-            if p.kind == "int":
-                space[key] = d.IntDistribution(int(p.low), int(p.high), log=p.log)
-            else:
-                space[key] = d.FloatDistribution(float(p.low), float(p.high), log=p.log)
-        for axis in self.grid.axes:
-            if len(axis.labels) > 1:  # categorical axes are searched too; one label is fixed
-                space[AXIS_PREFIX + axis.name] = d.CategoricalDistribution(list(axis.labels))
-        return space
-
-    def searcher(self) -> Any:
-        import optuna
-        from ray.tune.search.optuna import OptunaSearch
-
-        sampler = (optuna.samplers.TPESampler(seed=self.seed, n_startup_trials=min(4, self.spec.budget))
-                   if self.spec.sampler == "tpe" else optuna.samplers.RandomSampler(seed=self.seed))
-        return OptunaSearch(space=self.distributions(), metric="objective",
-                            mode=self.spec.objective.mode, sampler=sampler)
-
-    def trial(self, point: Mapping[str, Any]) -> tuple[TrialSpec, dict[str, Any]]:
-        """The trial for an Optuna point, and the point as stored in state.json."""
-        from orchestrator.grid import search_trial
-
-        params: dict[str, Any] = {}
-        for key, p in self.spec.params.items():
-            v = point[key]
-            params[key] = int(v) if p.kind == "int" else float(f"{float(v):.4g}")
-        choices = {k[len(AXIS_PREFIX):]: v for k, v in point.items() if k.startswith(AXIS_PREFIX)}
-        trial = search_trial(self.grid, params, choices, self.seed)
-        return trial, {"params": params, "choices": choices}
-
-    @staticmethod
-    def point(stored: Mapping[str, Any]) -> dict[str, Any]:
-        return {**stored["params"], **{AXIS_PREFIX + k: v for k, v in stored["choices"].items()}}
 
 
 class PoolGate(Searcher):
@@ -82,13 +41,17 @@ class PoolGate(Searcher):
     def __init__(self, grid_dir: Path, queue: list[TrialSpec], limits: Mapping[str, int],
                  max_parallel: int, *, search: SearchSpace | None = None, search_budget: int = 0,
                  on_new_trial: Callable[[TrialSpec, dict[str, Any]], None] | None = None,
-                 routes: Mapping[str, str] | None = None) -> None:
+                 routes: Mapping[str, str] | None = None,
+                 extra_config: Callable[[], Mapping[str, Any]] | None = None,
+                 standby: Mapping[str, int] | None = None,
+                 hold: Callable[[], bool] | None = None) -> None:
         super().__init__()
         self.grid_dir = Path(grid_dir)
         self.queue = list(queue)
         self.routes = dict(routes or {})  # trial id -> pool, when not the trial's own (resume)
         self.limits = dict(limits)
         self.max_parallel = max_parallel
+        self.standby = dict(standby or {})  # pool -> trials staged beyond its limit (see above)
         self.running: dict[str, tuple[str, str]] = {}  # tune id -> (trial id, pool)
         self.search = search
         self.inner = search.searcher() if search is not None else None
@@ -97,6 +60,8 @@ class PoolGate(Searcher):
         self._held: TrialSpec | None = None  # a search trial waiting for room on its pool
         self._n = 0
         self.on_new_trial = on_new_trial
+        self.extra_config = extra_config  # more keys for each trial's config, read when it starts
+        self.hold = hold  # while it returns True nothing starts (e.g. a remote MLflow store unchecked)
         self.results: dict[str, dict[str, Any]] = {}
         self.errors: set[str] = set()
 
@@ -115,13 +80,16 @@ class PoolGate(Searcher):
         return sum(1 for _, p in self.running.values() if p == pool)
 
     def _room(self, pool: str) -> bool:
-        return self.pool_running(pool) < self.limits.get(pool, 0)
+        return self.pool_running(pool) < self.limits.get(pool, 0) + self.standby.get(pool, 0)
+
+    def _grid_full(self) -> bool:
+        return len(self.running) >= self.max_parallel + sum(self.standby.values())
 
     def reasons(self) -> dict[str, str]:
         """Why each queued trial waits (written to queue.json for ``ablate status``)."""
         out = {tid: f"starting on pool {pool}" for tid, pool in self.running.values()}
         for t in self.queue + ([self._held] if self._held else []):
-            if len(self.running) >= self.max_parallel:
+            if self._grid_full():
                 out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
             elif not self._room(self.pool_of(t)):
                 p = self.pool_of(t)
@@ -143,14 +111,15 @@ class PoolGate(Searcher):
             self.queue, self._held, self.search_left = [], None, 0
         if self.finished():
             return Searcher.FINISHED
-        if len(self.running) >= self.max_parallel:
+        if self._grid_full() or (self.hold is not None and self.hold()):
             return None
         trial = self._next_queued() or self._next_search()
         if trial is None:
             return Searcher.FINISHED if self.finished() else None
         pool = self.pool_of(trial)
         self.running[trial_id] = (trial.trial_id, pool)
-        return {"trial_id": trial.trial_id, "trial": trial.to_json(), "pool": pool}
+        extra = dict(self.extra_config()) if self.extra_config is not None else {}
+        return {"trial_id": trial.trial_id, "trial": trial.to_json(), "pool": pool, **extra}
 
     def _next_queued(self) -> TrialSpec | None:
         for i, t in enumerate(self.queue):
@@ -221,6 +190,11 @@ class PoolGate(Searcher):
             return
         self.inner.add_evaluated_point(SearchSpace.point(stored), objective)
 
+    def __getstate__(self) -> dict[str, Any]:
+        # Tune pickles its search algorithm into tuner.pkl (for Tuner.restore, which we never
+        # use); the hooks close over the submission's live objects (locks, threads).
+        return {**self.__dict__, "on_new_trial": None, "extra_config": None, "hold": None}
+
     def save(self, checkpoint_path: str) -> None:
         # Tune checkpoints searchers; the durable truth is in the trial records, so JSON counters
         # are enough (and no pickle lands on disk).
@@ -229,4 +203,3 @@ class PoolGate(Searcher):
 
     def restore(self, checkpoint_path: str) -> None:
         log.info("PoolGate.restore(%s): state is rebuilt from trial records instead", checkpoint_path)
-

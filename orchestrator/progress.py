@@ -8,16 +8,17 @@ from __future__ import annotations
 
 import dataclasses
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as names
 from orchestrator import records
 from orchestrator.lease import active_holder
-from orchestrator.trial import TrialPaths, read_json
+from orchestrator.trial import TrialPaths, atomic_write_json, read_json
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
-LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see scheduler._Live)
+LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see LiveView)
 
 
 @dataclasses.dataclass
@@ -161,3 +162,78 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
         parts.append(f"orchestrator: pid {view.holder.get('pid')} on {view.holder.get('host')} "
                      f"(submission {view.holder.get('submission')})")
     return Group(*parts)
+
+
+# --------------------------------------------------------------------------- live view of a submission
+
+
+def _tune_callback(key: int) -> Any:
+    """A Tune callback that drives the live view ``key``. Tune pickles its callbacks with the
+    experiment, so it holds only the key, never the view (rich's Live and the sender have locks)."""
+    from ray.tune import Callback
+
+    class LiveCallback(Callback):
+        def __init__(self, key: int) -> None:
+            self.key = key
+
+        def _view(self) -> Any:
+            import sys  # the registry by module name: a global here would pickle the views
+
+            return sys.modules[__name__].LIVE_VIEWS.get(self.key)
+
+        def on_step_begin(self, iteration: int, trials: list, **info: Any) -> None:
+            view = self._view()
+            error = view.abort() if view is not None and view.abort is not None else None
+            if error is not None:
+                raise error  # e.g. the MLflow store turned out unreachable
+
+        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
+            view = self._view()
+            if view is not None:
+                view.tick()
+
+        def on_trial_complete(self, iteration: int, trials: list, trial: Any, **info: Any) -> None:
+            view = self._view()
+            if view is not None and view.on_trial_over is not None:
+                view.on_trial_over(trial.config.get("trial_id"))
+
+        on_trial_error = on_trial_complete
+
+    return LiveCallback(key)
+
+
+class LiveView:
+    """Refreshes ``queue.json`` and the rich live table about once a second (from Tune's loop),
+    and tells the submission when a trial's attempts are over (``on_trial_over``)."""
+
+    def __init__(self, grid_dir: Path, grid_name: str, gate: Any, show: bool, *,
+                 on_trial_over: Callable[[str], None] | None = None,
+                 abort: Callable[[], BaseException | None] | None = None) -> None:
+        self.grid_dir, self.grid_name, self.gate = grid_dir, grid_name, gate
+        self.on_trial_over = on_trial_over
+        self.abort = abort  # returns an error that should stop the submission, or None
+        self._last = 0.0
+        self.live: Any = None
+        LIVE_VIEWS[id(self)] = self
+        self.callback = _tune_callback(id(self))
+        if show:
+            from rich.live import Live
+
+            self.live = Live(render(collect(grid_dir, grid_name)), refresh_per_second=2, transient=False)
+            self.live.start()
+
+    def tick(self, force: bool = False) -> None:
+        now = time.monotonic()
+        if not force and now - self._last < 1.0:
+            return
+        self._last = now
+        atomic_write_json(self.grid_dir / "queue.json", {"reasons": self.gate.reasons(),
+                                                         "updated_at": time.time()})
+        if self.live is not None:
+            self.live.update(render(collect(self.grid_dir, self.grid_name)))
+
+    def stop(self) -> None:
+        self.tick(force=True)
+        LIVE_VIEWS.pop(id(self), None)
+        if self.live is not None:
+            self.live.stop()

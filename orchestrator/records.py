@@ -14,9 +14,9 @@ import json
 import math
 import os
 import time
-from collections.abc import Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 from orchestrator.trial import (
     Attempt,
@@ -25,9 +25,12 @@ from orchestrator.trial import (
     TrialState,
     atomic_write_json,
     atomic_write_text,
+    corrupt_state_file,
     read_json,
     transition,
 )
+
+T = TypeVar("T")
 
 
 @dataclasses.dataclass
@@ -68,10 +71,19 @@ class TrialRecord:
         return cls(**kw)
 
 
+def _parsed(path: Path, parse: Callable[[Any], T]) -> T:
+    """``parse(read_json(path))``; JSON of the wrong shape is as corrupt as garbage."""
+    data = read_json(path)
+    try:
+        return parse(data)
+    except (TypeError, ValueError, KeyError, AttributeError) as exc:
+        raise corrupt_state_file(path, f"unexpected content: {type(exc).__name__}: {exc}"[:200]) from None
+
+
 def load_state(paths: TrialPaths, trial_id: str) -> TrialRecord:
     if not paths.state.exists():
         return TrialRecord(trial_id=trial_id)
-    return TrialRecord.from_json(read_json(paths.state))
+    return _parsed(paths.state, TrialRecord.from_json)
 
 
 def save_state(paths: TrialPaths, record: TrialRecord) -> None:
@@ -87,7 +99,7 @@ def route_pool(record: TrialRecord, trial: TrialSpec) -> str:
 
 
 def load_spec(paths: TrialPaths) -> TrialSpec | None:
-    return TrialSpec.from_json(read_json(paths.spec)) if paths.spec.exists() else None
+    return _parsed(paths.spec, TrialSpec.from_json) if paths.spec.exists() else None
 
 
 def save_spec(paths: TrialPaths, trial: TrialSpec) -> None:
@@ -98,7 +110,7 @@ def save_spec(paths: TrialPaths, trial: TrialSpec) -> None:
 def load_attempts(paths: TrialPaths) -> list[Attempt]:
     if not paths.attempts.exists():
         return []
-    return [Attempt.from_json(a) for a in read_json(paths.attempts).get("attempts", [])]
+    return _parsed(paths.attempts, lambda d: [Attempt.from_json(a) for a in d.get("attempts", [])])
 
 
 def save_attempts(paths: TrialPaths, attempts: Iterable[Attempt]) -> None:
@@ -123,9 +135,24 @@ def iter_metrics(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
 
 def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]]:
     """Keep rows with step <= ``upto`` (atomically) and return them."""
-    rows = [(s, m) for s, m in iter_metrics(path) if s <= upto]
-    write_metrics(path, rows)
+    rows, dropped = [], False
+    for s, m in iter_metrics(path):
+        if s <= upto:
+            rows.append((s, m))
+        else:
+            dropped = True
+    if dropped or not path.exists() or not _ends_with_newline(path):  # a torn line goes too
+        write_metrics(path, rows)
     return rows
+
+
+def _ends_with_newline(path: Path) -> bool:
+    with open(path, "rb") as fh:
+        fh.seek(0, os.SEEK_END)
+        if fh.tell() == 0:
+            return True
+        fh.seek(-1, os.SEEK_END)
+        return fh.read(1) == b"\n"
 
 
 def write_metrics(path: Path, rows: Iterable[tuple[int, Mapping[str, float]]]) -> None:

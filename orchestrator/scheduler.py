@@ -11,87 +11,41 @@ resources (#15570), can break ``max_concurrent_trials`` (#40652) and cannot take
 search space (adding axis values). The trial records are the truth instead: a re-submit expands
 the grid again (content-hashed ids), skips finished trials, and every unfinished one resumes
 from its latest verified checkpoint; the grid lease and per-trial locks keep it single-run.
+
+Keeping a slot busy: Tune runs trials in reused worker processes (``reuse_actors``); MLflow
+writes of an attempt happen in this process (``sender.Sender``), not in the slot, and so does
+opening the parent run, beside Ray's start-up; see ``_tune_env``, ``_warm_up`` and the gate's
+standby trial for the three ways Tune would otherwise leave a slot idle between short trials.
+
+Tune's own files under ``<grid>/tune/<submission>/``: its experiment state and the searcher
+state (``searcher-state-*.pkl``, which holds the gate's JSON despite its name) are written
+during the fit and only read by ``Tuner.restore``, which we never call; the per-trial logger
+files are off except ``progress.csv``. Tune always pickles the Tuner (``tuner.pkl``) and a
+failed trial's exception (``error.pkl``): there is no switch, so ``_drop_tune_pickles`` deletes
+them after each fit (a SIGKILLed fit can leave them; nothing reads them).
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import math
 import os
 import socket
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator import records, workspace
 from orchestrator.exceptions import UserError
 from orchestrator.lease import GridLease
+from orchestrator.placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.pools import PoolSpec
 from orchestrator.runner import AttemptJob, TrackingTarget, run_attempt
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
+from orchestrator.search import objective_value, search_records, store_objectives
 from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json, transition
-
-LABEL_ACCELERATOR = "ray.io/accelerator-type"
-
-
-# --------------------------------------------------------------------------- placement
-
-
-@dataclasses.dataclass(frozen=True)
-class Placement:
-    """How trials of one pool are placed, and how many the cluster can run at once."""
-
-    pool: str
-    resources: Mapping[str, float]
-    label_selector: Mapping[str, str] | None
-    capacity: int
-    reason: str | None = None  # why the pool cannot run anything here (capacity 0)
-
-
-def plan_placement(pools: Mapping[str, PoolSpec], *, embedded: bool,
-                   cluster_resources: Mapping[str, float],
-                   node_labels: list[Mapping[str, str]], cpus: float = 1.0) -> dict[str, Placement]:
-    """Map each pool to Ray resources; pools nothing can host get a capacity of 0 and a reason."""
-    out: dict[str, Placement] = {}
-    for name, pool in pools.items():
-        res_key = pool.ray_resource
-        base = {"CPU": cpus}
-        if embedded and pool.kind == "gpu":
-            out[name] = Placement(name, base, None, 0,
-                                  f"pool {name} is a GPU pool; the embedded local Ray has no GPUs: "
-                                  f"pass --address of a cluster that has it")
-        elif res_key in cluster_resources or embedded:
-            cap = int(cluster_resources.get(res_key, pool.capacity) + 1e-9)
-            reason = None if cap > 0 else f"pool {name} has capacity 0 (Ray resource {res_key})"
-            out[name] = Placement(name, {**base, res_key: 1.0}, None, cap, reason)
-        elif pool.ray_accelerator_type and f"accelerator_type:{pool.ray_accelerator_type}" in cluster_resources:
-            out[name] = Placement(name, {**base, f"accelerator_type:{pool.ray_accelerator_type}": 0.001},
-                                  None, pool.capacity)
-        elif pool.ray_accelerator_type and any(
-                lab.get(LABEL_ACCELERATOR) == pool.ray_accelerator_type for lab in node_labels):
-            out[name] = Placement(name, base, {LABEL_ACCELERATOR: pool.ray_accelerator_type},
-                                  pool.capacity)
-        else:
-            acc = pool.ray_accelerator_type
-            out[name] = Placement(name, base, None, 0,
-                                  f"no node of the Ray cluster advertises {res_key}"
-                                  + (f", accelerator_type:{acc} or label {LABEL_ACCELERATOR}={acc}"
-                                     if acc else "") + "; add such nodes or pick another pool")
-    return out
-
-
-def _resource_fn(placements: Mapping[str, Placement]) -> Any:
-    from ray.tune import PlacementGroupFactory
-
-    def resources(config: Mapping[str, Any]) -> Any:
-        p = placements[config["pool"]]
-        if p.label_selector:
-            return PlacementGroupFactory([dict(p.resources)], bundle_label_selector=[dict(p.label_selector)])
-        return PlacementGroupFactory([dict(p.resources)])
-
-    return resources
-
 
 # --------------------------------------------------------------------------- the Tune trainable
 
@@ -106,25 +60,29 @@ class GridContext:
     checkpoint: CheckpointSpec
     collapse: CollapseSpec
     early_stop: EarlyStopSpec
-    tracking: TrackingTarget | None
+    tracking_uri: str  # the experiment and parent run come with each trial's config (sender.py)
     submission: str
     backend_refs: Mapping[str, tuple[str, str]]
     objective: SearchObjective | None
 
 
-def objective_value(result: Mapping[str, Any], objective: SearchObjective | None) -> float | None:
-    """The search objective of a finished trial: the metric, penalised for collapse/NaN."""
-    if objective is None:
-        return None
-    summary = result.get("summary") or {}
-    value = records.finite_or_none(summary.get(objective.metric))
-    if value is None and objective.metric.endswith("/final"):
-        value = records.finite_or_none(summary.get(objective.metric[: -len("/final")]))
-    kind = (result.get("verdict") or {}).get("kind")
-    sign = -1.0 if objective.mode == "max" else 1.0
-    if kind in ("collapsed", "numeric_failure") or value is None:
-        return (value or 0.0) + sign * float(objective.collapse_penalty)
-    return value
+_PASSED: set[str] = set()  # warm-up barriers this worker process has passed
+
+
+def _warm_up(barrier: list[Any] | None, timeout: float = 20.0) -> None:
+    """The first trial in a new worker waits (up to ``timeout``) until the fit's first workers
+    have all started. Otherwise Tune gives the worker of a trial that just ended to a trial whose
+    own worker is still starting, and kills that one; while trials are shorter than a worker's
+    start-up (seconds, under load) this repeats forever and a slot stays empty."""
+    if not barrier or barrier[0] in _PASSED:
+        return
+    directory, count = Path(barrier[0]), int(barrier[1])
+    _PASSED.add(barrier[0])
+    directory.mkdir(parents=True, exist_ok=True)
+    (directory / f"{socket.gethostname()}-{os.getpid()}").touch()
+    deadline = time.monotonic() + timeout
+    while sum(1 for _ in directory.iterdir()) < count and time.monotonic() < deadline:
+        time.sleep(0.05)
 
 
 def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
@@ -132,12 +90,14 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
 
     from orchestrator.recipes import apply_overrides
 
+    _warm_up(config.get("warm_up"))
     trial = TrialSpec.from_json(config["trial"])
     job = AttemptJob(grid_dir=gctx.grid_dir, trial=trial,
                      config=apply_overrides(gctx.recipe_config, trial.override_map),
                      pool=gctx.pools[config["pool"]], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
-                     early_stop=gctx.early_stop, tracking=gctx.tracking, submission=gctx.submission,
-                     backend_ref=gctx.backend_refs[trial.backend])
+                     early_stop=gctx.early_stop, submission=gctx.submission,
+                     tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
+                     backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True)
     result = run_attempt(job)
     report = {"trial_id": trial.trial_id, "state": result.get("state"),
               "last_step": result.get("last_step"), "node": result.get("node"),
@@ -151,40 +111,20 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
 # --------------------------------------------------------------------------- submit
 
 
-def _connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None) -> tuple[bool, bool]:
-    """Connect to Ray: (we started an embedded local cluster, we own the connection).
-
-    A caller that already initialised Ray (a notebook, a benchmark) keeps its connection.
-    """
-    import ray
-
-    addr = address or os.environ.get("RAY_ADDRESS")
-    if ray.is_initialized():
-        return False, False
-    if addr:
-        ray.init(address=addr, log_to_driver=False, configure_logging=False)
-        return False, True
-    capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind == "sim"}
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
-             include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _temp_dir=ray_tmp)
-    return True, True
-
-
-def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
-                     tracking_uri: str) -> tuple[list[TrialSpec], int]:
-    """Write spec/state for new trials; reset trials left RUNNING by a dead orchestrator;
-    send what finished trials still owe MLflow (their outbox, if the store was down)."""
-    todo, finished = [], 0
+def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], list[str]]:
+    """Write the spec of each trial and reset trials left RUNNING by a dead orchestrator.
+    Returns the trials to run and the finished ones (whose outboxes the sender still sends)."""
+    todo, finished = [], []
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
         records.save_spec(paths, t)
         rec = records.load_state(paths, t.trial_id)
         if rec.state.is_finished():
-            finished += 1
-            _drain_outbox(paths, tracking_uri)
+            finished.append(t.trial_id)
             continue
-        if rec.state is TrialState.RUNNING or not paths.state.exists() or rec.pending_reason:
+        records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
+        # A new trial needs no state.json yet: without one it is pending on its own pool.
+        if rec.state is TrialState.RUNNING or rec.pending_reason:
             if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
                 rec.state = transition(rec.state, TrialState.PENDING)
             rec.pending_reason = None
@@ -194,76 +134,50 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
     return todo, finished
 
 
-def _live_callback(key: int) -> Any:
-    """A Tune callback that ticks the live view ``key``. Tune pickles its callbacks with the
-    experiment, so the callback holds only the key, never the rich Live object (it has locks)."""
-    from ray.tune import Callback
+@contextlib.contextmanager
+def _tune_env(max_pending: int) -> Iterator[None]:
+    """Tune settings that are only environment variables, for the duration of one fit.
 
-    class LiveCallback(Callback):
-        def __init__(self, key: int) -> None:
-            self.key = key
-
-        def on_step_end(self, iteration: int, trials: list, **info: Any) -> None:
-            from orchestrator import progress  # by reference: never pickle the views
-
-            view = progress.LIVE_VIEWS.get(self.key)
-            if view is not None:
-                view.tick()
-
-    return LiveCallback(key)
-
-
-def _drain_outbox(paths: TrialPaths, tracking_uri: str) -> None:
-    buffer_dir = paths.root / "mlflow-buffer"
-    if not buffer_dir.is_dir():
-        return
-    from orchestrator.tracking_buffer import Outbox
-
-    if not Outbox(buffer_dir).empty():
-        from orchestrator.tracking import drain
-
-        drain(buffer_dir, tracking_uri, timeout=10)
+    ``TUNE_MAX_PENDING_TRIALS_PG``: with a custom searcher Tune keeps ONE trial pending, so slots
+    freed together refill one per actor start-up and a newly starting actor is dropped for a
+    cached one; the gate already bounds what is pending (the running ones and the standbys). ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``:
+    no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
+    records are ours, in JSON); only the CSV logger is added back, for Tune's own result grid.
+    """
+    values = {"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending), "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
-class _Live:
-    """Refreshes queue.json and the rich live table about once a second (from Tune's loop)."""
+# Ray Tune copies these from the driver's environment into every trainable's runtime_env, and
+# Ray's runtime-env agent logs runtime_envs in plain text (session_*/logs/runtime_env_agent.log).
+# Credentials reach workers through the node's own environment instead: inherited from this
+# process on the embedded cluster, the pod's secrets on KubeRay.
+_TUNE_PROPAGATED_CREDENTIALS = frozenset(
+    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"})
 
-    def __init__(self, grid_dir: Path, grid_name: str, gate: Any, show: bool) -> None:
-        self.grid_dir, self.grid_name, self.gate = grid_dir, grid_name, gate
-        self._last = 0.0
-        self.live: Any = None
-        from orchestrator import progress
 
-        progress.LIVE_VIEWS[id(self)] = self
-        self.callback = _live_callback(id(self))
-        if show:
-            from rich.live import Live
+def _stop_credential_propagation() -> None:
+    from ray.tune.execution import class_cache
 
-            from orchestrator import progress
+    names = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
+    if isinstance(names, (set, frozenset)) and names & _TUNE_PROPAGATED_CREDENTIALS:
+        class_cache.ENV_VARS_TO_PROPAGATE = type(names)(names - _TUNE_PROPAGATED_CREDENTIALS)
 
-            self.live = Live(progress.render(progress.collect(grid_dir, grid_name)),
-                             refresh_per_second=2, transient=False)
-            self.live.start()
 
-    def tick(self, force: bool = False) -> None:
-        now = time.monotonic()
-        if not force and now - self._last < 1.0:
-            return
-        self._last = now
-        atomic_write_json(self.grid_dir / "queue.json", {"reasons": self.gate.reasons(),
-                                                         "updated_at": time.time()})
-        if self.live is not None:
-            from orchestrator import progress
-
-            self.live.update(progress.render(progress.collect(self.grid_dir, self.grid_name)))
-
-    def stop(self) -> None:
-        self.tick(force=True)
-        from orchestrator import progress
-
-        progress.LIVE_VIEWS.pop(id(self), None)
-        if self.live is not None:
-            self.live.stop()
+def _drop_tune_pickles(tune_dir: Path) -> None:
+    """Tune pickles its Tuner (``tuner.pkl``, for ``Tuner.restore``, which we never use: see the
+    module docstring) and errors (``error.pkl``; ``error.txt`` stays). Our state is JSON."""
+    for pkl in tune_dir.rglob("*.pkl"):
+        pkl.unlink(missing_ok=True)
 
 
 def submit(grid_path: str, *, backend: str | None = None, address: str | None = None,
@@ -311,14 +225,36 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
          ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
     # Tune's own console output would fight the rich live table; our view replaces it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    import ray
-    from ray import tune
-
-    from orchestrator.backends import _REGISTRY
-    from orchestrator.gate import PoolGate, SearchSpace
-    from orchestrator.tracking import GridRun
+    from orchestrator.sender import Sender
 
     started = time.time()
+    # MLflow (parent run, then finished trials' outboxes) works beside Ray and Tune from here on.
+    sender = Sender(grid, grid_dir, tracking_uri, root).start()
+    ok = False
+    try:
+        summary = _run_with(grid, trials, grid_dir, submission, sender, started, address=address,
+                            max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=rescue)
+        ok = True
+        return summary
+    finally:
+        sender.close()
+        if not ok and sender.parent is not None:
+            sender.parent.end("FAILED")
+
+
+def _run_with(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, sender: Any,
+              started: float, *, address: str | None, max_parallel: int, progress: bool,
+              ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
+    import ray
+    from ray import tune
+    from ray.tune.logger import CSVLoggerCallback
+
+    from orchestrator.backends import _REGISTRY
+    from orchestrator.gate import PoolGate
+    from orchestrator.progress import LiveView
+    from orchestrator.search import SearchSpace
+    from orchestrator.tracking import is_remote
+
     atomic_write_json(grid_dir / "grid.json", {"name": grid.name, "file": str(Path(grid.file).resolve()),
                                                "submission": submission, "submitted_at": started,
                                                "host": socket.gethostname()})
@@ -327,10 +263,12 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
     search = SearchSpace(grid) if grid.spec.search is not None else None
     prior: list[tuple[dict[str, Any], float | None]] = []
     if search is not None:
-        trials, prior = _search_records(grid_dir)
+        trials, prior = search_records(grid_dir)
     records.clear_cancel_requests(grid_dir, ["*"])  # a new submission means: run it
-    todo, already = _prepare_records(grid_dir, trials, tracking_uri)
-    already += len(prior)  # search points finished by earlier submissions
+    todo, finished = _prepare_records(grid_dir, trials)
+    for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
+        sender.send(tid)
+    already = len(finished) + len(prior)  # search points finished by earlier submissions
     trial_pool = {t.trial_id: t.pool for t in todo}
     routes = {t.trial_id: records.route_pool(records.load_state(TrialPaths(grid_dir, t.trial_id),
                                                                 t.trial_id), t) for t in todo}
@@ -343,8 +281,7 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
         pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
         if grid.spec.pool:
             pool_specs[grid.spec.pool] = grid.pools.get(grid.spec.pool)
-    embedded, owned = _connect(address, pool_specs, ray_tmp)
-    parent = None
+    embedded, owned = connect(address, pool_specs, ray_tmp)
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         placements = plan_placement(pool_specs, embedded=embedded,
@@ -353,11 +290,10 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
         runnable = _park_unplaceable(grid_dir, todo, placements, routes)
         limits = {p: min(pl.capacity, grid.spec.budget.per_pool.get(p, pl.capacity))
                   for p, pl in placements.items()}
-        parent = GridRun.open(grid, tracking_uri=tracking_uri, workdir=root)
-        tracking = TrackingTarget(tracking_uri, parent.experiment_id, parent.run_id)
+        standby = _standby(placements, limits, max_parallel)
         objective = grid.spec.search.objective if search is not None else None
         gctx = GridContext(str(grid_dir), dict(grid.recipe_config), pool_specs, grid.spec.checkpoint,
-                           grid.spec.collapse, grid.spec.early_stop_spec, tracking, submission,
+                           grid.spec.collapse, grid.spec.early_stop_spec, sender.tracking_uri, submission,
                            {grid.backend: _REGISTRY[grid.backend]}, objective)
         budget = 0
         if search is not None:
@@ -370,31 +306,61 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
             rec.search, rec.pool = stored, trial.pool
             records.save_state(paths, rec)
 
+        remote_store = is_remote(sender.tracking_uri)
+
+        def hold_for_store() -> bool:
+            # A remote store may turn out unreachable: no trial starts before the parent run is
+            # open (the callback then stops Tune with the store's error). A local SQLite file
+            # cannot be "down", so there trials start while it opens.
+            return remote_store and sender.ready_target() is None and sender.error is None
+
         def fit(runnable: list[TrialSpec], routes: Mapping[str, str], budget: int, name: str) -> Any:
+            # How many workers the fit starts at once: the slots of the pools it will use.
+            pools = set(limits) if budget else {routes.get(t.trial_id, t.pool) for t in runnable}
+            workers = min(max_parallel, sum(limits.get(p, 0) for p in pools), len(runnable) + budget)
+            warm_up = [str(grid_dir / "tune" / name / ".workers"), workers]
+
+            def extra_config() -> dict[str, Any]:
+                target = sender.ready_target()  # None while the parent run is being opened
+                tracking = {"tracking": [target.experiment_id, target.parent_run_id]} if target else {}
+                return {"warm_up": warm_up, **tracking}
+
             gate = PoolGate(grid_dir, runnable, limits, max_parallel, search=search, search_budget=budget,
-                            on_new_trial=remember,
+                            on_new_trial=remember, extra_config=extra_config, standby=standby,
+                            hold=hold_for_store,
                             routes={t: p for t, p in routes.items() if p != trial_pool.get(t)})
             for stored, value in prior:
                 gate.tell_previous(stored, value)
-            live = _Live(grid_dir, grid.name, gate, progress)
+            live = LiveView(grid_dir, grid.name, gate, progress, on_trial_over=sender.send,
+                            abort=lambda: sender.error)
+            _stop_credential_propagation()
             try:
-                tuner = tune.Tuner(
-                    tune.with_resources(tune.with_parameters(_trainable, gctx=gctx), _resource_fn(placements)),
-                    tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True),
-                    run_config=tune.RunConfig(
-                        name=name, storage_path=str(grid_dir / "tune"), verbose=0,
-                        failure_config=tune.FailureConfig(max_failures=grid.spec.retries.max),
-                        callbacks=[live.callback]),
-                )
-                tuner.fit()
+                with _tune_env(max_parallel + sum(standby.values())):
+                    tune.Tuner(
+                        tune.with_resources(tune.with_parameters(_trainable, gctx=gctx),
+                                            resource_fn(placements)),
+                        tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True,
+                                                    trial_name_creator=_trial_name,
+                                                    trial_dirname_creator=_trial_name),
+                        run_config=tune.RunConfig(
+                            name=name, storage_path=str(grid_dir / "tune"), verbose=0,
+                            failure_config=tune.FailureConfig(max_failures=grid.spec.retries.max),
+                            callbacks=[live.callback, CSVLoggerCallback()]),
+                    ).fit()
+            except Exception:
+                if sender.error is not None:  # the store is unreachable: the callback stopped Tune
+                    raise sender.error from None
+                raise
             finally:
                 live.stop()
-            _mark_exhausted(grid_dir, gate.errors, tracking_uri)
+                _drop_tune_pickles(grid_dir / "tune" / name)
+            sender.drain()  # run ids in state.json before anything below reads them
+            _mark_exhausted(grid_dir, gate.errors, sender.tracking_uri)
             return gate
 
         gate = fit(runnable, routes, budget, submission)
         if search is not None:
-            _store_objectives(grid_dir, gate.results)
+            store_objectives(grid_dir, gate.results)
         rescued: list[TrialSpec] = []
         if on_collapse is not None:
             # `on_collapse: {resume: ...}`: one automatic rescue round, under this lease.
@@ -406,20 +372,33 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
                     TrialPaths(grid_dir, t.trial_id), t.trial_id), t) for t in rescued}
                 fit(_park_unplaceable(grid_dir, rescued, placements, again), again, 0,
                     submission + "-rescue")
+        parent = sender.wait()
+        sender.drain()
         summary = summarize(grid, grid_dir, trials_of(grid_dir, search is not None, trials))
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(submission=submission, elapsed_s=round(time.time() - started, 2),
                        skipped_finished=already, tune_dir=str(grid_dir / "tune" / submission),
-                       tracking_uri=tracking_uri, parent_run_id=parent.run_id,
+                       tracking_uri=sender.tracking_uri, parent_run_id=parent.run_id,
                        ray="embedded" if embedded else "cluster")
         parent.end("FINISHED")
-        parent = None
         return summary
     finally:
-        if parent is not None:
-            parent.end("FAILED")
         if owned:
             ray.shutdown()
+
+
+def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
+             max_parallel: int) -> dict[str, int]:
+    """One standby trial (``gate.PoolGate``) for each pool that Ray itself keeps at its limit,
+    when the grid limit cannot be reached by the pool limits anyway."""
+    if sum(limits.values()) > max_parallel:
+        return {}
+    return {p: 1 for p, pl in placements.items() if pl.enforced and 0 < limits[p] == pl.capacity}
+
+
+def _trial_name(trial: Any) -> str:
+    """Tune's trial (and directory) name: our trial id, not the whole config."""
+    return f"{trial.config.get('trial_id', 'trial')}-{trial.trial_id}"
 
 
 def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec], placements: Mapping[str, Placement],
@@ -465,31 +444,6 @@ def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> N
                 mlc.set_terminated(rec.mlflow_run_id, "FAILED")
             except Exception as exc:  # noqa: BLE001 - the record on disk is what counts
                 logging.getLogger(__name__).warning("trial %s: MLflow not updated: %s", tid, exc)
-
-
-def _search_records(grid_dir: Path) -> tuple[list[TrialSpec], list[tuple[dict[str, Any], float | None]]]:
-    """Search trials of earlier submissions: unfinished ones to resume, finished ones to teach."""
-    unfinished, done = [], []
-    for spec_path in sorted((grid_dir / "trials").glob("*/spec.json")):
-        paths = TrialPaths(grid_dir, spec_path.parent.name)
-        rec = records.load_state(paths, spec_path.parent.name)
-        spec = records.load_spec(paths)
-        if rec.search is None or spec is None:
-            continue
-        if rec.state.is_finished():
-            done.append((rec.search, rec.objective))
-        else:
-            unfinished.append(spec)
-    return unfinished, done
-
-
-def _store_objectives(grid_dir: Path, results: Mapping[str, Mapping[str, Any]]) -> None:
-    for tid, res in results.items():
-        if "objective" in res:
-            paths = TrialPaths(grid_dir, tid)
-            rec = records.load_state(paths, tid)
-            rec.objective = float(res["objective"])
-            records.save_state(paths, rec)
 
 
 def trials_of(grid_dir: Path, search: bool, trials: list[TrialSpec]) -> list[str]:

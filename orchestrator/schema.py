@@ -19,6 +19,18 @@ BACKENDS = ("sim", "verl", "k8s")
 Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
 Value = Union[Scalar, list[Scalar], dict[StrictStr, Scalar]]
 DottedKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=200)]
+# A searched key: a leaf, or one element of a list value (``correction.is_bounds[1]``: the IS
+# upper bound; ``correction.rs_bounds[0]``: the RS band's lower edge).
+SEARCH_KEY_PATTERN = KEY_PATTERN[:-1] + r"(\[[0-9]\])?$"
+SearchKey = Annotated[str, Field(pattern=SEARCH_KEY_PATTERN, max_length=200)]
+
+
+def split_index(key: str) -> tuple[str, int | None]:
+    """``"a.b[1]"`` -> ``("a.b", 1)``; ``"a.b"`` -> ``("a.b", None)``."""
+    if key.endswith("]") and "[" in key:
+        name, _, index = key[:-1].rpartition("[")
+        return name, int(index)
+    return key, None
 
 
 def _finite(value: Any) -> Any:
@@ -142,7 +154,7 @@ class SearchObjective(Strict):
 
 
 class SearchSpec(Strict):
-    params: dict[DottedKey, SearchParam] = Field(min_length=1)
+    params: dict[SearchKey, SearchParam] = Field(min_length=1)
     budget: StrictInt = Field(16, ge=1, le=100_000)
     objective: SearchObjective = Field(default_factory=SearchObjective)
     sampler: Literal["tpe", "random"] = "tpe"

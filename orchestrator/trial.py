@@ -16,6 +16,8 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, TextIO
 
+from orchestrator.exceptions import UserError
+
 SCHEMA_VERSION = 1
 
 
@@ -211,13 +213,41 @@ def atomic_write_json(path: Path, data: Any) -> None:
     atomic_write_text(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True, default=list))
 
 
+class StateFileError(UserError):
+    """A durable JSON state file is truncated or garbage: one line naming it and the fix."""
+
+
+# What removing each file costs: the runner rebuilds a missing state.json as a pending trial
+# that resumes from its last verified checkpoint (its MLflow run is found again through the
+# trial's outbox, so no step is sent twice).
+_FIXES = {
+    "state.json": "delete it and submit the grid again; the trial resumes from its last verified "
+                  "checkpoint and keeps its MLflow run",
+    "attempts.json": "delete it and submit the grid again; metrics and checkpoints are kept, the "
+                     "trial's list of earlier attempts is lost",
+    "result.json": "delete it; `ablate status` and `ablate compare` read the trial's state instead",
+    "spec.json": "delete the trial directory's spec.json and submit the grid again; it is "
+                 "rewritten from the grid file",
+}
+
+
+def corrupt_state_file(path: Path, problem: str) -> StateFileError:
+    # One message argument, like every UserError: Ray copies and pickles exceptions of workers.
+    fix = _FIXES.get(Path(path).name, "restore it from a backup or delete it (the orchestrator "
+                                      "rewrites it on the next submit)")
+    return StateFileError(f"{path}: corrupt JSON state file ({problem}); fix: {fix}")
+
+
 def read_json(path: Path) -> Any:
-    """Read a JSON state file; a corrupt file raises ``ValueError`` naming the path."""
+    """Read a JSON state file; a truncated or garbage file raises ``StateFileError`` (a one-line
+    ``UserError``, still a ``ValueError``) naming the path and the fix."""
     try:
-        with open(path) as fh:
+        with open(path, encoding="utf-8") as fh:
             return json.load(fh)
     except json.JSONDecodeError as exc:
-        raise ValueError(f"{path}: corrupt JSON state file ({exc.msg} at line {exc.lineno})") from exc
+        raise corrupt_state_file(path, f"{exc.msg}: line {exc.lineno} column {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise corrupt_state_file(path, "not UTF-8 text") from None
 
 
 def format_axes(axes: Iterable[tuple[str, str]]) -> str:

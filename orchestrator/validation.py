@@ -21,7 +21,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
 from orchestrator.pools import PoolCatalog
-from orchestrator.schema import GridFile
+from orchestrator.schema import GridFile, SearchParam, split_index
 from orchestrator.yamlsafe import LineMap, format_path
 
 SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec}
@@ -211,6 +211,35 @@ def _same_type(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
+def _search_param(key: str, param: SearchParam, chk: _Checker, fixed: Mapping[str, Any],
+                  base: Mapping[str, Any]) -> None:
+    """A searched key is a leaf, or element ``[i]`` of a list value (an IS or RS bound): that
+    list must exist (in ``overrides:`` or the recipe) and stay valid at both ends of the range."""
+    path = ("search", "params", key)
+    name, index = split_index(key)
+    chk.key(name, path)
+    if index is None:
+        return
+    section, _, field = name.partition(".")
+    current = fixed.get(name, base[section].get(field) if section in SECTIONS else chk.leaves.get(name))
+    if not isinstance(current, (list, tuple)) or index >= len(current):
+        raise chk.err(f"{key}: {name} is {_short(current)}, which has no element {index}", path,
+                      fix=f"give {name} a list value under overrides: (e.g. [null, 2.0]) to search one of its elements")
+    for end in (param.low, param.high):
+        value = list(current)
+        value[index] = int(end) if param.kind == "int" else float(end)
+        chk.value(name, value, path)
+        if section in SECTIONS:  # cross-field rules too (an upper bound below the lower one)
+            raw = {**base[section], **{k.partition(".")[2]: v for k, v in fixed.items()
+                                       if k.partition(".")[0] == section}, field: value}
+            try:
+                SECTIONS[section].model_validate(raw)
+            except ValidationError as exc:
+                msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+                raise chk.err(f"search range [{param.low}, {param.high}] of {key}: at {end}, {msg}",
+                              path, got=value) from None
+
+
 def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root: str,
           catalog: PoolCatalog) -> dict[str, Any]:
     """Semantic checks of a schema-valid grid; returns the fields of its ``GridSpec``."""
@@ -223,8 +252,8 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
     includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
     if spec.search is not None:
-        for key in spec.search.params:
-            chk.key(key, ("search", "params", key))
+        for key, param in spec.search.params.items():
+            _search_param(key, param, chk, dict(fixed), base)
     if spec.on_collapse is not None:
         act = spec.on_collapse.resume
         if act.pool is not None:

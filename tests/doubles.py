@@ -69,7 +69,9 @@ class DoubleBackend(Backend):
             if step % ctx.checkpoint_every == 0:
                 ctx.save_checkpoint(step, lambda d, s=step, a=acc: (d / "state.json").write_text(
                     json.dumps({"step": s, "acc": a})))
-        return AttemptResult(AttemptOutcome.COMPLETED, step, None, {"eval/reward/final": reward})
+        # Resumed from a checkpoint at the last step: nothing ran, so no final reward to report.
+        summary = {"eval/reward/final": reward} if step > (ctx.resume_step or 0) else {}
+        return AttemptResult(AttemptOutcome.COMPLETED, step, None, summary)
 
 
 def register(monkeypatch: Any) -> None:

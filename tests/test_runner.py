@@ -3,6 +3,7 @@ the backend is the deterministic double of ``tests/doubles.py`` (the sim's own c
 equivalence is tested with the sim)."""
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -111,6 +112,50 @@ def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, t
     got = [m["acc"] for _, m in records.iter_metrics(paths.metrics)]
     want = [m["acc"] for _, m in records.iter_metrics(TrialPaths(grid_dir, ref.trial_id).metrics)]
     assert got == pytest.approx(want)
+
+
+def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, tmp_path, monkeypatch) -> None:
+    """Inside Ray the scheduler defers MLflow (sender.py): the worker never talks to the store,
+    a failed attempt and its retry share one outbox, and the sender creates, fills and ends
+    the run afterwards: the same run a live attempt would have made."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.sender import send_trial
+
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("none", "sim-h100")]
+
+    def deferred():
+        return dataclasses.replace(job(t), defer_tracking=True)
+
+    monkeypatch.setenv("ABLATE_DOUBLE_FAIL_ONCE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="injected"):
+        run_attempt(deferred())
+    monkeypatch.delenv("ABLATE_DOUBLE_FAIL_ONCE")
+    paths = TrialPaths(grid_dir, t.trial_id)
+    out = run_attempt(deferred())
+    rec = records.load_state(paths, t.trial_id)
+    assert out["state"] == "done" and rec.mlflow_run_id is None  # nothing sent from the slot
+    target = TrackingTarget(uri, job(t).tracking.experiment_id, job(t).tracking.parent_run_id)
+    assert send_trial(grid, grid_dir, t.trial_id, target)
+    rec = records.load_state(paths, t.trial_id)
+    run = MlflowClient(uri).get_run(rec.mlflow_run_id)
+    assert run.info.status == "FINISHED" and run.data.tags["attempts"] == "2"
+    assert run.data.tags["verdict"] == out["verdict"]["kind"]
+    assert run.data.params["correction.is_level"] == "none"
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+
+
+def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> None:
+    from orchestrator import sender
+
+    _grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-a100")]
+    monkeypatch.setattr(sender, "LIVE_AFTER_S", 0.0)  # every attempt counts as long
+    out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
+    rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
+    assert out["state"] == "done" and rec.mlflow_run_id is not None
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
 
 
 def test_collapse_is_a_result_stopped_early(env) -> None:

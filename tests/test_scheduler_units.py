@@ -121,3 +121,94 @@ def test_progress_eta_from_running_rates(tmp_path: Path) -> None:
         progress.TrialView("b", "p", 100, "pending"),
         progress.TrialView("c", "p", 100, "done", step=100)], None, None)
     assert progress._eta(view.trials) == pytest.approx((50 + 100) / 5.0)
+
+
+def test_gate_stages_one_standby_trial_beyond_a_saturated_pool(tmp_path: Path) -> None:
+    queue = [_trial(f"a{i}", "A") for i in range(4)]
+    gate = PoolGate(tmp_path, queue, {"A": 2}, max_parallel=2, standby={"A": 1})
+    assert [gate.suggest(f"x{i}")["trial_id"] for i in range(3)] == ["a0", "a1", "a2"]
+    assert gate.suggest("x3") is None  # limit 2 + 1 standby (Ray runs 2: pool:A has 2 units)
+    gate.on_trial_complete("x0", {})
+    assert gate.suggest("x4")["trial_id"] == "a3"
+
+
+def test_standby_only_where_ray_enforces_the_limit_and_the_grid_limit_is_not_binding() -> None:
+    from orchestrator.scheduler import _standby
+
+    pl = plan_placement(_pools("sim-a100", "h100"), embedded=False, cluster_resources={
+        "CPU": 8, "pool:sim-a100": 2, "accelerator_type:H100": 2}, node_labels=[])
+    assert pl["sim-a100"].enforced and not pl["h100"].enforced  # 0.001 of accelerator_type each
+    assert _standby(pl, {"sim-a100": 2, "h100": 1}, max_parallel=3) == {"sim-a100": 1}
+    assert _standby(pl, {"sim-a100": 1, "h100": 1}, max_parallel=3) == {}  # per_pool below capacity
+    assert _standby(pl, {"sim-a100": 2, "h100": 1}, max_parallel=2) == {}  # max_parallel binds
+
+
+def test_reap_stale_sessions_stops_only_orphaned_agents_of_its_temp_root(tmp_path: Path) -> None:
+    import subprocess
+    import time
+
+    from orchestrator.placement import reap_stale_sessions
+
+    def agent(root: Path) -> subprocess.Popen:
+        logs = root / "session_2026-01-01_00-00-00_1_1" / "logs"
+        logs.mkdir(parents=True)
+        # A process titled like Ray's agent, with its log open in the session directory (its
+        # parent is this test, not a raylet: like an agent whose raylet died).
+        return subprocess.Popen(["bash", "-c", f"exec -a ray::DashboardAgent sleep 60 3>>{logs}/a.log"])
+
+    stale, other = agent(tmp_path / "ray"), agent(tmp_path / "elsewhere")
+    try:
+        time.sleep(0.3)
+        assert reap_stale_sessions(tmp_path / "ray", grace_s=1.0) == [stale.pid]
+        assert stale.wait(timeout=5) is not None
+        assert other.poll() is None  # another temp root: not ours to stop
+    finally:
+        for p in (stale, other):
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_truncate_metrics_drops_a_torn_last_line(tmp_path: Path) -> None:
+    path = tmp_path / "metrics.jsonl"
+    path.write_text(records.metric_line(1, {"m": 1.0}) + '{"step": 2, "metr')
+    assert records.truncate_metrics(path, 5) == [(1, {"m": 1.0})]
+    with open(path, "a") as fh:
+        fh.write(records.metric_line(2, {"m": 2.0}))
+    assert [s for s, _ in records.iter_metrics(path)] == [1, 2]
+
+
+SEARCH_GRID = """\
+name: s
+recipe: sim/grpo_tiny
+backend: sim
+steps: 10
+seeds: [0]
+pool: sim-h100
+overrides:
+  correction.is_level: token
+{extra}search:
+  params:
+    {key}: {{low: {low}, high: 10.0}}
+  budget: 2
+"""
+
+
+def test_search_over_one_bound_of_a_list_valued_key(isolated: Path) -> None:
+    from orchestrator.exceptions import GridError
+    from orchestrator.grid import load_grid, search_trial
+
+    path = isolated / "s.yaml"
+    path.write_text(SEARCH_GRID.format(key="correction.is_bounds[1]", low=1.5,
+                                       extra="  correction.is_bounds: [null, 2.0]\n"))
+    grid = load_grid(path)
+    trial = search_trial(grid, {"correction.is_bounds[1]": 3.5}, {}, 0)
+    assert dict(trial.overrides)["correction.is_bounds"] == (None, 3.5)
+    assert ("correction.is_bounds[1]", "3.5") in trial.axes
+    # Plan-time checks: the range must keep the bounds valid, the list must exist.
+    path.write_text(SEARCH_GRID.format(key="correction.is_bounds[1]", low=0.2, extra=""))
+    with pytest.raises(GridError, match=r"at 0.2, is_bounds lower bound 0.5 is above the upper bound"):
+        load_grid(path)
+    path.write_text(SEARCH_GRID.format(key="correction.rs_bounds[0]", low=0.2, extra=""))
+    with pytest.raises(GridError, match="rs_bounds is null, which has no element 0"):
+        load_grid(path)

@@ -1,0 +1,163 @@
+"""Where trials can run: the Ray connection and each pool's Ray resources and capacity.
+
+Embedded (no ``--address``/``RAY_ADDRESS``): ``ray.init()`` on this machine with each sim pool
+as a custom resource ``pool:<name>`` of its capacity. On an existing cluster a pool maps to
+``pool:<name>``, else ``accelerator_type:<X>`` (KubeRay worker groups advertise it), else the
+``ray.io/accelerator-type`` node label; a pool nothing can host gets capacity 0 and a reason, and
+its trials stay pending with it (never substituted, never a silent hang).
+
+A SIGKILLed embedded orchestrator takes its GCS and raylet down with it (Ray fate-shares them
+with the driver), but the raylet's children (dashboard agent, runtime-env agent, idle workers)
+are re-parented and live on. ``connect`` reaps those of dead local sessions before it starts a
+new one (``reap_stale_sessions``).
+"""
+from __future__ import annotations
+
+import contextlib
+import dataclasses
+import logging
+import os
+import signal
+import time
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any
+
+from orchestrator.pools import PoolSpec
+
+log = logging.getLogger(__name__)
+LABEL_ACCELERATOR = "ray.io/accelerator-type"
+
+
+# --------------------------------------------------------------------------- placement
+
+
+@dataclasses.dataclass(frozen=True)
+class Placement:
+    """How trials of one pool are placed, and how many the cluster can run at once."""
+
+    pool: str
+    resources: Mapping[str, float]
+    label_selector: Mapping[str, str] | None
+    capacity: int
+    reason: str | None = None  # why the pool cannot run anything here (capacity 0)
+    enforced: bool = False  # Ray itself never runs more than `capacity` (one unit of the pool's resource each)
+
+
+def plan_placement(pools: Mapping[str, PoolSpec], *, embedded: bool,
+                   cluster_resources: Mapping[str, float],
+                   node_labels: list[Mapping[str, str]], cpus: float = 1.0) -> dict[str, Placement]:
+    """Map each pool to Ray resources; pools nothing can host get a capacity of 0 and a reason."""
+    out: dict[str, Placement] = {}
+    for name, pool in pools.items():
+        res_key = pool.ray_resource
+        base = {"CPU": cpus}
+        if embedded and pool.kind == "gpu":
+            out[name] = Placement(name, base, None, 0,
+                                  f"pool {name} is a GPU pool; the embedded local Ray has no GPUs: "
+                                  f"pass --address of a cluster that has it")
+        elif res_key in cluster_resources or embedded:
+            cap = int(cluster_resources.get(res_key, pool.capacity) + 1e-9)
+            reason = None if cap > 0 else f"pool {name} has capacity 0 (Ray resource {res_key})"
+            out[name] = Placement(name, {**base, res_key: 1.0}, None, cap, reason, enforced=True)
+        elif pool.ray_accelerator_type and f"accelerator_type:{pool.ray_accelerator_type}" in cluster_resources:
+            out[name] = Placement(name, {**base, f"accelerator_type:{pool.ray_accelerator_type}": 0.001},
+                                  None, pool.capacity)
+        elif pool.ray_accelerator_type and any(
+                lab.get(LABEL_ACCELERATOR) == pool.ray_accelerator_type for lab in node_labels):
+            out[name] = Placement(name, base, {LABEL_ACCELERATOR: pool.ray_accelerator_type},
+                                  pool.capacity)
+        else:
+            acc = pool.ray_accelerator_type
+            out[name] = Placement(name, base, None, 0,
+                                  f"no node of the Ray cluster advertises {res_key}"
+                                  + (f", accelerator_type:{acc} or label {LABEL_ACCELERATOR}={acc}"
+                                     if acc else "") + "; add such nodes or pick another pool")
+    return out
+
+
+def resource_fn(placements: Mapping[str, Placement]) -> Any:
+    from ray.tune import PlacementGroupFactory
+
+    def resources(config: Mapping[str, Any]) -> Any:
+        p = placements[config["pool"]]
+        if p.label_selector:
+            return PlacementGroupFactory([dict(p.resources)], bundle_label_selector=[dict(p.label_selector)])
+        return PlacementGroupFactory([dict(p.resources)])
+
+    return resources
+
+
+def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None) -> tuple[bool, bool]:
+    """Connect to Ray: (we started an embedded local cluster, we own the connection).
+
+    A caller that already initialised Ray (a notebook, a benchmark) keeps its connection.
+    """
+    import ray
+
+    addr = address or os.environ.get("RAY_ADDRESS")
+    if ray.is_initialized():
+        return False, False
+    if addr:
+        ray.init(address=addr, log_to_driver=False, configure_logging=False)
+        return False, True
+    capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind == "sim"}
+    temp_root = Path(ray_tmp) if ray_tmp else Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
+    reaped = reap_stale_sessions(temp_root)
+    if reaped:
+        log.info("stopped %d Ray agent(s) left by a killed orchestrator: pids %s", len(reaped), reaped)
+    ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
+             include_dashboard=False, log_to_driver=False, configure_logging=False,
+             _temp_dir=ray_tmp)
+    return True, True
+
+
+_AGENTS = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")
+
+
+def reap_stale_sessions(temp_root: Path, grace_s: float = 3.0) -> list[int]:
+    """SIGTERM the dashboard and runtime-env agents of dead local Ray sessions under
+    ``temp_root`` (SIGKILL after ``grace_s``); returns their pids.
+
+    An agent is stale when it is ours (same uid), writes its logs into a ``session_*`` directory
+    under ``temp_root``, and its parent is no longer a raylet (the raylet died with a SIGKILLed
+    driver and the agent was re-parented). Agents of live sessions, of other users and of
+    clusters under another temp root are never touched. Linux only (``/proc``); a no-op elsewhere.
+    """
+    proc = Path("/proc")
+    if not proc.is_dir():
+        return []
+    prefix = str(temp_root.resolve()) + os.sep + "session_"
+    reaped = []
+    for entry in proc.iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            if entry.stat().st_uid != os.getuid():
+                continue
+            if not (entry / "cmdline").read_bytes().startswith(_AGENTS):
+                continue
+            ppid = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
+            if ppid > 1 and b"raylet" in (proc / str(ppid) / "cmdline").read_bytes():
+                continue  # its session is alive
+            if not any(os.readlink(fd).startswith(prefix) for fd in (entry / "fd").iterdir()):
+                continue
+            os.kill(int(entry.name), signal.SIGTERM)
+            reaped.append(int(entry.name))
+        except (OSError, ValueError, IndexError):
+            continue  # gone meanwhile, or not ours to inspect
+    deadline = time.monotonic() + grace_s
+    while reaped and time.monotonic() < deadline and any(_alive(pid) for pid in reaped):
+        time.sleep(0.1)
+    for pid in reaped:  # the agents shut down slowly or not at all on SIGTERM
+        if _alive(pid):
+            with contextlib.suppress(OSError):
+                os.kill(pid, signal.SIGKILL)
+    return reaped
+
+
+def _alive(pid: int) -> bool:
+    try:
+        return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
+    except (OSError, IndexError):
+        return False

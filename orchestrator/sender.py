@@ -1,0 +1,157 @@
+"""MLflow writes of short attempts, moved out of the trial slot into the orchestrator process.
+
+Creating a child run, logging its params, tags, metrics and artifacts and finishing it costs a
+trial about half a second of SQLite transactions, plus a 4-11 s ``import mlflow`` in every fresh
+Ray worker. For a trial of a few seconds that doubles its slot time. So an attempt starts
+*deferred*: its runner writes everything into the trial's durable outbox
+(``tracking_buffer.Outbox``, the same files a store outage fills) through a :class:`DeferredRun`
+and never touches MLflow; when Tune reports the trial complete, the orchestrator's
+:class:`Sender` thread creates the run if needed, sends the outbox and records the run id in
+``state.json``. An attempt still running after ``LIVE_AFTER_S`` switches to a live ``TrialRun``
+at its next checkpoint, so long trials show up in MLflow while they run.
+
+One writer at a time per outbox: the worker while attempts run, the sender only once Tune has
+given up on the trial for this submission (its ``on_trial_complete``/``on_trial_error`` callback,
+which a retried failure does not trigger), or for a trial an earlier orchestrator left finished.
+Crash safety is the outbox's: a SIGKILLed orchestrator leaves the outboxes on disk; the next
+submission sends those of finished trials, and an unfinished trial's next attempt continues its
+outbox (committed rows stay there, so nothing is sent twice or lost).
+"""
+from __future__ import annotations
+
+import logging
+import math
+import queue
+import threading
+from pathlib import Path
+from typing import Any
+
+from orchestrator import records
+from orchestrator.tracking import TrialRun, drain
+from orchestrator.tracking_buffer import Outbox
+from orchestrator.trial import TrialPaths, TrialSpec
+
+log = logging.getLogger(__name__)
+LIVE_AFTER_S = 30.0  # an attempt older than this goes live at its next checkpoint
+
+
+def buffer_dir(paths: TrialPaths) -> Path:
+    return paths.root / "mlflow-buffer"
+
+
+class DeferredRun(TrialRun):
+    """A ``TrialRun`` that only fills its outbox: no MLflow import, no store round trips."""
+
+    def __init__(self, trial: TrialSpec, buffer: Path, run_id: str | None = None) -> None:
+        self.trial = trial
+        self.outbox = Outbox(buffer)
+        if run_id is not None and self.outbox.run_id is None:  # the buffer went; the run did not
+            self.outbox.run_id = run_id
+            self.outbox.save_state()
+        self.tracking_uri, self.experiment_id, self.parent_run_id = "", "", None
+        self._connected, self._next_try, self._backoff, self.last_error = False, math.inf, 1.0, None
+
+    def _pump(self) -> None:
+        """Nothing is sent from the worker; the orchestrator's Sender does it."""
+
+    def flush(self, timeout: float = 30) -> bool:
+        return False
+
+    def end(self, status: str = "FINISHED", timeout: float = 30) -> bool:
+        self.outbox.end_status = status
+        self.outbox.save_state()
+        return False
+
+
+def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: float = 30) -> bool:
+    """Send what trial ``trial_id`` owes MLflow (creating its run if a deferred attempt never
+    did) and record the run id in its ``state.json``. True when nothing is left to send."""
+    paths = TrialPaths(grid_dir, trial_id)
+    buf = buffer_dir(paths)
+    if not buf.is_dir():
+        return True
+    outbox = Outbox(buf)
+    if outbox.empty() and outbox.run_id is not None:
+        return True
+    if outbox.run_id is None:
+        spec = records.load_spec(paths)
+        if spec is None:
+            return outbox.empty()
+        rec = records.load_state(paths, trial_id)
+        run = TrialRun(target.uri, target.experiment_id, target.parent_run_id, spec,
+                       grid.pools.get(rec.pool or spec.pool), run_id=None, buffer_dir=buf)
+        ok = run.flush(timeout)
+    else:
+        ok = drain(buf, target.uri, timeout)
+    run_id = Outbox(buf).run_id
+    rec = records.load_state(paths, trial_id)
+    if run_id is not None and rec.mlflow_run_id != run_id:
+        rec.mlflow_run_id = run_id
+        records.save_state(paths, rec)
+    return ok
+
+
+class Sender:
+    """Background thread of one submission: opens the parent run, then sends trials' outboxes.
+
+    Opening the parent run (``import mlflow``, the store's schema) overlaps Ray's and Tune's
+    start-up instead of preceding it; an unreachable store still stops the submission (the Tune
+    callback raises ``error`` on its next step).
+    """
+
+    def __init__(self, grid: Any, grid_dir: Path, tracking_uri: str, root: Path) -> None:
+        self.grid, self.grid_dir, self.tracking_uri, self.root = grid, Path(grid_dir), tracking_uri, root
+        self.parent: Any = None
+        self.error: BaseException | None = None
+        self._ready = threading.Event()
+        self._queue: queue.Queue[str | None] = queue.Queue()
+        self._thread = threading.Thread(target=self._loop, name="ablate-sender", daemon=True)
+
+    def start(self) -> Sender:
+        self._thread.start()
+        return self
+
+    def _loop(self) -> None:
+        from orchestrator.runner import TrackingTarget
+        from orchestrator.tracking import GridRun
+
+        try:
+            self.parent = GridRun.open(self.grid, tracking_uri=self.tracking_uri, workdir=self.root)
+            self.target = TrackingTarget(self.tracking_uri, self.parent.experiment_id, self.parent.run_id)
+        except BaseException as exc:  # noqa: BLE001 - handed to the driver thread by wait()
+            self.error = exc
+            return
+        finally:
+            self._ready.set()
+        while (tid := self._queue.get()) is not None:
+            try:
+                send_trial(self.grid, self.grid_dir, tid, self.target)
+            except Exception:  # the outbox keeps it; the next submission sends it
+                log.exception("trial %s: MLflow outbox not sent", tid)
+            finally:
+                self._queue.task_done()
+
+    def ready_target(self) -> Any:
+        """The tracking target once the parent run is open (None before: attempts defer)."""
+        return getattr(self, "target", None) if self._ready.is_set() else None
+
+    def send(self, trial_id: str) -> None:
+        """Queue a trial whose attempts are over (for this submission)."""
+        self._queue.put(trial_id)
+
+    def wait(self) -> Any:
+        """The parent GridRun; raises what opening it raised."""
+        self._ready.wait()
+        if self.error is not None:
+            raise self.error
+        return self.parent
+
+    def drain(self) -> None:
+        """Block until every queued trial is sent (or kept in its outbox after an outage)."""
+        self.wait()
+        self._queue.join()
+
+    def close(self) -> None:
+        if self._thread.is_alive():
+            self._queue.put(None)
+            self._thread.join(timeout=60)

@@ -1,0 +1,147 @@
+"""Helpers of the reliability suite: tiny grids, reading a grid's trial records, and the
+invariants every fault test checks (each trial ends exactly once, steps 1..N exactly once on
+disk and in MLflow, one live MLflow run per trial)."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any
+
+from orchestrator import records
+from orchestrator.trial import TrialPaths
+
+# A tiny simulator config: ~0.15 s per step on a 2-core machine.
+TINY = """\
+overrides:
+  train.prompts_per_step: 4
+  train.group_size: 4
+  train.minibatches: 1
+  eval.every: 5
+  eval.prompts: 16
+  model.d_model: 32
+  model.n_layers: 1
+  model.d_ff: 64
+"""
+
+
+def write_grid(
+    path: Path,
+    name: str,
+    *,
+    steps: int,
+    pools: list[str],
+    seeds: list[int],
+    levels: list[str],
+    budget: str = "{max_parallel: 2}",
+    extra: str = "",
+    retries: int = 2,
+    every: int = 5,
+    tiny: bool = True,
+) -> Path:
+    path.write_text(f"""\
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: {steps}
+seeds: {seeds}
+axes:
+  correction.is_level: {levels}
+  pool: {pools}
+checkpoint: {{every: {every}, keep: 2}}
+retries: {{max: {retries}}}
+budget: {budget}
+{TINY if tiny else ""}{extra}""")
+    return path
+
+
+def trials(grid_dir: Path) -> dict[str, dict[str, Any]]:
+    """Every trial of a grid directory: spec, state record, attempts and metric steps on disk."""
+    out = {}
+    for spec in sorted((Path(grid_dir) / "trials").glob("*/spec.json")):
+        paths = TrialPaths(grid_dir, spec.parent.name)
+        s = json.loads(spec.read_text())
+        out[s["trial_id"]] = {
+            "spec": s,
+            "paths": paths,
+            "state": records.load_state(paths, s["trial_id"]),
+            "attempts": records.load_attempts(paths),
+            "steps": [st for st, _ in records.iter_metrics(paths.metrics)],
+        }
+    return out
+
+
+def total_steps(grid_dir: Path) -> int:
+    root = Path(grid_dir) / "trials"
+    if not root.is_dir():
+        return 0
+    return sum(sum(1 for _ in records.iter_metrics(p)) for p in root.glob("*/metrics.jsonl"))
+
+
+def mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
+    from mlflow.tracking import MlflowClient
+
+    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
+
+
+def live_runs(uri: str, trial_id: str) -> list[Any]:
+    """Active (not soft-deleted) MLflow runs tagged with ``trial_id``, in any experiment."""
+    from mlflow.tracking import MlflowClient
+
+    mlc = MlflowClient(uri)
+    return [
+        r
+        for e in mlc.search_experiments()
+        for r in mlc.search_runs([e.experiment_id], filter_string=f"tags.trial_id = '{trial_id}'")
+    ]
+
+
+def check_exactly_once(
+    grid_dir: Path,
+    uri: str,
+    *,
+    steps: int,
+    keys: tuple[str, ...] = ("critic/score/mean",),
+    reopened: frozenset[str] = frozenset(),
+) -> dict[str, int]:
+    """Assert the suite's invariants for every trial of a finished grid; returns counts.
+
+    A trial ends exactly once: state ``done`` with a verdict, exactly one attempt with a final
+    outcome (completed / stopped_early), every earlier attempt an infra failure with a reason.
+    Steps 1..last_step appear exactly once in ``metrics.jsonl`` and in its one live MLflow run,
+    whose verdict tag matches the record. A trial in ``reopened`` (its state was rebuilt after
+    it had finished) may end a second time, by an attempt that ran no step.
+    """
+    checked = {"trials": 0, "steps": 0, "mlflow_points": 0, "infra_attempts": 0}
+    for tid, t in trials(grid_dir).items():
+        rec = t["state"]
+        assert rec.state.value == "done", (tid, rec.state, rec.error)
+        assert rec.verdict and rec.verdict.get("kind"), (tid, rec.verdict)
+        outcomes = [a.outcome for a in t["attempts"]]
+        attempts = t["attempts"]
+        if (
+            tid in reopened
+            and len(attempts) > 1
+            and attempts[-1].end_step == attempts[-1].start_step - 1
+        ):
+            attempts = attempts[:-1]  # the replay of the end: no step ran
+            outcomes = outcomes[:-1]
+        finals = [o for o in outcomes if o in ("completed", "stopped_early")]
+        assert len(finals) == 1 and outcomes[-1] == finals[0], (tid, outcomes)
+        for a in attempts[:-1]:
+            assert a.outcome == "infra_failure" and a.reason, (tid, a)
+        last = rec.last_step
+        want = list(range(1, last + 1))
+        if rec.verdict["kind"] == "healthy":
+            assert last == steps, (tid, last)
+        assert t["steps"] == want, (tid, t["steps"])
+        (run,) = live_runs(uri, tid)  # one live run per trial, the one the record names
+        assert run.info.run_id == rec.mlflow_run_id
+        assert run.data.tags.get("verdict") == rec.verdict["kind"], (tid, run.data.tags)
+        for key in keys:
+            assert mlflow_steps(uri, run.info.run_id, key) == want, (tid, key)
+            checked["mlflow_points"] += len(want)
+        checked["trials"] += 1
+        checked["steps"] += last
+        checked["infra_attempts"] += len(outcomes) - 1
+    return checked
