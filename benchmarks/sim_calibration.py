@@ -4,7 +4,8 @@ For each ``sim-*`` pool and model architecture: a full trial with no correction,
 k3 KL (median over the run, median over its learning phase and its maximum), the final and peak
 held-out eval reward and the final entropy. Usage:
 
-    .venv/bin/python benchmarks/sim_calibration.py [--arch dense moe] [--steps 300] [--seed 0]
+    .venv/bin/python benchmarks/sim_calibration.py [--arch dense moe] [--steps 300] [--seed 0] \\
+        [--out results/benchmarks/sim_calibration.json]
 """
 from __future__ import annotations
 
@@ -53,11 +54,16 @@ def main() -> None:
     ap.add_argument("--pools", nargs="+", default=list(POOLS))
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--seed", type=int, default=0)
+    ap.add_argument("--out", type=Path, default=None, help="also write the rows as a JSON list")
     args = ap.parse_args()
     torch.set_num_threads(1)
+    rows = []
     for arch in args.arch:
         for pool in args.pools:
-            print(json.dumps(one(pool, arch, args.steps, args.seed)), flush=True)
+            rows.append(one(pool, arch, args.steps, args.seed))
+            print(json.dumps(rows[-1]), flush=True)
+    if args.out:
+        args.out.write_text(json.dumps(rows, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,12 +6,14 @@
     goal within 1.5x;
 (c) the cost of ``rollout.deterministic: true`` (exact on-policy) vs the default rollout.
 
-Usage: .venv/bin/python benchmarks/sim_step.py [--steps 300] [--threads 1]
+Usage: .venv/bin/python benchmarks/sim_step.py [--steps 300] [--threads 1] [--out F.json]
 The machine may be shared: run it twice and compare.
 """
 from __future__ import annotations
 
 import argparse
+import json
+import os
 import statistics
 import tempfile
 import time
@@ -42,16 +44,17 @@ def config(overrides: dict) -> dict:
     return recipes.apply_overrides(base, overrides)
 
 
-def full_trial(steps: int, pool: str) -> tuple[float, list[float]]:
+def full_trial(steps: int, pool: str) -> tuple[float, float, list[float]]:
+    """Wall and CPU seconds of the trial (CPU: what it costs when the machine is shared)."""
     trial = make_trial(pool, steps, 0, QUICKSTART)
     with tempfile.TemporaryDirectory() as tmp:
         ctx = LocalContext(trial=trial, pool=load_catalog().get(pool), workdir=Path(tmp),
                            checkpoint_every=25)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = SimBackend().run(trial, config(QUICKSTART), ctx)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert res.outcome.value == "completed", res
-    return wall, [m[M.TIME_PER_STEP] for m in ctx.metrics.values()]
+    return wall, cpu, [m[M.TIME_PER_STEP] for m in ctx.metrics.values()]
 
 
 def trainer_for(overrides: dict, pool: str) -> GRPOTrainer:
@@ -107,19 +110,31 @@ def main() -> None:
     ap.add_argument("--pool", default="sim-h100")
     ap.add_argument("--reps", type=int, default=30)
     ap.add_argument("--skip-trial", action="store_true", help="skip (a), the 300-step trial")
+    ap.add_argument("--out", type=Path, default=None, help="also write the figures as JSON")
     args = ap.parse_args()
     torch.set_num_threads(args.threads)
+    figures: dict[str, float | str | list[float]] = {"pool": args.pool, "threads": args.threads,
+                                                     "load_before": list(os.getloadavg())}
     if not args.skip_trial:
-        wall, per_step = full_trial(args.steps, args.pool)
-        print(f"(a) {args.steps}-step quickstart trial on {args.pool}: {wall:.1f} s wall "
-              f"(median step {statistics.median(per_step) * 1e3:.0f} ms; goal < 30 s)")
+        wall, cpu, per_step = full_trial(args.steps, args.pool)
+        figures.update(trial_wall_s=wall, trial_cpu_s=cpu, trial_steps=args.steps,
+                       trial_median_step_s=statistics.median(per_step))
+        print(f"(a) {args.steps}-step quickstart trial on {args.pool}: {wall:.1f} s wall, "
+              f"{cpu:.1f} s CPU (median step {statistics.median(per_step) * 1e3:.0f} ms; "
+              "goal < 30 s)")
     step, bare = step_vs_bare(args.pool, args.reps)
+    figures.update(median_step_s=step, bare_work_s=bare, step_over_bare=step / bare)
     print(f"(b) median step {step * 1e3:.0f} ms vs bare work (KV-cache rollout + fwd/bwd) "
           f"{bare * 1e3:.0f} ms: {step / bare:.2f}x (goal <= 1.5x)")
     ratio, gen_ratio, det = deterministic_ratio(args.pool, max(args.reps // 2, 5))
+    figures.update(deterministic_step_ratio=ratio, deterministic_rollout_ratio=gen_ratio,
+                   deterministic_step_s=det, load_after=list(os.getloadavg()))
     print(f"(c) rollout.deterministic: true costs {ratio:.1f}x the default step "
           f"({det * 1e3:.0f} ms/step; rollout alone {gen_ratio:.1f}x): a full fp32 forward at "
           "the trainer's shape per generated token instead of the KV cache")
+    print(f"load average before/after: {figures['load_before']} / {figures['load_after']}")
+    if args.out:
+        args.out.write_text(json.dumps(figures, indent=1) + "\n")
 
 
 if __name__ == "__main__":

@@ -1,10 +1,13 @@
 """Measure the mismatch a pool profile produces on a fixed reference policy (for calibration).
 
-The reference policy is the recipe's model trained for ``steps`` GRPO steps with an fp32
-rollout engine: a policy in its learning phase, where reward rises and entropy
-is neither uniform nor collapsed. A profile is then measured by syncing a rollout engine with
-the policy's last three snapshots (so ``weight_lag: k`` serves the one k updates old), sampling
-batches and comparing mu with the fp32 trainer's log-probs of the same tokens.
+The reference policy is the recipe's model trained with an fp32 rollout engine until it is in
+its learning phase: the first step whose mean policy entropy is at most ``entropy`` nats (1.5:
+reward rising, the policy neither near-uniform nor collapsed), or ``max_steps``. The seeds'
+figures are measured on policies that are learning, and mismatch depends strongly on how sharp
+the policy is (near-uniform policies barely feel any rounding). A profile is then measured by
+syncing a rollout engine with the policy's last snapshots (so ``weight_lag: k`` serves the one
+k updates old, k <= 4), sampling batches and comparing mu with the fp32 trainer's log-probs of the
+same tokens. ``python -m orchestrator.sim.calibrate`` prints the table.
 """
 from __future__ import annotations
 
@@ -31,15 +34,17 @@ from orchestrator.sim.trainer import GRPOTrainer, TrainConfig, token_logp
 class Reference:
     model: ModelConfig
     task: Task
-    history: list[dict[str, torch.Tensor]]  # weights 2 and 1 updates before ``params``
+    history: list[dict[str, torch.Tensor]]  # weights 4, 3, 2 and 1 updates before ``params``
     params: dict[str, torch.Tensor]
     reward: float
     entropy: float
+    steps: int
 
 
-def reference_policy(config: Mapping[str, Any], pool: PoolSpec, steps: int,
-                     seed: int = 0) -> Reference:
-    """Train the recipe ``config`` for ``steps`` steps with the exact rollout engine."""
+def reference_policy(config: Mapping[str, Any], pool: PoolSpec, max_steps: int = 300,
+                     seed: int = 0, entropy: float = 1.5) -> Reference:
+    """Train the recipe ``config`` with the exact rollout engine until the policy's entropy is
+    at most ``entropy`` nats (or for ``max_steps`` steps)."""
     setup = build_setup(config, pool)
     task = Task(**setup.task)
     model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
@@ -50,14 +55,16 @@ def reference_policy(config: Mapping[str, Any], pool: PoolSpec, steps: int,
                      CorrectionSpec(), exact, seed)
     history: list[dict[str, torch.Tensor]] = []
     metrics: dict[str, float] = {}
-    for step in range(1, steps + 1):
-        history = [*history[-1:], {k: v.detach().clone() for k, v in tr.params.items()}]
+    step = 0
+    while step < max_steps and (not metrics or metrics[M.ENTROPY] > entropy):
+        step += 1
+        history = [*history[-3:], {k: v.detach().clone() for k, v in tr.params.items()}]
         metrics = tr.step(step)
     return Reference(model, task, history, {k: v.detach().clone() for k, v in tr.params.items()},
-                     metrics[M.TRAIN_REWARD], metrics[M.ENTROPY])
+                     metrics[M.TRAIN_REWARD], metrics[M.ENTROPY], step)
 
 
-def measure_k3(ref: Reference, pool: PoolSpec, *, batches: int = 2, batch: int = 128,
+def measure_k3(ref: Reference, pool: PoolSpec, *, batches: int = 4, batch: int = 128,
                rollout: RolloutSpec | None = None) -> float:
     """Median over batches of the k3 KL between the pool's rollout engine and the trainer."""
     num = resolve_numerics(parse_profile(pool.sim_profile, pool.name), rollout or RolloutSpec())
@@ -76,3 +83,32 @@ def measure_k3(ref: Reference, pool: PoolSpec, *, batches: int = 2, batch: int =
         old = token_logp(logits, ro.tokens, ref.task.prompt_len)
         values.append(mismatch_metrics(old, ro.logp_mu, ro.mask)[M.K3_KL])
     return statistics.median(values)
+
+
+def main() -> None:
+    """Print k3 per sim-* pool for dense and MoE references of ``sim/grpo_tiny``."""
+    import argparse
+
+    from orchestrator import recipes
+    from orchestrator.pools import load_catalog
+
+    ap = argparse.ArgumentParser(prog="python -m orchestrator.sim.calibrate",
+                                 description=main.__doc__)
+    ap.add_argument("--arch", nargs="+", default=["dense", "moe"])
+    ap.add_argument("--entropy", type=float, default=1.5)
+    args = ap.parse_args()
+    torch.set_num_threads(1)
+    catalog = load_catalog()
+    pools = [name for name in catalog.names() if catalog.get(name).kind == "sim"]
+    base = recipes.compose_recipe("sim/grpo_tiny", root=recipes.REPO_RECIPES)
+    for arch in args.arch:
+        config = recipes.apply_overrides(base, {"model.arch": arch})
+        ref = reference_policy(config, catalog.get("sim-h100"), entropy=args.entropy)
+        print(f"{arch}: reference at step {ref.steps} (entropy {ref.entropy:.2f}, reward "
+              f"{ref.reward:.3f}): " + ", ".join(
+                  f"{name} {measure_k3(ref, catalog.get(name)):.1e}" for name in pools),
+              flush=True)
+
+
+if __name__ == "__main__":
+    main()

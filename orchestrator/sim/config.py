@@ -15,11 +15,17 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.pools import PoolSpec
-from orchestrator.sim.profile import Numerics, check_rollout, parse_profile, resolve_numerics
+from orchestrator.sim.profile import (
+    Numerics,
+    check_rollout,
+    explain,
+    parse_profile,
+    resolve_numerics,
+)
 
 SECTIONS = ("model", "task", "train", "eval", "correction", "rollout")
 MODEL_KEYS = ("arch", "d_model", "n_layers", "n_heads", "d_ff", "n_experts", "top_k",
-              "aux_loss_coef")
+              "expert_d_ff", "aux_loss_coef")
 TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "aliases")
 TRAIN_KEYS = ("lr", "prompts_per_step", "group_size", "ppo_epochs", "minibatches", "clip_eps",
               "kl_coef", "grad_clip", "weight_decay", "adam_beta1", "adam_beta2", "threads")
@@ -60,10 +66,7 @@ def _spec(model: type, raw: Mapping[str, Any], section: str) -> Any:
     try:
         return model.model_validate(dict(raw))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"{section}.{loc}: {err['msg'].removeprefix('Value error, ')} "
-                        f"(got {err.get('input')!r})") from None
+        raise UserError(explain(exc, section)) from None
 
 
 def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
@@ -92,6 +95,9 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     if arch == "moe":
         e, k = model.get("n_experts", 4), model.get("top_k", 1)
         _need(1 <= k <= e, "model.top_k", f"must be in 1..model.n_experts ({e}), got {k}")
+        fe = model.get("expert_d_ff")
+        _need(fe is None or (isinstance(fe, int) and fe >= 1), "model.expert_d_ff",
+              f"must be a positive integer (or null: model.d_ff), got {fe!r}")
     _need(correction.routing_replay == "off" or arch == "moe", "correction.routing_replay",
           f"{correction.routing_replay} replays MoE expert indices; model.arch is dense "
           "(set model.arch: moe or routing_replay: off)")

@@ -8,6 +8,7 @@ the very same arithmetic as the trainer.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 
 import torch
@@ -25,10 +26,15 @@ class ModelConfig:
     arch: str = "dense"  # dense | moe
     n_experts: int = 4
     top_k: int = 1
+    expert_d_ff: int | None = None  # hidden size of each expert (None: d_ff)
 
     @property
     def moe(self) -> bool:
         return self.arch == "moe"
+
+    @property
+    def d_expert(self) -> int:
+        return self.expert_d_ff or self.d_ff
 
 
 def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
@@ -48,8 +54,9 @@ def init_params(cfg: ModelConfig, seed: int) -> dict[str, torch.Tensor]:
         p[f"l{i}_ln2_w"], p[f"l{i}_ln2_b"] = torch.ones(d), torch.zeros(d)
         if cfg.moe:
             p[f"l{i}_router"] = normal(cfg.n_experts, d)
-            p[f"l{i}_fc1"] = normal(cfg.n_experts, f, d)
-            p[f"l{i}_fc2"] = normal(cfg.n_experts, d, f, s=proj_std)
+            fe = cfg.d_expert
+            p[f"l{i}_fc1"] = normal(cfg.n_experts, fe, d)
+            p[f"l{i}_fc2"] = normal(cfg.n_experts, d, fe, s=proj_std)
         else:
             p[f"l{i}_fc1"] = normal(f, d)
             p[f"l{i}_fc2"] = normal(d, f, s=proj_std)
@@ -73,6 +80,10 @@ class ExactOps:
 
     def router(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         return F.linear(x, p[name])
+
+    def gate(self, logits: torch.Tensor) -> torch.Tensor:
+        """Routing probabilities [N, E] (fp32) from router logits."""
+        return torch.softmax(logits.float(), dim=-1)
 
     def head(self, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
         return F.linear(x, p["head"])
@@ -103,6 +114,12 @@ class ForwardOut:
     routing: list[torch.Tensor]  # per layer [B, T, k] expert indices used (empty for dense)
 
 
+@functools.lru_cache(maxsize=32)
+def _future(t: int, start: int) -> torch.Tensor:
+    """[t, start + t] mask of the keys a query must not see (built once per shape)."""
+    return ~torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
+
+
 def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelConfig, ops,
                cache: KVCache | None, start: int) -> torch.Tensor:
     b, t, d = x.shape
@@ -115,8 +132,7 @@ def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelCo
         v = cache.v[i][:, :, :start + t].to(q.dtype)
     scores = (torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).float()
     if t > 1:  # query at absolute position start+r sees keys 0..start+r (one query sees all)
-        causal = torch.ones(t, start + t, dtype=torch.bool).tril(diagonal=start)
-        scores = scores.masked_fill(~causal, float("-inf"))
+        scores = scores.masked_fill(_future(t, start), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # softmax in fp32, like fused kernels
     out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, d)
     return ops.linear(out, p, f"l{i}_out")
@@ -126,7 +142,7 @@ def _moe(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelConfig, 
          replay: torch.Tensor | None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     b, t, d = x.shape
     flat = x.reshape(b * t, d)
-    probs = torch.softmax(ops.router(flat, p, f"l{i}_router").float(), dim=-1)  # [N, E]
+    probs = ops.gate(ops.router(flat, p, f"l{i}_router"))  # [N, E] fp32
     idx = probs.topk(cfg.top_k, dim=-1).indices  # [N, k]
     if replay is not None:  # routing replay: indices from another pass, gate weights stay live
         idx = idx.view(b, t, cfg.top_k).clone()
@@ -144,8 +160,8 @@ def _moe(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelConfig, 
     rows = torch.arange(b * t)
     out = sum(out_all[idx[:, j], rows] * gates[:, j:j + 1].to(out_all.dtype)
               for j in range(cfg.top_k))
-    # Switch-transformer balance loss: E * sum_e (token fraction_e * mean prob_e).
-    frac = F.one_hot(idx[:, 0], cfg.n_experts).float().mean(0)
+    # Switch-transformer balance loss: E * sum_e (fraction of routed slots_e * mean prob_e).
+    frac = F.one_hot(idx, cfg.n_experts).float().mean((0, 1))
     aux = cfg.n_experts * (frac * probs.mean(0)).sum()
     return out.view(b, t, d), aux, idx.view(b, t, cfg.top_k)
 

@@ -74,10 +74,16 @@ def parse_profile(raw: Mapping[str, Any], pool: str) -> SimProfile:
     try:
         return SimProfile.model_validate(dict(raw))
     except ValidationError as exc:
-        err = exc.errors()[0]
-        loc = ".".join(str(p) for p in err["loc"])
-        raise UserError(f"pool {pool}: sim_profile.{loc}: {err['msg']} (got {err.get('input')!r}); "
+        raise UserError(f"pool {pool}: {explain(exc, 'sim_profile')}; "
                         f"dtypes are {', '.join(DTYPES)}") from None
+
+
+def explain(exc: ValidationError, section: str) -> str:
+    """One line for the first pydantic error: ``section.key: problem (got value)``. Shared by
+    ``parse_profile`` and ``config.build_setup``."""
+    err = exc.errors()[0]
+    loc = ".".join(str(p) for p in (section, *err["loc"]))
+    return f"{loc}: {err['msg'].removeprefix('Value error, ')} (got {err.get('input')!r})"
 
 
 def resolve_numerics(profile: SimProfile, rollout: RolloutSpec) -> Numerics:

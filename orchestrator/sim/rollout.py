@@ -55,39 +55,41 @@ class EngineOps:
 
     def _mm(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
             out_dtype: torch.dtype) -> torch.Tensor:
-        blk = p.get(name + "@blk")
-        if blk is not None:
-            return self._split_k(x, blk, out_dtype)
+        chunks = p.get(name + "@chunks")
+        if chunks is not None:
+            return self._split_k(x, chunks, out_dtype)
         wt = p[name].transpose(-1, -2)
         if self.num.reduction_order == "reversed":  # weights were stored K-reversed at sync
             return torch.matmul(x.flip(-1), wt)
         return torch.matmul(x, wt)
 
-    def _split_k(self, x: torch.Tensor, blk: torch.Tensor, out_dtype: torch.dtype) -> torch.Tensor:
+    def _split_k(self, x: torch.Tensor, chunks: torch.Tensor,
+                 out_dtype: torch.dtype) -> torch.Tensor:
         """split-K: each K-chunk's partial product is written in ``out_dtype`` and the partials
         are summed one by one in that dtype, as a split-K kernel with a low-precision workspace
-        does. ``blk`` is block-diagonal [(E), K, n*O], so one GEMM yields all n partials (the
-        zero blocks add exact zeros)."""
-        parts = torch.matmul(x, blk).to(out_dtype)
-        n = blk.shape[-2] // self.num.split_k
-        o = blk.shape[-1] // n
-        acc = parts[..., :o]
+        does. ``chunks`` is W.T cut along K: [n, (E), split_k, O]; one batched GEMM over the
+        chunk dimension yields all n partials."""
+        n, s = chunks.shape[0], chunks.shape[-2]
+        xc = x.unflatten(-1, (n, s)).movedim(-2, 0)  # [n, ..., s]
+        if chunks.dim() == 3:  # one weight: all rows in one GEMM per chunk
+            parts = torch.matmul(xc.reshape(n, -1, s), chunks)
+            parts = parts.view(n, *x.shape[:-1], chunks.shape[-1])
+        else:  # MoE experts [n, E, s, O]: x is [N, K] (every expert) or [E, N, K]
+            parts = torch.matmul(xc if xc.dim() == 4 else xc.unsqueeze(1), chunks)
+        parts = parts.to(out_dtype)  # each partial written in the workspace dtype
+        acc = parts[0]
         for i in range(1, n):
-            acc = acc + parts[..., i * o:(i + 1) * o]
+            acc = acc + parts[i]
         return acc
 
-    def _blocks(self, w: torch.Tensor) -> torch.Tensor | None:
-        """Block-diagonal split-K layout of ``w`` [(E), O, K], or None if K does not split."""
-        o, k = w.shape[-2], w.shape[-1]
+    def _chunks(self, w: torch.Tensor) -> torch.Tensor | None:
+        """W [(E), O, K] as K-chunks of W.T [n, (E), split_k, O], or None if K does not split."""
+        k = w.shape[-1]
         s = self.num.split_k
         if k % s or k <= s:
             return None
-        n = k // s
-        wt = w.transpose(-1, -2)
-        blk = torch.zeros(*w.shape[:-2], k, n * o, dtype=w.dtype)
-        for i in range(n):
-            blk[..., i * s:(i + 1) * s, i * o:(i + 1) * o] = wt[..., i * s:(i + 1) * s, :]
-        return blk
+        wt = w.transpose(-1, -2).unflatten(-2, (k // s, s))  # [(E), n, s, O]
+        return wt.movedim(-3, 0).contiguous()
 
     def _lin(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
              dtype: str) -> torch.Tensor:
@@ -104,6 +106,14 @@ class EngineOps:
 
     def router(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str) -> torch.Tensor:
         return self._lin(x, p, name, self.num.router)  # the caller upcasts for the softmax
+
+    def gate(self, logits: torch.Tensor) -> torch.Tensor:
+        """Softmax in fp32, probabilities rounded back to the router logits' dtype, then top-k
+        on those (Megatron's ``softmax(..., dtype=float32).type_as(logits)`` without
+        ``moe_router_dtype: fp32``): experts whose probabilities round to the same value tie
+        and the top-k kernel's own order decides, where the fp32 trainer picks the truly larger
+        one. The rounded probabilities are also the gate weights."""
+        return torch.softmax(logits.float(), dim=-1).to(logits.dtype).float()
 
     def head(self, x: torch.Tensor, p: dict[str, torch.Tensor]) -> torch.Tensor:
         # Logits come back in the head's own dtype (fp32 head -> fp32 logits, no rounding).
@@ -132,9 +142,9 @@ class EngineOps:
             else:
                 out[name] = w.to(DTYPES[kind])
             if self.num.reduction_order == "chunked":
-                blk = self._blocks(out[name])
-                if blk is not None:
-                    out[name + "@blk"] = blk
+                chunks = self._chunks(out[name])
+                if chunks is not None:
+                    out[name + "@chunks"] = chunks
         return out
 
     def _kind(self, name: str) -> str | None:
@@ -145,6 +155,19 @@ class EngineOps:
         if name.endswith(("_qkv", "_out", "_fc1", "_fc2")):
             return self.num.dtype
         return None
+
+
+def _sample(logp: torch.Tensor, gen: torch.Generator) -> torch.Tensor:
+    """One token per row from ``logp`` [B, V] by inverting the CDF with one uniform draw per row
+    (~7x cheaper than ``torch.multinomial`` at this size). The draw is scaled by the row's total
+    and the index capped at the first position holding that total (the last token of non-zero
+    probability; reached only when the fp32 product rounds up to the total), so a token of zero
+    probability is never drawn."""
+    cdf = logp.exp().cumsum(-1)
+    total = cdf[:, -1:]
+    u = torch.rand(logp.shape[0], 1, generator=gen) * total
+    idx = torch.searchsorted(cdf, u, right=True)
+    return torch.minimum(idx, (cdf < total).sum(-1, keepdim=True)).squeeze(1)
 
 
 @dataclasses.dataclass
@@ -204,7 +227,7 @@ class RolloutEngine:
             step_logp, routing = self._cached_steps(tokens)
         for r in range(rlen):
             lp = next(step_logp) if r == 0 else step_logp.send(tokens)
-            tok = torch.multinomial(lp.exp(), 1, generator=gen).squeeze(1)
+            tok = _sample(lp, gen)
             logp[:, r] = lp.gather(1, tok[:, None]).squeeze(1)
             tok = torch.where(done, torch.full_like(tok, PAD), tok)
             tokens[:, plen + r] = tok

@@ -6,6 +6,7 @@ from a checkpoint draws exactly what the uninterrupted run drew.
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Mapping
 from pathlib import Path
@@ -67,6 +68,49 @@ def _finite(name: str, x: torch.Tensor, step: int) -> None:
         raise NumericFailure(f"non-finite {name} at step {step}")
 
 
+class AdamW:
+    """AdamW (decoupled weight decay, bias-corrected moments, eps outside the square root), as
+    ``torch.optim.AdamW`` defines it. Written out because constructing any ``torch.optim``
+    optimizer imports ``torch._dynamo``: seconds of fixed cost per trial process."""
+
+    def __init__(self, params: dict[str, torch.Tensor], lr: float, betas: tuple[float, float],
+                 weight_decay: float, eps: float = 1e-8) -> None:
+        self.params, self.lr, self.betas, self.wd, self.eps = params, lr, betas, weight_decay, eps
+        self.t = 0
+        self.m = {k: torch.zeros_like(v) for k, v in params.items()}
+        self.v = {k: torch.zeros_like(v) for k, v in params.items()}
+
+    def zero_grad(self) -> None:
+        for p in self.params.values():
+            p.grad = None
+
+    @torch.no_grad()
+    def step(self) -> None:
+        self.t += 1
+        b1, b2 = self.betas
+        keys = [k for k, p in self.params.items() if p.grad is not None]
+        ps, gs = [self.params[k] for k in keys], [self.params[k].grad for k in keys]
+        ms, vs = [self.m[k] for k in keys], [self.v[k] for k in keys]
+        if self.wd:
+            torch._foreach_mul_(ps, 1.0 - self.lr * self.wd)
+        torch._foreach_lerp_(ms, gs, 1.0 - b1)  # m <- b1 m + (1 - b1) g
+        torch._foreach_mul_(vs, b2)
+        torch._foreach_addcmul_(vs, gs, gs, 1.0 - b2)  # v <- b2 v + (1 - b2) g^2
+        denom = torch._foreach_sqrt(vs)
+        torch._foreach_div_(denom, math.sqrt(1.0 - b2 ** self.t))
+        torch._foreach_add_(denom, self.eps)
+        torch._foreach_addcdiv_(ps, ms, denom, -self.lr / (1.0 - b1 ** self.t))
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"t": self.t, "m": dict(self.m), "v": dict(self.v)}
+
+    def load_state_dict(self, state: Mapping[str, Any]) -> None:
+        self.t = int(state["t"])
+        for k in self.params:
+            self.m[k].copy_(state["m"][k])
+            self.v[k].copy_(state["v"][k])
+
+
 class GRPOTrainer:
     """One trial's policy, optimizer and rollout engine."""
 
@@ -76,9 +120,8 @@ class GRPOTrainer:
         self.corr, self.num, self.seed = correction, numerics, seed
         self.params = {k: v.requires_grad_() for k, v in init_params(model, seed).items()}
         self.ref = init_params(model, seed) if train.kl_coef > 0 else None
-        self.opt = torch.optim.AdamW(list(self.params.values()), lr=train.lr,
-                                     betas=(train.adam_beta1, train.adam_beta2),
-                                     weight_decay=train.weight_decay)
+        self.opt = AdamW(self.params, train.lr, (train.adam_beta1, train.adam_beta2),
+                         train.weight_decay)
         self.engine = RolloutEngine(model, task, numerics)
         self.engine.sync(self.params)
         self.eval_prompts = task.prompts(train.eval_prompts,
@@ -172,7 +215,7 @@ class GRPOTrainer:
                 if self.model.moe:
                     loss = loss + cfg.aux_loss_coef * out.aux_loss
                 _finite("loss", loss, step)
-                self.opt.zero_grad(set_to_none=True)
+                self.opt.zero_grad()
                 loss.backward()
                 gn = torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.grad_clip)
                 _finite("grad norm", gn, step)
