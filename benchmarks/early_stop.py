@@ -13,8 +13,17 @@ each early-stop setting the script reports:
 - agreement: the early verdict kind equals the full-run kind (goal >= 95%),
 - lead time of the mismatch early warning before the collapse.
 
+It also prints the most any policy could save without stopping a trial that recovers (every
+trial that ends collapsed stopped at step 1), and explored stop conditions ([x]: reward-confirmed,
+several rules at once, relapse, warning plus a fired rule) replayed on the same engine state.
+
     .venv/bin/python benchmarks/early_stop.py [--grid benchmarks/early_stop_grid.yaml] [--cache DIR]
+    .venv/bin/python benchmarks/early_stop.py --seeds 1,2     # a held-out seed set of the same grid
+    .venv/bin/python benchmarks/early_stop.py --history-dir DIR  # cached histories as recorded
     .venv/bin/python benchmarks/early_stop.py --synthetic   # recorded synthetic streams, no sim
+
+The simulator's code changes the histories (and the trial ids, so the cache misses): compare
+policies on one cached set (``--history-dir``), not across simulator versions.
 """
 from __future__ import annotations
 
@@ -24,8 +33,9 @@ import os
 import statistics
 import sys
 import time
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
 History = list[tuple[int, dict[str, float]]]
 REPO = Path(__file__).resolve().parent.parent
@@ -52,12 +62,42 @@ def run_sim_grid(grid_file: Path, cache: Path) -> list[tuple[str, int, History, 
             t0 = time.time()
             ctx = LocalContext(trial=t, pool=grid.pools.get(t.pool), workdir=cache / "work" / t.trial_id)
             result = SimBackend().run(t, grid.trial_config(t), ctx)
-            path.write_text(json.dumps({"outcome": result.outcome.value, "label": label,
+            path.write_text(json.dumps({"outcome": result.outcome.value, "label": label, "steps": t.steps,
                                         "history": sorted(ctx.metrics.items())}))
             print(f"  [{i}/{len(trials)}] {label}: {result.outcome.value} at step {result.last_step} "
                   f"({time.time() - t0:.0f} s)", file=sys.stderr, flush=True)
         data = json.loads(path.read_text())
         out.append((t.trial_id, t.steps, [(int(s), m) for s, m in data["history"]], label))
+    return out
+
+
+def cached_histories(directory: Path, steps: int) -> list[tuple[str, int, History, str]]:
+    """Every history ``run_sim_grid`` cached in ``directory`` (``<trial id>.json``), judged as
+    recorded, without simulating: a fixed trial set while the simulator's code moves on."""
+    out = []
+    for path in sorted(directory.glob("t*.json")):
+        data = json.loads(path.read_text())
+        out.append((path.stem, int(data.get("steps", steps)), [(int(s), m) for s, m in data["history"]],
+                    data["label"]))
+    if not out:
+        raise SystemExit(f"--history-dir {directory}: no cached trial histories (t*.json) there; "
+                         "fix: point it at a --cache directory of an earlier run")
+    return out
+
+
+def with_seeds(grid_file: Path, seeds: str, cache: Path) -> Path:
+    """A copy of ``grid_file`` (in ``cache``) whose ``seeds:`` are ``seeds``, e.g. a held-out set."""
+    import yaml
+
+    try:
+        values = [int(s) for s in seeds.split(",") if s.strip()]
+    except ValueError:
+        raise SystemExit(f"--seeds {seeds!r}: expected comma-separated integers, e.g. --seeds 1,2") from None
+    data = yaml.safe_load(grid_file.read_text())
+    data["seeds"] = values
+    out = cache / f"{grid_file.stem}-seeds-{'-'.join(map(str, values))}.yaml"
+    cache.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump(data, sort_keys=False))
     return out
 
 
@@ -89,17 +129,49 @@ def synthetic_streams() -> list[tuple[str, int, History, str]]:
             for name, fn in makers.items() for seed in range(10)]
 
 
-def replay(history: History, total: int, collapse: object, early: object) -> tuple[object, int | None]:
-    """The verdict a live run with this early-stop setting would end with, and its stop step."""
+def replay(history: History, total: int, collapse: object, early: object,
+           policy: Policy | None = None) -> tuple[object, int | None]:
+    """The verdict a live run with this early-stop setting would end with, and its stop step.
+    ``policy``: an explored stop condition on the engine's state instead of ``early``'s."""
+    from orchestrator.schema import EarlyStopSpec
     from orchestrator.verdict import VerdictEngine
 
-    engine = VerdictEngine(collapse, early, total)  # type: ignore[arg-type]
+    engine = VerdictEngine(collapse, EarlyStopSpec(enabled=False) if policy else early, total)  # type: ignore[arg-type]
     for step, row in history:
         reason = engine.observe(step, row)
+        if policy is not None and policy(engine):
+            return engine.verdict(step, "completed"), step  # the kind it would have been stopped with
         if reason:
             return engine.verdict(step, "stopped", reason), step
     last = history[-1][0] if history else 0
     return engine.verdict(last, "completed" if last >= total else "numeric_failure"), None
+
+
+Policy = Callable[[Any], bool]
+REWARD_RULES = ("train_reward_drop", "eval_reward_drop")
+
+
+def _held(engine: Any, m: int, names: tuple[str, ...] | None = None, relapse: bool = False) -> list[Any]:
+    """Collapse rules firing now, active >= m observations since they fired, not clearing."""
+    return [r for r in engine.rules
+            if r.firing is not None and r.spec.kind != "nonfinite" and r.spec.verdict == "collapsed"
+            and r.firing.active_since_fire >= m and r.firing.clear_streak == 0
+            and (names is None or r.spec.name in names) and (not relapse or r.episodes)]
+
+
+# Stop conditions explored against the default (a fired collapse rule held ``margin`` more
+# observations). Not grid settings: replays of the same engine, to see whether any of these real
+# signals separates collapses that stay from those that recover better than the margin does.
+EXPLORED: list[tuple[str, Policy]] = [
+    ("reward held 10", lambda e: bool(_held(e, 10, REWARD_RULES))),
+    ("reward held 20", lambda e: bool(_held(e, 20, REWARD_RULES))),
+    ("2 rules held 0", lambda e: len(_held(e, 0)) >= 2),
+    ("2 rules held 10", lambda e: len(_held(e, 10)) >= 2),
+    ("3 rules held 0", lambda e: len(_held(e, 0)) >= 3),
+    ("relapse held 0", lambda e: bool(_held(e, 0, relapse=True))),
+    ("relapse held 10", lambda e: bool(_held(e, 10, relapse=True))),
+    ("warning + rule 10", lambda e: e.warning_step is not None and bool(_held(e, 10))),
+]
 
 
 def evaluate(trials: Sequence[tuple[str, int, History, str]], collapse: object) -> dict[str, object]:
@@ -117,12 +189,15 @@ def evaluate(trials: Sequence[tuple[str, int, History, str]], collapse: object) 
     total_steps = sum(t[1] for t in trials)
     rows = []
     bad_kinds = (VerdictKind.HEALTHY, VerdictKind.UNSTABLE)
-    for label, margin, on_warning in SETTINGS:
-        early = EarlyStopSpec(enabled=True, margin=margin, on_warning=on_warning)
+    runs: list[tuple[str, object, Policy | None]] = [
+        (label, EarlyStopSpec(enabled=True, margin=margin, on_warning=on_warning), None)
+        for label, margin, on_warning in SETTINGS]
+    runs += [(f"[x] {label}", None, policy) for label, policy in EXPLORED]
+    for label, early, policy in runs:
         saved = wrong = wrong_healthy = agree = stopped = 0
         wrong_ids = []
         for tid, total, hist, name in trials:
-            v, at = replay(hist, total, collapse, early)
+            v, at = replay(hist, total, collapse, early, policy)
             ref = full[tid]
             if at is not None:
                 stopped += 1
@@ -145,7 +220,13 @@ def evaluate(trials: Sequence[tuple[str, int, History, str]], collapse: object) 
             "lead_time_range": [min(leads), max(leads)] if leads else None,
             "ideal_saved_share": sum(t[1] - (full[t[0]].step or t[1]) for t in trials
                                      if full[t[0]].kind is VerdictKind.COLLAPSED) / total_steps,
-            "settings": rows}
+            # Stopping every trial that ends collapsed at its first step and nothing else: no
+            # policy that stops only collapsing trials can save more on this trial set.
+            "upper_bound_saved_share": sum(t[1] for t in trials
+                                           if full[t[0]].kind is VerdictKind.COLLAPSED) / total_steps,
+            "settings": rows,
+            "full_run": [{"trial": tid, "label": name, "verdict": full[tid].kind.value, "step": full[tid].step,
+                          "rule": full[tid].rule} for tid, _, _, name in trials]}
 
 
 def report(res: Mapping[str, object], source: str) -> None:
@@ -153,15 +234,18 @@ def report(res: Mapping[str, object], source: str) -> None:
           f"full-run verdicts {res['full_run_verdicts']}")
     print(f"collapses with an early warning: {res['collapsed_with_warning']}, lead time median "
           f"{res['lead_time_median']} steps, range {res['lead_time_range']}; "
-          f"steps after collapse onsets (upper bound on savings): {res['ideal_saved_share']:.1%}")
+          f"steps after collapse onsets: {res['ideal_saved_share']:.1%}; all steps of the trials "
+          f"that end collapsed (upper bound without stopping a recovering trial): "
+          f"{res['upper_bound_saved_share']:.1%}")
+    print("[x] = explored stop condition (a replay of the engine's state, not a grid setting)")
     print("wrongly stopped = stopped, but the full run ended healthy or unstable (recovered)")
-    print(f"{'setting':<14}{'stopped':>8}{'saved':>9}{'wrongly stopped':>17}{'of them healthy':>17}"
+    print(f"{'setting':<22}{'stopped':>8}{'saved':>9}{'wrongly stopped':>17}{'of them healthy':>17}"
           f"{'agreement':>11}")
     for r in res["settings"]:  # type: ignore[attr-defined]
-        print(f"{r['setting']:<14}{r['stopped']:>8}{r['saved_share']:>9.1%}{r['wrongly_stopped']:>17}"
+        print(f"{r['setting']:<22}{r['stopped']:>8}{r['saved_share']:>9.1%}{r['wrongly_stopped']:>17}"
               f"{r['healthy_stopped']:>17}{r['agreement']:>11.1%}")
         if r["wrongly_stopped_trials"]:
-            print(f"{'':14}wrongly stopped: {', '.join(r['wrongly_stopped_trials'][:6])}")
+            print(f"{'':22}wrongly stopped: {', '.join(r['wrongly_stopped_trials'][:6])}")
 
 
 def main() -> None:
@@ -169,6 +253,9 @@ def main() -> None:
     ap.add_argument("--grid", type=Path, default=REPO / "benchmarks" / "early_stop_grid.yaml")
     ap.add_argument("--cache", type=Path, default=REPO / ".ablate" / "bench-early-stop")
     ap.add_argument("--synthetic", action="store_true", help="recorded synthetic streams instead of the sim")
+    ap.add_argument("--seeds", help="comma-separated seeds replacing the grid's (a held-out set, e.g. 1,2)")
+    ap.add_argument("--history-dir", type=Path,
+                    help="judge the histories cached here as they are instead of simulating the grid")
     ap.add_argument("--trials-dir", type=Path, action="append", default=[],
                     help="also use finished, not early-stopped trials the runner recorded here "
                          "(e.g. .ablate/quickstart/trials)")
@@ -182,8 +269,14 @@ def main() -> None:
     else:
         from orchestrator.grid import load_grid
 
-        collapse = load_grid(args.grid).spec.collapse
-        trials, source = run_sim_grid(args.grid, args.cache), f"sim grid {args.grid.name}"
+        grid_file = with_seeds(args.grid, args.seeds, args.cache) if args.seeds else args.grid
+        grid = load_grid(grid_file)
+        collapse = grid.spec.collapse
+        if args.history_dir:
+            trials = cached_histories(args.history_dir, grid.spec.steps)
+            source = f"{len(trials)} sim trials of {args.grid.name} cached in {args.history_dir}"
+        else:
+            trials, source = run_sim_grid(grid_file, args.cache), f"sim grid {grid_file.name}"
     for d in args.trials_dir:
         extra = recorded_trials(d)
         trials += extra

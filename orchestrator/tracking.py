@@ -70,6 +70,32 @@ def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 
 
+@functools.lru_cache(maxsize=16)
+def use_wal(tracking_uri: str) -> str | None:
+    """Switch an SQLite store to write-ahead logging (persistent); returns its journal mode.
+
+    MLflow commits twice per ``log_batch``: in rollback-journal mode each commit fsyncs journal
+    and database, in WAL mode only the log, equally durable (``synchronous`` stays FULL); readers
+    (``ablate ui``) no longer block writers. Best effort: a store held open elsewhere stays as is.
+    """
+    import sqlite3
+
+    if not tracking_uri.startswith("sqlite:///"):
+        return None
+    path = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
+    if not path or path == ":memory:" or not Path(path).is_file():
+        return None
+    try:
+        with contextlib.closing(sqlite3.connect(path, timeout=2)) as db:
+            mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
+            if mode != "wal":
+                mode = str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
+            return mode
+    except sqlite3.Error as exc:
+        log.info("kept the journal mode of %s: %s", path, exc)
+        return None
+
+
 @contextlib.contextmanager
 def fail_fast(uri: str, timeout_s: int = 10) -> Iterator[None]:
     """Make MLflow's HTTP client give up at once instead of retrying for minutes.
@@ -167,6 +193,7 @@ class GridRun:
         try:
             with fail_fast(tracking_uri, timeout_s=30):
                 exp_id = experiment_for(mlc, grid.name, tracking_uri, workdir)
+                use_wal(tracking_uri)  # the store file exists now
                 if run_id is not None:
                     mlc.update_run(run_id, status="RUNNING")
                     return cls(tracking_uri, exp_id, run_id)
@@ -368,17 +395,26 @@ class TrialRun:
         run_id = self.outbox.run_id
         assert run_id is not None
         flat = [(row["step"], row["ts"], k, v) for row in self.outbox.rows for k, v in row["metrics"].items()]
-        last_full = self.outbox.through_step
+        last_full = sent_through = self.outbox.through_step
         for start in range(0, len(flat), MAX_METRICS):
             chunk = flat[start:start + MAX_METRICS]
             end, step = start + len(chunk), chunk[-1][0]
             # A step split across two chunks is only complete once its last chunk is in.
             last_full = max(last_full, step if end >= len(flat) or flat[end][0] != step else step - 1)
-            metrics = [Metric(k, v, ts, s) for s, ts, k, v in chunk]
-            mlc.log_batch(run_id, metrics=metrics, tags=_tags({THROUGH_TAG: last_full}))
+            # Newest step first: MLflow's SQL store compares each value with the run's latest
+            # one and rewrites that row whenever it is newer; in step order that is every value.
+            metrics = [Metric(k, v, ts, s) for s, ts, k, v in reversed(chunk)]
+            try:
+                mlc.log_batch(run_id, metrics=metrics, tags=_tags({THROUGH_TAG: last_full}))
+            except Exception:
+                # The chunks before this one are in the store (with the THROUGH_TAG): drop them
+                # so the retry after the outage does not re-send them.
+                if sent_through > self.outbox.through_step:
+                    self.outbox.mark_sent(sent_through)
+                raise
+            sent_through = last_full
         if flat:
-            # Rows are dropped only once all are in; a resend after a failure is idempotent
-            # because each row keeps its timestamp.
+            # A resend after a failure is idempotent because each row keeps its timestamp.
             self.outbox.mark_sent(last_full)
         tags = self.outbox.pending_tags()
         if tags:

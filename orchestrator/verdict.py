@@ -2,8 +2,11 @@
 
 Rules come from the grid's ``collapse:`` section (defaults below, drawn from the seeds): a
 grad-norm explosion against its running median, a reward drop from its peak, a PPL blow-up, k3
-KL above a threshold for many steps, non-finite metrics. A rule *fires* once its condition has
-held for ``patience`` consecutive observations; the verdict's step is the first of those.
+KL above a threshold for many steps, zero gradients (a dead policy), non-finite metrics. A rule
+*fires* once its condition has held for ``patience`` consecutive observations; the verdict's step
+is the first of those. Ratios to a running statistic get absolute floors: ``min_delta`` (a grad
+norm 10x a median near 0 is an ordinary gradient after an entropy collapse) and, for reward drops,
+a noise floor (half of a near-zero peak is within the noise of a run that never learned).
 
 A fired collapse rule that the trial later recovers from (its condition false, against the
 reference frozen when it fired, for the last observations of a completed run) makes the trial
@@ -28,26 +31,40 @@ from orchestrator.schema import CollapseRuleSpec, CollapseSpec, EarlyStopSpec, E
 
 OUTCOMES = ("completed", "stopped", "numeric_failure", "infra_failure", "cancelled")
 RECOVERY_OBS = 5  # a fired rule must be clear for this many final observations to count as recovered
+# drop_from_peak also needs the drop to exceed NOISE_SIGMAS x the raw series' noise (a robust sigma
+# from its last NOISE_OBS successive differences; no drop counts before NOISE_MIN_OBS of them).
+NOISE_SIGMAS = 4.0
+NOISE_OBS = 50
+NOISE_MIN_OBS = 5
 # Metrics worth quoting in a verdict, whatever rule fired.
 SNAPSHOT_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.GRAD_NORM, M.K3_KL, M.TRAINING_PPL, M.ENTROPY)
 
 DEFAULT_RULES: tuple[CollapseRuleSpec, ...] = (
     # Seed 002: "the gradient norms suddenly explode, leading to model collapse".
+    # min_delta: the norm must also rise >= 1.0 above the median (verl clips at 1.0): after an
+    # entropy collapse the median sits near 0 and an ordinary gradient is "10x" of it.
     CollapseRuleSpec(name="grad_norm_explosion", metric=M.GRAD_NORM, kind="explode",
-                     threshold=10.0, window=20, patience=3, min_step=5),
+                     threshold=10.0, window=20, patience=3, min_step=5, min_delta=1.0),
     # Reward collapse: the smoothed reward loses half of its peak, and at least min_delta (an
     # absolute floor so noise around a near-zero reward is not a collapse).
     CollapseRuleSpec(name="eval_reward_drop", metric=M.EVAL_REWARD, kind="drop_from_peak",
                      threshold=0.5, window=2, patience=2, min_step=0, min_delta=0.03),
     CollapseRuleSpec(name="train_reward_drop", metric=M.TRAIN_REWARD, kind="drop_from_peak",
                      threshold=0.5, window=10, patience=5, min_step=0, min_delta=0.03),
-    # Seed 000: the training policy's PPL blows up together with vllm-kl. (No default entropy
-    # blow-up: in the simulator entropy falls to ~0 and recovers, which reads as a 100x "blow-up".)
+    # Seed 000: the training policy's PPL blows up together with vllm-kl. PPL >= 1, so its best
+    # cannot sit near 0 and 3x of it is at least 3.0: no floor needed. (No default entropy
+    # blow-up: in the simulator entropy falls to ~0 and recovers; a grid that adds one needs a
+    # min_delta, or a 0.001 -> 0.01 nats flicker reads as a 10x "blow-up".)
     CollapseRuleSpec(name="ppl_blowup", metric=M.TRAINING_PPL, kind="blowup",
                      threshold=3.0, window=5, patience=5, min_step=5),
     # Seed 000: A100 k3 in 1e-2..1 made training infeasible; corrections.md: |kl| > 0.1 warns.
     CollapseRuleSpec(name="k3_kl_high", metric=M.K3_KL, kind="above",
                      threshold=0.1, window=1, patience=20, verdict="unstable"),
+    # A dead policy: entropy ~0, every group's rewards equal, advantages and so gradients exactly
+    # 0; no later step can change it (a sim run sat at grad norm 0 for its last 50 steps, which
+    # the rules above read as a recovery).
+    CollapseRuleSpec(name="no_gradient", metric=M.GRAD_NORM, kind="below",
+                     threshold=1e-8, window=1, patience=10, min_step=5),
     CollapseRuleSpec(name="nonfinite", metric="*", kind="nonfinite"),
 )
 
@@ -162,6 +179,9 @@ class _Rule:
         self.history: deque[float] = deque(maxlen=max(spec.window, 1))  # raw, for explode
         self.smooth: deque[float] = deque(maxlen=max(spec.window, 1))  # for blowup/drop
         self.best: float | None = None  # running peak (drop) or running min (blowup)
+        self.diffs: deque[float] = deque(maxlen=NOISE_OBS)  # |successive differences|, raw
+        self.last_raw: float | None = None
+        self.noise: float | None = None  # robust sigma of the raw series (drop_from_peak)
         self.streak = _Streak(spec.patience)
         self.firing: _Firing | None = None  # the current episode
         self.episodes: list[_Firing] = []  # earlier episodes the trial recovered from
@@ -178,6 +198,8 @@ class _Rule:
         if not math.isfinite(value):
             return  # the nonfinite rule owns this case
         smoothed = spec.kind in ("blowup", "drop_from_peak")
+        if spec.kind == "drop_from_peak":
+            self._track_noise(value)
         if smoothed:
             # A rolling median: one wild value (a single PPL spike) must not fire a patient rule.
             self.smooth.append(value)
@@ -188,6 +210,15 @@ class _Rule:
             return
         cond, ref = self._evaluate(step, value)
         self._update(step, cond, value, ref)
+
+    def _track_noise(self, raw: float) -> None:
+        """Noise of the series before this value: 1.4826 x the median |successive difference| /
+        sqrt(2) is sigma for Gaussian noise, and a collapse's few large jumps barely move it."""
+        if len(self.diffs) >= NOISE_MIN_OBS:
+            self.noise = 1.4826 * statistics.median(self.diffs) / math.sqrt(2)
+        if self.last_raw is not None:
+            self.diffs.append(abs(raw - self.last_raw))
+        self.last_raw = raw
 
     def _evaluate(self, step: int, value: float) -> tuple[bool, float | None]:
         """Condition and reference for ``value`` (already the rolling median for smoothed kinds)."""
@@ -220,13 +251,16 @@ class _Rule:
             return value < thr
         if ref is None:
             return False
-        if spec.kind == "explode":
-            return value > thr * max(ref, 1e-12)
-        if spec.kind == "blowup":
-            return value > thr * max(ref, 1e-12)
+        if spec.kind in ("explode", "blowup"):
+            # A ratio to a reference near 0 is huge for any ordinary value: min_delta is the
+            # absolute rise the value must also have over its reference.
+            return value > thr * max(ref, 1e-12) and value - ref >= float(spec.min_delta)
         if spec.kind == "drop_from_peak":
             drop = ref - value
-            return drop >= thr * abs(ref) and drop >= float(spec.min_delta) and drop > 0
+            # min_delta and the noise floor: a reward whose peak sits near 0 loses "half of it"
+            # in any dip; only a drop well beyond the series' own noise is a collapse.
+            return (drop >= thr * abs(ref) and drop >= float(spec.min_delta) and drop > 0
+                    and self.noise is not None and drop >= NOISE_SIGMAS * self.noise)
         return False
 
     def _update(self, step: int, cond: bool, value: float, ref: float | None) -> None:
@@ -372,7 +406,8 @@ class VerdictEngine:
                 "drop_from_peak": f"(rolling median of {spec.window}) dropped >= {spec.threshold:.0%} from peak",
                 "above": f"> {spec.threshold:g} for {spec.patience} observations",
                 "below": f"< {spec.threshold:g} for {spec.patience} observations"}.get(spec.kind, spec.kind)
-        return f"{spec.metric} = {f.value:.4g} {kind}{ref}"
+        floor = f" (and >= {spec.min_delta:g} above it)" if spec.min_delta and spec.kind in ("explode", "blowup") else ""
+        return f"{spec.metric} = {f.value:.4g} {kind}{ref}{floor}"
 
     @property
     def warning_step(self) -> int | None:

@@ -28,6 +28,7 @@ from orchestrator.tracking import (
     drain,
     sanitize_key,
     trial_run_name,
+    use_wal,
 )
 from orchestrator.trial import Attempt
 from orchestrator.verdict import judge
@@ -273,6 +274,39 @@ def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: P
     assert drain(tmp_path / "buf", uri)
     assert [s for s, _ in history(uri, tr.run_id, M.GRAD_NORM)] == list(range(1, 11))
     assert client(uri).get_run(tr.run_id).info.status == "FAILED"
+
+
+def test_outage_between_chunks_keeps_only_the_unsent_rows(quickstart, tmp_path: Path, monkeypatch) -> None:
+    """A catch-up send of 2400 values (3 log_batch chunks) fails on its 2nd chunk: the 1st chunk is
+    dropped from the outbox (and marked in the store), the rest waits; nothing lost or doubled."""
+    from mlflow import MlflowClient
+
+    grid, trials = quickstart
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=tmp_path)
+    assert use_wal(uri) == "wal"  # the embedded store commits through a write-ahead log
+    tr = open_trial(uri, parent, grid, trials[0], tmp_path / "buf")
+    rows = V.metric_rows(300, 8)
+    real, calls = MlflowClient.log_batch, []
+
+    def flaky(self, run_id, metrics=(), params=(), tags=(), **kw):
+        calls.append(len(metrics))
+        if len(calls) == 2:
+            raise ConnectionError("store went away")
+        return real(self, run_id, metrics=metrics, params=params, tags=tags, **kw)
+
+    monkeypatch.setattr(MlflowClient, "log_batch", flaky)
+    tr.log(rows)  # must not raise
+    assert calls == [999, 999]
+    assert tr.outbox.through_step == 124  # 999 values = steps 1..124 whole + 7 values of step 125
+    assert [r["step"] for r in tr.outbox.rows] == list(range(125, 301))
+    assert client(uri).get_run(tr.run_id).data.tags[THROUGH_TAG] == "124"
+    monkeypatch.setattr(MlflowClient, "log_batch", real)
+    assert tr.flush(timeout=10) and tr.outbox.empty()
+    for key in rows[0][1]:
+        got = history(uri, tr.run_id, sanitize_key(key))
+        assert [s for s, _ in got] == list(range(1, 301)), key
+        assert [v for _, v in got] == [r[key] for _, r in rows]
 
 
 @pytest.mark.slow

@@ -282,3 +282,76 @@ def test_relapse_after_recovery_is_judged_on_its_own() -> None:
     assert v.kind is VerdictKind.COLLAPSED and v.step is not None and v.step >= 220
     full = judge(stream, DEFAULT)
     assert full.kind is VerdictKind.COLLAPSED and full.step == v.step
+
+
+_NO_FLOOR = CollapseRuleSpec(name="grad_norm_explosion", metric=M.GRAD_NORM, kind="explode",
+                             threshold=10.0, window=20, patience=3, min_step=5)  # min_delta 0
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_ordinary_gradients_after_entropy_collapse_are_not_an_explosion(seed: int) -> None:
+    """Grad-norm median ~0.004 after the policy turned deterministic, then ordinary 0.5 gradients:
+    100x the median. Without the absolute floor that was a collapse at step 160."""
+    stream = V.entropy_collapse_then_ordinary(seed=seed, collapse_at=100, resume_at=160)
+    v = judge(stream, DEFAULT)
+    assert v.kind is VerdictKind.HEALTHY, v.reason
+    old = judge(stream, CollapseSpec(extra_rules=[_NO_FLOOR]))  # the stream does reproduce it
+    assert old.kind is VerdictKind.COLLAPSED and old.rule == "grad_norm_explosion" and old.step == 160
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_real_explosion_after_entropy_collapse_still_fires(seed: int) -> None:
+    stream = V.entropy_collapse_then_ordinary(seed=seed, collapse_at=100, resume_at=160, explode_at=220)
+    v = judge(stream, DEFAULT)
+    assert v.kind is VerdictKind.COLLAPSED and v.rule == "grad_norm_explosion" and v.step == 220
+    assert v.values[M.GRAD_NORM] - v.values["reference"] >= 1.0
+    assert "above it" in v.reason  # the floor is part of the explanation
+
+
+def test_grad_norm_floor_is_set_in_the_grid(isolated, repo) -> None:
+    """``collapse.extra_rules`` with the default's name replaces its min_delta."""
+    from orchestrator.grid import load_grid
+
+    text = (repo / "grids" / "quickstart.yaml").read_text()
+    g = isolated / "g.yaml"
+    g.write_text(text + "collapse:\n  extra_rules:\n    - {name: grad_norm_explosion, metric: actor/grad_norm, "
+                 "kind: explode, threshold: 10, window: 20, patience: 3, min_step: 5, min_delta: 100}\n")
+    collapse = load_grid(g).spec.collapse
+    rule = {r.name: r for r in resolve_rules(collapse)}["grad_norm_explosion"]
+    assert rule.min_delta == 100
+    # Explosions of 30..300 (the floor-test stream) no longer clear a floor of 100 for 3 steps
+    # in a row at their start; the default floor (1.0) catches them at 220.
+    stream = V.entropy_collapse_then_ordinary(seed=0, explode_at=220)
+    assert judge(stream, collapse).step != 220 and judge(stream, DEFAULT).step == 220
+
+
+def test_flat_near_zero_reward_is_not_a_collapse(monkeypatch) -> None:
+    """A run that never learns (reward 0.03 +- 0.02): any dip is half of its near-zero peak and
+    more than min_delta, but within the series' own noise. The noise floor keeps it healthy."""
+    import orchestrator.verdict as verdict_mod
+
+    kinds = [judge(V.flat_near_zero_reward(seed=s), DEFAULT).kind for s in range(20)]
+    assert kinds.count(VerdictKind.HEALTHY) >= 19 and kinds.count(VerdictKind.COLLAPSED) <= 1
+    monkeypatch.setattr(verdict_mod, "NOISE_SIGMAS", 0.0)  # without it: collapsed or unstable
+    old = [judge(V.flat_near_zero_reward(seed=s), DEFAULT).kind for s in range(20)]
+    assert old.count(VerdictKind.HEALTHY) == 0
+
+
+def test_entropy_blowup_rule_needs_a_floor_near_zero() -> None:
+    """A grid's own entropy blow-up rule: entropy ~0.001 flickering to 0.05 is 50x its minimum.
+    min_delta (an absolute rise of 0.5 nats) keeps it quiet; without it, it fires."""
+    stream = V.entropy_collapse_then_ordinary(seed=1, collapse_at=100, resume_at=160)
+    rule = {"name": "entropy_blowup", "metric": M.ENTROPY, "kind": "blowup", "threshold": 10.0,
+            "window": 5, "patience": 5, "min_step": 5}
+    bare = judge(stream, CollapseSpec(rules=[CollapseRuleSpec(**rule)], early_warning=False))
+    assert bare.kind is VerdictKind.COLLAPSED and bare.rule == "entropy_blowup"
+    floored = judge(stream, CollapseSpec(rules=[CollapseRuleSpec(**rule, min_delta=0.5)], early_warning=False))
+    assert floored.kind is VerdictKind.HEALTHY, floored.reason
+
+
+@pytest.mark.parametrize("seed", SEEDS)
+def test_dead_policy_with_zero_gradients_is_a_collapse(seed: int) -> None:
+    v = judge(V.dead_policy(seed=seed, at=150), DEFAULT)
+    assert v.kind is VerdictKind.COLLAPSED and v.rule == "no_gradient" and v.step == 150, v.reason
+    healthy = judge(V.dead_policy(seed=seed, at=None, blips=8), DEFAULT)  # isolated zero-grad batches
+    assert healthy.kind is VerdictKind.HEALTHY, healthy.reason

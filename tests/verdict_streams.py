@@ -105,6 +105,57 @@ def dip_and_recover(n: int = 300, seed: int = 0, start: int = 120, length: int =
     return _add_eval(rows, eval_every, rng)
 
 
+def entropy_collapse_then_ordinary(n: int = 300, seed: int = 0, collapse_at: int = 100,
+                                   resume_at: int = 160, explode_at: int | None = None,
+                                   eval_every: int = 10) -> Stream:
+    """The policy turns near-deterministic at ``collapse_at`` (entropy ~1e-3, grad norm ~0.004, so
+    the grad-norm median sinks to ~0), then ordinary gradients (~0.5) come back at ``resume_at``:
+    100x the median but not an explosion. The reward holds. ``explode_at``: a real explosion
+    (grad norm 30-300) later on top, which must still fire."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    for s, row in rows:
+        if collapse_at <= s < resume_at:
+            row[M.GRAD_NORM] = 0.004 * float(np.exp(rng.normal(0, 0.3)))
+            row[M.ENTROPY] = 1e-3 * float(np.exp(rng.normal(0, 0.3)))
+        elif s >= resume_at:
+            row[M.GRAD_NORM] = 0.5 * float(np.exp(rng.normal(0, 0.3)))
+            row[M.ENTROPY] = 0.05
+        if explode_at is not None and s >= explode_at:
+            row[M.GRAD_NORM] = 30.0 * (1 + (s - explode_at)) * float(np.exp(rng.normal(0, 0.3)))
+            row[M.TRAINING_PPL] *= 4
+    return _add_eval(rows, eval_every, rng)
+
+
+def dead_policy(n: int = 300, seed: int = 0, at: int | None = 150, blips: int = 0,
+                eval_every: int = 10) -> Stream:
+    """From ``at`` the policy is deterministic: entropy ~1e-9, grad norm exactly 0 (all group
+    advantages 0), reward frozen. ``blips``: that many isolated runs of 1-3 zero-gradient steps in
+    an otherwise healthy run (a batch whose groups all scored alike), which are not a collapse."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    frozen = None
+    for s, row in rows:
+        if at is not None and s >= at:
+            frozen = frozen if frozen is not None else row[M.TRAIN_REWARD]
+            row.update({M.GRAD_NORM: 0.0, M.ENTROPY: 1e-9, M.TRAINING_PPL: 1.0, M.TRAIN_REWARD: frozen})
+    for start in rng.choice(np.arange(20, n - 5), size=blips, replace=False):
+        for s in range(int(start), int(start) + int(rng.integers(1, 4))):
+            rows[s - 1][1][M.GRAD_NORM] = 0.0
+    return _add_eval(rows, eval_every, rng)
+
+
+def flat_near_zero_reward(n: int = 300, seed: int = 0, level: float = 0.03, noise: float = 0.02,
+                          eval_every: int = 10) -> Stream:
+    """A run that never learns: the reward sits at ``level`` (clipped at 0) with noise. Its peak
+    is near 0, so any dip is a large *fraction* of it, but not a collapse."""
+    rng = np.random.default_rng(seed)
+    rows = _base(n, rng)
+    for s, row in rows:
+        row[M.TRAIN_REWARD] = max(level + rng.normal(0, noise), 0.0)
+    return _add_eval(rows, eval_every, rng, noise=noise)
+
+
 def with_nan(n: int = 100, seed: int = 0, at: int = 60) -> Stream:
     rows = healthy(n, seed)
     rows[at - 1][1][M.GRAD_NORM] = float("nan")
