@@ -72,20 +72,31 @@ class _Resolver:
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
         if rest:
-            self._value_check(tuple(rest), context)
+            self._value_check(tuple(rest), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 
-    def _value_check(self, items: tuple[tuple[str, Any], ...], context: Any) -> None:
-        """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation)."""
+    def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
+        """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
+        sim: values its trainer would reject), checked once per distinct set and pool."""
         check = getattr(self.backend_cls, "check_values", None)
-        if check is None or items in self.checked:
+        if check is None or (items, pool) in self.checked:
             return
-        problem = check(items)
+        config = recipes.apply_overrides(self.grid.recipe_config, {k: _thaw(v) for k, v in items})
+        problem = check(items, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
-                                  f"{problem}", "overrides", fix="change the value")
-        self.checked.add(items)
+                                  f"{problem}", *self._where(problem), fix="change the value")
+        self.checked.add((items, pool))
+
+    def _where(self, problem: str) -> tuple[str, ...]:
+        """The grid key a backend's 'key: problem' message is about (for the line number)."""
+        key = problem.split(":", 1)[0].strip()
+        if any(a.name == key for a in self.grid.axes):
+            return ("axes", key)
+        if key in (self.grid.spec.overrides or {}):
+            return ("overrides", key)
+        return ("overrides",)
 
     def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
         key = (tuple(section_items), pool)

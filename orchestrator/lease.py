@@ -44,13 +44,23 @@ class GridLease:
             lock.acquire(timeout=0)
         except Timeout:
             raise ConcurrencyError(
-                f"grid {self.grid_name} is already being run by {_describe(holder_info(self.grid_dir))}; "
+                f"grid {self.grid_name} is already being run by {_describe(self._holder())}; "
                 f"watch it with `ablate status {self.grid_name}` or stop it with "
                 f"`ablate cancel {self.grid_name}`") from None
         self._lock = lock
         atomic_write_json(self.info_path, {"pid": os.getpid(), "host": socket.gethostname(),
                                            "submission": submission, "started_at": time.time(),
                                            "active": True})
+
+    def _holder(self, wait: float = 2.0) -> dict[str, Any] | None:
+        """The live holder's record. A holder that has just taken the lock may not have written
+        it yet (the file then still names the previous, finished holder): wait briefly for it."""
+        deadline = time.monotonic() + wait
+        while True:
+            info = active_holder(self.grid_dir)
+            if info is not None or time.monotonic() >= deadline:
+                return info
+            time.sleep(0.05)
 
     def release(self) -> None:
         if self._lock is None:

@@ -6,7 +6,7 @@ then trains, logging metrics every step and checkpointing every ``ctx.checkpoint
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
@@ -32,6 +32,20 @@ class SimBackend(Backend):
         if pool.kind != "sim":
             return f"pool {pool.name} is a {pool.kind} pool; the sim backend runs on sim-* pools"
         return check_rollout(rollout, pool.sim_profile, pool.name)
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        """Plan-time check of the recipe values a grid sets (model/task/train/eval): the same
+        validation the trial runs first, so a bad value never becomes a failed trial."""
+        from orchestrator.exceptions import UserError
+        from orchestrator.sim.config import build_setup
+
+        try:
+            build_setup(config, pool)
+        except UserError as exc:
+            return str(exc)
+        return None
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         from orchestrator.sim.config import build_setup

@@ -47,7 +47,8 @@ class VerlBackend(Backend):
                 or verl_map.check_rollout(rollout, pool))
 
     @classmethod
-    def check_values(cls, items: Iterable[tuple[str, Any]]) -> str | None:
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
+                     pool: PoolSpec | None = None) -> str | None:
         """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
         for key, value in items:
             problem = verl_map.unsafe_text(value)

@@ -30,6 +30,32 @@ TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "a
 TRAIN_KEYS = ("lr", "prompts_per_step", "group_size", "ppo_epochs", "minibatches", "clip_eps",
               "kl_coef", "grad_clip", "weight_decay", "adam_beta1", "adam_beta2", "threads")
 EVAL_KEYS = ("every", "prompts")
+TASK_NAMES = ("progression", "sum_mod", "reverse_sum", "reverse")  # == sim.task.TASKS (tested)
+# The type every scalar knob must have (checked at plan time too: nothing reaches a trial unless
+# it would run). bool is not an int here; an int is a fine float.
+_INT, _FLOAT, _BOOL = "an integer", "a number", "true or false"
+KNOB_TYPES = {
+    **{f"model.{k}": _INT for k in ("d_model", "n_layers", "n_heads", "d_ff", "n_experts", "top_k")},
+    "model.aux_loss_coef": _FLOAT,
+    **{f"task.{k}": _INT for k in ("digits", "answer", "response_len", "vocab", "max_step")},
+    "task.aliases": _BOOL,
+    **{f"train.{k}": _INT for k in ("prompts_per_step", "group_size", "ppo_epochs", "minibatches",
+                                     "threads")},
+    **{f"train.{k}": _FLOAT for k in ("lr", "clip_eps", "kl_coef", "grad_clip", "weight_decay",
+                                       "adam_beta1", "adam_beta2")},
+    "eval.every": _INT, "eval.prompts": _INT,
+}
+
+
+def _typed(key: str, value: Any) -> bool:
+    kind = KNOB_TYPES.get(key)
+    if kind is _INT:
+        return isinstance(value, int) and not isinstance(value, bool)
+    if kind is _FLOAT:
+        return isinstance(value, (int, float)) and not isinstance(value, bool)
+    if kind is _BOOL:
+        return isinstance(value, bool)
+    return True
 
 
 @dataclasses.dataclass(frozen=True)
@@ -78,6 +104,12 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     task = _section(config, "task", TASK_KEYS)
     train = _section(config, "train", TRAIN_KEYS)
     ev = _section(config, "eval", EVAL_KEYS)
+    for name, body in (("model", model), ("task", task), ("train", train), ("eval", ev)):
+        for key, value in body.items():
+            _need(_typed(f"{name}.{key}", value), f"{name}.{key}",
+                  f"must be {KNOB_TYPES.get(f'{name}.{key}')}, got {value!r}"[:200])
+    _need(task.get("name", "progression") in TASK_NAMES, "task.name",
+          f"must be one of {', '.join(TASK_NAMES)}, got {task.get('name')!r}"[:200])
     correction = _spec(CorrectionSpec, config.get("correction") or {}, "correction")
     rollout = _spec(RolloutSpec, config.get("rollout") or {}, "rollout")
     _need(pool.kind == "sim", "pool", f"{pool.name} is a {pool.kind} pool; the sim backend "

@@ -166,3 +166,10 @@ def test_other_correction_paths_run_and_report(sim, tmp_path, over, metric) -> N
     res, ctx = sim.run(tmp_path, sim.pool("sim-a100"), 2, over)
     assert res.outcome is AttemptOutcome.COMPLETED
     assert all(math.isfinite(m[metric]) for m in ctx.metrics.values())
+
+
+def test_plan_time_task_names_are_the_simulators_tasks() -> None:
+    from orchestrator.sim.config import TASK_NAMES
+    from orchestrator.sim.task import TASKS
+
+    assert tuple(TASK_NAMES) == tuple(TASKS)
