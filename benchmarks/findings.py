@@ -347,13 +347,15 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
         ("- Recipe `sim/grpo_tiny` (2-layer d=64 transformer, progression task, 16-digit answers, 16 prompts x 8 "
         "samples per step), 250 steps, seeds 0, 1, 2, checkpoints every 25 steps."),
         ("- **Learning rate 2.0e-3** (recipe default 5e-4) for every trial: an aggressive optimizer step. A pre-run "
-        "probe (seed 0, uncorrected) showed k3 rising to ~0.3 and grad-norm spikes on sim-a100 at this rate and "
-        "none at 5e-4 (orchestrator/sim/README.md: no collapse at the default rate)."),
+        "probe (seed 0, uncorrected, on the previous simulator version) showed k3 rising to ~0.3 and grad-norm "
+        "spikes on sim-a100 at this rate and none at 5e-4 (orchestrator/sim/README.md: no collapse at the "
+        "default rate); it was not re-tuned for the current simulator, so it was not chosen on these results."),
         ("- **Pools** (`orchestrator/pools.yaml`, emulated numerics): sim-h20 (fp16, fp32 LM head), sim-h100 "
         "(bf16, split-K, fp8 KV), sim-a100 (int4 W4A16, fp8 router/LM head/KV, split-K, **weights 2 syncs stale**). "
         "sim-a100's mismatch is partly policy lag (async off-policy), not rounding alone: the seeds' A100 "
         "mismatch was numeric. Every sim-a100 result below carries that caveat."),
-        "- **MoE** (finding 1): the recipe's own `model.arch: moe` (4 experts, top-1, aux loss 0.01), same size.",
+        ("- **MoE** (finding 1): the recipe's own `model.arch: moe` (32 experts of width 16, top-2 with "
+         "renormalised gates, aux loss 0.01; the engine rounds the routing probabilities to bf16), same size."),
         ("- **Corrections** (`corr` axis): `tis-token` token IS truncate at 2 (TIS); `mis-token` token IS mask "
         "band [0.5, 2]; `mis-seq` sequence IS mask band [0.2, 5] (documented sequence range 2-10); `mis-geo` "
         "geometric-mean IS mask band [0.99, 1.01] (between verl's 0.999_1.001 Geo-RS preset and no masking). "

@@ -197,9 +197,12 @@ class GridRun:
                 if run_id is not None:
                     mlc.update_run(run_id, status="RUNNING")
                     return cls(tracking_uri, exp_id, run_id)
+                from orchestrator.orphans import close_orphaned_parents, process_tags
+
                 tags = {ROLE_TAG: "grid", "grid": grid.name, "grid.file": str(grid.file),
                         "grid.recipe_digest": grid.recipe_digest, "backend": grid.backend,
-                        "axes": ", ".join(a.name for a in grid.axes), **provenance_tags()}
+                        "axes": ", ".join(a.name for a in grid.axes), **provenance_tags(),
+                        **process_tags()}
                 run = mlc.create_run(exp_id, run_name=f"{grid.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
                                      tags=tags)
                 from mlflow.entities import Param
@@ -208,6 +211,7 @@ class GridRun:
                           "seeds": ",".join(map(str, grid.spec.seeds))}
                 mlc.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
                 save_trials_view(mlc, exp_id, [a.name for a in grid.axes])
+                close_orphaned_parents(mlc, exp_id, keep=run.info.run_id)
                 return cls(tracking_uri, exp_id, run.info.run_id)
         except Exception as exc:
             if _permanent(exc):

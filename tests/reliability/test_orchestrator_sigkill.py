@@ -123,4 +123,14 @@ def test_random_sigkills_then_resubmit_end_every_trial_exactly_once(
             sum(0.01 * seed_ + s * 1e-3 for s in range(1, n + 1)) for n in range(1, len(accs) + 1)
         ]
         assert accs == pytest.approx(want), t["spec"]["trial_id"]
-    print(f"seed {seed}: kills {kills}; checked {counts}")
+    # No parent run of a killed submission stays RUNNING: the next submission ended them.
+    from mlflow import MlflowClient
+
+    mlc = MlflowClient(summary["tracking_uri"])
+    exp = mlc.get_experiment_by_name(name)
+    parents = mlc.search_runs([exp.experiment_id], filter_string="tags.`ablate.role` = 'grid'")
+    statuses = sorted(r.info.status for r in parents)
+    assert "RUNNING" not in statuses, statuses
+    killed = [r for r in parents if r.info.status == "KILLED"]
+    assert all("died" in r.data.tags["ablate.ended"] for r in killed), killed
+    print(f"seed {seed}: kills {kills}; checked {counts}; parent runs {statuses}")
