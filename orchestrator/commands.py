@@ -14,7 +14,6 @@ from types import ModuleType
 from typing import Any
 
 
-
 class NotAvailable(Exception):
     pass
 

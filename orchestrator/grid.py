@@ -22,7 +22,6 @@ from orchestrator.validation import SECTIONS, Axis, build, validate_schema
 from orchestrator.yamlsafe import format_path, load_yaml
 
 
-
 @dataclasses.dataclass(frozen=True)
 class GridSpec:
     """A validated grid; ``expand(grid)`` yields its trials."""
@@ -97,6 +96,6 @@ def _catalog_path(spec: GridFile, file: str) -> str | None:
 
 
 # Re-exported so callers only need ``orchestrator.grid`` (imported last: expansion uses GridSpec).
-from orchestrator.expansion import derive_trial, expand, search_trial  # noqa: E402
+from orchestrator.expansion import derive_trial, expand, search_trial
 
 __all__ = ["Axis", "GridSpec", "derive_trial", "expand", "load_grid", "search_trial"]

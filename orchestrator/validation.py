@@ -47,7 +47,7 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
         return GridFile.model_validate(data)
     except ValidationError as exc:
         # An unknown key explains a "missing" one (a typo), so report it first.
-        err = sorted(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")[0]
+        err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         loc = _trim_union_loc(loc, data)
         allowed, got, problem = _explain(err, data, loc)
@@ -65,10 +65,8 @@ def _trim_union_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
     out: list[Any] = []
     node = data
     for p in loc:
-        if isinstance(node, Mapping) and p in node:
-            out.append(p)
-            node = node[p]
-        elif isinstance(node, list) and isinstance(p, int) and p < len(node):
+        if ((isinstance(node, Mapping) and p in node)
+                or (isinstance(node, list) and isinstance(p, int) and p < len(node))):
             out.append(p)
             node = node[p]
     return tuple(out) if out else loc[:1]

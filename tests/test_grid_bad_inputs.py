@@ -45,7 +45,7 @@ def test_bad_grid_rejected(path: Path, isolated: Path, capsys: pytest.CaptureFix
 @pytest.mark.parametrize("name", ["unknown_axis_value", "python_tag"])
 def test_cli_subprocess_exit_code_two(name: str, isolated: Path) -> None:
     proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(BAD / f"{name}.yaml")],
-                          capture_output=True, text=True, timeout=60)
+                          capture_output=True, text=True, timeout=60, check=False)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (isolated / ".ablate").exists()

@@ -51,6 +51,7 @@ def _check(tmp: Path, text: str | bytes, capsys: pytest.CaptureFixture[str]) -> 
     assert rc in (0, 2), err
     if rc == 2:
         assert err.startswith("error: ") and err.count("\n") == 1, err
+        assert out == "", out  # a refused grid prints no plan
     assert "Traceback" not in err
     assert not (tmp / ".ablate").exists()
 

@@ -36,9 +36,9 @@ from orchestrator.backends.verl_preflight import (
     preflight,
     verl_config_dir,
 )
+from orchestrator.checkpoints import step_dir_name
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.checkpoints import step_dir_name
 from orchestrator.exceptions import BackendUnavailableError, GridError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import load_catalog

@@ -11,7 +11,6 @@ import tempfile
 import time
 from pathlib import Path
 
-
 from orchestrator import metrics as M
 from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec

@@ -9,7 +9,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # k8shelpers, k8svalidate, kustomize
 
-from k8shelpers import GPU_GRIDS  # noqa: E402
+from k8shelpers import GPU_GRIDS
 
 
 @pytest.fixture(params=GPU_GRIDS)

@@ -11,7 +11,6 @@ import sys
 from pathlib import Path
 from typing import Any
 
-
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # k8svalidate, kustomize helpers
 
 REPO = Path(__file__).resolve().parents[2]
