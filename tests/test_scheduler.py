@@ -10,17 +10,16 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
-import tempfile
 import threading
 import time
 from pathlib import Path
 
 import doubles
 import pytest
+from rayclusters import TINY, pool_cluster
 
 from orchestrator import records, scheduler
 from orchestrator.exceptions import ConcurrencyError
@@ -33,29 +32,9 @@ POOL_NODES = {"sim-h100": 2, "sim-a100": 2, "sim-h20": 1}  # pool -> capacity (=
 
 @pytest.fixture(scope="module")
 def cluster():
-    from ray.cluster_utils import Cluster
-
-    tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # short: Ray's socket paths have a length cap
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH", "ABLATE_DOUBLE_STEP_S")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["PYTHONPATH"] = os.pathsep.join(filter(None, [str(TESTS), saved["PYTHONPATH"]]))
-    os.environ["ABLATE_DOUBLE_STEP_S"] = "0.05"
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = {}
-    for pool, cap in POOL_NODES.items():
-        node = c.add_node(num_cpus=cap, resources={f"pool:{pool}": cap}, labels={"pool": pool})
-        nodes[pool] = node.node_id
-    c.wait_for_nodes()
-    try:
-        yield c, nodes
-    finally:
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+    with pool_cluster(list(POOL_NODES.items()), extra_paths=[TESTS],
+                      env={"ABLATE_DOUBLE_STEP_S": "0.05"}) as (c, started):
+        yield c, {pool: node.node_id for pool, node in zip(POOL_NODES, started)}
 
 
 @pytest.fixture
@@ -68,18 +47,6 @@ def double(monkeypatch: pytest.MonkeyPatch) -> None:
     doubles.register(monkeypatch)
 
 
-# A tiny simulator config: ~0.15 s per step on this machine.
-TINY = """\
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  train.minibatches: 1
-  eval.every: 5
-  eval.prompts: 16
-  model.d_model: 32
-  model.n_layers: 1
-  model.d_ff: 64
-"""
 
 
 def _grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],

@@ -8,21 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
+from rayclusters import TINY
+
 from orchestrator import records
 from orchestrator.trial import TrialPaths
-
-# A tiny simulator config: ~0.15 s per step on a 2-core machine.
-TINY = """\
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  train.minibatches: 1
-  eval.every: 5
-  eval.prompts: 16
-  model.d_model: 32
-  model.n_layers: 1
-  model.d_ff: 64
-"""
 
 
 def write_grid(

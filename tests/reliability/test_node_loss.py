@@ -11,9 +11,6 @@ trial must not notice. Own module: the test changes its cluster.
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import tempfile
 import threading
 import time
 from collections.abc import Iterator
@@ -21,6 +18,7 @@ from pathlib import Path
 
 import pytest
 import relhelpers as H
+from rayclusters import pool_cluster
 
 from orchestrator import scheduler
 
@@ -31,30 +29,8 @@ STEPS = 30
 
 @pytest.fixture
 def twin_cluster() -> Iterator[tuple[object, dict[str, object]]]:
-    from ray.cluster_utils import Cluster
-
-    tmp = tempfile.mkdtemp(prefix="rn", dir="/tmp")
-    saved = {k: os.environ.get(k) for k in ("RAY_TMPDIR", "PYTHONPATH")}
-    os.environ["RAY_TMPDIR"] = tmp
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [str(TESTS), str(HERE), saved["PYTHONPATH"]])
-    )
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
-    nodes = {}
-    for _ in range(2):
-        node = c.add_node(num_cpus=1, resources={"pool:sim-h100": 1}, labels={"pool": "sim-h100"})
-        nodes[node.node_id] = node
-    c.wait_for_nodes()
-    try:
-        yield c, nodes
-    finally:
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
-        shutil.rmtree(tmp, ignore_errors=True)
+    with pool_cluster([("sim-h100", 1), ("sim-h100", 1)], extra_paths=[TESTS, HERE]) as (c, started):
+        yield c, {node.node_id: node for node in started}
 
 
 @pytest.mark.slow
