@@ -1,16 +1,34 @@
 """``ablate env``: versions, devices and endpoints, for bug reports."""
 from __future__ import annotations
 
+import contextlib
 import importlib.metadata
 import os
 import platform
 import sys
+from collections.abc import Iterator, Mapping
 from typing import Any
 
 from orchestrator import workspace
 
 PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omegaconf", "pydantic",
             "verl", "kubernetes", "sglang")
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
+    """Set environment variables for the duration of a block, then restore (or remove) them.
+    Libraries that read settings only from the environment (Tune, MLflow's HTTP client) need it."""
+    saved = {k: os.environ.get(k) for k in values}
+    os.environ.update(values)
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v
 
 
 def _version(name: str) -> str:

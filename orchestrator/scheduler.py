@@ -140,21 +140,15 @@ def _tune_env(max_pending: int) -> Iterator[None]:
 
     ``TUNE_MAX_PENDING_TRIALS_PG``: with a custom searcher Tune keeps ONE trial pending, so slots
     freed together refill one per actor start-up and a newly starting actor is dropped for a
-    cached one; the gate already bounds what is pending (the running ones and the standbys). ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``:
-    no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
+    cached one; the gate already bounds what is pending (the running ones and the standbys).
+    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``: no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
     records are ours, in JSON); only the CSV logger is added back, for Tune's own result grid.
     """
-    values = {"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending), "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}
-    saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
-    try:
+    from orchestrator.environment import scoped_environ
+
+    with scoped_environ({"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending),
+                         "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
         yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 # Ray Tune copies these from the driver's environment into every trainable's runtime_env, and

@@ -17,7 +17,6 @@ import contextlib
 import functools
 import importlib.metadata
 import logging
-import os
 import re
 import subprocess
 import sys
@@ -106,18 +105,11 @@ def fail_fast(uri: str, timeout_s: int = 10) -> Iterator[None]:
     if not is_remote(uri):
         yield
         return
+    from orchestrator.environment import scoped_environ
+
     keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
-    with _ENV_LOCK:
-        saved = {k: os.environ.get(k) for k in keys}
-        os.environ.update(keys)
-        try:
-            yield
-        finally:
-            for k, v in saved.items():
-                if v is None:
-                    os.environ.pop(k, None)
-                else:
-                    os.environ[k] = v
+    with _ENV_LOCK, scoped_environ(keys):
+        yield
 
 
 def _permanent(exc: Exception) -> bool:

@@ -55,3 +55,23 @@ def pool_cluster(nodes: Sequence[tuple[str, int]], *, extra_paths: Sequence[Path
             else:
                 os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)
+
+
+def write_grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
+               levels: list[str], budget: str = "{max_parallel: 2}", extra: str = "",
+               axes: str = "", retries: int = 2, every: int = 5, tiny: bool = True) -> Path:
+    """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections)."""
+    path.write_text(f"""\
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: {steps}
+seeds: {seeds}
+axes:
+  correction.is_level: {levels}
+  pool: {pools}
+{axes}checkpoint: {{every: {every}, keep: 2}}
+retries: {{max: {retries}}}
+budget: {budget}
+{TINY if tiny else ""}{extra}""")
+    return path

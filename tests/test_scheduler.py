@@ -19,7 +19,7 @@ from pathlib import Path
 
 import doubles
 import pytest
-from rayclusters import TINY, pool_cluster
+from rayclusters import pool_cluster, write_grid
 
 from orchestrator import records, scheduler
 from orchestrator.exceptions import ConcurrencyError
@@ -49,22 +49,6 @@ def double(monkeypatch: pytest.MonkeyPatch) -> None:
 
 
 
-def _grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
-          levels: list[str], budget: str, extra: str = "", axes: str = "", tiny: bool = True) -> Path:
-    path.write_text(f"""\
-name: {name}
-recipe: sim/grpo_tiny
-backend: sim
-steps: {steps}
-seeds: {seeds}
-axes:
-  correction.is_level: {levels}
-  pool: {pools}
-{axes}checkpoint: {{every: 5, keep: 2}}
-retries: {{max: 2}}
-budget: {budget}
-{TINY if tiny else ""}{extra}""")
-    return path
 
 
 def _trials(grid_dir: Path) -> dict[str, dict]:
@@ -97,7 +81,7 @@ def _mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
 @pytest.mark.slow
 def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
     tmp, (c, nodes) = setup
-    path = _grid(tmp / "g.yaml", "placement", steps=15, seeds=[0, 1], levels=["token", "sequence"],
+    path = write_grid(tmp / "g.yaml", "placement", steps=15, seeds=[0, 1], levels=["token", "sequence"],
                  pools=["sim-h100", "sim-a100", "sim-h20", "sim-l20"],
                  budget="{max_parallel: 4, per_pool: {sim-h100: 1}}", extra="collapse: {rules: none}\n")
     summary = scheduler.submit(str(path), address=c.address, progress=False)
@@ -134,7 +118,7 @@ def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
 
 def test_second_submit_is_refused_while_one_runs(setup) -> None:
     tmp, (c, _nodes) = setup
-    path = _grid(tmp / "g.yaml", "busy", steps=5, seeds=[0], levels=["token"], pools=["sim-h100"],
+    path = write_grid(tmp / "g.yaml", "busy", steps=5, seeds=[0], levels=["token"], pools=["sim-h100"],
                  budget="{max_parallel: 1}")
     grid_dir = tmp / ".ablate" / "busy"
     holder = subprocess.Popen(
@@ -162,7 +146,7 @@ scheduler.submit({grid!r}, address={address!r}, progress=False)
 @pytest.mark.slow
 def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
     tmp, (c, _nodes) = setup
-    path = _grid(tmp / "g.yaml", "crash", steps=30, seeds=[0, 1], levels=["token", "sequence"],
+    path = write_grid(tmp / "g.yaml", "crash", steps=30, seeds=[0, 1], levels=["token", "sequence"],
                  pools=["sim-h100", "sim-a100", "sim-h20"], budget="{max_parallel: 4}",
                  extra="collapse: {rules: none}\n")
     grid_dir = tmp / ".ablate" / "crash"
@@ -222,7 +206,7 @@ early_stop: {margin: 0}
 @pytest.mark.slow
 def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None:
     tmp, (c, _nodes) = setup
-    path = _grid(tmp / "g.yaml", "faults", steps=40, seeds=[0], levels=["token"], pools=["sim-a100"],
+    path = write_grid(tmp / "g.yaml", "faults", steps=40, seeds=[0], levels=["token"], pools=["sim-a100"],
                  axes="  rollout.deterministic: [true, false]\n", budget="{max_parallel: 2}",
                  extra=MISMATCH_RULE)
     grid_dir = tmp / ".ablate" / "faults"
@@ -273,7 +257,7 @@ def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None
 
 def test_cancel_a_pool_of_a_running_grid(setup, double) -> None:
     tmp, (c, _nodes) = setup
-    path = _grid(tmp / "g.yaml", "cancelme", steps=60, seeds=[0, 1], levels=["token"],
+    path = write_grid(tmp / "g.yaml", "cancelme", steps=60, seeds=[0, 1], levels=["token"],
                  pools=["sim-h100", "sim-h20"], budget="{max_parallel: 4}")
     grid_dir = tmp / ".ablate" / "cancelme"
     asked: dict = {}
@@ -362,7 +346,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     from orchestrator.trial import TrialState, transition
 
     tmp, (c, nodes) = setup
-    path = _grid(tmp / "g.yaml", "moveme", steps=20, seeds=[0], levels=["token"], pools=["sim-h100"],
+    path = write_grid(tmp / "g.yaml", "moveme", steps=20, seeds=[0], levels=["token"], pools=["sim-h100"],
                  budget="{max_parallel: 1}", extra="collapse: {rules: none}\n")
     first = scheduler.submit(str(path), address=c.address, progress=False)
     grid_dir = Path(first["grid_dir"])
@@ -399,7 +383,7 @@ def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> Non
     from mlflow.tracking import MlflowClient
 
     tmp, (c, _nodes) = setup
-    path = _grid(tmp / "g.yaml", "doomed", steps=20, seeds=[0], levels=["token"], pools=["sim-h20"],
+    path = write_grid(tmp / "g.yaml", "doomed", steps=20, seeds=[0], levels=["token"], pools=["sim-h20"],
                  budget="{max_parallel: 1}", extra="", tiny=False)
     path.write_text(path.read_text().replace("retries: {max: 2}", "retries: {max: 1}")
                     + "overrides: {train.lr: 0.0666}\n")

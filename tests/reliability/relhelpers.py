@@ -8,40 +8,10 @@ import json
 from pathlib import Path
 from typing import Any
 
-from rayclusters import TINY
+from rayclusters import write_grid  # noqa: F401  (re-exported for the suite)
 
 from orchestrator import records
 from orchestrator.trial import TrialPaths
-
-
-def write_grid(
-    path: Path,
-    name: str,
-    *,
-    steps: int,
-    pools: list[str],
-    seeds: list[int],
-    levels: list[str],
-    budget: str = "{max_parallel: 2}",
-    extra: str = "",
-    retries: int = 2,
-    every: int = 5,
-    tiny: bool = True,
-) -> Path:
-    path.write_text(f"""\
-name: {name}
-recipe: sim/grpo_tiny
-backend: sim
-steps: {steps}
-seeds: {seeds}
-axes:
-  correction.is_level: {levels}
-  pool: {pools}
-checkpoint: {{every: {every}, keep: 2}}
-retries: {{max: {retries}}}
-budget: {budget}
-{TINY if tiny else ""}{extra}""")
-    return path
 
 
 def trials(grid_dir: Path) -> dict[str, dict[str, Any]]:
