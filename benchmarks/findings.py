@@ -346,10 +346,12 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
         "",
         ("- Recipe `sim/grpo_tiny` (2-layer d=64 transformer, progression task, 16-digit answers, 16 prompts x 8 "
         "samples per step), 250 steps, seeds 0, 1, 2, checkpoints every 25 steps."),
-        ("- **Learning rate 2.0e-3** (recipe default 5e-4) for every trial: an aggressive optimizer step. A pre-run "
-        "probe (seed 0, uncorrected, on the previous simulator version) showed k3 rising to ~0.3 and grad-norm "
-        "spikes on sim-a100 at this rate and none at 5e-4 (orchestrator/sim/README.md: no collapse at the "
-        "default rate); it was not re-tuned for the current simulator, so it was not chosen on these results."),
+        ("- **Learning rate 3.0e-3 and 2 PPO epochs** (recipe: 5e-4, 1 epoch) for every trial: an aggressive "
+        "optimizer that reuses each batch for two passes (verl's `ppo_epochs`), so the policy moves further "
+        "from the one that sampled. Chosen before any correction ran, by the probe `grids/findings/probe.yaml` "
+        "(uncorrected only: lr 2e-3/3e-3/5e-3 x epochs 1/2 x sim-h20/sim-a100, seeds 0-1): the one setting "
+        "where sim-a100 collapsed in both probe seeds while sim-h20 stayed healthy in both. At the recipe's "
+        "defaults nothing collapses (orchestrator/sim/README.md)."),
         ("- **Pools** (`orchestrator/pools.yaml`, emulated numerics): sim-h20 (fp16, fp32 LM head), sim-h100 "
         "(bf16, split-K, fp8 KV), sim-a100 (int4 W4A16, fp8 router/LM head/KV, split-K, **weights 2 syncs stale**). "
         "sim-a100's mismatch is partly policy lag (async off-policy), not rounding alone: the seeds' A100 "

@@ -349,9 +349,18 @@ def test_entropy_blowup_rule_needs_a_floor_near_zero() -> None:
     assert floored.kind is VerdictKind.HEALTHY, floored.reason
 
 
+NO_GRADIENT = {"name": "no_gradient", "metric": M.GRAD_NORM, "kind": "below",
+               "threshold": 1e-8, "window": 1, "patience": 10, "min_step": 5}
+
+
 @pytest.mark.parametrize("seed", SEEDS)
-def test_dead_policy_with_zero_gradients_is_a_collapse(seed: int) -> None:
+def test_zero_gradients_of_a_converged_policy_are_not_a_default_collapse(seed: int) -> None:
+    """Grad norm exactly 0 from step 150 with the reward frozen where it was (every group scores
+    alike): by default that is convergence, not collapse; a grid can opt in to the rule."""
     v = judge(V.dead_policy(seed=seed, at=150), DEFAULT)
+    assert v.kind is VerdictKind.HEALTHY, v.reason
+    opted = CollapseSpec(extra_rules=[CollapseRuleSpec(**NO_GRADIENT)])
+    v = judge(V.dead_policy(seed=seed, at=150), opted)
     assert v.kind is VerdictKind.COLLAPSED and v.rule == "no_gradient" and v.step == 150, v.reason
-    healthy = judge(V.dead_policy(seed=seed, at=None, blips=8), DEFAULT)  # isolated zero-grad batches
+    healthy = judge(V.dead_policy(seed=seed, at=None, blips=8), opted)  # isolated zero-grad batches
     assert healthy.kind is VerdictKind.HEALTHY, healthy.reason
