@@ -58,8 +58,7 @@ class DeferredRun(TrialRun):
         return False
 
     def end(self, status: str = "FINISHED", timeout: float = 30) -> bool:
-        self.outbox.end_status = status
-        self.outbox.save_state()
+        self.outbox.set_end(status)
         return False
 
 

@@ -291,6 +291,7 @@ class TrialRun:
             mlc = client(self.tracking_uri)
             if self.outbox.run_id is None:
                 run = mlc.create_run(self.experiment_id, run_name=trial_run_name(self.trial),
+                                     start_time=self.outbox.started_ms,
                                      tags=trial_tags(self.trial, self.pool, self.parent_run_id))
                 self.outbox.run_id = run.info.run_id
                 self.outbox.save_state()
@@ -421,7 +422,7 @@ class TrialRun:
             mlc.log_artifact(run_id, str(path))
             self.outbox.artifact_sent(path)
         if self.outbox.end_status is not None:
-            mlc.set_terminated(run_id, self.outbox.end_status)
+            mlc.set_terminated(run_id, self.outbox.end_status, end_time=self.outbox.ended_ms)
 
     def flush(self, timeout: float = 30) -> bool:
         """Try to empty the outbox for up to ``timeout`` seconds; True if everything is in the store."""
@@ -440,8 +441,7 @@ class TrialRun:
         finishes it. Returns True when the run is closed in the store."""
         if status not in ("FINISHED", "FAILED", "KILLED"):
             raise ValueError(f"status {status!r} must be FINISHED, FAILED or KILLED")
-        self.outbox.end_status = status
-        self.outbox.save_state()
+        self.outbox.set_end(status)
         return self.flush(timeout)
 
     def env(self) -> dict[str, str]:

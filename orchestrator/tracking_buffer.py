@@ -34,6 +34,10 @@ class Outbox:
         self.through_step: int = int(state.get("through_step", 0))
         self.end_status: str | None = state.get("end_status")
         self.params_logged: bool = bool(state.get("params_logged", False))
+        # Wall-clock ms of the run's real start and end: a run created later (a deferred attempt
+        # sent by the orchestrator, or after an outage) still shows the trial's true duration.
+        self.started_ms: int = int(state.get("started_ms") or time.time() * 1000)
+        self.ended_ms: int | None = state.get("ended_ms")
         self.rows = list(self._read_rows())
         self.last_step = max([self.through_step] + [r["step"] for r in self.rows])
 
@@ -52,7 +56,15 @@ class Outbox:
     def save_state(self) -> None:
         atomic_write_json(self._state_path, {"run_id": self.run_id, "through_step": self.through_step,
                                              "end_status": self.end_status,
-                                             "params_logged": self.params_logged})
+                                             "params_logged": self.params_logged,
+                                             "started_ms": self.started_ms,
+                                             "ended_ms": self.ended_ms})
+
+    def set_end(self, status: str) -> None:
+        """Record the run's final status (sent after everything else) and when it ended."""
+        self.end_status = status
+        self.ended_ms = int(time.time() * 1000)
+        self.save_state()
 
     # ----------------------------------------------------------------- metrics
 

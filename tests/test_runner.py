@@ -128,12 +128,15 @@ def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, 
     def deferred():
         return dataclasses.replace(job(t), defer_tracking=True)
 
+    began = time.time() * 1000
     monkeypatch.setenv("ABLATE_DOUBLE_FAIL_ONCE", str(tmp_path))
     with pytest.raises(RuntimeError, match="injected"):
         run_attempt(deferred())
     monkeypatch.delenv("ABLATE_DOUBLE_FAIL_ONCE")
     paths = TrialPaths(grid_dir, t.trial_id)
     out = run_attempt(deferred())
+    done = time.time() * 1000
+    time.sleep(0.3)  # the run is created later: its times must still be the trial's own
     rec = records.load_state(paths, t.trial_id)
     assert out["state"] == "done" and rec.mlflow_run_id is None  # nothing sent from the slot
     target = TrackingTarget(uri, job(t).tracking.experiment_id, job(t).tracking.parent_run_id)
@@ -141,6 +144,7 @@ def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, 
     rec = records.load_state(paths, t.trial_id)
     run = MlflowClient(uri).get_run(rec.mlflow_run_id)
     assert run.info.status == "FINISHED" and run.data.tags["attempts"] == "2"
+    assert began <= run.info.start_time < run.info.end_time <= done  # when the attempts ran
     assert run.data.tags["verdict"] == out["verdict"]["kind"]
     assert run.data.params["correction.is_level"] == "none"
     assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
