@@ -166,3 +166,14 @@ def test_set_values_parse_like_yaml_and_floats() -> None:
                    "task.name": "nan"}
     with pytest.raises(UserError, match="expected KEY=VALUE"):
         parse_assignments(["train.lr"])
+
+
+def test_trial_ids_quoted_in_the_readme_are_trials_of_the_quickstart_grid() -> None:
+    """Trial ids change with the recipe; the README's examples must follow."""
+    import re
+
+    root = Path(__file__).resolve().parent.parent
+    quoted = set(re.findall(r"--trial (t[0-9a-f]{12})", (root / "README.md").read_text()))
+    assert quoted, "the README quotes no trial id"
+    ids = {t.trial_id for t in expand(load_grid(root / "grids" / "quickstart.yaml"))}
+    assert quoted <= ids, sorted(quoted - ids)
