@@ -20,6 +20,7 @@ several rules at once, relapse, warning plus a fired rule) replayed on the same 
     .venv/bin/python benchmarks/early_stop.py [--grid benchmarks/early_stop_grid.yaml] [--cache DIR]
     .venv/bin/python benchmarks/early_stop.py --seeds 1,2     # a held-out seed set of the same grid
     .venv/bin/python benchmarks/early_stop.py --history-dir DIR  # cached histories as recorded
+    .venv/bin/python benchmarks/early_stop.py --recorded-only --trials-dir .ablate-findings/findings/trials
     .venv/bin/python benchmarks/early_stop.py --synthetic   # recorded synthetic streams, no sim
 
 The simulator's code changes the histories (and the trial ids, so the cache misses): compare
@@ -259,6 +260,8 @@ def main() -> None:
     ap.add_argument("--trials-dir", type=Path, action="append", default=[],
                     help="also use finished, not early-stopped trials the runner recorded here "
                          "(e.g. .ablate/quickstart/trials)")
+    ap.add_argument("--recorded-only", action="store_true",
+                    help="judge only the --trials-dir trials (no grid simulated or cached)")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
@@ -272,7 +275,9 @@ def main() -> None:
         grid_file = with_seeds(args.grid, args.seeds, args.cache) if args.seeds else args.grid
         grid = load_grid(grid_file)
         collapse = grid.spec.collapse
-        if args.history_dir:
+        if args.recorded_only:
+            trials, source = [], "no grid"
+        elif args.history_dir:
             trials = cached_histories(args.history_dir, grid.spec.steps)
             source = f"{len(trials)} sim trials of {args.grid.name} cached in {args.history_dir}"
         else:
