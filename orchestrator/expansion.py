@@ -96,6 +96,9 @@ class _Resolver:
             return ("axes", key)
         if key in (self.grid.spec.overrides or {}):
             return ("overrides", key)
+        rescue = self.grid.spec.on_collapse
+        if rescue is not None and key in rescue.resume.set:
+            return ("on_collapse", "resume", "set", key)
         return ("overrides",)
 
     def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
@@ -176,7 +179,19 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
     if not trials:
         raise grid.error("grid expands to zero trials (every combination is excluded)", "exclude",
                          fix="loosen the exclude rules")
+    _check_rescue(grid, trials)
     return trials
+
+
+def _check_rescue(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
+    """``on_collapse: {resume: {set: ...}}`` derives trials only when a collapse happens: derive
+    one now per pool (nothing is written) so a value the backend refuses fails at plan time."""
+    act = grid.spec.on_collapse.resume if grid.spec.on_collapse is not None else None
+    if act is None or not act.set:
+        return
+    firsts = {t.pool: t for t in reversed(trials)}
+    for t in firsts.values():
+        derive_trial(grid, t, act.set, pool=act.pool or t.pool, from_step=0)
 
 
 def _excluded(combo: tuple[int, ...], seed_idx: int | None,
