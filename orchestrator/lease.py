@@ -86,12 +86,23 @@ def active_holder(grid_dir: Path) -> dict[str, Any] | None:
     if not info or not info.get("active"):
         return None
     if info.get("host") == socket.gethostname():
-        import psutil
-
         try:
-            proc = psutil.Process(int(info["pid"]))
-            if proc.create_time() > float(info.get("started_at", 0)) + 1:
-                return None  # the pid was reused by a younger process
-        except (psutil.NoSuchProcess, ValueError, KeyError):
+            if process_gone(int(info["pid"]), float(info.get("started_at", 0))):
+                return None
+        except (ValueError, KeyError, TypeError):
             return None
     return info
+
+
+def process_gone(pid: int, started_at: float) -> bool:
+    """Whether the process ``pid`` that was running at ``started_at`` (epoch seconds) on this
+    host has exited. A pid reused by a younger process is not it; a process we may not inspect
+    counts as alive."""
+    import psutil
+
+    try:
+        return psutil.Process(pid).create_time() > started_at + 1
+    except psutil.NoSuchProcess:
+        return True
+    except psutil.Error:
+        return False

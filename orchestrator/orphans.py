@@ -14,24 +14,14 @@ import os
 import socket
 from typing import Any
 
+from orchestrator.lease import process_gone
+
 log = logging.getLogger(__name__)
 HOST_TAG, PID_TAG = "ablate.host", "ablate.pid"
 
 
 def process_tags() -> dict[str, str]:
     return {HOST_TAG: socket.gethostname(), PID_TAG: str(os.getpid())}
-
-
-def _gone(pid: int, started_ms: int) -> bool:
-    import psutil
-
-    try:
-        # a pid reused by a process younger than the run is not the run's process
-        return psutil.Process(pid).create_time() > started_ms / 1000 + 1
-    except psutil.NoSuchProcess:
-        return True
-    except (psutil.Error, ValueError):
-        return False
 
 
 def close_orphaned_parents(mlc: Any, experiment_id: str, keep: str) -> list[str]:
@@ -47,7 +37,7 @@ def close_orphaned_parents(mlc: Any, experiment_id: str, keep: str) -> list[str]
             pid = int(tags.get(PID_TAG, ""))
         except ValueError:
             continue
-        if _gone(pid, run.info.start_time or 0):
+        if process_gone(pid, (run.info.start_time or 0) / 1000):
             mlc.set_tag(run.info.run_id, "ablate.ended", f"orchestrator pid {pid} died; "
                         f"ended by the submission of run {keep}")
             mlc.set_terminated(run.info.run_id, "KILLED")

@@ -44,12 +44,11 @@ class DeferredRun(TrialRun):
 
     def __init__(self, trial: TrialSpec, buffer: Path, run_id: str | None = None) -> None:
         self.trial = trial
-        self.outbox = Outbox(buffer)
-        if run_id is not None and self.outbox.run_id is None:  # the buffer went; the run did not
-            self.outbox.run_id = run_id
-            self.outbox.save_state()
-        self.tracking_uri, self.experiment_id, self.parent_run_id = "", "", None
-        self._connected, self._next_try, self._backoff, self.last_error = False, math.inf, 1.0, None
+        outbox = Outbox(buffer)
+        if run_id is not None and outbox.run_id is None:  # the buffer went; the run did not
+            outbox.run_id = run_id
+            outbox.save_state()
+        self._bind("", "", None, outbox, next_try=math.inf)  # never sends from the worker
 
     def _pump(self) -> None:
         """Nothing is sent from the worker; the orchestrator's Sender does it."""
@@ -72,18 +71,17 @@ def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: f
     outbox = Outbox(buf)
     if outbox.empty() and outbox.run_id is not None:
         return True
+    rec = records.load_state(paths, trial_id)
     if outbox.run_id is None:
         spec = records.load_spec(paths)
         if spec is None:
             return outbox.empty()
-        rec = records.load_state(paths, trial_id)
         run = TrialRun(target.uri, target.experiment_id, target.parent_run_id, spec,
                        grid.pools.get(rec.pool or spec.pool), run_id=None, buffer_dir=buf)
         ok = run.flush(timeout)
     else:
         ok = drain(buf, target.uri, timeout)
     run_id = Outbox(buf).run_id
-    rec = records.load_state(paths, trial_id)
     if run_id is not None and rec.mlflow_run_id != run_id:
         rec.mlflow_run_id = run_id
         records.save_state(paths, rec)

@@ -263,20 +263,24 @@ class TrialRun:
 
     def __init__(self, tracking_uri: str, experiment_id: str, parent_run_id: str | None,
                  trial: TrialSpec, pool: PoolSpec, *, run_id: str | None, buffer_dir: Path) -> None:
-        self.tracking_uri = tracking_uri
-        self.experiment_id = experiment_id
-        self.parent_run_id = parent_run_id
         self.trial = trial
         self.pool = pool
-        self.outbox = Outbox(Path(buffer_dir))
-        if run_id is not None and self.outbox.run_id not in (None, run_id):
-            raise ValueError(f"{buffer_dir} buffers run {self.outbox.run_id}, not {run_id}")
-        self.outbox.run_id = run_id or self.outbox.run_id
-        self.outbox.save_state()
-        self._next_try = 0.0
-        self._backoff = 1.0
-        self.last_error: str | None = None
+        outbox = Outbox(Path(buffer_dir))
+        if run_id is not None and outbox.run_id not in (None, run_id):
+            raise ValueError(f"{buffer_dir} buffers run {outbox.run_id}, not {run_id}")
+        outbox.run_id = run_id or outbox.run_id
+        outbox.save_state()
+        self._bind(tracking_uri, experiment_id, parent_run_id, outbox)
         self._connect()
+
+    def _bind(self, tracking_uri: str, experiment_id: str, parent_run_id: str | None,
+              outbox: Outbox, *, connected: bool = False, next_try: float = 0.0) -> None:
+        """The store, the outbox and the sending state (the one place that lists them; ``drain``
+        and ``sender.DeferredRun`` bind a run without creating one)."""
+        self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
+        self.outbox = outbox
+        self._connected, self._next_try, self._backoff = connected, next_try, 1.0
+        self.last_error: str | None = None
 
     @property
     def run_id(self) -> str | None:
@@ -479,9 +483,7 @@ def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:
     if outbox.run_id is None:
         return outbox.empty()
     run = TrialRun.__new__(TrialRun)  # no trial/pool needed: the run exists, only the outbox is sent
-    run.tracking_uri, run.experiment_id, run.parent_run_id = tracking_uri, "", None
-    run.outbox, run._connected = outbox, True
-    run._next_try, run._backoff, run.last_error = 0.0, 1.0, None
+    run._bind(tracking_uri, "", None, outbox, connected=True)
     return run.flush(timeout)
 
 

@@ -16,6 +16,8 @@ from collections.abc import Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.environment import scoped_environ
+
 # A tiny simulator config: ~0.15 s per step on a 2-core machine.
 TINY = """\
 overrides:
@@ -36,24 +38,18 @@ def pool_cluster(nodes: Sequence[tuple[str, int]], *, extra_paths: Sequence[Path
     from ray.cluster_utils import Cluster
 
     tmp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    values = {"RAY_TMPDIR": tmp, **(env or {})}
-    saved = {k: os.environ.get(k) for k in (*values, "PYTHONPATH")}
-    os.environ.update(values)
-    os.environ["PYTHONPATH"] = os.pathsep.join(
-        filter(None, [*map(str, extra_paths), saved["PYTHONPATH"]]))
-    c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+    path = os.pathsep.join(filter(None, [*map(str, extra_paths), os.environ.get("PYTHONPATH")]))
     try:
-        started = [c.add_node(num_cpus=cap, resources={f"pool:{pool}": cap}, labels={"pool": pool})
-                   for pool, cap in nodes]
-        c.wait_for_nodes()
-        yield c, started
+        with scoped_environ({"RAY_TMPDIR": tmp, "PYTHONPATH": path, **(env or {})}):
+            c = Cluster(initialize_head=True, head_node_args={"num_cpus": 0})
+            try:
+                started = [c.add_node(num_cpus=cap, resources={f"pool:{pool}": cap},
+                                      labels={"pool": pool}) for pool, cap in nodes]
+                c.wait_for_nodes()
+                yield c, started
+            finally:
+                c.shutdown()
     finally:
-        c.shutdown()
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
         shutil.rmtree(tmp, ignore_errors=True)
 
 
