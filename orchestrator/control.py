@@ -69,7 +69,7 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
     Trials nobody runs are marked CANCELLED at once; running ones are asked to stop through
     ``cancel.json`` and stop within a step (their attempt is recorded as cancelled).
     """
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     grid_dir = _resolve_grid_dir(grid, workdir)
     known = {p.parent.name: records.load_spec(TrialPaths(grid_dir, p.parent.name))
@@ -92,7 +92,7 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
     if requests and active_holder(grid_dir) is not None:
         records.add_cancel_requests(grid_dir, requests)
     for tid in targets:
-        lock = FileLock(str(TrialPaths(grid_dir, tid).root / ".run.lock"))
+        lock = records.run_lock(TrialPaths(grid_dir, tid))
         try:
             lock.acquire(timeout=0)
         except Timeout:

@@ -208,6 +208,17 @@ def finite_or_none(value: Any) -> float | None:
     return v if math.isfinite(v) else None
 
 
+# --------------------------------------------------------------------------- the run lock
+
+
+def run_lock(paths: TrialPaths) -> Any:
+    """The trial's ``FileLock`` (see ``TrialPaths.run_lock``); a killed holder releases it."""
+    from filelock import FileLock
+
+    paths.root.mkdir(parents=True, exist_ok=True)
+    return FileLock(str(paths.run_lock))
+
+
 # --------------------------------------------------------------------------- cancel requests
 
 

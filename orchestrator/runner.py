@@ -46,17 +46,16 @@ def run_attempt(job: AttemptJob) -> dict[str, Any]:
     Returns the result dict (also written to ``result.json``). Raises on infra failure after
     recording it; a finished trial (unless ``job.reopen``) returns its stored result at once.
     """
-    from filelock import FileLock, Timeout
+    from filelock import Timeout
 
     paths = TrialPaths(Path(job.grid_dir), job.trial.trial_id)
-    paths.root.mkdir(parents=True, exist_ok=True)
     records.save_spec(paths, job.trial)
-    lock = FileLock(str(paths.root / ".run.lock"))
+    lock = records.run_lock(paths)
     try:
         lock.acquire(timeout=job.lock_timeout)
     except Timeout:
         raise InfraFailure(f"trial {job.trial.trial_id} is still running in another process "
-                           f"(lock {paths.root / '.run.lock'} held for {job.lock_timeout:.0f} s)") from None
+                           f"(lock {paths.run_lock} held for {job.lock_timeout:.0f} s)") from None
     try:
         return _run_locked(job, paths)
     finally:

@@ -118,20 +118,48 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[Tria
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
         records.save_spec(paths, t)
-        rec = records.load_state(paths, t.trial_id)
-        if rec.state.is_finished():
-            finished.append(t.trial_id)
+        if not paths.state.exists():  # a new trial: pending on its own pool, nothing to reset
+            todo.append(t)
             continue
-        records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
-        # A new trial needs no state.json yet: without one it is pending on its own pool.
-        if rec.state is TrialState.RUNNING or rec.pending_reason:
-            if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
-                rec.state = transition(rec.state, TrialState.PENDING)
-            rec.pending_reason = None
-            rec.pool = rec.pool or t.pool
-            records.save_state(paths, rec)
+        with _quiet_trial(paths, t.trial_id):
+            rec = records.load_state(paths, t.trial_id)
+            if rec.state.is_finished():
+                finished.append(t.trial_id)
+                continue
+            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
+            if rec.state is TrialState.RUNNING or rec.pending_reason:
+                if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
+                    rec.state = transition(rec.state, TrialState.PENDING)
+                rec.pending_reason = None
+                rec.pool = rec.pool or t.pool
+                records.save_state(paths, rec)
         todo.append(t)
     return todo, finished
+
+
+ORPHAN_WAIT_S = 60.0  # how long a submission waits for a dead orchestrator's worker to go
+
+
+@contextlib.contextmanager
+def _quiet_trial(paths: TrialPaths, trial_id: str) -> Iterator[None]:
+    """Hold the trial's run lock while its files are read and reset. A worker of an orchestrator
+    that was just killed can still be finishing an attempt (Ray stops a dead driver's workers
+    within seconds): its last writes land before the state is judged, never after."""
+    from filelock import Timeout
+
+    from orchestrator.exceptions import ConcurrencyError
+
+    lock = records.run_lock(paths)
+    try:
+        lock.acquire(timeout=ORPHAN_WAIT_S)
+    except Timeout:
+        raise ConcurrencyError(f"trial {trial_id} is still run by another process ({paths.run_lock} "
+                               f"held for {ORPHAN_WAIT_S:.0f} s); stop that process or wait for "
+                               f"it, then submit again") from None
+    try:
+        yield
+    finally:
+        lock.release()
 
 
 @contextlib.contextmanager

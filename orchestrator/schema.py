@@ -6,7 +6,7 @@ and the pool catalogue (axis keys, axis values, excludes) and the expansion.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal, Union
+from typing import Annotated, Any, Literal
 
 from pydantic import (
     BaseModel,
@@ -25,8 +25,8 @@ RECIPE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(/[A-Za-z0-9_][A-Za-z0-9_-]*)*$"
 KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
 BACKENDS = ("sim", "verl", "k8s")
 
-Scalar = Union[StrictBool, StrictInt, StrictFloat, StrictStr, None]
-Value = Union[Scalar, list[Scalar], dict[StrictStr, Scalar]]
+Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
+Value = Scalar | list[Scalar] | dict[StrictStr, Scalar]
 DottedKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=200)]
 # A searched key: a leaf, or one element of a list value (``correction.is_bounds[1]``: the IS
 # upper bound; ``correction.rs_bounds[0]``: the RS band's lower edge).

@@ -13,6 +13,8 @@ at its next checkpoint, so long trials show up in MLflow while they run.
 One writer at a time per outbox: the worker while attempts run, the sender only once Tune has
 given up on the trial for this submission (its ``on_trial_complete``/``on_trial_error`` callback,
 which a retried failure does not trigger), or for a trial an earlier orchestrator left finished.
+The trial's run lock enforces it: the runner holds it for a whole attempt, the sender while it
+sends (a killed orchestrator's worker can outlive its driver by a few seconds).
 Crash safety is the outbox's: a SIGKILLed orchestrator leaves the outboxes on disk; the next
 submission sends those of finished trials, and an unfinished trial's next attempt continues its
 outbox (committed rows stay there, so nothing is sent twice or lost).
@@ -63,15 +65,35 @@ class DeferredRun(TrialRun):
 
 def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: float = 30) -> bool:
     """Send what trial ``trial_id`` owes MLflow (creating its run if a deferred attempt never
-    did) and record the run id in its ``state.json``. True when nothing is left to send."""
+    did) and record the run id in its ``state.json``. True when nothing is left to send.
+
+    Runs under the trial's run lock: a worker of a killed orchestrator may still be ending the
+    attempt, and its outbox has one writer at a time. A lock held past ``timeout`` leaves the
+    outbox for the next submission."""
+    from filelock import Timeout
+
     paths = TrialPaths(grid_dir, trial_id)
     buf = buffer_dir(paths)
     if not buf.is_dir():
         return True
+    lock = records.run_lock(paths)
+    try:
+        lock.acquire(timeout=timeout)
+    except Timeout:
+        log.warning("trial %s: %s held for %.0f s; its MLflow outbox stays for the next submission",
+                    trial_id, paths.run_lock, timeout)
+        return False
+    try:
+        return _send_locked(grid, paths, trial_id, buf, target, timeout)
+    finally:
+        lock.release()
+
+
+def _send_locked(grid: Any, paths: TrialPaths, trial_id: str, buf: Path, target: Any,
+                 timeout: float) -> bool:
     outbox = Outbox(buf)
-    if outbox.empty() and outbox.run_id is not None:
-        return True
     rec = records.load_state(paths, trial_id)
+    ok = True
     if outbox.run_id is None:
         spec = records.load_spec(paths)
         if spec is None:
@@ -79,8 +101,10 @@ def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: f
         run = TrialRun(target.uri, target.experiment_id, target.parent_run_id, spec,
                        grid.pools.get(rec.pool or spec.pool), run_id=None, buffer_dir=buf)
         ok = run.flush(timeout)
-    else:
+    elif not outbox.empty():
         ok = drain(buf, target.uri, timeout)
+    # Also when the outbox was already empty: a sender killed after the last send but before
+    # this write left the run id only in the outbox.
     run_id = Outbox(buf).run_id
     if run_id is not None and rec.mlflow_run_id != run_id:
         rec.mlflow_run_id = run_id

@@ -189,6 +189,12 @@ class TrialPaths:
     def log(self) -> Path:
         return self.root / "trial.log"
 
+    @property
+    def run_lock(self) -> Path:
+        """Held (``flock``) by whoever writes the trial's files: its runner for a whole attempt,
+        the orchestrator while it sends the trial's MLflow outbox or resets a dead run."""
+        return self.root / ".run.lock"
+
 
 def atomic_write_text(path: Path, write: Callable[[TextIO], None]) -> None:
     """Write a file via temp file + fsync + rename, so readers never see it half-written."""

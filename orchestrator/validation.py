@@ -262,9 +262,9 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     for pool in spec.budget.per_pool:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
-    return dict(file=file, spec=spec, axes=axes, fixed=fixed, recipe_config=base,
-                recipe_digest=recipes.digest(base), recipes_root=root, pools=catalog,
-                excludes=excludes, includes=includes, lines=lines)
+    return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
+            "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
+            "excludes": excludes, "includes": includes, "lines": lines}
 
 
 def _freeze(value: Any) -> Any:

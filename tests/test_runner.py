@@ -149,6 +149,78 @@ def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, 
     assert run.data.params["correction.is_level"] == "none"
     assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
 
+    # A sender killed after its last send but before writing state.json: the next one records
+    # the run id the outbox holds (it used to return early on an empty outbox).
+    sent_to = rec.mlflow_run_id
+    rec.mlflow_run_id = None
+    records.save_state(paths, rec)
+    assert send_trial(grid, grid_dir, t.trial_id, target)
+    assert records.load_state(paths, t.trial_id).mlflow_run_id == sent_to
+
+
+def _hold_briefly(lock_path: Path, then=lambda: None, seconds: float = 0.5) -> None:
+    """Another holder of a trial's run lock (its own thread: filelock locks are per thread) that
+    runs ``then`` and lets go after ``seconds``; returns once the lock is held."""
+    from filelock import FileLock
+
+    held = threading.Event()
+
+    def hold() -> None:
+        with FileLock(str(lock_path)):
+            held.set()
+            time.sleep(seconds)
+            then()
+
+    threading.Thread(target=hold, daemon=True).start()
+    assert held.wait(10)
+
+
+def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
+    """A worker still ending its attempt holds the run lock: the sender does not write the outbox
+    beside it, and leaves it for later when the lock stays held."""
+    from filelock import FileLock
+
+    from orchestrator.sender import send_trial
+
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("token", "sim-h100")]
+    out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    target = TrackingTarget(uri, job(t).tracking.experiment_id, job(t).tracking.parent_run_id)
+    with FileLock(str(paths.run_lock)):
+        assert not send_trial(grid, grid_dir, t.trial_id, target, timeout=0.3)
+    assert records.load_state(paths, t.trial_id).mlflow_run_id is None
+    _hold_briefly(paths.run_lock)
+    assert send_trial(grid, grid_dir, t.trial_id, target, timeout=20)
+    rec = records.load_state(paths, t.trial_id)
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+
+
+def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
+    """A killed orchestrator's worker may still finish its attempt: the next submission waits for
+    the run lock, so it sees the trial done (not running, to be reset and rerun)."""
+    from orchestrator.scheduler import _prepare_records
+    from orchestrator.trial import TrialState
+
+    _grid, trials, grid_dir, job, _uri = env
+    t = trials[("none", "sim-h100")]
+    paths = TrialPaths(grid_dir, t.trial_id)
+    records.save_spec(paths, t)
+    rec = records.load_state(paths, t.trial_id)
+    rec.state = TrialState.PENDING
+    records.save_state(paths, rec)
+    rec.state = TrialState.RUNNING
+    records.save_state(paths, rec)
+
+    def finish() -> None:
+        rec.state = TrialState.DONE
+        records.save_state(paths, rec)
+
+    _hold_briefly(paths.run_lock, then=finish)
+    todo, finished = _prepare_records(grid_dir, [t])
+    assert finished == [t.trial_id] and todo == []
+    assert records.load_state(paths, t.trial_id).state is TrialState.DONE
+
 
 def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> None:
     from orchestrator import sender

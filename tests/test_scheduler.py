@@ -137,6 +137,21 @@ def test_second_submit_is_refused_while_one_runs(setup) -> None:
         holder.wait()
 
 
+def _wait_for_old_workers(grid_dir: Path, timeout: float = 60) -> None:
+    """Until no trial's run lock is held (a killed driver's workers may still end an attempt)."""
+    from filelock import FileLock, Timeout
+
+    deadline = time.time() + timeout
+    for lock_path in sorted((grid_dir / "trials").glob("*/.run.lock")):
+        while True:
+            try:
+                with FileLock(str(lock_path)).acquire(timeout=0):
+                    break
+            except Timeout:
+                assert time.time() < deadline, f"{lock_path} still held after {timeout} s"
+                time.sleep(0.1)
+
+
 CRASH_DRIVER = """\
 from orchestrator import scheduler
 scheduler.submit({grid!r}, address={address!r}, progress=False)
@@ -168,6 +183,7 @@ def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
     finally:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
+    _wait_for_old_workers(grid_dir)  # Ray stops the dead driver's workers within seconds
     before = _trials(grid_dir)
     done_before = {tid for tid, t in before.items() if t["state"].state.value == "done"}
     interrupted = {tid for tid, t in before.items() if t["state"].state.value == "running"}
