@@ -156,7 +156,7 @@ def _held(engine: Any, m: int, names: tuple[str, ...] | None = None, relapse: bo
     """Collapse rules firing now, active >= m observations since they fired, not clearing."""
     return [r for r in engine.rules
             if r.firing is not None and r.spec.kind != "nonfinite" and r.spec.verdict == "collapsed"
-            and r.firing.active_since_fire >= m and r.firing.clear_streak == 0
+            and r.firing.active_since_fire >= m and r.firing.holding
             and (names is None or r.spec.name in names) and (not relapse or r.episodes)]
 
 

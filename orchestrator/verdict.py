@@ -8,10 +8,13 @@ is the first of those. Ratios to a running statistic get absolute floors: ``min_
 norm 10x a median near 0 is an ordinary gradient after an entropy collapse) and, for reward drops,
 a noise floor (half of a near-zero peak is within the noise of a run that never learned).
 
-A fired collapse rule that the trial later recovers from (its condition false, against the
-reference frozen when it fired, for the last observations of a completed run) makes the trial
-``unstable``, not ``collapsed``: only hindsight knows that, which is why early stop waits
-``margin`` observations and why ``benchmarks/early_stop.py`` measures wrongly stopped trials.
+A fired collapse rule that the trial later recovers from (back past the recovery threshold,
+against the reference frozen when it fired, for the last observations of a completed run) makes
+the trial ``unstable``, not ``collapsed``: only hindsight knows that, which is why early stop
+waits until the rule has held for ``margin`` consecutive observations, and why
+``benchmarks/early_stop.py`` measures wrongly stopped trials. The recovery threshold sits halfway
+between "no change" and the firing threshold (``HYSTERESIS``): a reward that fell 50% from its
+peak has not recovered at 45% down.
 
 The engine is a pure function of the observed history, so a resumed runner replays the committed
 metrics into a fresh engine and gets the same state.
@@ -31,6 +34,10 @@ from orchestrator.schema import CollapseRuleSpec, CollapseSpec, EarlyStopSpec, E
 
 OUTCOMES = ("completed", "stopped", "numeric_failure", "infra_failure", "cancelled")
 RECOVERY_OBS = 5  # a fired rule must be clear for this many final observations to count as recovered
+# Hysteresis: a fired ratio rule is clear only once its value is back within this share of the
+# threshold's distance from its reference (a reward that fell 50% from its peak has recovered when
+# it is within 25% of the peak, not at a 45% drop; a 10x grad norm once below 5.5x its median).
+HYSTERESIS = 0.5
 # drop_from_peak also needs the drop to exceed NOISE_SIGMAS x the raw series' noise (a robust sigma
 # from its last NOISE_OBS successive differences; no drop counts before NOISE_MIN_OBS of them).
 NOISE_SIGMAS = 4.0
@@ -146,8 +153,9 @@ class _Firing:
     fired: int  # step at which it fired (onset + patience - 1 observations)
     value: float
     reference: float | None
-    clear_streak: int = 0  # consecutive observations since firing with the condition false
-    active_since_fire: int = 0  # observations since firing with the condition true
+    clear_streak: int = 0  # consecutive observations since firing past the recovery threshold
+    active_since_fire: int = 0  # consecutive observations, up to now, with the condition true
+    holding: bool = True  # the condition held at the latest observation
 
 
 class _Streak:
@@ -191,7 +199,7 @@ class _Rule:
         spec = self.spec
         if spec.kind == "nonfinite":
             bad = [k for k, v in metrics.items() if (spec.metric in ("*", k)) and not math.isfinite(v)]
-            self._update(step, bool(bad), float("nan") if bad else 0.0, None)
+            self._update(step, bool(bad), bool(bad), float("nan") if bad else 0.0, None)
             return
         if spec.metric not in metrics:
             return
@@ -205,12 +213,13 @@ class _Rule:
             # A rolling median: one wild value (a single PPL spike) must not fire a patient rule.
             self.smooth.append(value)
             value = statistics.median(self.smooth)
-        if self.firing is not None:
+        if self.firing is not None and smoothed:
             # After firing, judge recovery against the reference frozen at the firing.
-            self._track_after_fire(self._condition(value, self.firing.reference))
+            ref = self.firing.reference
+            self._track_after_fire(self._condition(value, ref), self._condition(value, ref, relax=True))
             return
-        cond, ref = self._evaluate(step, value)
-        self._update(step, cond, value, ref)
+        cond, held, ref = self._evaluate(step, value)
+        self._update(step, cond, held, value, ref)
 
     def _track_noise(self, raw: float) -> None:
         """Noise of the series before this value: 1.4826 x the median |successive difference| /
@@ -221,18 +230,20 @@ class _Rule:
             self.diffs.append(abs(raw - self.last_raw))
         self.last_raw = raw
 
-    def _evaluate(self, step: int, value: float) -> tuple[bool, float | None]:
-        """Condition and reference for ``value`` (already the rolling median for smoothed kinds)."""
+    def _evaluate(self, step: int, value: float) -> tuple[bool, bool, float | None]:
+        """Condition, relaxed condition (a fired rule's recovery test, see ``_condition``) and
+        reference for ``value`` (already the rolling median for smoothed kinds)."""
         spec = self.spec
         eligible = step >= spec.min_step
         if spec.kind == "explode":
             enough = len(self.history) >= min(spec.window, 5)
             ref = statistics.median(self.history) if enough else None
             cond = eligible and ref is not None and self._condition(value, ref)
+            held = eligible and ref is not None and self._condition(value, ref, relax=True)
             # Exploded values stay out of the reference so a sustained explosion stays visible.
             if not cond:
                 self.history.append(value)
-            return cond, ref
+            return cond, held, ref
         if spec.kind in ("blowup", "drop_from_peak"):
             full = len(self.smooth) == self.smooth.maxlen
             ref = self.best
@@ -241,10 +252,13 @@ class _Rule:
                 better = (lambda a, b: a > b) if spec.kind == "drop_from_peak" else (lambda a, b: a < b)
                 if self.best is None or better(value, self.best):
                     self.best = value
-            return cond, ref
-        return eligible and self._condition(value, None), None
+            return cond, cond, ref
+        cond = eligible and self._condition(value, None)
+        return cond, cond, None
 
-    def _condition(self, value: float, ref: float | None) -> bool:
+    def _condition(self, value: float, ref: float | None, relax: bool = False) -> bool:
+        """The rule's condition; ``relax`` (a fired ratio rule's recovery test) halves the
+        distance of its threshold from "no change" (hysteresis: see HYSTERESIS)."""
         spec, thr = self.spec, float(self.spec.threshold)
         if spec.kind == "above":
             return value > thr
@@ -255,29 +269,34 @@ class _Rule:
         if spec.kind in ("explode", "blowup"):
             # A ratio to a reference near 0 is huge for any ordinary value: min_delta is the
             # absolute rise the value must also have over its reference.
-            return value > thr * max(ref, 1e-12) and value - ref >= float(spec.min_delta)
+            ratio = 1.0 + (thr - 1.0) * HYSTERESIS if relax else thr
+            return value > ratio * max(ref, 1e-12) and value - ref >= float(spec.min_delta)
         if spec.kind == "drop_from_peak":
             drop = ref - value
+            thr = thr * HYSTERESIS if relax else thr
             # min_delta and the noise floor: a reward whose peak sits near 0 loses "half of it"
             # in any dip; only a drop well beyond the series' own noise is a collapse.
             return (drop >= thr * abs(ref) and drop >= float(spec.min_delta) and drop > 0
                     and self.noise is not None and drop >= NOISE_SIGMAS * self.noise)
         return False
 
-    def _update(self, step: int, cond: bool, value: float, ref: float | None) -> None:
+    def _update(self, step: int, cond: bool, held: bool, value: float, ref: float | None) -> None:
         if self.firing is not None:
-            self._track_after_fire(cond)
+            self._track_after_fire(cond, held)
             return
         onset = self.streak.update(step, cond)
         if onset is not None:
             self.firing = _Firing(onset=onset, fired=step, value=value, reference=ref)
 
-    def _track_after_fire(self, cond: bool) -> None:
+    def _track_after_fire(self, cond: bool, held: bool) -> None:
+        """One observation of a fired rule: ``cond`` counts toward early stop, ``held`` (the
+        relaxed condition) decides whether it is recovering."""
         f = self.firing
         assert f is not None
-        if cond:
+        f.holding = cond
+        f.active_since_fire = f.active_since_fire + 1 if cond else 0
+        if held:
             f.clear_streak = 0
-            f.active_since_fire += 1
             return
         f.clear_streak += 1
         if f.clear_streak >= max(RECOVERY_OBS, self.spec.patience) and self.spec.kind != "nonfinite":
@@ -381,8 +400,8 @@ class VerdictEngine:
         for rule in self._fired(verdict="collapsed"):
             f = rule.firing
             assert f is not None
-            # Certain once the rule has held for ``margin`` more observations since it fired.
-            if f.active_since_fire >= margin and f.clear_streak == 0:
+            # Certain once the rule has held for ``margin`` observations in a row since it fired.
+            if f.active_since_fire >= margin and f.holding:
                 return f"early stop: {rule.spec.name} fired at step {f.onset} ({self._describe(rule)})"
         warned = self.warning is not None and self.warning.step is not None
         if self.early_stop.on_warning and warned and self._obs_since_warning > margin:

@@ -202,7 +202,7 @@ def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
     from orchestrator.scheduler import _prepare_records
     from orchestrator.trial import TrialState
 
-    _grid, trials, grid_dir, job, _uri = env
+    _grid, trials, grid_dir, _job, _uri = env
     t = trials[("none", "sim-h100")]
     paths = TrialPaths(grid_dir, t.trial_id)
     records.save_spec(paths, t)

@@ -364,3 +364,38 @@ def test_zero_gradients_of_a_converged_policy_are_not_a_default_collapse(seed: i
     assert v.kind is VerdictKind.COLLAPSED and v.rule == "no_gradient" and v.step == 150, v.reason
     healthy = judge(V.dead_policy(seed=seed, at=None, blips=8), opted)  # isolated zero-grad batches
     assert healthy.kind is VerdictKind.HEALTHY, healthy.reason
+
+
+@pytest.mark.parametrize("seed", range(5))
+def test_a_partial_comeback_is_not_a_recovery(seed: int) -> None:
+    """The reward loses 70% at step 120 and comes back only to 55% of its peak: still collapsed
+    (hysteresis). Back to 90% of the peak, the same dip is a recovery (unstable)."""
+    for level, kind in ((0.55, VerdictKind.COLLAPSED), (0.9, VerdictKind.UNSTABLE)):
+        stream = V.dip_and_recover(seed=seed, start=120, length=25)
+        for step, row in stream:
+            if step >= 145:
+                row[M.TRAIN_REWARD] *= level
+                if M.EVAL_REWARD in row:
+                    row[M.EVAL_REWARD] *= level
+        v = judge(stream, DEFAULT)
+        assert v.kind is kind, (level, v.reason)
+        assert v.rule == "train_reward_drop" and 120 <= (v.step or 0) <= 135
+
+
+def test_early_stop_margin_counts_consecutive_holds() -> None:
+    """A fired rule whose reward keeps coming back part of the way (past the firing threshold,
+    short of recovery) never holds for `margin` observations in a row: no stop, and a collapsed
+    verdict at the end. The same drop held steadily is stopped."""
+    def stream(flicker: bool) -> V.Stream:
+        rows = V.dip_and_recover(seed=3, start=120, length=200)  # the drop lasts to the end
+        for step, row in rows:
+            row.pop(M.EVAL_REWARD, None)  # judge the train reward alone
+            if flicker and step >= 130 and step % 16 < 8:
+                row[M.TRAIN_REWARD] = 0.45  # ~64% of the 0.7 peak: between the two thresholds
+        return rows
+
+    steady, at_steady, _ = run(stream(False), early=EarlyStopSpec(margin=20), steps=300)
+    assert at_steady is not None and steady.kind is VerdictKind.COLLAPSED
+    flickering, at_flicker, _ = run(stream(True), early=EarlyStopSpec(margin=20), steps=300)
+    assert at_flicker is None, flickering.reason
+    assert flickering.kind is VerdictKind.COLLAPSED  # never recovered either
