@@ -82,6 +82,19 @@ class CollapseRuleSpec(Strict):
 
     _finite_threshold = field_validator("threshold", "min_delta")(_finite)
 
+    @model_validator(mode="after")
+    def _ratio_threshold(self) -> CollapseRuleSpec:
+        # A ratio rule's threshold is a factor: "explode at 0.5x the median" fires on every
+        # ordinary value, "a drop of 150% from the peak" never (and both break the recovery test).
+        if self.kind in ("explode", "blowup") and self.threshold <= 1:
+            article = "an" if self.kind == "explode" else "a"
+            raise ValueError(f"threshold {self.threshold} of {article} {self.kind} rule is a factor over the "
+                             "reference and must be > 1 (e.g. 10 for 10x the running median)")
+        if self.kind == "drop_from_peak" and not 0 < self.threshold <= 1:
+            raise ValueError(f"threshold {self.threshold} of a drop_from_peak rule is the share of "
+                             "the peak lost and must be in (0, 1] (e.g. 0.5 for half of it)")
+        return self
+
 
 class EarlyWarningSpec(Strict):
     """Mismatch trend warning: the recent median of ``metric`` rises ``ratio`` x above the median

@@ -46,8 +46,12 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
     try:
         return GridFile.model_validate(data)
     except ValidationError as exc:
-        # An unknown key explains a "missing" one (a typo), so report it first.
-        err = min(exc.errors(), key=lambda e: e["type"] != "extra_forbidden")
+        # An unknown key explains a "missing" one (a typo), so report it first. A list or mapping
+        # given where a union also allows a keyword (``rules: default | [...]``) is explained by
+        # what is wrong inside it, not by "is not an allowed value".
+        err = min(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden",
+                                               e["type"] == "literal_error"
+                                               and isinstance(e.get("input"), (list, dict))))
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         loc = _trim_union_loc(loc, data)
         allowed, got, problem = _explain(err, data, loc)
@@ -88,8 +92,10 @@ def _explain(err: Mapping[str, Any], data: Any, loc: tuple[Any, ...]) -> tuple[
         return allowed, got, f"{_short(got)} is not an allowed value"
     if kind == "missing":
         return None, None, "required key is missing"
-    msg = err.get("msg", "invalid value")
-    return None, None, f"{_short(got)}: {msg}" if got is not None else msg
+    msg = str(err.get("msg", "invalid value")).removeprefix("Value error, ")
+    if got is None or isinstance(got, (list, dict)):  # the key names it; no dump of a whole section
+        return None, None, msg
+    return None, None, f"{_short(got)}: {msg}"
 
 
 def _known_fields(loc: tuple[Any, ...]) -> list[str] | None:
