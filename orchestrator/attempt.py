@@ -35,6 +35,8 @@ from orchestrator.trial import (
 log = logging.getLogger(__name__)
 _OUTCOME = {AttemptOutcome.COMPLETED: "completed", AttemptOutcome.STOPPED: "stopped",
             AttemptOutcome.NUMERIC_FAILURE: "numeric_failure"}
+# Attempt outcomes that end the trial (its state becomes DONE, CANCELLED or FAILED right after).
+_ENDING = ("completed", "stopped_early", "numeric_failure", "cancelled", "error")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -139,6 +141,14 @@ class AttemptRun:
                                                   end_step=max(last_on_disk, a.start_step - 1))
         start = self.resume_step or 0
         self.number = len(attempts) + 1
+        ended = attempts[-1] if attempts and attempts[-1].outcome in _ENDING else None
+        redo: Attempt | None = None
+        if ended is not None and not job.reopen and job.start != "fresh" and not self.record.resume:
+            # Its process wrote the attempt's end but died before the trial's state did (the two
+            # files cannot change in one write): this is that attempt finishing from its last
+            # checkpoint, not a new one (a "completed" trial must not show two completions).
+            redo, attempts = ended, attempts[:-1]
+            self.number = ended.number
         self.tail: list[tuple[int, dict[str, float]]] = []
         if job.start != "fresh" and self.record.committed_step > start:
             # Resuming before what MLflow holds (`ablate resume --from`): the steps after the
@@ -159,9 +169,13 @@ class AttemptRun:
         self.pending = [(s, m) for s, m in rows if s > self.record.committed_step]
         self.last_step = start
         self.request = dict(self.record.resume or {})  # why this attempt runs (`ablate resume`)
-        self.attempt = Attempt(number=self.number, pool=job.pool.name, start_step=start + 1,
-                               resumed_from_step=self.resume_step, started_at=time.time(),
-                               node=_node_id(), submission=job.submission)
+        if redo is not None:
+            self.attempt = dataclasses.replace(redo, outcome=None, reason=None, end_step=None,
+                                               ended_at=None)
+        else:
+            self.attempt = Attempt(number=self.number, pool=job.pool.name, start_step=start + 1,
+                                   resumed_from_step=self.resume_step, started_at=time.time(),
+                                   node=_node_id(), submission=job.submission)
         self.attempts = attempts + [self.attempt]
         records.save_attempts(paths, self.attempts)
         self._open_tracking()

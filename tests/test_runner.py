@@ -234,6 +234,37 @@ def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> 
     assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
 
 
+@pytest.mark.parametrize("level", ["token", "none"])  # completed / stopped early (a collapse)
+def test_a_death_between_the_attempts_end_and_the_trials_state_is_not_a_second_attempt(
+        env, level) -> None:
+    """The runner writes an attempt's end, then the trial's state: a process killed between the
+    two (it happened in CI when the orchestrator was SIGKILLed) left a "completed" attempt on a
+    RUNNING trial. The next run finishes that attempt; it must not add a second one."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.trial import TrialState
+
+    _grid, trials, grid_dir, job, uri = env
+    t = trials[(level, "sim-a100")]
+    first = run_attempt(job(t))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    rec = records.load_state(paths, t.trial_id)
+    rec.state = TrialState.RUNNING  # the state as it was before the lost write
+    records.save_state(paths, rec)
+    again = run_attempt(job(t))
+    attempts = records.load_attempts(paths)
+    assert [a.outcome for a in attempts] == [first["outcome"] if first["outcome"] == "completed"
+                                             else "stopped_early"]
+    assert attempts[0].start_step == 1 and attempts[0].end_step == first["last_step"]
+    rec = records.load_state(paths, t.trial_id)
+    assert rec.state is TrialState.DONE and again["last_step"] == first["last_step"]
+    assert again["verdict"]["kind"] == first["verdict"]["kind"]
+    steps = list(range(1, first["last_step"] + 1))
+    assert [s for s, _ in records.iter_metrics(paths.metrics)] == steps
+    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == steps
+    assert MlflowClient(uri).get_run(rec.mlflow_run_id).data.tags["attempts"] == "1"
+
+
 def test_collapse_is_a_result_stopped_early(env) -> None:
     _grid, trials, grid_dir, job, uri = env
     t = trials[("none", "sim-a100")]
