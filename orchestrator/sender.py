@@ -31,7 +31,7 @@ from typing import Any
 from orchestrator import records
 from orchestrator.tracking import TrialRun, drain
 from orchestrator.tracking_buffer import Outbox
-from orchestrator.trial import TrialPaths, TrialSpec
+from orchestrator.trial import TrialPaths, TrialSpec, TrialState
 
 log = logging.getLogger(__name__)
 LIVE_AFTER_S = 30.0  # an attempt older than this goes live at its next checkpoint
@@ -93,6 +93,9 @@ def _send_locked(grid: Any, paths: TrialPaths, trial_id: str, buf: Path, target:
                  timeout: float) -> bool:
     outbox = Outbox(buf)
     rec = records.load_state(paths, trial_id)
+    if rec.state.is_finished() and outbox.end_status is None:
+        _close_from_records(paths, rec, buf)
+        outbox = Outbox(buf)
     ok = True
     if outbox.run_id is None:
         spec = records.load_spec(paths)
@@ -110,6 +113,31 @@ def _send_locked(grid: Any, paths: TrialPaths, trial_id: str, buf: Path, target:
         rec.mlflow_run_id = run_id
         records.save_state(paths, rec)
     return ok
+
+
+_END_STATUS = {TrialState.DONE: "FINISHED", TrialState.FAILED: "FAILED", TrialState.CANCELLED: "KILLED"}
+
+
+def _close_from_records(paths: TrialPaths, rec: records.TrialRecord, buf: Path) -> None:
+    """A finished trial whose outbox was never closed: its runner died after saving the trial's
+    end but before giving the outbox the verdict, the attempts and the end status (a killed
+    orchestrator's worker, stopped by Ray mid-way). They are in the trial's records: add them,
+    so the run is not left RUNNING without a verdict."""
+    from orchestrator.verdict import Verdict
+
+    spec = records.load_spec(paths)
+    if spec is None:
+        return
+    run = DeferredRun(spec, buf)
+    if rec.verdict:
+        try:
+            run.set_verdict(Verdict.from_json(rec.verdict))
+        except (KeyError, TypeError, ValueError):
+            log.warning("trial %s: verdict in state.json not readable; sent without it", rec.trial_id)
+    attempts = records.load_attempts(paths)
+    if attempts:
+        run.log_attempts(attempts)
+    run.end(_END_STATUS[rec.state])
 
 
 class Sender:

@@ -175,6 +175,37 @@ def _hold_briefly(lock_path: Path, then=lambda: None, seconds: float = 0.5) -> N
     assert held.wait(10)
 
 
+def test_a_finished_trial_whose_outbox_was_never_closed_is_closed_from_its_records(env) -> None:
+    """The runner saves the trial's end, then gives the outbox the verdict, attempts and end
+    status: a worker stopped in between leaves an outbox that would make a run stuck RUNNING with
+    no verdict. The sender closes it from state.json and attempts.json."""
+    import json
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.sender import buffer_dir, send_trial
+
+    grid, trials, grid_dir, job, uri = env
+    t = trials[("none", "sim-a100")]  # collapses: a verdict with a step and a rule
+    out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    buf = buffer_dir(paths)
+    state = json.loads((buf / "run.json").read_text())
+    (buf / "run.json").write_text(json.dumps({**state, "end_status": None, "ended_ms": None}))
+    (buf / "tags.json").unlink()
+    for artifact in (buf / "artifacts").iterdir():
+        artifact.unlink()
+    target = TrackingTarget(uri, job(t).tracking.experiment_id, job(t).tracking.parent_run_id)
+    assert send_trial(grid, grid_dir, t.trial_id, target)
+    run = MlflowClient(uri).get_run(records.load_state(paths, t.trial_id).mlflow_run_id)
+    assert run.info.status == "FINISHED"
+    assert run.data.tags["verdict"] == out["verdict"]["kind"] == "collapsed"
+    assert run.data.tags["verdict.step"] == str(out["verdict"]["step"])
+    assert run.data.tags["attempts"] == "1" and run.data.tags["attempt.1.outcome"] == "stopped_early"
+    names = {a.path for a in MlflowClient(uri).list_artifacts(run.info.run_id)}
+    assert {"verdict.json", "attempts.json"} <= names
+
+
 def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
     """A worker still ending its attempt holds the run lock: the sender does not write the outbox
     beside it, and leaves it for later when the lock stays held."""
