@@ -10,6 +10,7 @@ from pathlib import Path
 
 import doubles
 import pytest
+from trialrecords import mlflow_steps
 
 from orchestrator import records, workspace
 from orchestrator.exceptions import CheckpointError, InfraFailure
@@ -58,12 +59,6 @@ def env(isolated: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str):
     return grid, trials, grid_dir, job, uri
 
 
-def _mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
-    from mlflow.tracking import MlflowClient
-
-    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
-
-
 def _file_steps(grid_dir: Path, tid: str) -> list[int]:
     return [s for s, _ in records.iter_metrics(TrialPaths(grid_dir, tid).metrics)]
 
@@ -77,7 +72,7 @@ def test_healthy_trial_runs_to_the_end(env) -> None:
     rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
     assert rec.committed_step == 20 and rec.attempts == 1
     assert _file_steps(grid_dir, t.trial_id) == list(range(1, 21))
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "critic/score/mean") == list(range(1, 21))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "critic/score/mean") == list(range(1, 21))
     store_steps = sorted(int(p.name.split("-")[1]) for p in TrialPaths(grid_dir, t.trial_id)
                          .checkpoints.glob("step-*"))
     assert store_steps == [15, 20]  # keep: 2 (step 20 is also the protected healthy one)
@@ -98,13 +93,13 @@ def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, t
     assert rec.state.value == "pending" and "injected" in rec.error
     assert [(a.outcome, a.start_step, a.end_step) for a in attempts] == [("infra_failure", 1, 6)]
     # Commit-on-checkpoint: MLflow has only what the checkpoint at step 5 covers.
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == [1, 2, 3, 4, 5]
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == [1, 2, 3, 4, 5]
     out = run_attempt(job(t))
     attempts = records.load_attempts(paths)
     assert out["state"] == "done" and len(attempts) == 2
     assert (attempts[1].resumed_from_step, attempts[1].start_step, attempts[1].end_step) == (5, 6, 20)
     assert _file_steps(grid_dir, t.trial_id) == list(range(1, 21))
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
     # The resumed run equals an uninterrupted one (the double's state is in its checkpoint).
     monkeypatch.delenv("ABLATE_DOUBLE_FAIL_ONCE")
     ref = trials[("token", "sim-h100")]
@@ -147,7 +142,7 @@ def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, 
     assert began <= run.info.start_time < run.info.end_time <= done  # when the attempts ran
     assert run.data.tags["verdict"] == out["verdict"]["kind"]
     assert run.data.params["correction.is_level"] == "none"
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
 
     # A sender killed after its last send but before writing state.json: the next one records
     # the run id the outbox holds (it used to return early on an empty outbox).
@@ -224,7 +219,7 @@ def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
     _hold_briefly(paths.run_lock)
     assert send_trial(grid, grid_dir, t.trial_id, target, timeout=20)
     rec = records.load_state(paths, t.trial_id)
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
 
 
 def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
@@ -262,7 +257,7 @@ def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> 
     out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
     rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
     assert out["state"] == "done" and rec.mlflow_run_id is not None
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, 21))
 
 
 @pytest.mark.parametrize("level", ["token", "none"])  # completed / stopped early (a collapse)
@@ -292,7 +287,7 @@ def test_a_death_between_the_attempts_end_and_the_trials_state_is_not_a_second_a
     assert again["verdict"]["kind"] == first["verdict"]["kind"]
     steps = list(range(1, first["last_step"] + 1))
     assert [s for s, _ in records.iter_metrics(paths.metrics)] == steps
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == steps
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == steps
     assert MlflowClient(uri).get_run(rec.mlflow_run_id).data.tags["attempts"] == "1"
 
 
@@ -312,7 +307,7 @@ def test_collapse_is_a_result_stopped_early(env) -> None:
     assert store.protected() == {5, 10} and 5 in store.steps()
     assert out["verdict"]["step"] == 9
     rec = records.load_state(paths, t.trial_id)
-    assert _mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
+    assert mlflow_steps(uri, rec.mlflow_run_id, "acc") == list(range(1, out["last_step"] + 1))
 
 
 def test_cancel_request_stops_a_running_trial(env, monkeypatch) -> None:

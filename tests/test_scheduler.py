@@ -20,6 +20,8 @@ from pathlib import Path
 import doubles
 import pytest
 from rayclusters import pool_cluster, write_grid
+from trialrecords import mlflow_steps
+from trialrecords import trials as read_trials
 
 from orchestrator import records, scheduler
 from orchestrator.exceptions import ConcurrencyError
@@ -47,21 +49,6 @@ def double(monkeypatch: pytest.MonkeyPatch) -> None:
     doubles.register(monkeypatch)
 
 
-
-
-
-
-def _trials(grid_dir: Path) -> dict[str, dict]:
-    out = {}
-    for spec in sorted((grid_dir / "trials").glob("*/spec.json")):
-        paths = TrialPaths(grid_dir, spec.parent.name)
-        s = json.loads(spec.read_text())
-        out[s["trial_id"]] = {"spec": s, "state": records.load_state(paths, s["trial_id"]),
-                              "attempts": records.load_attempts(paths),
-                              "steps": [st for st, _ in records.iter_metrics(paths.metrics)]}
-    return out
-
-
 def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     events = sorted([(a, 1) for a, _ in intervals] + [(b, -1) for _, b in intervals],
                     key=lambda e: (e[0], e[1]))
@@ -72,12 +59,6 @@ def _max_overlap(intervals: list[tuple[float, float]]) -> int:
     return best
 
 
-def _mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
-    from mlflow.tracking import MlflowClient
-
-    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
-
-
 @pytest.mark.slow
 def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
     tmp, (c, nodes) = setup
@@ -85,7 +66,7 @@ def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
                  pools=["sim-h100", "sim-a100", "sim-h20", "sim-l20"],
                  budget="{max_parallel: 4, per_pool: {sim-h100: 1}}", extra="collapse: {rules: none}\n")
     summary = scheduler.submit(str(path), address=c.address, progress=False)
-    trials = _trials(Path(summary["grid_dir"]))
+    trials = read_trials(Path(summary["grid_dir"]))
     assert summary["states"] == {"done": 12, "pending": 4}
     by_pool: dict[str, list[tuple[float, float]]] = {}
     for t in trials.values():
@@ -113,7 +94,7 @@ def test_placement_concurrency_and_unplaceable_pool(setup, capsys) -> None:
     # Submitting again runs nothing that finished.
     again = scheduler.submit(str(path), address=c.address, progress=False)
     assert again["skipped_finished"] == 12
-    assert sum(len(t["attempts"]) for t in _trials(Path(summary["grid_dir"])).values()) == 12
+    assert sum(len(t["attempts"]) for t in read_trials(Path(summary["grid_dir"])).values()) == 12
 
 
 def test_second_submit_is_refused_while_one_runs(setup) -> None:
@@ -172,7 +153,7 @@ def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
     deadline = time.time() + 240
     try:
         while time.time() < deadline:  # kill once some trials are done and others mid-run
-            ts = _trials(grid_dir) if (grid_dir / "trials").exists() else {}
+            ts = read_trials(grid_dir) if (grid_dir / "trials").exists() else {}
             done = sum(t["state"].state.value == "done" for t in ts.values())
             # Mid-run with steps to go: a dead driver's worker can outlive it briefly and must
             # not be able to finish the trial before Ray stops it.
@@ -187,19 +168,19 @@ def test_sigkill_of_the_orchestrator_then_resubmit(setup) -> None:
         proc.send_signal(signal.SIGKILL)
         proc.wait()
     _wait_for_old_workers(grid_dir)  # Ray stops the dead driver's workers within seconds
-    before = _trials(grid_dir)
+    before = read_trials(grid_dir)
     done_before = {tid for tid, t in before.items() if t["state"].state.value == "done"}
     interrupted = {tid for tid, t in before.items() if t["state"].state.value == "running"}
     assert len(before) == 12 and done_before and interrupted
 
     summary = scheduler.submit(str(path), address=c.address, progress=False)
-    after = _trials(grid_dir)
+    after = read_trials(grid_dir)
     assert summary["states"] == {"done": 12} and summary["skipped_finished"] == len(done_before)
     uri = summary["tracking_uri"]
     for tid, t in after.items():
         assert t["steps"] == list(range(1, 31)), tid  # no step lost or duplicated on disk
         for key in ("critic/score/mean", "rollout_corr/k3_kl"):
-            assert _mlflow_steps(uri, t["state"].mlflow_run_id, key) == list(range(1, 31)), (tid, key)
+            assert mlflow_steps(uri, t["state"].mlflow_run_id, key) == list(range(1, 31)), (tid, key)
         outcomes = [a.outcome for a in t["attempts"]]
         if tid in done_before:
             assert outcomes == ["completed"]  # not rerun
@@ -253,7 +234,7 @@ def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None
     summary = scheduler.submit(str(path), address=c.address, progress=False)
     th.join(5)
     assert killed, "the worker was never killed"
-    trials = _trials(grid_dir)
+    trials = read_trials(grid_dir)
     victim = trials[killed["trial"]]
     outcomes = [(a.outcome, a.resumed_from_step) for a in victim["attempts"]]
     assert len(outcomes) == 2 and outcomes[1][0] == "completed", outcomes
@@ -266,7 +247,7 @@ def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None
     assert "worker process died" in victim["attempts"][0].reason
     assert victim["state"].verdict["kind"] == "healthy"
     assert victim["steps"] == list(range(1, 41))
-    assert _mlflow_steps(summary["tracking_uri"], victim["state"].mlflow_run_id,
+    assert mlflow_steps(summary["tracking_uri"], victim["state"].mlflow_run_id,
                          "critic/score/mean") == list(range(1, 41))
     collapsed = next(t for tid, t in trials.items() if tid != killed["trial"])
     assert collapsed["state"].verdict["kind"] == "collapsed"
@@ -284,7 +265,7 @@ def test_cancel_a_pool_of_a_running_grid(setup, double) -> None:
     def canceller() -> None:
         deadline = time.time() + 120
         while time.time() < deadline:
-            ts = _trials(grid_dir) if (grid_dir / "trials").exists() else {}
+            ts = read_trials(grid_dir) if (grid_dir / "trials").exists() else {}
             if any(t["spec"]["pool"] == "sim-h20" and len(t["steps"]) >= 3 for t in ts.values()):
                 asked["n"] = scheduler.cancel("cancelme", pool="sim-h20")
                 return
@@ -295,7 +276,7 @@ def test_cancel_a_pool_of_a_running_grid(setup, double) -> None:
     summary = scheduler.submit(str(path), address=c.address, progress=False)
     th.join(5)
     assert asked["n"] == 2
-    trials = _trials(grid_dir)
+    trials = read_trials(grid_dir)
     for t in trials.values():
         if t["spec"]["pool"] == "sim-h20":
             assert t["state"].state.value == "cancelled"
@@ -336,7 +317,7 @@ def test_optuna_search_of_the_is_upper_bound_beats_the_worst_grid_point(setup) -
                     f"budget: {{max_parallel: 2}}\n{SEARCH_BASE}")
     s = scheduler.submit(str(grid), address=c.address, progress=False)
     finals = [json.loads((Path(s["grid_dir"]) / "trials" / tid / "result.json").read_text())
-              ["summary"]["eval/reward"] for tid in _trials(Path(s["grid_dir"]))]
+              ["summary"]["eval/reward"] for tid in read_trials(Path(s["grid_dir"]))]
     worst = min(finals)
     search = tmp / "s.yaml"
     # The example: the IS upper bound in [1.5, 10] (lower bound null: 1/upper).
@@ -346,7 +327,7 @@ def test_optuna_search_of_the_is_upper_bound_beats_the_worst_grid_point(setup) -
                       "  budget: 4\n  objective: {metric: eval/reward/final, mode: max}\n")
     summary = scheduler.submit(str(search), address=c.address, progress=False)
     assert summary["trials"] == 4 and summary["states"] == {"done": 4}
-    trials = _trials(Path(summary["grid_dir"]))
+    trials = read_trials(Path(summary["grid_dir"]))
     bounds = [dict(t["spec"]["overrides"])["correction.is_bounds"] for t in trials.values()]
     assert all(lo is None and 1.5 <= hi <= 10.0 for lo, hi in bounds), bounds
     assert len({hi for _, hi in bounds}) == 4  # four different points, four trials
@@ -369,7 +350,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
                  budget="{max_parallel: 1}", extra="collapse: {rules: none}\n")
     first = scheduler.submit(str(path), address=c.address, progress=False)
     grid_dir = Path(first["grid_dir"])
-    (tid,) = _trials(grid_dir)
+    (tid,) = read_trials(grid_dir)
     paths = TrialPaths(grid_dir, tid)
     rec = records.load_state(paths, tid)
     run_id = rec.mlflow_run_id
@@ -378,7 +359,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     records.save_state(paths, rec)
     second = scheduler.submit(str(path), address=c.address, progress=False)
     assert second["states"] == {"done": 1}
-    t = _trials(grid_dir)[tid]
+    t = read_trials(grid_dir)[tid]
     a1, a2 = t["attempts"]
     assert (a1.pool, a1.node, a1.outcome) == ("sim-h100", nodes["sim-h100"], "completed")
     assert (a2.pool, a2.node, a2.resumed_from_step, a2.start_step, a2.end_step) == (
@@ -408,7 +389,7 @@ def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> Non
                     + "overrides: {train.lr: 0.0666}\n")
     summary = scheduler.submit(str(path), address=c.address, progress=False)
     assert summary["states"] == {"failed": 1}
-    (t,) = _trials(Path(summary["grid_dir"])).values()
+    (t,) = read_trials(Path(summary["grid_dir"])).values()
     assert [(a.outcome, a.start_step, a.end_step) for a in t["attempts"]] == [
         ("infra_failure", 1, 6), ("infra_failure", 6, 6)]  # retried once, from the step-5 checkpoint
     assert "retries exhausted after 2 attempts" in t["state"].error and "injected" in t["state"].error

@@ -4,30 +4,13 @@ disk and in MLflow, one live MLflow run per trial)."""
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 from typing import Any
 
 from rayclusters import write_grid  # noqa: F401  (re-exported for the suite)
+from trialrecords import mlflow_steps, trials
 
 from orchestrator import records
-from orchestrator.trial import TrialPaths
-
-
-def trials(grid_dir: Path) -> dict[str, dict[str, Any]]:
-    """Every trial of a grid directory: spec, state record, attempts and metric steps on disk."""
-    out = {}
-    for spec in sorted((Path(grid_dir) / "trials").glob("*/spec.json")):
-        paths = TrialPaths(grid_dir, spec.parent.name)
-        s = json.loads(spec.read_text())
-        out[s["trial_id"]] = {
-            "spec": s,
-            "paths": paths,
-            "state": records.load_state(paths, s["trial_id"]),
-            "attempts": records.load_attempts(paths),
-            "steps": [st for st, _ in records.iter_metrics(paths.metrics)],
-        }
-    return out
 
 
 def total_steps(grid_dir: Path) -> int:
@@ -35,12 +18,6 @@ def total_steps(grid_dir: Path) -> int:
     if not root.is_dir():
         return 0
     return sum(sum(1 for _ in records.iter_metrics(p)) for p in root.glob("*/metrics.jsonl"))
-
-
-def mlflow_steps(uri: str, run_id: str, key: str) -> list[int]:
-    from mlflow.tracking import MlflowClient
-
-    return sorted(m.step for m in MlflowClient(uri).get_metric_history(run_id, key))
 
 
 def live_runs(uri: str, trial_id: str) -> list[Any]:
