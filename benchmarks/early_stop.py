@@ -153,10 +153,10 @@ REWARD_RULES = ("train_reward_drop", "eval_reward_drop")
 
 
 def _held(engine: Any, m: int, names: tuple[str, ...] | None = None, relapse: bool = False) -> list[Any]:
-    """Collapse rules firing now, active >= m observations since they fired, not clearing."""
+    """Collapse rules firing now that have held for the last ``m`` observations."""
     return [r for r in engine.rules
             if r.firing is not None and r.spec.kind != "nonfinite" and r.spec.verdict == "collapsed"
-            and r.firing.active_since_fire >= m and r.firing.holding
+            and r.firing.held(m)
             and (names is None or r.spec.name in names) and (not relapse or r.episodes)]
 
 

@@ -157,6 +157,10 @@ class _Firing:
     active_since_fire: int = 0  # consecutive observations, up to now, with the condition true
     holding: bool = True  # the condition held at the latest observation
 
+    def held(self, n: int) -> bool:
+        """The condition has held for the last ``n`` observations since firing (and holds now)."""
+        return self.active_since_fire >= n and self.holding
+
 
 class _Streak:
     """Consecutive observations with a condition true, and the step where that run began."""
@@ -401,7 +405,7 @@ class VerdictEngine:
             f = rule.firing
             assert f is not None
             # Certain once the rule has held for ``margin`` observations in a row since it fired.
-            if f.active_since_fire >= margin and f.holding:
+            if f.held(margin):
                 return f"early stop: {rule.spec.name} fired at step {f.onset} ({self._describe(rule)})"
         warned = self.warning is not None and self.warning.step is not None
         if self.early_stop.on_warning and warned and self._obs_since_warning > margin:
