@@ -250,6 +250,9 @@ def report(res: Mapping[str, object], source: str) -> None:
 
 
 def main() -> None:
+    from orchestrator import numerics
+
+    numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=Path, default=REPO / "benchmarks" / "early_stop_grid.yaml")
     ap.add_argument("--cache", type=Path, default=REPO / ".ablate" / "bench-early-stop")

@@ -450,6 +450,9 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid and derived trials (unless ``--skip-run``) and write the report."""
+    from orchestrator import numerics
+
+    numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=DEFAULT_WORKDIR, help="ablate workdir (MLflow store inside)")
     ap.add_argument("--skip-run", action="store_true", help="only analyse what the workdir holds")

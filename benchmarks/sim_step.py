@@ -104,6 +104,9 @@ def deterministic_ratio(pool: str, reps: int) -> tuple[float, float, float]:
 
 
 def main() -> None:
+    from orchestrator import numerics
+
+    numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     ap.add_argument("--steps", type=int, default=300)
     ap.add_argument("--threads", type=int, default=1)

@@ -103,6 +103,9 @@ class AttemptContext:
     def should_stop(self) -> str | None:
         return self._a.should_stop()
 
+    def describe_environment(self, facts: Mapping[str, str]) -> None:
+        self._a.describe_environment(facts)
+
 
 class AttemptRun:
     """State of one running attempt; see the module docstring for the rules it keeps."""
@@ -339,6 +342,14 @@ class AttemptRun:
                 self.cancelled = True
                 self.stop_reason = "cancelled by `ablate cancel`"
         return self.stop_reason
+
+    def describe_environment(self, facts: Mapping[str, str]) -> None:
+        """Keep ``facts`` with this attempt (attempts.json) and tag the MLflow run with them."""
+        self.attempt = dataclasses.replace(self.attempt, environment=dict(facts))
+        self.attempts[-1] = self.attempt
+        records.save_attempts(self.paths, self.attempts)
+        if self.tracker is not None:
+            self.tracker.set_tags(dict(facts))
 
     # ------------------------------------------------------------------ endings
 

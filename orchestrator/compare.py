@@ -103,9 +103,11 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
         P.importance_bars(importance, out / "importance.png"),
     ]
     plots = [p for p in plots if p is not None]
+    from orchestrator.numerics import environments
+
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
-              "reward_metric": reward}
+              "reward_metric": reward, "environments": environments(r.numerics for r in results)}
     (out / "summary.md").write_text(render_markdown(report))
     (out / "summary.html").write_text(render_html(report))
     return report
@@ -199,6 +201,7 @@ def render_markdown(report: dict[str, Any]) -> str:
              f"{len(res)} trials from `{report['store']}`; verdicts: {_verdict_counts(res)}.",
              (f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
               "collapsed/judged trials @ median collapse step, max k3 KL."), "",
+             *environment_lines(report), "",
              "| " + " | ".join(_esc_md(h) for h in header) + " |",
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
@@ -217,6 +220,22 @@ def render_markdown(report: dict[str, Any]) -> str:
                      f"{'' if r.verdict_step is None else r.verdict_step} | {_esc_md(r.verdict_reason[:160])} |")
     lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report["plots"]]
     return "\n".join(lines) + "\n"
+
+
+def environment_lines(report: dict[str, Any]) -> list[str]:
+    """Where the numbers were computed: one line, or a warning listing each environment when
+    the compared trials ran under different ones (their numbers are then not comparable bit
+    for bit; see orchestrator/numerics.py)."""
+    envs = report.get("environments") or {}
+    if not envs:
+        return []
+    if len(envs) == 1:
+        (n, text), = envs.values()
+        return [f"Numeric environment ({n} trials): {_esc_md(text)}."]
+    lines = [(f"**Warning: the trials ran under {len(envs)} different numeric environments**; "
+              "numbers that differ between them may differ by the machine, not by the axes:")]
+    lines += [f"- `{fp}` ({n} trials): {_esc_md(text)}" for fp, (n, text) in envs.items()]
+    return lines
 
 
 def _num(v: float) -> str:
@@ -239,6 +258,8 @@ def render_html(report: dict[str, Any]) -> str:
              (f"<p>{len(report['results'])} trials from <code>{esc(report['store'])}</code>; verdicts: "
               f"{esc(_verdict_counts(report['results']))}. Cells: final / peak {esc(report['reward_metric'])} "
               "(mean ± 95% CI over seeds), collapsed/judged @ median step, max k3 KL.</p>"),
+             *(f"<p>{esc(line.replace('**', '').replace('`', ''))}</p>"
+               for line in environment_lines(report)),
              "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
     for row in body:
         tds = [f"<td>{esc(x)}</td>" for x in row[:n_rows]]
@@ -288,7 +309,12 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_column(h, overflow="fold")
     for row in body:
         table.add_row(*row)
-    Console(soft_wrap=False).print(table)
+    console = Console(soft_wrap=False)
+    console.print(table)
+    envs = report.get("environments") or {}
+    if len(envs) > 1:
+        console.print(f"[yellow]warning: these trials ran under {len(envs)} different numeric "
+                      "environments; see summary.md[/yellow]")
 
 
 def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:

@@ -48,6 +48,7 @@ class TrialResult:
     latest: dict[str, float]
     segments: list[Segment]
     superseded: list[dict[str, list[tuple[int, float]]]] = dataclasses.field(default_factory=list)
+    numerics: dict[str, str] = dataclasses.field(default_factory=dict)  # ``numerics.*`` tags
 
     @property
     def reward_key(self) -> str:
@@ -161,6 +162,8 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             curves=curves, latest=dict(run.data.metrics),
             segments=segments_from_tags(tags) or segments_from_dir(grid_dir, tid),
             superseded=superseded_tails(grid_dir, tid),
+            numerics={k.removeprefix("numerics."): v for k, v in tags.items()
+                      if k.startswith("numerics.")},
         )
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names), r.seed,
                                                 r.trial_id))

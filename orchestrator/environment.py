@@ -16,11 +16,16 @@ PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omeg
 
 
 @contextlib.contextmanager
-def scoped_environ(values: Mapping[str, str]) -> Iterator[None]:
-    """Set environment variables for the duration of a block, then restore (or remove) them.
-    Libraries that read settings only from the environment (Tune, MLflow's HTTP client) need it."""
+def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (None: unset) environment variables for the duration of a block, then restore them.
+    Libraries that read settings only from the environment (Tune, MLflow's HTTP client, a Ray
+    node starting its workers) need it."""
     saved = {k: os.environ.get(k) for k in values}
-    os.environ.update(values)
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
     try:
         yield
     finally:

@@ -63,6 +63,11 @@ class GridSpec:
         return GridError(problem, file=self.file, line=self.line(*path),
                          key=format_path(tuple(path)) or None, **kw)
 
+    @property
+    def base_config(self) -> dict[str, Any]:
+        """The recipe with the grid's fixed ``overrides:`` applied (what every trial shares)."""
+        return recipes.apply_overrides(self.recipe_config, dict(self.fixed))
+
     def trial_config(self, trial: TrialSpec) -> dict[str, Any]:
         """The full resolved config of a trial (recipe + its overrides) as a nested dict."""
         return recipes.apply_overrides(self.recipe_config, trial.override_map)

@@ -88,27 +88,38 @@ def resource_fn(placements: Mapping[str, Placement]) -> Any:
     return resources
 
 
-def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None) -> tuple[bool, bool]:
+def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None,
+            worker_env: Mapping[str, str | None] | None = None) -> tuple[bool, bool]:
     """Connect to Ray: (we started an embedded local cluster, we own the connection).
 
-    A caller that already initialised Ray (a notebook, a benchmark) keeps its connection.
+    ``worker_env`` (the backend's ``worker_env``) reaches every worker: an embedded node starts
+    its workers with this process's environment as it is during ``ray.init``; on an existing
+    cluster it is the job's runtime environment (there a variable can be set, not unset). A
+    caller that already initialised Ray (a notebook, a benchmark) keeps its connection and its
+    workers' environment.
     """
     import ray
 
+    from orchestrator.environment import scoped_environ
+
+    env = dict(worker_env or {})
     addr = address or os.environ.get("RAY_ADDRESS")
     if ray.is_initialized():
         return False, False
     if addr:
-        ray.init(address=addr, log_to_driver=False, configure_logging=False)
+        values = {k: v for k, v in env.items() if v is not None}
+        ray.init(address=addr, log_to_driver=False, configure_logging=False,
+                 runtime_env={"env_vars": values} if values else None)
         return False, True
     capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind == "sim"}
     temp_root = Path(ray_tmp) if ray_tmp else Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
     reaped = reap_stale_sessions(temp_root)
     if reaped:
         log.info("stopped %d Ray agent(s) left by a killed orchestrator: pids %s", len(reaped), reaped)
-    ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
-             include_dashboard=False, log_to_driver=False, configure_logging=False,
-             _temp_dir=ray_tmp)
+    with scoped_environ(env):
+        ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
+                 include_dashboard=False, log_to_driver=False, configure_logging=False,
+                 _temp_dir=ray_tmp)
     return True, True
 
 

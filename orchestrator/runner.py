@@ -109,6 +109,8 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
     trial = trials[trial_id]
     grid_dir = workspace.grid_dir(grid.name, workdir)
     uri = workspace.tracking_uri(tracking_uri, workdir)
+    from orchestrator.backends import backend_class
+    from orchestrator.environment import scoped_environ
     from orchestrator.tracking import GridRun
 
     parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
@@ -117,7 +119,10 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
                        tracking=TrackingTarget(uri, parent.experiment_id, parent.run_id),
                        submission=f"run-trial-{os.getpid()}-{int(time.time())}",
                        start="fresh" if fresh else "latest", reopen=fresh)
-        result = run_attempt(job)
+        # Effective only if nothing imported torch yet (the CLI has not); the trial records
+        # what it really ran under either way.
+        with scoped_environ(backend_class(trial.backend).worker_env(job.config)):
+            result = run_attempt(job)
     except BaseException:
         parent.end("FAILED")
         raise

@@ -303,7 +303,10 @@ def _run_with(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: st
         pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
         if grid.spec.pool:
             pool_specs[grid.spec.pool] = grid.pools.get(grid.spec.pool)
-    embedded, owned = connect(address, pool_specs, ray_tmp)
+    from orchestrator.backends import backend_class
+
+    worker_env = backend_class(grid.backend).worker_env(grid.base_config)
+    embedded, owned = connect(address, pool_specs, ray_tmp, worker_env)
     try:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         placements = plan_placement(pool_specs, embedded=embedded,

@@ -145,6 +145,7 @@ class Attempt:
     node: str | None = None
     submission: str | None = None  # orchestrator submission that ran it (tells a killed
     # orchestrator from a killed worker when an attempt ended without a record)
+    environment: dict[str, str] | None = None  # where it computed (``numerics.*`` facts)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

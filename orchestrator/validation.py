@@ -253,6 +253,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     axes = tuple(_axis(name, values, spec, chk, catalog) for name, values in spec.axes.items())
     _check_pools(spec, axes, chk, catalog)
     _check_conflicts(axes, chk)
+    _check_submission_wide(spec, axes, chk)
     excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
     includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
     if spec.search is not None:
@@ -324,6 +325,21 @@ def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCa
         overrides.append(((name, _freeze(v)),))
     _no_dupes(labels, path, chk)
     return Axis(name, "value", tuple(labels), tuple(overrides))
+
+
+# Keys that set how the worker processes start (their environment), so one value holds for a
+# whole submission: they may be fixed under ``overrides:``, never vary between trials.
+SUBMISSION_WIDE = {"sim.reproducible": "it pins the numerics of the processes that run the trials"}
+
+
+def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: _Checker) -> None:
+    places = [(("axes", a.name) + ((label,) if a.kind == "bundle" else ()), key)
+              for a in axes for label, ov in zip(a.labels, a.overrides) for key, _ in ov]
+    places += [(("include", i), key) for i, rule in enumerate(spec.include) for key in rule]
+    for path, key in places:
+        if key in SUBMISSION_WIDE:
+            raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,
+                          fix="set it once under 'overrides:' (or submit two grids)")
 
 
 def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: _Checker) -> None:

@@ -2,9 +2,18 @@
 from __future__ import annotations
 
 import os
+import sys
 from pathlib import Path
 
 import pytest
+
+from orchestrator import numerics
+
+# Before anything imports torch: every simulator number a test checks (the golden run, the
+# calibration bounds) holds on any x86-64 AVX2 machine only under the pinned numerics, and the
+# Ray workers and `ablate` subprocesses the tests start inherit them.
+assert "torch" not in sys.modules, "torch was imported before tests/conftest.py pinned numerics"
+numerics.apply(True)
 
 REPO = Path(__file__).resolve().parent.parent
 

@@ -56,6 +56,10 @@ class RunContext(Protocol):
     def should_stop(self) -> str | None:
         """A reason to stop now (early stop, cancel), or None to go on."""
 
+    def describe_environment(self, facts: Mapping[str, str]) -> None:
+        """Record where this attempt computes (numeric environment, library versions): kept in
+        the attempt record and set as tags on the trial's MLflow run."""
+
 
 class Backend(abc.ABC):
     """Runs attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kind``."""
@@ -68,6 +72,13 @@ class Backend(abc.ABC):
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Plan-time refusal: a reason this backend cannot run the combination, or None."""
         return None
+
+    @classmethod
+    def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
+        """Environment variables the processes that run this backend's trials must start with
+        (None: unset), e.g. the simulator's pinned numerics. Applied before Ray starts its
+        workers, and before an in-process trial imports anything heavy."""
+        return {}
 
     @abc.abstractmethod
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:

@@ -20,7 +20,8 @@ class SimBackend(Backend):
     """Runs trials on the CPU simulator (``orchestrator.sim``)."""
 
     name: ClassVar[str] = "sim"
-    version: ClassVar[str] = "sim-1"
+    # sim-2: low-precision GEMMs computed explicitly and CPU numerics pinned (numbers changed).
+    version: ClassVar[str] = "sim-2"
     pool_kind: ClassVar[str] = "sim"
 
     @classmethod
@@ -47,11 +48,36 @@ class SimBackend(Backend):
             return str(exc)
         return None
 
+    @classmethod
+    def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
+        """Pinned CPU numerics for every simulator process (``orchestrator/numerics.py``)."""
+        from orchestrator import numerics
+        from orchestrator.sim.config import reproducible
+
+        return numerics.target_env(reproducible(config))
+
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         from orchestrator.sim.config import build_setup
 
         setup = build_setup(config, ctx.pool)  # raises UserError before any work
         return _train(trial, setup, ctx)
+
+
+def numeric_environment(reproducible: bool) -> dict[str, str]:
+    """The ``numerics.*`` facts of this process (torch imported), for the attempt record and
+    MLflow tags; a run that asked for pinned numerics and did not get them says why in a log
+    line too."""
+    import logging
+
+    from orchestrator import numerics
+
+    env = numerics.describe(reproducible)
+    if reproducible and not env["reproducible"]:
+        logging.getLogger(__name__).warning("numerics not pinned: %s", env["why"])
+    facts = {f"numerics.{k}": str(v).lower() if isinstance(v, bool) else str(v)
+             for k, v in env.items()}
+    facts["numerics.fingerprint"] = numerics.fingerprint(env)
+    return facts
 
 
 def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
@@ -64,6 +90,7 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
     from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
 
     torch.set_num_threads(setup.threads)
+    ctx.describe_environment(numeric_environment(setup.reproducible))
     try:
         task = Task(**setup.task)
     except (TypeError, ValueError) as exc:

@@ -2,6 +2,7 @@
 
 Prints one line per ``--every`` steps and a summary; checkpoints go under ``--workdir``.
 Example: ``python -m orchestrator.sim --pool sim-a100 --steps 300 --set correction.is_level=token``.
+Runs with pinned CPU numerics unless ``--set sim.reproducible=false``.
 """
 from __future__ import annotations
 
@@ -46,6 +47,10 @@ def main(argv: list[str] | None = None) -> int:
         for section, model in (("correction", CorrectionSpec), ("rollout", RolloutSpec)):
             base[section] = {**model().model_dump(mode="json"), **(base.get(section) or {})}
         config = recipes.apply_overrides(base, overrides)
+        from orchestrator import numerics
+        from orchestrator.sim.config import reproducible
+
+        numerics.apply(reproducible(config))  # torch is not imported yet in this process
         pool = load_catalog().get(args.pool)
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sim-trial-"))
         trial = make_trial(args.pool, args.steps, args.seed, overrides, args.recipe)
@@ -67,6 +72,10 @@ def main(argv: list[str] | None = None) -> int:
         return 2
     print(f"{result.outcome.value} at step {result.last_step} in {time.perf_counter() - t0:.1f} s"
           + (f": {result.reason}" if result.reason else "") + f"; workdir {workdir}")
+    env = ctx.environment
+    print("numerics: " + ("pinned (" + env.get("numerics.levels", "") + ")"
+                          if env.get("numerics.reproducible") == "true"
+                          else "not pinned: " + env.get("numerics.why", "?")))
     return 0 if result.outcome.value != "numeric_failure" else 1
 
 

@@ -85,6 +85,26 @@ def measure_k3(ref: Reference, pool: PoolSpec, *, batches: int = 4, batch: int =
     return statistics.median(values)
 
 
+def knobs(catalog: Any) -> dict[str, tuple[PoolSpec, RolloutSpec | None]]:
+    """The knobs the simulator README reports, each as sim-h100 (or sim-a100) plus one change."""
+    h100, a100 = catalog.get("sim-h100"), catalog.get("sim-a100")
+
+    def with_profile(pool: PoolSpec, **change: Any) -> PoolSpec:
+        return pool.model_copy(update={"sim_profile": {**pool.sim_profile, **change}})
+
+    out: dict[str, tuple[PoolSpec, RolloutSpec | None]] = {
+        "sim-h100": (h100, None),
+        "fp32 router": (with_profile(h100, router="fp32"), None),
+        "int4 weights": (with_profile(h100, weight_quant="int4"), None),
+        "weight_lag 1": (h100, RolloutSpec(weight_lag=1)),
+        "fp16 + fp32 head": (h100, RolloutSpec(dtype="fp16", lm_head_fp32=True,
+                                                kv_cache_dtype="fp16", reduction_order="default")),
+    }
+    for lag in range(4):
+        out[f"sim-a100 lag {lag}"] = (a100, RolloutSpec(weight_lag=lag))
+    return out
+
+
 def main() -> None:
     """Print k3 per sim-* pool for dense and MoE references of ``sim/grpo_tiny``: per reference
     seed, and the median over the seeds (one reference is noisy: MoE sim-h100 measures 3.7e-4 on
@@ -100,23 +120,31 @@ def main() -> None:
     ap.add_argument("--entropy", type=float, default=1.5)
     ap.add_argument("--seeds", type=int, nargs="+", default=[0, 1, 2],
                     help="seeds of the reference policies (default: 0 1 2)")
+    ap.add_argument("--knobs", action="store_true",
+                    help="also measure each knob of the README (sim-h100 plus one change)")
     args = ap.parse_args()
+    from orchestrator import numerics
+
+    numerics.ensure_pinned()  # the table holds on every x86-64 AVX2 machine only pinned
     torch.set_num_threads(1)
     catalog = load_catalog()
     pools = [name for name in catalog.names() if catalog.get(name).kind == "sim"]
+    targets = {name: (catalog.get(name), None) for name in pools}
+    if args.knobs:
+        targets.update(knobs(catalog))
     base = recipes.compose_recipe("sim/grpo_tiny", root=recipes.REPO_RECIPES)
     for arch in args.arch:
         config = recipes.apply_overrides(base, {"model.arch": arch})
-        per_seed: dict[str, list[float]] = {name: [] for name in pools}
+        per_seed: dict[str, list[float]] = {name: [] for name in targets}
         for seed in args.seeds:
             ref = reference_policy(config, catalog.get("sim-h100"), seed=seed, entropy=args.entropy)
-            for name in pools:
-                per_seed[name].append(measure_k3(ref, catalog.get(name)))
+            for name, (pool, rollout) in targets.items():
+                per_seed[name].append(measure_k3(ref, pool, rollout=rollout))
             print(f"{arch} seed {seed}: reference at step {ref.steps} (entropy {ref.entropy:.2f}, "
                   f"reward {ref.reward:.3f}): " + ", ".join(
-                      f"{name} {per_seed[name][-1]:.1e}" for name in pools), flush=True)
+                      f"{name} {per_seed[name][-1]:.1e}" for name in targets), flush=True)
         print(f"{arch} median of seeds {' '.join(map(str, args.seeds))}: " + ", ".join(
-            f"{name} {statistics.median(per_seed[name]):.1e}" for name in pools), flush=True)
+            f"{name} {statistics.median(per_seed[name]):.1e}" for name in targets), flush=True)
 
 
 if __name__ == "__main__":

@@ -23,13 +23,14 @@ from orchestrator.sim.profile import (
     resolve_numerics,
 )
 
-SECTIONS = ("model", "task", "train", "eval", "correction", "rollout")
+SECTIONS = ("model", "task", "train", "eval", "sim", "correction", "rollout")
 MODEL_KEYS = ("arch", "d_model", "n_layers", "n_heads", "d_ff", "n_experts", "top_k",
               "expert_d_ff", "aux_loss_coef")
 TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "aliases")
 TRAIN_KEYS = ("lr", "prompts_per_step", "group_size", "ppo_epochs", "minibatches", "clip_eps",
               "kl_coef", "grad_clip", "weight_decay", "adam_beta1", "adam_beta2", "threads")
 EVAL_KEYS = ("every", "prompts")
+SIM_KEYS = ("reproducible",)
 TASK_NAMES = ("progression", "sum_mod", "reverse_sum", "reverse")  # == sim.task.TASKS (tested)
 # The type every scalar knob must have (checked at plan time too: nothing reaches a trial unless
 # it would run). bool is not an int here; an int is a fine float.
@@ -44,6 +45,7 @@ KNOB_TYPES = {
     **{f"train.{k}": _FLOAT for k in ("lr", "clip_eps", "kl_coef", "grad_clip", "weight_decay",
                                        "adam_beta1", "adam_beta2")},
     "eval.every": _INT, "eval.prompts": _INT,
+    "sim.reproducible": _BOOL,
 }
 
 
@@ -69,6 +71,7 @@ class SimSetup:
     rollout: RolloutSpec
     numerics: Numerics
     threads: int
+    reproducible: bool = True  # pinned CPU numerics (orchestrator/numerics.py)
 
 
 def _section(config: Mapping[str, Any], name: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -104,7 +107,9 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     task = _section(config, "task", TASK_KEYS)
     train = _section(config, "train", TRAIN_KEYS)
     ev = _section(config, "eval", EVAL_KEYS)
-    for name, body in (("model", model), ("task", task), ("train", train), ("eval", ev)):
+    sim = _section(config, "sim", SIM_KEYS)
+    for name, body in (("model", model), ("task", task), ("train", train), ("eval", ev),
+                       ("sim", sim)):
         for key, value in body.items():
             _need(_typed(f"{name}.{key}", value), f"{name}.{key}",
                   f"must be {KNOB_TYPES.get(f'{name}.{key}')}, got {value!r}"[:200])
@@ -145,4 +150,11 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
         train["eval_every"] = ev["every"]
     if "prompts" in ev:
         train["eval_prompts"] = ev["prompts"]
-    return SimSetup(model, task, train, correction, rollout, numerics, threads)
+    return SimSetup(model, task, train, correction, rollout, numerics, threads,
+                    sim.get("reproducible", True))
+
+
+def reproducible(config: Mapping[str, Any]) -> bool:
+    """``sim.reproducible`` of a resolved config (true unless a grid opts out)."""
+    section = config.get("sim") or {}
+    return not isinstance(section, Mapping) or section.get("reproducible", True) is not False

@@ -25,6 +25,7 @@ class LocalContext:
     stop_at: int | None = None  # ask the backend to stop after this step (testing early stop)
     on_step: Callable[[int, Mapping[str, float]], None] | None = None
     metrics: dict[int, dict[str, float]] = dataclasses.field(default_factory=dict)
+    environment: dict[str, str] = dataclasses.field(default_factory=dict)
 
     def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
         if self.metrics and step <= max(self.metrics):
@@ -51,6 +52,9 @@ class LocalContext:
     def checkpoints(self) -> list[int]:
         root = self.workdir / "checkpoints"
         return sorted(int(p.name[5:]) for p in root.glob("step_*") if not p.name.endswith(".tmp"))
+
+    def describe_environment(self, facts: Mapping[str, str]) -> None:
+        self.environment.update(facts)
 
     def should_stop(self) -> str | None:
         if self.stop_at is not None and self.metrics and max(self.metrics) >= self.stop_at:

@@ -91,6 +91,23 @@ class ExactOps:
     def store_kv(self, x: torch.Tensor) -> torch.Tensor:
         return x
 
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.matmul(a, b)
+
+
+def matmul_rounded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """``a @ b`` as a low-precision kernel with fp32 accumulation computes it: the operands as
+    held (already rounded to their dtype), every product exact (two bf16 or fp16 values multiply
+    exactly in fp32), fp32 sums, the output rounded to ``a``'s dtype.
+
+    Computed as an fp32 GEMM, never by a native bf16/fp16 kernel: which of those a CPU has
+    (AVX512-BF16, AMX, a slow fallback) and how it sums would make the numbers a property of the
+    processor, and the fallback is ~25x slower than fp32 on AVX2. The order of the fp32 sum is
+    the pinned BLAS's (``orchestrator/numerics.py``). fp32 operands: a plain matmul."""
+    if a.dtype == torch.float32:
+        return torch.matmul(a, b)
+    return torch.matmul(a.float(), b.float()).to(a.dtype)
+
 
 @dataclasses.dataclass
 class KVCache:
@@ -130,11 +147,11 @@ def _attention(x: torch.Tensor, p: dict[str, torch.Tensor], i: int, cfg: ModelCo
         cache.v[i][:, :, start:start + t] = ops.store_kv(v)
         k = cache.k[i][:, :, :start + t].to(q.dtype)
         v = cache.v[i][:, :, :start + t].to(q.dtype)
-    scores = (torch.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).float()
+    scores = (ops.matmul(q, k.transpose(-1, -2)) * (1.0 / math.sqrt(dh))).float()
     if t > 1:  # query at absolute position start+r sees keys 0..start+r (one query sees all)
         scores = scores.masked_fill(_future(t, start), float("-inf"))
     probs = torch.softmax(scores, dim=-1).to(q.dtype)  # softmax in fp32, like fused kernels
-    out = torch.matmul(probs, v).transpose(1, 2).reshape(b, t, d)
+    out = ops.matmul(probs, v).transpose(1, 2).reshape(b, t, d)
     return ops.linear(out, p, f"l{i}_out")
 
 

@@ -17,7 +17,7 @@ import dataclasses
 import torch
 import torch.nn.functional as F
 
-from orchestrator.sim.model import ExactOps, KVCache, ModelConfig, forward
+from orchestrator.sim.model import ExactOps, KVCache, ModelConfig, forward, matmul_rounded
 from orchestrator.sim.profile import Numerics
 from orchestrator.sim.task import EOS, PAD, Task, response_mask
 
@@ -43,34 +43,53 @@ def _fp8_quant(x: torch.Tensor, dim: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 class EngineOps:
-    """Low-precision arithmetic of the rollout engine (see ``profile.SimProfile``)."""
+    """Low-precision arithmetic of the rollout engine (see ``profile.SimProfile``).
 
-    def __init__(self, num: Numerics) -> None:
-        self.num = num
+    ``kernels="explicit"`` (always, in trials) computes every low-precision GEMM as an fp32 GEMM
+    over rounded operands (:func:`model.matmul_rounded`): the documented arithmetic, the same on
+    every CPU. ``kernels="native"`` runs the CPU's own bf16/fp16 kernels instead (what ``sim-1``
+    did); it exists to verify the explicit arithmetic against them and to measure the speed-up
+    (``tests/sim/test_engine_arithmetic.py``, ``benchmarks/sim_numerics.py``).
+    """
+
+    def __init__(self, num: Numerics, kernels: str = "explicit") -> None:
+        if kernels not in ("explicit", "native"):
+            raise ValueError(f"kernels must be explicit or native, got {kernels!r}")
+        self.num, self.native = num, kernels == "native"
         self.act_dtype = torch.bfloat16 if num.dtype == "fp8" else DTYPES[num.dtype]
         self.kv_dtype = DTYPES[num.kv_cache]
+
+    def matmul(self, a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        """Attention's own GEMMs (scores, probabilities x values) in the activation dtype."""
+        return torch.matmul(a, b) if self.native else matmul_rounded(a, b)
 
     def cast(self, x: torch.Tensor) -> torch.Tensor:
         return x.to(self.act_dtype)
 
     def _mm(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
             out_dtype: torch.dtype) -> torch.Tensor:
+        """``x @ W.T`` with the output rounded to ``out_dtype``: the engine's documented
+        arithmetic (operands in their low precision, exact products, fp32 accumulation, rounded
+        output), computed explicitly as an fp32 GEMM over the rounded operands (see
+        :func:`model.matmul_rounded`). ``p[name]`` is W.T in fp32, holding the rounded values."""
         chunks = p.get(name + "@chunks")
         if chunks is not None:
             return self._split_k(x, chunks, out_dtype)
-        wt = p[name].transpose(-1, -2)
         if self.num.reduction_order == "reversed":  # weights were stored K-reversed at sync
-            return torch.matmul(x.flip(-1), wt)
-        return torch.matmul(x, wt)
+            x = x.flip(-1)
+        w = p[name]
+        if self.native:  # the CPU's own kernel: operands and output in the low dtype
+            return torch.matmul(x, w).to(out_dtype)
+        return torch.matmul(x.float(), w).to(out_dtype)
 
     def _split_k(self, x: torch.Tensor, chunks: torch.Tensor,
                  out_dtype: torch.dtype) -> torch.Tensor:
         """split-K: each K-chunk's partial product is written in ``out_dtype`` and the partials
         are summed one by one in that dtype, as a split-K kernel with a low-precision workspace
-        does. ``chunks`` is W.T cut along K: [n, (E), split_k, O]; one batched GEMM over the
-        chunk dimension yields all n partials."""
+        does. ``chunks`` is W.T cut along K (fp32 holding the rounded values):
+        [n, (E), split_k, O]; one batched GEMM over the chunk dimension yields all n partials."""
         n, s = chunks.shape[0], chunks.shape[-2]
-        xc = x.unflatten(-1, (n, s)).movedim(-2, 0)  # [n, ..., s]
+        xc = (x if self.native else x.float()).unflatten(-1, (n, s)).movedim(-2, 0)  # [n, ..., s]
         if chunks.dim() == 3:  # one weight: all rows in one GEMM per chunk
             parts = torch.matmul(xc.reshape(n, -1, s), chunks)
             parts = parts.view(n, *x.shape[:-1], chunks.shape[-1])
@@ -82,14 +101,13 @@ class EngineOps:
             acc = acc + parts[i]
         return acc
 
-    def _chunks(self, w: torch.Tensor) -> torch.Tensor | None:
-        """W [(E), O, K] as K-chunks of W.T [n, (E), split_k, O], or None if K does not split."""
-        k = w.shape[-1]
+    def _chunks(self, wt: torch.Tensor) -> torch.Tensor | None:
+        """W.T [(E), K, O] as K-chunks [n, (E), split_k, O], or None if K does not split."""
+        k = wt.shape[-2]
         s = self.num.split_k
         if k % s or k <= s:
             return None
-        wt = w.transpose(-1, -2).unflatten(-2, (k // s, s))  # [(E), n, s, O]
-        return wt.movedim(-3, 0).contiguous()
+        return wt.unflatten(-2, (k // s, s)).movedim(-3, 0).contiguous()
 
     def _lin(self, x: torch.Tensor, p: dict[str, torch.Tensor], name: str,
              dtype: str) -> torch.Tensor:
@@ -125,7 +143,9 @@ class EngineOps:
         return x.to(self.kv_dtype).to(self.act_dtype)
 
     def convert(self, params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        """Engine-format copy of fp32 trainer weights (the 'weight sync')."""
+        """Engine-format copy of fp32 trainer weights (the 'weight sync'). A linear's weight is
+        rounded to its dtype and kept as W.T in fp32 (exact: every low-precision value is an fp32
+        value), the form the explicit GEMM reads."""
         out: dict[str, torch.Tensor] = {}
         for name, w in params.items():
             kind = self._kind(name)
@@ -138,9 +158,11 @@ class EngineOps:
                 w = _int4_dequant(w, self.num.group_size)
             if kind == "fp8":
                 q, s = _fp8_quant(w, -1)  # per output channel
-                out[name], out[name + "@s"] = q, s.transpose(-1, -2)
+                rounded, out[name + "@s"] = q, s.transpose(-1, -2)
             else:
-                out[name] = w.to(DTYPES[kind])
+                rounded = w.to(DTYPES[kind])
+            wt = rounded.transpose(-1, -2).contiguous()
+            out[name] = wt if self.native else wt.float()
             if self.num.reduction_order == "chunked":
                 chunks = self._chunks(out[name])
                 if chunks is not None:
@@ -186,9 +208,10 @@ class Rollouts:
 class RolloutEngine:
     """Generates rollouts with its own (lagged, low-precision) copy of the policy."""
 
-    def __init__(self, cfg: ModelConfig, task: Task, num: Numerics) -> None:
+    def __init__(self, cfg: ModelConfig, task: Task, num: Numerics,
+                 kernels: str = "explicit") -> None:
         self.cfg, self.task, self.num = cfg, task, num
-        self.ops = ExactOps() if num.deterministic else EngineOps(num)
+        self.ops = ExactOps() if num.deterministic else EngineOps(num, kernels)
         self.queue: collections.deque[dict[str, torch.Tensor]] = collections.deque()
         self.params: dict[str, torch.Tensor] = {}
 

@@ -71,7 +71,13 @@ def _finite(name: str, x: torch.Tensor, step: int) -> None:
 class AdamW:
     """AdamW (decoupled weight decay, bias-corrected moments, eps outside the square root), as
     ``torch.optim.AdamW`` defines it. Written out because constructing any ``torch.optim``
-    optimizer imports ``torch._dynamo``: seconds of fixed cost per trial process."""
+    optimizer imports ``torch._dynamo``: seconds of fixed cost per trial process.
+
+    One deliberate difference: the square root of the second moment is taken in float64 and
+    rounded to float32, i.e. correctly rounded. torch's float32 sqrt kernel is an approximation
+    (about 16% of results one ulp off) whose last bit depends on the processor, which would make
+    every trial's weights a property of the CPU (measured: identical everywhere else in a step,
+    different after the first optimizer update on an emulated Zen 2)."""
 
     def __init__(self, params: dict[str, torch.Tensor], lr: float, betas: tuple[float, float],
                  weight_decay: float, eps: float = 1e-8) -> None:
@@ -96,7 +102,7 @@ class AdamW:
         torch._foreach_lerp_(ms, gs, 1.0 - b1)  # m <- b1 m + (1 - b1) g
         torch._foreach_mul_(vs, b2)
         torch._foreach_addcmul_(vs, gs, gs, 1.0 - b2)  # v <- b2 v + (1 - b2) g^2
-        denom = torch._foreach_sqrt(vs)
+        denom = [v.double().sqrt_().float() for v in vs]  # correctly rounded (see above)
         torch._foreach_div_(denom, math.sqrt(1.0 - b2 ** self.t))
         torch._foreach_add_(denom, self.eps)
         torch._foreach_addcdiv_(ps, ms, denom, -self.lr / (1.0 - b1 ** self.t))
