@@ -185,7 +185,12 @@ class Correction:
 
 
 def _masked_sum(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    return (x * m).sum() if dim is None else (x * m).sum(dim)
+    """Sum of ``x * m`` over the positions where ``m != 0``; what ``x`` holds elsewhere (NaN,
+    -inf in padding) never reaches the sum, as in verl's ``masked_sum``."""
+    import torch
+
+    picked = torch.where(m != 0, x, 0.0) * m
+    return picked.sum() if dim is None else picked.sum(dim)
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -213,7 +218,7 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor,
     if spec.is_level == "none":
         return mask.clone(), mask.clone(), {}
     lr = level_log_ratio(log_ratio, mask, spec.is_level)
-    raw = torch.exp(lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
+    raw = torch.where(mask != 0, torch.exp(lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask, 0.0)
     lo, hi = spec.is_lo, spec.is_hi
     metrics: dict[str, float] = {}
     if spec.is_mode == "truncate":  # TIS: clamp above only
@@ -358,7 +363,7 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
         per_tok = torch.maximum(un, cl) * w
         clipped = cl > un
     denom = corr.denom_mask.sum().clamp_min(1.0)
-    loss = (per_tok * mask).sum() / denom
+    loss = _masked_sum(per_tok, mask) / denom
     clipfrac = _masked_mean(clipped.to(mask.dtype), mask).item()
     return loss, {"pg_clipfrac": clipfrac}
 
