@@ -53,6 +53,14 @@ RS_FILTER_OPTIONS = (
     "seq_max_k2", "seq_max_k3",
 )  # fmt: skip
 SAFETY_BOUND = 20.0  # log-ratio clamp used by Miles and verl
+# ``rs`` levels as verl's k1 rejection options (k1 = -log ratio, clamped per token).
+RS_LEVEL_OPTION = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return "null" if value is None else f"{value:g}"
 
 
 def _check_bounds(value: tuple[float | None, float] | None, name: str) -> None:
@@ -66,9 +74,28 @@ def _check_bounds(value: tuple[float | None, float] | None, name: str) -> None:
         raise ValueError(f"{name} lower bound {lo} is above the upper bound {hi}")
 
 
-def parse_lo_hi(threshold: str | float) -> tuple[float, float]:
-    """verl's threshold syntax: ``"lo_hi"`` or a bare upper bound (lo = 1/hi)."""
-    if isinstance(threshold, str) and "_" in threshold:
+def band(bounds: tuple[float | None, float], key: str, effect: str = "") -> tuple[float, float]:
+    """(lo, hi) of a bounds pair whose null lower bound means 1/hi.
+
+    An implied lower bound above the upper one (hi < 1) is an empty band: ValueError, one line
+    naming ``correction.<key>``, the value, the implied bound, ``effect`` and the fix.
+    """
+    lo, hi = bounds
+    if lo is not None:
+        return lo, hi
+    if 1.0 / hi > hi:
+        raise ValueError(
+            f"correction.{key} {_show(list(bounds))}: the implied lower bound 1/{hi:g} = "
+            f"{1.0 / hi:g} is above the upper bound {hi:g}{effect}; fix: correction.{key}: "
+            f"[lo, {hi:g}] with lo <= {hi:g}, or an upper bound >= 1")
+    return 1.0 / hi, hi
+
+
+def parse_lo_hi(threshold: str | float | tuple[float, float]) -> tuple[float, float]:
+    """verl's k1 threshold: ``"lo_hi"``, a bare upper bound (lo = 1/hi) or a (lo, hi) pair."""
+    if isinstance(threshold, tuple):
+        lo, hi = threshold
+    elif isinstance(threshold, str) and "_" in threshold:
         lo_s, hi_s = threshold.split("_", 1)
         lo, hi = float(lo_s), float(hi_s)
     else:
@@ -198,7 +225,10 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> to
 
 
 def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """The log-ratio at ``level`` (token | sequence | geometric), broadcast to [B, R]."""
+    """The IS log-ratio at ``level`` (token | sequence | geometric), broadcast to [B, R].
+
+    Aggregated from the raw per-token log-ratios; the caller clamps the result to +-20 (Miles'
+    and verl's IS weights). RS clamps per token first (:func:`_filter_keep`)."""
     if level == "token":
         return log_ratio
     if level == "sequence":
@@ -242,9 +272,25 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor,
     return w, raw, metrics
 
 
-def _filter_keep(option: str, threshold: str | float, log_ratio: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
-    """verl divergence filter ``option`` (token_k1 .. seq_max_k3): bool keep mask [B, R]."""
+def rejection_rules(spec: CorrectionSpec) -> list[tuple[str, str | float | tuple[float, float]]]:
+    """RS and filters as verl rejection options with their thresholds, in the order given to
+    verl: the ``rs`` level first, as its k1 option with the band turned into verl's direction
+    (k1 = -log ratio, so keeping the ratio in [lo, hi] keeps k1 in [log 1/hi, log 1/lo]), then
+    the filters by name. The simulator rejects with these and the verl mapping emits them."""
+    rules: list[tuple[str, str | float | tuple[float, float]]] = []
+    if spec.rs != "off":
+        lo, hi = spec.rs_lo_hi
+        rules.append((RS_LEVEL_OPTION[spec.rs], (1.0 / hi, 1.0 / lo)))
+    return rules + sorted(spec.rs_filters.items())
+
+
+def _filter_keep(option: str, threshold: str | float | tuple[float, float],
+                 log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl rejection option ``option`` (token_k1 .. seq_max_k3): bool keep mask [B, R].
+
+    Statistics come from the per-token log-ratio clamped to +-20, then summed, averaged or
+    maxed over the response (verl's ``compute_rollout_rejection_mask``).
+    """
     import torch
 
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
@@ -270,16 +316,12 @@ def _filter_keep(option: str, threshold: str | float, log_ratio: torch.Tensor,
 
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor,
                    spec: CorrectionSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mask after RS (level + bounds), the divergence filters (AND) and the veto."""
+    """Mask after RS and the divergence filters (AND, :func:`rejection_rules`) and the veto."""
     import torch
 
     keep = torch.ones_like(mask, dtype=torch.bool)
     metrics: dict[str, float] = {}
-    if spec.rs != "off":
-        lo, hi = spec.rs_lo_hi
-        ratio = torch.exp(level_log_ratio(log_ratio, mask, spec.rs).clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        keep &= (ratio >= lo) & (ratio <= hi)
-    for option, threshold in spec.rs_filters.items():
+    for option, threshold in rejection_rules(spec):
         keep &= _filter_keep(option, threshold, log_ratio, mask)
     valid = mask > 0
     seq_valid = valid.any(-1)

@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from orchestrator.corrections import CorrectionSpec, parse_lo_hi
+from orchestrator.corrections import CorrectionSpec, parse_lo_hi, rejection_rules
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
 
@@ -124,9 +124,26 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _num(x: float) -> str:
+    """The shortest text verl's ``float()`` reads back as exactly ``x``: verl then compares with
+    the very numbers the simulator uses (1/hi of rs_bounds included)."""
+    text = repr(float(x))
+    return text.removesuffix(".0")
+
+
 def _lo_hi(lo: float, hi: float) -> str:
-    # 12 significant digits: 1/(1/x) round-trips and 0.999_1.001-style bands stay exact.
-    return f"{lo:.12g}_{hi:.12g}"
+    return f"{_num(lo)}_{_num(hi)}"
+
+
+def verl_denominator(c: CorrectionSpec) -> str:
+    """The token-mean denominator verl 0.9.1 gives a correction that rejects tokens.
+
+    Decoupled: the trainer writes the helper's mask into ``response_mask`` before the update and
+    the engine counts that mask (``batch_num_tokens``): the surviving tokens, ``renormalized``.
+    Bypass: the actor's loss runs the helper itself, after the engine counted the mini-batch's
+    response tokens, and divides by that count: ``original`` (``core_algos.agg_loss``).
+    """
+    return "original" if c.policy == "bypass" else "renormalized"
 
 
 def check_correction(c: CorrectionSpec) -> str | None:
@@ -245,14 +262,9 @@ def correction_settings(c: CorrectionSpec) -> dict[str, Any]:
         threshold = float(c.is_hi)  # TIS: clamp above
     options: list[str] = []
     thresholds: list[str] = []
-    if c.rs != "off":
-        lo, hi = c.rs_lo_hi
-        options.append(_RS_LEVEL_OPTION[c.rs])
-        # k1 statistics are -log(ratio): keeping ratio in [lo, hi] means bounds [1/hi, 1/lo].
-        thresholds.append(_lo_hi(1.0 / hi, 1.0 / lo))
-    for opt, thr in sorted(c.rs_filters.items()):
+    for opt, thr in rejection_rules(c):  # rs first (bounds in verl's k1 direction), filters
         options.append(opt)
-        thresholds.append(_lo_hi(*parse_lo_hi(thr)) if opt.endswith("_k1") else f"{float(thr):.12g}")
+        thresholds.append(_lo_hi(*parse_lo_hi(thr)) if opt.endswith("_k1") else _num(float(thr)))
     return {
         "rollout_is": rollout_is,
         "rollout_is_threshold": threshold,
