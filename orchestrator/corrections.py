@@ -100,6 +100,10 @@ def parse_lo_hi(threshold: str | float | tuple[float, float]) -> tuple[float, fl
         lo, hi = float(lo_s), float(hi_s)
     else:
         hi = float(threshold)
+        if math.isfinite(hi) and 0 < hi < 1:
+            raise ValueError(f"{threshold!r} is a k1 upper bound whose implied lower bound "
+                             f"1/{hi:g} = {1.0 / hi:g} is above it, so every token would be "
+                             f"rejected; fix: 'lo_{hi:g}' with lo <= {hi:g}, or an upper bound >= 1")
         lo = 1.0 / hi if hi > 0 else math.nan
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or lo > hi:
         raise ValueError(f"threshold {threshold!r} must be 'lo_hi' with 0 < lo <= hi")
@@ -137,7 +141,10 @@ class CorrectionSpec(BaseModel):
             if opt not in RS_FILTER_OPTIONS:
                 raise ValueError(f"rs_filters option {opt!r} is not one of {list(RS_FILTER_OPTIONS)}")
             if opt.endswith("_k1"):
-                parse_lo_hi(thr)
+                try:
+                    parse_lo_hi(thr)
+                except ValueError as exc:
+                    raise ValueError(f"correction.rs_filters.{opt}: {exc}") from None
             elif isinstance(thr, str) or not (math.isfinite(thr) and thr > 0):
                 raise ValueError(f"rs_filters.{opt} takes one positive upper bound, got {thr!r}")
         return v
@@ -146,6 +153,17 @@ class CorrectionSpec(BaseModel):
     def _semantics(self) -> CorrectionSpec:
         _check_bounds(self.is_bounds, "is_bounds")
         _check_bounds(self.rs_bounds, "rs_bounds")
+        # An implied lower bound (null -> 1/hi) above the upper one is an empty band; refused
+        # where a lower bound is used (truncation uses only the upper bound).
+        if self.rs != "off" and self.rs_bounds is None:
+            band(self.is_bounds, "is_bounds", ", and RS uses the IS bounds while rs_bounds is "
+                 "null, so it would reject every token")
+        elif self.is_level != "none" and self.is_mode in ("mask", "clip"):
+            band(self.is_bounds, "is_bounds", f", so {self.is_mode} mode would " + (
+                "zero every weight" if self.is_mode == "mask"
+                else f"set every weight to {self.is_hi:g}"))
+        if self.rs != "off" and self.rs_bounds is not None:
+            band(self.rs_bounds, "rs_bounds", ", so RS would reject every token")
         if self.veto is not None and not (math.isfinite(self.veto) and 0 < self.veto < 1):
             raise ValueError(f"veto must be in (0, 1), got {self.veto}")
         if self.opsm is not None and not (math.isfinite(self.opsm) and self.opsm >= 0):
@@ -165,10 +183,8 @@ class CorrectionSpec(BaseModel):
 
     @property
     def rs_lo_hi(self) -> tuple[float, float]:
-        if self.rs_bounds is None:
-            return self.is_lo, self.is_hi
-        lo, hi = self.rs_bounds
-        return (1.0 / hi if lo is None else lo), hi
+        """The RS band on the ratio pi_old/mu: rs_bounds, else the IS bounds."""
+        return band(self.is_bounds if self.rs_bounds is None else self.rs_bounds, "rs_bounds")
 
     def canonical(self) -> CorrectionSpec:
         """Reset fields that cannot change the result, so equivalent configs hash the same."""
