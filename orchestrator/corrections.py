@@ -368,6 +368,19 @@ def apply_correction(logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.
     return Correction(w if applied else None, loss_mask, denom, metrics)
 
 
+def empty_update(mask: torch.Tensor, loss_mask: torch.Tensor) -> str | None:
+    """Why an update whose loss keeps ``loss_mask`` of the response ``mask`` has nothing to
+    train on, or None. Such an update must not be taken: its token mean is 0/0 (verl: a NaN
+    loss after a zero-gradient optimizer step) or a silent 0."""
+    if bool((loss_mask != 0).any()):
+        return None
+    n = int((mask != 0).sum())
+    if n == 0:
+        return "no response token to train on (every response is empty)"
+    return (f"every one of the {n} response tokens was rejected (RS, rs_filters or veto), so "
+            "the update has nothing to train on")
+
+
 def is_weight_stats(raw: torch.Tensor, w: torch.Tensor, mask: torch.Tensor,
                     spec: CorrectionSpec) -> dict[str, float]:
     """mean/std/min/max of the final weights, fraction of raw weights beyond bounds, ESS."""
