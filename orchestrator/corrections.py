@@ -21,17 +21,34 @@ opsm               DeepSeek-V3.2 off-policy sequence masking delta, or null
 routing_replay     off | R2 | R3 (MoE only)
 =================  ==========================================================================
 
-The math below follows Miles ``mis.py`` and verl's ``rollout_corr_helper`` (weights, masks and
-metrics agree with verl to float tolerance where verl has the configuration; tested). Where the
-references disagree or are silent, this vocabulary decides, explicitly:
+The math below follows Miles ``mis.py`` and verl's ``rollout_corr_helper``. For every
+specification the verl backend accepts, the weights, loss mask and denominator mask equal verl
+0.9.1's (``tests/test_correction_parity.py`` runs the whole matrix through verl's own helper).
+Where the references disagree or are silent, this vocabulary decides, explicitly:
 
 - ``is_mode: mask`` zeroes the weight outside [lo, hi] and leaves the loss mask alone (verl's
-  IcePop; Miles edits the mask but keeps the denominator, which is the same loss).
-- ``veto`` applies whether or not RS is on (Miles only vetoes inside its RS path).
+  IcePop). Miles keeps the raw weight and drops the token from the mask but not from the
+  denominator: the same loss without ``batch_norm``, a different one with it (next item).
+- ``batch_norm`` divides by the batch mean of the weights *after* truncation or masking (verl),
+  so in mask mode out-of-band tokens count as 0 in the mean. Miles' ``compute_mis_weights``
+  averages the raw weights, out-of-band ones included (up to e^20), so its weights come out
+  smaller by mean(raw) / mean(masked) >= 1: 1 when nothing is out of band, 1.06 at token level
+  with 4% of the tokens out of [0.5, 2], ~1e7 as soon as one token reaches e^20. Not offered as
+  an option: that factor is set by exactly the tokens the mask exists to ignore.
 - ``batch_norm`` at geometric level normalises the per-sequence weights like sequence level
   (Miles raises).
-- ``denominator``: ``renormalized`` divides by the tokens surviving RS/filters/veto (verl),
-  ``original`` by all response tokens (Miles): rejected tokens then shrink the gradient.
+- ``rs`` is verl's k1 rejection at that level (token_k1 / seq_sum_k1 / seq_mean_k1) with
+  ``rs_bounds`` turned into verl's direction (:func:`rejection_rules`): every token's
+  log-ratio is clamped to +-20 *before* it is summed or averaged, as in the ``rs_filters``.
+- ``veto`` applies whether or not RS is on (Miles only vetoes inside its RS path).
+- ``denominator``: ``renormalized`` divides by the tokens surviving RS/filters/veto (verl's
+  decoupled mode), ``original`` by all response tokens (Miles, and verl's bypass mode, whose
+  loss rejects tokens after the engine has counted them): rejected tokens shrink the gradient.
+- Masked positions (padding, multi-turn holes) never reach a sum, a mean or a weight, even when
+  they hold NaN or inf: :func:`_masked_sum` selects, it does not multiply (as verl does).
+- An update with no token left in its loss (all rejected, or none generated) is not taken:
+  :func:`empty_update` says why and the simulator fails the attempt as a numeric failure, as a
+  verl job ends up doing (its helper raises on an empty batch; its token mean is then 0/0).
 - ``opsm`` masks a sequence when A < 0 and mean_t log(mu / pi_theta) > delta (mu: the engine's
   sampling probability, as in DeepSeek-V3.2).
 """

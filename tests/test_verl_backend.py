@@ -113,7 +113,8 @@ def test_every_trial_of_the_gpu_grids_composes_and_instantiates(composed: dict[s
         if c.rs == "geometric":
             lo, hi = c.rs_lo_hi  # IS-ratio band -> verl's k1 direction (-log ratio)
             assert rc.rollout_rs == "seq_mean_k1"
-            assert rc.rollout_rs_threshold == f"{1 / hi:.12g}_{1 / lo:.12g}"
+            # exact floats: verl compares with the very numbers the simulator uses
+            assert tuple(map(float, rc.rollout_rs_threshold.split("_"))) == (1 / hi, 1 / lo)
         if c.rs == "off" and not c.rs_filters:
             assert rc.rollout_rs is None
         assert actor.policy_loss.loss_mode == ("bypass_mode" if c.policy == "bypass" else "vanilla")
@@ -170,13 +171,12 @@ REFUSED = [
     ({"veto": 1e-4}, None, "h100", "removed the per-token veto", "seq_max_k2: 42.4"),
     ({"opsm": 1e-4}, None, "h100", "no off-policy sequence masking", "seq_mean_k1"),
     ({"routing_replay": "R3"}, None, "h100", "MoE", "routing_replay: off"),
-    ({"rs": "token", "denominator": "original"}, None, "h100", "original denominator",
-     "denominator: renormalized"),
-    ({"is_level": "token", "is_mode": "mask"}, None, "h100", "IcePop", "denominator: original"),
-    ({"is_level": "token", "policy": "bypass"}, None, "h100", "metrics only",
-     "loss_type: reinforce"),
-    ({"rs_filters": {"token_k1": "0.5_5.0"}}, None, "h100", "inverse of the IS ratio",
-     "rs_bounds"),
+    ({"rs": "token", "denominator": "original"}, None, "h100",
+     "correction.denominator: original with rejection", "denominator: renormalized"),
+    ({"rs": "token", "policy": "bypass", "loss_type": "reinforce"}, None, "h100",
+     "correction.denominator: renormalized with policy: bypass", "denominator: original"),
+    ({"rs_filters": {"seq_max_k2": 2.0}, "policy": "bypass"}, None, "h100",
+     "counted the mini-batch's tokens", "policy: decoupled"),
     ({"rs": "token", "rs_filters": {"token_k1": "0.5_2.0"}}, None, "h100", "also sets",
      "keep one"),
     (None, {"deterministic": True}, "h100", "identical", "drop rollout.deterministic"),
@@ -202,6 +202,14 @@ def test_unsupported_combinations_are_refused_with_reason_and_fix(
 @pytest.mark.parametrize("corr,roll,pool", [
     ({"is_level": "sequence", "is_mode": "truncate", "batch_norm": True}, None, "h100"),
     ({"is_level": "token", "is_mode": "mask", "denominator": "original"}, None, "h100"),
+    # verl computes what the simulator computes for these (tests/test_correction_parity.py):
+    ({"is_level": "token", "is_mode": "mask"}, None, "h100"),  # IcePop, nothing rejected
+    ({"is_level": "sequence", "is_mode": "mask", "rs": "token", "rs_bounds": [0.5, 2.0]}, None,
+     "h100"),  # IcePop + RS: both renormalise over the RS survivors
+    ({"rs_filters": {"token_k1": "0.5_5.0"}}, None, "h100"),  # asymmetric k1, verl's direction
+    ({"is_level": "token", "policy": "bypass"}, None, "h100"),  # weights for metrics, as verl
+    ({"rs": "geometric", "rs_bounds": [0.999, 1.001], "policy": "bypass",
+      "loss_type": "reinforce", "denominator": "original"}, None, "h100"),
     ({"rs": "geometric", "rs_bounds": [0.999, 1.001]}, None, "l20"),
     ({"rs": "token", "rs_bounds": [0.5, 5.0]}, None, "h100"),  # asymmetric: converted, not refused
     ({"is_level": "token", "policy": "bypass", "loss_type": "reinforce"}, None, "h100"),
