@@ -578,10 +578,20 @@ FAKE_JOB = textwrap.dedent("""\
     put(0, {"val-core/math_dapo/acc/mean@4": 0.25})
     for step in (1, 2, 3):
         adv = 0.0 if mode == "same" else 1.5
+        rejected = 1.0 if mode == "rejected" and step == 2 else 0.1
         put(step, {"critic/score/mean": 0.1 * step, "critic/score/max": 1.0,
                    "critic/score/min": 0.0, "critic/advantages/max": adv,
                    "critic/advantages/min": -adv, "actor/rollout_corr/k3_kl": 1e-4,
+                   "actor/rollout_corr/rollout_rs_masked_fraction": rejected,
                    "note": "text is not a metric"}, torn=step == 2)
+        if mode == "rejected" and step == 2:
+            time.sleep(600)  # verl would train on: the watcher must end the attempt
+        if mode == "empty" and step == 1:  # what verl's helper does on a batch without tokens
+            with open(os.path.join(os.path.dirname(log), "x.log"), "w") as out:
+                out.write("Traceback (most recent call last):\\n  ...\\nValueError: "
+                          "response_mask must contain at least one valid token (1).\\n")
+            child.kill()
+            sys.exit(1)
         if step == 2:
             d = os.path.join(ckpt, "global_step_2", "actor")
             os.makedirs(d)
@@ -666,6 +676,23 @@ def test_stop_terminates_the_whole_process_group(tmp_path: Path,
     assert result.outcome.value == "stopped" and result.reason == "early stop: collapsed"
     # The job's own child (Ray / SGLang in a real run) is dead too: gone, or a zombie that
     # nobody reaps in this container (its parent, the job, was killed with it).
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize("mode,last,needle", [
+    ("rejected", 2, "step 2: every response token was rejected"),
+    ("empty", 1, "without a response token"),
+])
+def test_an_update_with_nothing_to_train_on_ends_as_a_numeric_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, last: int, needle: str) -> None:
+    """As in the simulator (corrections.empty_update): not trained on, not retried as infra."""
+    ctx = FakeCtx(tmp_path)
+    result, child = _fake_run(tmp_path, mode, ctx, monkeypatch)
+    assert result.outcome.value == "numeric_failure" and result.last_step == last
+    assert needle in (result.reason or "")
     deadline = time.monotonic() + 10
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
