@@ -21,17 +21,34 @@ opsm               DeepSeek-V3.2 off-policy sequence masking delta, or null
 routing_replay     off | R2 | R3 (MoE only)
 =================  ==========================================================================
 
-The math below follows Miles ``mis.py`` and verl's ``rollout_corr_helper`` (weights, masks and
-metrics agree with verl to float tolerance where verl has the configuration; tested). Where the
-references disagree or are silent, this vocabulary decides, explicitly:
+The math below follows Miles ``mis.py`` and verl's ``rollout_corr_helper``. For every
+specification the verl backend accepts, the weights, loss mask and denominator mask equal verl
+0.9.1's (``tests/test_correction_parity.py`` runs the whole matrix through verl's own helper).
+Where the references disagree or are silent, this vocabulary decides, explicitly:
 
 - ``is_mode: mask`` zeroes the weight outside [lo, hi] and leaves the loss mask alone (verl's
-  IcePop; Miles edits the mask but keeps the denominator, which is the same loss).
-- ``veto`` applies whether or not RS is on (Miles only vetoes inside its RS path).
+  IcePop). Miles keeps the raw weight and drops the token from the mask but not from the
+  denominator: the same loss without ``batch_norm``, a different one with it (next item).
+- ``batch_norm`` divides by the batch mean of the weights *after* truncation or masking (verl),
+  so in mask mode out-of-band tokens count as 0 in the mean. Miles' ``compute_mis_weights``
+  averages the raw weights, out-of-band ones included (up to e^20), so its weights come out
+  smaller by mean(raw) / mean(masked) >= 1: 1 when nothing is out of band, 1.06 at token level
+  with 4% of the tokens out of [0.5, 2], ~1e7 as soon as one token reaches e^20. Not offered as
+  an option: that factor is set by exactly the tokens the mask exists to ignore.
 - ``batch_norm`` at geometric level normalises the per-sequence weights like sequence level
   (Miles raises).
-- ``denominator``: ``renormalized`` divides by the tokens surviving RS/filters/veto (verl),
-  ``original`` by all response tokens (Miles): rejected tokens then shrink the gradient.
+- ``rs`` is verl's k1 rejection at that level (token_k1 / seq_sum_k1 / seq_mean_k1) with
+  ``rs_bounds`` turned into verl's direction (:func:`rejection_rules`): every token's
+  log-ratio is clamped to +-20 *before* it is summed or averaged, as in the ``rs_filters``.
+- ``veto`` applies whether or not RS is on (Miles only vetoes inside its RS path).
+- ``denominator``: ``renormalized`` divides by the tokens surviving RS/filters/veto (verl's
+  decoupled mode), ``original`` by all response tokens (Miles, and verl's bypass mode, whose
+  loss rejects tokens after the engine has counted them): rejected tokens shrink the gradient.
+- Masked positions (padding, multi-turn holes) never reach a sum, a mean or a weight, even when
+  they hold NaN or inf: :func:`_masked_sum` selects, it does not multiply (as verl does).
+- An update with no token left in its loss (all rejected, or none generated) is not taken:
+  :func:`empty_update` says why and the simulator fails the attempt as a numeric failure, as a
+  verl job ends up doing (its helper raises on an empty batch; its token mean is then 0/0).
 - ``opsm`` masks a sequence when A < 0 and mean_t log(mu / pi_theta) > delta (mu: the engine's
   sampling probability, as in DeepSeek-V3.2).
 """
@@ -53,6 +70,14 @@ RS_FILTER_OPTIONS = (
     "seq_max_k2", "seq_max_k3",
 )  # fmt: skip
 SAFETY_BOUND = 20.0  # log-ratio clamp used by Miles and verl
+# ``rs`` levels as verl's k1 rejection options (k1 = -log ratio, clamped per token).
+RS_LEVEL_OPTION = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(_show(v) for v in value) + "]"
+    return "null" if value is None else f"{value:g}"
 
 
 def _check_bounds(value: tuple[float | None, float] | None, name: str) -> None:
@@ -66,13 +91,36 @@ def _check_bounds(value: tuple[float | None, float] | None, name: str) -> None:
         raise ValueError(f"{name} lower bound {lo} is above the upper bound {hi}")
 
 
-def parse_lo_hi(threshold: str | float) -> tuple[float, float]:
-    """verl's threshold syntax: ``"lo_hi"`` or a bare upper bound (lo = 1/hi)."""
-    if isinstance(threshold, str) and "_" in threshold:
+def band(bounds: tuple[float | None, float], key: str, effect: str = "") -> tuple[float, float]:
+    """(lo, hi) of a bounds pair whose null lower bound means 1/hi.
+
+    An implied lower bound above the upper one (hi < 1) is an empty band: ValueError, one line
+    naming ``correction.<key>``, the value, the implied bound, ``effect`` and the fix.
+    """
+    lo, hi = bounds
+    if lo is not None:
+        return lo, hi
+    if 1.0 / hi > hi:
+        raise ValueError(
+            f"correction.{key} {_show(list(bounds))}: the implied lower bound 1/{hi:g} = "
+            f"{1.0 / hi:g} is above the upper bound {hi:g}{effect}; fix: correction.{key}: "
+            f"[lo, {hi:g}] with lo <= {hi:g}, or an upper bound >= 1")
+    return 1.0 / hi, hi
+
+
+def parse_lo_hi(threshold: str | float | tuple[float, float]) -> tuple[float, float]:
+    """verl's k1 threshold: ``"lo_hi"``, a bare upper bound (lo = 1/hi) or a (lo, hi) pair."""
+    if isinstance(threshold, tuple):
+        lo, hi = threshold
+    elif isinstance(threshold, str) and "_" in threshold:
         lo_s, hi_s = threshold.split("_", 1)
         lo, hi = float(lo_s), float(hi_s)
     else:
         hi = float(threshold)
+        if math.isfinite(hi) and 0 < hi < 1:
+            raise ValueError(f"{threshold!r} is a k1 upper bound whose implied lower bound "
+                             f"1/{hi:g} = {1.0 / hi:g} is above it, so every token would be "
+                             f"rejected; fix: 'lo_{hi:g}' with lo <= {hi:g}, or an upper bound >= 1")
         lo = 1.0 / hi if hi > 0 else math.nan
     if not (math.isfinite(lo) and math.isfinite(hi)) or lo <= 0 or lo > hi:
         raise ValueError(f"threshold {threshold!r} must be 'lo_hi' with 0 < lo <= hi")
@@ -110,7 +158,10 @@ class CorrectionSpec(BaseModel):
             if opt not in RS_FILTER_OPTIONS:
                 raise ValueError(f"rs_filters option {opt!r} is not one of {list(RS_FILTER_OPTIONS)}")
             if opt.endswith("_k1"):
-                parse_lo_hi(thr)
+                try:
+                    parse_lo_hi(thr)
+                except ValueError as exc:
+                    raise ValueError(f"correction.rs_filters.{opt}: {exc}") from None
             elif isinstance(thr, str) or not (math.isfinite(thr) and thr > 0):
                 raise ValueError(f"rs_filters.{opt} takes one positive upper bound, got {thr!r}")
         return v
@@ -119,6 +170,17 @@ class CorrectionSpec(BaseModel):
     def _semantics(self) -> CorrectionSpec:
         _check_bounds(self.is_bounds, "is_bounds")
         _check_bounds(self.rs_bounds, "rs_bounds")
+        # An implied lower bound (null -> 1/hi) above the upper one is an empty band; refused
+        # where a lower bound is used (truncation uses only the upper bound).
+        if self.rs != "off" and self.rs_bounds is None:
+            band(self.is_bounds, "is_bounds", ", and RS uses the IS bounds while rs_bounds is "
+                 "null, so it would reject every token")
+        elif self.is_level != "none" and self.is_mode in ("mask", "clip"):
+            band(self.is_bounds, "is_bounds", f", so {self.is_mode} mode would " + (
+                "zero every weight" if self.is_mode == "mask"
+                else f"set every weight to {self.is_hi:g}"))
+        if self.rs != "off" and self.rs_bounds is not None:
+            band(self.rs_bounds, "rs_bounds", ", so RS would reject every token")
         if self.veto is not None and not (math.isfinite(self.veto) and 0 < self.veto < 1):
             raise ValueError(f"veto must be in (0, 1), got {self.veto}")
         if self.opsm is not None and not (math.isfinite(self.opsm) and self.opsm >= 0):
@@ -138,10 +200,8 @@ class CorrectionSpec(BaseModel):
 
     @property
     def rs_lo_hi(self) -> tuple[float, float]:
-        if self.rs_bounds is None:
-            return self.is_lo, self.is_hi
-        lo, hi = self.rs_bounds
-        return (1.0 / hi if lo is None else lo), hi
+        """The RS band on the ratio pi_old/mu: rs_bounds, else the IS bounds."""
+        return band(self.is_bounds if self.rs_bounds is None else self.rs_bounds, "rs_bounds")
 
     def canonical(self) -> CorrectionSpec:
         """Reset fields that cannot change the result, so equivalent configs hash the same."""
@@ -185,7 +245,12 @@ class Correction:
 
 
 def _masked_sum(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
-    return (x * m).sum() if dim is None else (x * m).sum(dim)
+    """Sum of ``x * m`` over the positions where ``m != 0``; what ``x`` holds elsewhere (NaN,
+    -inf in padding) never reaches the sum, as in verl's ``masked_sum``."""
+    import torch
+
+    picked = torch.where(m != 0, x, 0.0) * m
+    return picked.sum() if dim is None else picked.sum(dim)
 
 
 def _masked_mean(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -193,7 +258,10 @@ def _masked_mean(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> to
 
 
 def level_log_ratio(log_ratio: torch.Tensor, mask: torch.Tensor, level: str) -> torch.Tensor:
-    """The log-ratio at ``level`` (token | sequence | geometric), broadcast to [B, R]."""
+    """The IS log-ratio at ``level`` (token | sequence | geometric), broadcast to [B, R].
+
+    Aggregated from the raw per-token log-ratios; the caller clamps the result to +-20 (Miles'
+    and verl's IS weights). RS clamps per token first (:func:`_filter_keep`)."""
     if level == "token":
         return log_ratio
     if level == "sequence":
@@ -213,7 +281,7 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor,
     if spec.is_level == "none":
         return mask.clone(), mask.clone(), {}
     lr = level_log_ratio(log_ratio, mask, spec.is_level)
-    raw = torch.exp(lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask
+    raw = torch.where(mask != 0, torch.exp(lr.clamp(-SAFETY_BOUND, SAFETY_BOUND)) * mask, 0.0)
     lo, hi = spec.is_lo, spec.is_hi
     metrics: dict[str, float] = {}
     if spec.is_mode == "truncate":  # TIS: clamp above only
@@ -237,9 +305,25 @@ def is_weights(log_ratio: torch.Tensor, mask: torch.Tensor,
     return w, raw, metrics
 
 
-def _filter_keep(option: str, threshold: str | float, log_ratio: torch.Tensor,
-                 mask: torch.Tensor) -> torch.Tensor:
-    """verl divergence filter ``option`` (token_k1 .. seq_max_k3): bool keep mask [B, R]."""
+def rejection_rules(spec: CorrectionSpec) -> list[tuple[str, str | float | tuple[float, float]]]:
+    """RS and filters as verl rejection options with their thresholds, in the order given to
+    verl: the ``rs`` level first, as its k1 option with the band turned into verl's direction
+    (k1 = -log ratio, so keeping the ratio in [lo, hi] keeps k1 in [log 1/hi, log 1/lo]), then
+    the filters by name. The simulator rejects with these and the verl mapping emits them."""
+    rules: list[tuple[str, str | float | tuple[float, float]]] = []
+    if spec.rs != "off":
+        lo, hi = spec.rs_lo_hi
+        rules.append((RS_LEVEL_OPTION[spec.rs], (1.0 / hi, 1.0 / lo)))
+    return rules + sorted(spec.rs_filters.items())
+
+
+def _filter_keep(option: str, threshold: str | float | tuple[float, float],
+                 log_ratio: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """verl rejection option ``option`` (token_k1 .. seq_max_k3): bool keep mask [B, R].
+
+    Statistics come from the per-token log-ratio clamped to +-20, then summed, averaged or
+    maxed over the response (verl's ``compute_rollout_rejection_mask``).
+    """
     import torch
 
     lr = log_ratio.clamp(-SAFETY_BOUND, SAFETY_BOUND)
@@ -265,16 +349,12 @@ def _filter_keep(option: str, threshold: str | float, log_ratio: torch.Tensor,
 
 def rejection_mask(log_ratio: torch.Tensor, mask: torch.Tensor,
                    spec: CorrectionSpec) -> tuple[torch.Tensor, dict[str, float]]:
-    """Mask after RS (level + bounds), the divergence filters (AND) and the veto."""
+    """Mask after RS and the divergence filters (AND, :func:`rejection_rules`) and the veto."""
     import torch
 
     keep = torch.ones_like(mask, dtype=torch.bool)
     metrics: dict[str, float] = {}
-    if spec.rs != "off":
-        lo, hi = spec.rs_lo_hi
-        ratio = torch.exp(level_log_ratio(log_ratio, mask, spec.rs).clamp(-SAFETY_BOUND, SAFETY_BOUND))
-        keep &= (ratio >= lo) & (ratio <= hi)
-    for option, threshold in spec.rs_filters.items():
+    for option, threshold in rejection_rules(spec):
         keep &= _filter_keep(option, threshold, log_ratio, mask)
     valid = mask > 0
     seq_valid = valid.any(-1)
@@ -303,6 +383,19 @@ def apply_correction(logp_old: torch.Tensor, logp_mu: torch.Tensor, mask: torch.
     applied = spec.is_level != "none" and not (spec.policy == "bypass" and spec.loss_type == "ppo_clip")
     metrics = {**is_weight_stats(raw, w, mask, spec), **m_is, **m_rs}
     return Correction(w if applied else None, loss_mask, denom, metrics)
+
+
+def empty_update(mask: torch.Tensor, loss_mask: torch.Tensor) -> str | None:
+    """Why an update whose loss keeps ``loss_mask`` of the response ``mask`` has nothing to
+    train on, or None. Such an update must not be taken: its token mean is 0/0 (verl: a NaN
+    loss after a zero-gradient optimizer step) or a silent 0."""
+    if bool((loss_mask != 0).any()):
+        return None
+    n = int((mask != 0).sum())
+    if n == 0:
+        return "no response token to train on (every response is empty)"
+    return (f"every one of the {n} response tokens was rejected (RS, rs_filters or veto), so "
+            "the update has nothing to train on")
 
 
 def is_weight_stats(raw: torch.Tensor, w: torch.Tensor, mask: torch.Tensor,
@@ -358,7 +451,7 @@ def policy_loss(logp: torch.Tensor, logp_old: torch.Tensor, adv: torch.Tensor,
         per_tok = torch.maximum(un, cl) * w
         clipped = cl > un
     denom = corr.denom_mask.sum().clamp_min(1.0)
-    loss = (per_tok * mask).sum() / denom
+    loss = _masked_sum(per_tok, mask) / denom
     clipfrac = _masked_mean(clipped.to(mask.dtype), mask).item()
     return loss, {"pg_clipfrac": clipfrac}
 

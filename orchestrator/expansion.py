@@ -51,7 +51,8 @@ class _Resolver:
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
             raise self.grid.error(f"invalid combination ({_context(context)}): {msg}", "axes",
-                                  fix="add an 'exclude:' rule for it") from None
+                                  fix=None if "; fix: " in msg else "add an 'exclude:' rule for it"
+                                  ) from None
         if isinstance(obj, CorrectionSpec):
             obj = obj.canonical()
         out = tuple(sorted((f"{name}.{k}", _freeze(v)) for k, v in obj.non_default().items()))

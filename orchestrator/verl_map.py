@@ -15,7 +15,7 @@ import re
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from orchestrator.corrections import CorrectionSpec, parse_lo_hi
+from orchestrator.corrections import CorrectionSpec, parse_lo_hi, rejection_rules
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
 
@@ -45,8 +45,6 @@ COMPUTE_CAPABILITY = {"H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 
                       "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0, "A10": 8.6}
 VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
-_K1 = ("token_k1", "seq_sum_k1", "seq_mean_k1")
-_RS_LEVEL_OPTION = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
 
 
 # --------------------------------------------------------------------------- Hydra values
@@ -124,61 +122,86 @@ def _fmt(x: float) -> str:
     return f"{x:.6g}"
 
 
+def _num(x: float) -> str:
+    """The shortest text verl's ``float()`` reads back as exactly ``x``: verl then compares with
+    the very numbers the simulator uses (1/hi of rs_bounds included)."""
+    text = repr(float(x))
+    return text.removesuffix(".0")
+
+
 def _lo_hi(lo: float, hi: float) -> str:
-    # 12 significant digits: 1/(1/x) round-trips and 0.999_1.001-style bands stay exact.
-    return f"{lo:.12g}_{hi:.12g}"
+    return f"{_num(lo)}_{_num(hi)}"
+
+
+def verl_denominator(c: CorrectionSpec) -> str:
+    """The token-mean denominator verl 0.9.1 gives a correction that rejects tokens.
+
+    Decoupled: the trainer writes the helper's mask into ``response_mask`` before the update and
+    the engine counts that mask (``batch_num_tokens``): the surviving tokens, ``renormalized``.
+    Bypass: the actor's loss runs the helper itself, after the engine counted the mini-batch's
+    response tokens, and divides by that count: ``original`` (``core_algos.agg_loss``).
+    """
+    return "original" if c.policy == "bypass" else "renormalized"
 
 
 def check_correction(c: CorrectionSpec) -> str | None:
     """Why verl 0.9.1 cannot run this correction (with the nearest verl setting), or None."""
+    refused = correction_refusal(c)
+    return None if refused is None else refused[1]
+
+
+def correction_refusal(c: CorrectionSpec) -> tuple[str, str] | None:
+    """(rule, reason) of the first refusal rule ``c`` hits, or None if verl 0.9.1 computes what
+    the simulator computes. Rules: geometric_is, clip_mode, veto, opsm, routing_replay,
+    denominator, duplicate_option (tests/test_correction_parity.py shows, spec by spec, that
+    verl cannot express each refused correction or computes something else)."""
     if c.is_level == "geometric":
-        return ("verl 0.9.1 has no geometric IS weights (rollout_is takes token|sequence); nearest: "
-                "correction.rs: geometric (rejection by geometric-mean ratio, verl seq_mean_k1) or "
-                "correction.is_level: sequence")
+        return "geometric_is", (
+            "verl 0.9.1 has no geometric IS weights (rollout_is takes token|sequence); nearest: "
+            "correction.rs: geometric (rejection by geometric-mean ratio, verl seq_mean_k1) or "
+            "correction.is_level: sequence")
     if c.is_level != "none" and c.is_mode == "clip":
-        return (f"verl truncates IS weights from above only (no lower clamp at {_fmt(c.is_lo)}); "
-                "nearest: correction.is_mode: truncate (clamp above at the upper bound) or mask "
-                "(IcePop band: weights outside the bounds set to 0)")
+        return "clip_mode", (
+            f"verl truncates IS weights from above only (no lower clamp at {_fmt(c.is_lo)}); "
+            "nearest: correction.is_mode: truncate (clamp above at the upper bound) or mask "
+            "(IcePop band: weights outside the bounds set to 0)")
     if c.veto is not None:
         k2 = 0.5 * math.log(c.veto) ** 2
-        return (f"verl 0.9.1 removed the per-token veto (PR #4544); nearest: correction.rs_filters: "
-                f"{{seq_max_k2: {_fmt(k2)}}} rejects a sequence if any token has |log ratio| > "
-                f"{_fmt(-math.log(c.veto))} (symmetric, while the veto only looked at low ratios)")
+        return "veto", (
+            f"verl 0.9.1 removed the per-token veto (PR #4544); nearest: correction.rs_filters: "
+            f"{{seq_max_k2: {_fmt(k2)}}} rejects a sequence if any token has |log ratio| > "
+            f"{_fmt(-math.log(c.veto))} (symmetric, while the veto only looked at low ratios)")
     if c.opsm is not None:
-        return ("verl 0.9.1 has no off-policy sequence masking (OPSM, DeepSeek-V3.2); nearest: "
-                "correction.rs: geometric (verl seq_mean_k1 rejects sequences by mean log-ratio, "
-                "whatever the advantage sign)")
+        return "opsm", (
+            "verl 0.9.1 has no off-policy sequence masking (OPSM, DeepSeek-V3.2); nearest: "
+            "correction.rs: geometric (verl seq_mean_k1 rejects sequences by mean log-ratio, "
+            "whatever the advantage sign)")
     if c.routing_replay != "off":
-        return (f"routing replay {c.routing_replay} needs a MoE model on verl's Megatron actor "
-                "(actor.router_replay); these verl recipes are dense FSDP models; fix: "
-                "correction.routing_replay: off")
+        return "routing_replay", (
+            f"routing replay {c.routing_replay} needs a MoE model on verl's Megatron actor "
+            "(actor.router_replay); these verl recipes are dense FSDP models; fix: "
+            "correction.routing_replay: off")
+    if c.rs != "off":
+        option = rejection_rules(c)[0][0]
+        if option in c.rs_filters:
+            return "duplicate_option", (
+                f"correction.rs: {c.rs} is verl's {option}, which rs_filters also sets, and verl "
+                "takes each option once; fix: keep one of them")
     rejects = c.rs != "off" or bool(c.rs_filters)
-    if c.denominator == "original" and rejects:
-        return ("verl rewrites response_mask after rejection sampling, so the token-mean "
-                "denominator counts surviving tokens only; it has no option to keep the original "
-                "denominator; fix: correction.denominator: renormalized, or replace RS by "
-                "correction.is_mode: mask (IcePop zeroes weights and keeps tokens in the mean)")
-    if c.is_level != "none" and c.is_mode == "mask" and c.denominator == "renormalized":
-        return ("verl's mask mode is IcePop: weights outside the bounds are set to 0 but the tokens "
-                "stay in the token-mean denominator (as in Miles' mis.py); removing them from the "
-                "mean needs RS; fix: correction.denominator: original for IcePop, or "
-                "correction.rs: token with rs_bounds (verl token_k1) to drop the tokens")
-    if c.policy == "bypass" and c.loss_type == "ppo_clip" and c.is_level != "none":
-        return ("in bypass mode with loss_type ppo_clip verl computes IS weights for metrics only "
-                "(the PPO ratio is already against pi_rollout), so the IS setting would do "
-                "nothing; fix: correction.loss_type: reinforce, or correction.is_level: none")
-    if c.rs != "off" and _RS_LEVEL_OPTION[c.rs] in c.rs_filters:
-        return (f"correction.rs: {c.rs} is verl's {_RS_LEVEL_OPTION[c.rs]}, which rs_filters also "
-                "sets; keep one of them")
-    for opt, thr in c.rs_filters.items():
-        if opt in _K1:
-            lo, hi = parse_lo_hi(thr)
-            if abs(lo * hi - 1.0) > 1e-6:
-                return (f"rs_filters.{opt}: {thr!r}: verl's k1 bounds apply to "
-                        "log(pi_rollout/pi_train), the inverse of the IS ratio, so asymmetric "
-                        f"bounds keep IS ratios in [{_fmt(1 / hi)}, {_fmt(1 / lo)}], not "
-                        f"[{_fmt(lo)}, {_fmt(hi)}]; fix: use correction.rs with rs_bounds "
-                        "(IS-ratio direction, converted for verl) or reciprocal bounds")
+    if rejects and c.denominator != verl_denominator(c):
+        if c.policy == "bypass":
+            return "denominator", (
+                "correction.denominator: renormalized with policy: bypass and rejection (rs / "
+                "rs_filters): verl's bypass loss rejects tokens after the engine has counted the "
+                "mini-batch's tokens and divides by that count, so rejected tokens stay in the "
+                "denominator (it cannot renormalise); fix: correction.denominator: original "
+                "(what verl computes), or correction.policy: decoupled")
+        return "denominator", (
+            "correction.denominator: original with rejection (rs / rs_filters): verl rewrites "
+            "response_mask after rejection sampling, so the token-mean denominator counts "
+            "surviving tokens only (no option keeps the original one); fix: "
+            "correction.denominator: renormalized, or replace RS by correction.is_mode: mask "
+            "(IcePop zeroes weights and keeps tokens in the mean)")
     return None
 
 
@@ -245,14 +268,9 @@ def correction_settings(c: CorrectionSpec) -> dict[str, Any]:
         threshold = float(c.is_hi)  # TIS: clamp above
     options: list[str] = []
     thresholds: list[str] = []
-    if c.rs != "off":
-        lo, hi = c.rs_lo_hi
-        options.append(_RS_LEVEL_OPTION[c.rs])
-        # k1 statistics are -log(ratio): keeping ratio in [lo, hi] means bounds [1/hi, 1/lo].
-        thresholds.append(_lo_hi(1.0 / hi, 1.0 / lo))
-    for opt, thr in sorted(c.rs_filters.items()):
+    for opt, thr in rejection_rules(c):  # rs first (bounds in verl's k1 direction), filters
         options.append(opt)
-        thresholds.append(_lo_hi(*parse_lo_hi(thr)) if opt.endswith("_k1") else f"{float(thr):.12g}")
+        thresholds.append(_lo_hi(*parse_lo_hi(thr)) if opt.endswith("_k1") else _num(float(thr)))
     return {
         "rollout_is": rollout_is,
         "rollout_is_threshold": threshold,

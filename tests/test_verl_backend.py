@@ -113,7 +113,8 @@ def test_every_trial_of_the_gpu_grids_composes_and_instantiates(composed: dict[s
         if c.rs == "geometric":
             lo, hi = c.rs_lo_hi  # IS-ratio band -> verl's k1 direction (-log ratio)
             assert rc.rollout_rs == "seq_mean_k1"
-            assert rc.rollout_rs_threshold == f"{1 / hi:.12g}_{1 / lo:.12g}"
+            # exact floats: verl compares with the very numbers the simulator uses
+            assert tuple(map(float, rc.rollout_rs_threshold.split("_"))) == (1 / hi, 1 / lo)
         if c.rs == "off" and not c.rs_filters:
             assert rc.rollout_rs is None
         assert actor.policy_loss.loss_mode == ("bypass_mode" if c.policy == "bypass" else "vanilla")
@@ -170,13 +171,12 @@ REFUSED = [
     ({"veto": 1e-4}, None, "h100", "removed the per-token veto", "seq_max_k2: 42.4"),
     ({"opsm": 1e-4}, None, "h100", "no off-policy sequence masking", "seq_mean_k1"),
     ({"routing_replay": "R3"}, None, "h100", "MoE", "routing_replay: off"),
-    ({"rs": "token", "denominator": "original"}, None, "h100", "original denominator",
-     "denominator: renormalized"),
-    ({"is_level": "token", "is_mode": "mask"}, None, "h100", "IcePop", "denominator: original"),
-    ({"is_level": "token", "policy": "bypass"}, None, "h100", "metrics only",
-     "loss_type: reinforce"),
-    ({"rs_filters": {"token_k1": "0.5_5.0"}}, None, "h100", "inverse of the IS ratio",
-     "rs_bounds"),
+    ({"rs": "token", "denominator": "original"}, None, "h100",
+     "correction.denominator: original with rejection", "denominator: renormalized"),
+    ({"rs": "token", "policy": "bypass", "loss_type": "reinforce"}, None, "h100",
+     "correction.denominator: renormalized with policy: bypass", "denominator: original"),
+    ({"rs_filters": {"seq_max_k2": 2.0}, "policy": "bypass"}, None, "h100",
+     "counted the mini-batch's tokens", "policy: decoupled"),
     ({"rs": "token", "rs_filters": {"token_k1": "0.5_2.0"}}, None, "h100", "also sets",
      "keep one"),
     (None, {"deterministic": True}, "h100", "identical", "drop rollout.deterministic"),
@@ -202,6 +202,14 @@ def test_unsupported_combinations_are_refused_with_reason_and_fix(
 @pytest.mark.parametrize("corr,roll,pool", [
     ({"is_level": "sequence", "is_mode": "truncate", "batch_norm": True}, None, "h100"),
     ({"is_level": "token", "is_mode": "mask", "denominator": "original"}, None, "h100"),
+    # verl computes what the simulator computes for these (tests/test_correction_parity.py):
+    ({"is_level": "token", "is_mode": "mask"}, None, "h100"),  # IcePop, nothing rejected
+    ({"is_level": "sequence", "is_mode": "mask", "rs": "token", "rs_bounds": [0.5, 2.0]}, None,
+     "h100"),  # IcePop + RS: both renormalise over the RS survivors
+    ({"rs_filters": {"token_k1": "0.5_5.0"}}, None, "h100"),  # asymmetric k1, verl's direction
+    ({"is_level": "token", "policy": "bypass"}, None, "h100"),  # weights for metrics, as verl
+    ({"rs": "geometric", "rs_bounds": [0.999, 1.001], "policy": "bypass",
+      "loss_type": "reinforce", "denominator": "original"}, None, "h100"),
     ({"rs": "geometric", "rs_bounds": [0.999, 1.001]}, None, "l20"),
     ({"rs": "token", "rs_bounds": [0.5, 5.0]}, None, "h100"),  # asymmetric: converted, not refused
     ({"is_level": "token", "policy": "bypass", "loss_type": "reinforce"}, None, "h100"),
@@ -570,10 +578,20 @@ FAKE_JOB = textwrap.dedent("""\
     put(0, {"val-core/math_dapo/acc/mean@4": 0.25})
     for step in (1, 2, 3):
         adv = 0.0 if mode == "same" else 1.5
+        rejected = 1.0 if mode == "rejected" and step == 2 else 0.1
         put(step, {"critic/score/mean": 0.1 * step, "critic/score/max": 1.0,
                    "critic/score/min": 0.0, "critic/advantages/max": adv,
                    "critic/advantages/min": -adv, "actor/rollout_corr/k3_kl": 1e-4,
+                   "actor/rollout_corr/rollout_rs_masked_fraction": rejected,
                    "note": "text is not a metric"}, torn=step == 2)
+        if mode == "rejected" and step == 2:
+            time.sleep(600)  # verl would train on: the watcher must end the attempt
+        if mode == "empty" and step == 1:  # what verl's helper does on a batch without tokens
+            with open(os.path.join(os.path.dirname(log), "x.log"), "w") as out:
+                out.write("Traceback (most recent call last):\\n  ...\\nValueError: "
+                          "response_mask must contain at least one valid token (1).\\n")
+            child.kill()
+            sys.exit(1)
         if step == 2:
             d = os.path.join(ckpt, "global_step_2", "actor")
             os.makedirs(d)
@@ -658,6 +676,23 @@ def test_stop_terminates_the_whole_process_group(tmp_path: Path,
     assert result.outcome.value == "stopped" and result.reason == "early stop: collapsed"
     # The job's own child (Ray / SGLang in a real run) is dead too: gone, or a zombie that
     # nobody reaps in this container (its parent, the job, was killed with it).
+    deadline = time.monotonic() + 10
+    while _alive(child) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert not _alive(child)
+
+
+@pytest.mark.parametrize("mode,last,needle", [
+    ("rejected", 2, "step 2: every response token was rejected"),
+    ("empty", 1, "without a response token"),
+])
+def test_an_update_with_nothing_to_train_on_ends_as_a_numeric_failure(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, last: int, needle: str) -> None:
+    """As in the simulator (corrections.empty_update): not trained on, not retried as infra."""
+    ctx = FakeCtx(tmp_path)
+    result, child = _fake_run(tmp_path, mode, ctx, monkeypatch)
+    assert result.outcome.value == "numeric_failure" and result.last_step == last
+    assert needle in (result.reason or "")
     deadline = time.monotonic() + 10
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)

@@ -30,6 +30,10 @@ TERM_GRACE_SECONDS = 60.0
 ZERO_ADV_PATIENCE = 3  # consecutive steps with all-zero advantages before reporting
 ZERO_ADV_METRIC = "health/zero_advantage"  # 1.0 when every advantage of the step is 0
 TRACKER = "latest_checkpointed_iteration.txt"
+# verl's rollout-correction helper on a batch without a response token (decoupled: the driver,
+# bypass: the actor's loss); the job dies, and running it again would die the same way.
+EMPTY_BATCH_ERRORS = ("must contain at least one valid token", "Expected at least one valid token")
+RS_MASKED = "rollout_corr/rollout_rs_masked_fraction"  # bypass: actor/rollout_corr/..., mapped
 
 
 # --------------------------------------------------------------------------- metric names
@@ -195,15 +199,29 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                       work / f"verl.attempt{ctx.attempt}.log")
 
 
+def empty_step(step: int, data: Mapping[str, float]) -> str | None:
+    """Why step ``step`` trained on nothing, or None: the correction rejected every token.
+
+    The simulator refuses such an update (``corrections.empty_update``); verl takes it (a NaN
+    loss in decoupled mode, which the nonfinite rule catches, a silent 0 in bypass mode), so the
+    attempt is ended here as the same numeric failure.
+    """
+    if data.get(RS_MASKED, 0.0) >= 1.0:
+        return (f"step {step}: every response token was rejected ({RS_MASKED} = 1), so the "
+                "update had nothing to train on")
+    return None
+
+
 def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tail: MetricTail,
            ckpt_dir: Path, log: Path) -> AttemptResult:
     saved = ctx.resume_step or 0
     zero_run, warning = 0, None
-    stop_reason = None
+    stop_reason = empty = None
     while True:
         finished = proc.poll() is not None
         for step, data in tail.poll():
             ctx.log_metrics(step, data)
+            empty = empty or empty_step(step, data)
             zero_run = zero_run + 1 if data.get(ZERO_ADV_METRIC) == 1.0 else 0
             if zero_run >= ZERO_ADV_PATIENCE and warning is None:
                 warning = group_diversity_warning(step, data)
@@ -211,17 +229,23 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
         saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
         if finished:
             break
-        stop_reason = ctx.should_stop()
-        if stop_reason:
+        stop_reason = stop_reason or ctx.should_stop()
+        if stop_reason or empty:
             terminate(proc)
             continue
         time.sleep(POLL_SECONDS)
     last = tail.last_logged
+    if empty:
+        return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last, reason=_join(empty, warning))
     if stop_reason:
         return AttemptResult(AttemptOutcome.STOPPED, last, reason=_join(stop_reason, warning))
     if proc.returncode != 0:
-        raise InfraFailure(f"verl exited with code {proc.returncode} after step {last}: "
-                           f"{_last_error(log)}")
+        why = _last_error(log)
+        if any(marker in _log_tail(log) for marker in EMPTY_BATCH_ERRORS):
+            return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last, reason=(
+                f"verl stopped after step {last} on a batch without a response token, which "
+                f"its rollout-correction helper refuses: {why}"))
+        raise InfraFailure(f"verl exited with code {proc.returncode} after step {last}: {why}")
     if last < trial.steps:
         raise InfraFailure(f"verl exited cleanly after step {last} of {trial.steps} (data "
                            "exhausted or a step was not logged); see " + str(log))
@@ -270,10 +294,16 @@ def _join(*parts: str | None) -> str | None:
     return text or None
 
 
-def _last_error(log: Path, lines: int = 5) -> str:
+def _log_tail(log: Path) -> str:
     try:
-        tail = log.read_text(errors="replace").splitlines()[-200:]
+        return "\n".join(log.read_text(errors="replace").splitlines()[-200:])
     except OSError:
+        return ""
+
+
+def _last_error(log: Path, lines: int = 5) -> str:
+    tail = _log_tail(log).splitlines()
+    if not tail:
         return "(no log)"
     picked = [ln for ln in tail if "Error" in ln or "error" in ln][-lines:] or tail[-lines:]
     return " | ".join(s.strip() for s in picked)[:600]

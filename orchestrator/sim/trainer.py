@@ -21,6 +21,7 @@ from orchestrator.corrections import (
     CorrectionSpec,
     apply_correction,
     correction_metrics,
+    empty_update,
     mismatch_metrics,
     opsm_mask,
     policy_loss,
@@ -201,6 +202,9 @@ class GRPOTrainer:
                     c = Correction(None if corr.weights is None else corr.weights[idx],
                                    corr.loss_mask[idx], corr.denom_mask[idx], {})
                     anchor = logp_old[idx]
+                empty = empty_update(mask, c.loss_mask)
+                if empty:  # no optimizer step on nothing: the attempt ends as a numeric failure
+                    raise NumericFailure(f"step {step}, mini-batch of {len(idx)} responses: {empty}")
                 extra = None
                 if self.corr.opsm is not None:
                     extra = opsm_mask(logp, mu, mask, adv[idx], self.corr.opsm)
