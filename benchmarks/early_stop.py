@@ -105,7 +105,7 @@ def with_seeds(grid_file: Path, seeds: str, cache: Path) -> Path:
 def recorded_trials(trials_dir: Path) -> list[tuple[str, int, History, str]]:
     """Finished trials the runner recorded (``<workdir>/<grid>/trials/*/``) that ran to their
     last step, i.e. were not stopped early (their full history is known)."""
-    from orchestrator import records
+    from orchestrator.store import records
     from orchestrator.trial import TrialPaths, TrialSpec, read_json
 
     out = []

@@ -78,10 +78,9 @@ def run_derived(workdir: str) -> list[dict[str, Any]]:
     comparison). F8: every uncorrected dense sim-a100 trial, from step 100, with sequence-level
     MIS switched on (``--set``). Derivations that already finished are not run again.
     """
-    from orchestrator import records, workspace
-    from orchestrator.checkpoints import CheckpointStore
     from orchestrator.grid import derive_trial, expand, load_grid
-    from orchestrator.resume import resume
+    from orchestrator.scheduler import resume
+    from orchestrator.store import CheckpointStore, records, workspace
     from orchestrator.trial import TrialPaths
 
     grid = load_grid(str(GRID))
@@ -127,8 +126,8 @@ EXTRA = ("rollout_corr/training_ppl", "perf/time_per_step", "actor/entropy")
 def load_all(workdir: str) -> list[Any]:
     """Every trial run of the experiment, with extra curves (PPL, timing, buckets) attached."""
     from orchestrator import metrics as M
-    from orchestrator import workspace
-    from orchestrator.compare_data import load_results, newest_per_step
+    from orchestrator.compare import load_results, newest_per_step
+    from orchestrator.store import workspace
     from orchestrator.tracking import client
 
     mlc = client(workspace.tracking_uri(None, workdir))
@@ -262,7 +261,7 @@ def plots(res: Sequence[Any], out: Path) -> list[str]:
 def run_minutes(res: Sequence[Any], workdir: str, derived: bool) -> tuple[float, float, int]:
     """(wall span first start -> last end, summed attempt durations, count) of finished trials,
     in minutes, from their attempt records (``attempts.json``; inherited ranges excluded)."""
-    from orchestrator import records, workspace
+    from orchestrator.store import records, workspace
     from orchestrator.trial import TrialPaths
 
     grid_dir = workspace.grid_dir(EXPERIMENT, workdir)

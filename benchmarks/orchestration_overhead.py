@@ -152,7 +152,8 @@ def utilisation(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     import ray
     from ray.cluster_utils import Cluster
 
-    from orchestrator import records, scheduler
+    from orchestrator import scheduler
+    from orchestrator.store import records
     from orchestrator.trial import TrialPaths
 
     pools = ["sim-h100", "sim-a100"]

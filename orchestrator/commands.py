@@ -91,7 +91,7 @@ def compare_body(args: argparse.Namespace) -> int:
     compare = _require("orchestrator.compare")
     out = compare.compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
                           tracking_uri=args.tracking_uri, workdir=args.workdir)
-    from orchestrator import workspace
+    from orchestrator.store import workspace
 
     print(f"results written to {out}")
     print(f"MLflow store: {workspace.tracking_uri(args.tracking_uri, args.workdir)} "
@@ -100,7 +100,7 @@ def compare_body(args: argparse.Namespace) -> int:
 
 
 def resume_body(args: argparse.Namespace) -> int:
-    resume = _require("orchestrator.resume")
+    resume = _require("orchestrator.scheduler")
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
     out = resume.resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
                         start=args.from_, sets=_parse_sets(args.set), workdir=args.workdir,
@@ -121,7 +121,7 @@ def ui_body(args: argparse.Namespace) -> int:
 
 
 def run_trial_body(args: argparse.Namespace) -> int:
-    runner = _require("orchestrator.runner")
+    runner = _require("orchestrator.run")
     result = runner.run_single(args.grid, args.trial, workdir=args.workdir,
                                tracking_uri=args.tracking_uri, fresh=args.fresh)
     print(json.dumps(result, default=str))

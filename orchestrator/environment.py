@@ -9,7 +9,7 @@ import sys
 from collections.abc import Iterator, Mapping
 from typing import Any
 
-from orchestrator import workspace
+from orchestrator.store import workspace
 
 PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omegaconf", "pydantic",
             "verl", "kubernetes", "sglang")

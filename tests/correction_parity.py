@@ -40,7 +40,8 @@ from typing import Any
 import torch
 from pydantic import ValidationError
 
-from orchestrator import corrections, verl_map
+from orchestrator import corrections
+from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
 
 RTOL = 1e-5

@@ -13,7 +13,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from orchestrator.tracking_ui import server_command, server_env
+from orchestrator.tracking._ui import server_command, server_env
 
 START_TIMEOUT_S = 90.0
 

@@ -6,8 +6,8 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.checkpoints import MANIFEST, CheckpointStore, step_dir_name
 from orchestrator.exceptions import CheckpointError
+from orchestrator.store import MANIFEST, CheckpointStore, step_dir_name
 from orchestrator.trial import read_json
 
 

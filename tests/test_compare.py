@@ -10,7 +10,7 @@ import verdict_streams as V
 
 from orchestrator import metrics as M
 from orchestrator.compare import compare, pick_axes
-from orchestrator.compare_stats import mean_ci
+from orchestrator.compare._stats import mean_ci
 from orchestrator.exceptions import UserError
 from orchestrator.grid import derive_trial, expand, load_grid
 from orchestrator.tracking import GridRun, TrialRun, client

@@ -23,7 +23,8 @@ pytest.importorskip("verl")
 import correction_parity as P
 from pydantic import ValidationError
 
-from orchestrator import corrections, verl_map
+from orchestrator import corrections
+from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
 
 

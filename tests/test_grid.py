@@ -112,7 +112,7 @@ def test_adding_an_axis_value_keeps_old_ids(isolated: Path) -> None:
 
 def test_fast_hash_path_matches_reference(isolated: Path) -> None:
     grid = load_grid(write(isolated, GRID))
-    from orchestrator.expansion import _identity
+    from orchestrator.grid._expansion import _identity
 
     for t in expand(grid)[:10]:
         assert t.trial_id == trial_id_for(_identity(grid, t.pool, t.seed, t.overrides))

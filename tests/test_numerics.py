@@ -15,7 +15,7 @@ from trialrecords import trials as read_trials
 
 from orchestrator import numerics, scheduler
 from orchestrator.compare import compare
-from orchestrator.runner import run_single
+from orchestrator.run import run_single
 from orchestrator.tracking import client
 
 REPO = Path(__file__).resolve().parent.parent

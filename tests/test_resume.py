@@ -13,12 +13,12 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import records, workspace
 from orchestrator.cli import main
 from orchestrator.exceptions import CheckpointError, UserError
 from orchestrator.grid import expand, load_grid
-from orchestrator.resume import resume
-from orchestrator.runner import run_single
+from orchestrator.run import run_single
+from orchestrator.scheduler import resume
+from orchestrator.store import records, workspace
 from orchestrator.trial import TrialPaths
 
 K3 = "rollout_corr/k3_kl"
@@ -127,13 +127,13 @@ def test_collapsed_trial_resumes_on_low_mismatch_pool_with_one_mlflow_step_axis(
     assert [r["metrics"][K3] for r in tail["rows"]] == pytest.approx([v for _, v in collapsed_tail])
     assert [s for s, _ in records.iter_metrics(paths.root / "superseded" / "attempt-2.jsonl")] == [4, 5, 6, 7]
     # compare reads one continuous curve with the pool change as a second segment.
-    from orchestrator.compare_data import load_results
+    from orchestrator.compare import load_results
 
     (res,) = load_results(_mlc(), run.info.experiment_id, ["pool"], grid_dir)
     assert [s for s, _ in res.curves[K3]] == list(range(1, 13))
     assert [(g.pool, g.start) for g in res.segments] == [("sim-a100", 1), ("sim-h20", 4)]
     assert [s for s, _ in res.superseded[0][K3]] == [4, 5, 6, 7]
-    from orchestrator.compare_plots import curves
+    from orchestrator.compare._plots import curves
 
     png = curves([res], K3, None, None, isolated / "k3.png", title="k3", log_y=True)
     assert png is not None and png.stat().st_size > 10_000
@@ -310,8 +310,8 @@ def test_verl_move_is_checked_for_world_size_before_anything_changes(isolated: P
     """verl shards are keyed by world size: a checkpoint of 16 ranks cannot load on one 8-GPU
     node, and the refusal names the way out (merge to HF weights, losing optimizer state)."""
     from orchestrator.backends.verl import shard_names
-    from orchestrator.checkpoints import CheckpointStore
-    from orchestrator.resume import plan
+    from orchestrator.scheduler._rescue import plan
+    from orchestrator.store import CheckpointStore
 
     grid = load_grid(repo / "grids" / "seed_study.yaml")
     trial = next(t for t in expand(grid) if t.pool == "l20")
@@ -338,7 +338,7 @@ def test_verl_move_is_checked_for_world_size_before_anything_changes(isolated: P
 
 def test_checkpoints_of_an_abandoned_branch_are_dropped(tmp_path: Path) -> None:
     """After a resume from step 3, an infra retry's ``latest`` must not find the old step 6."""
-    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.store import CheckpointStore
 
     store = CheckpointStore(tmp_path / "ck", trial_id="t1", keep=5)
     for step in (3, 6, 9):
@@ -349,7 +349,7 @@ def test_checkpoints_of_an_abandoned_branch_are_dropped(tmp_path: Path) -> None:
 
 
 def test_on_collapse_set_rescue_derives_a_trial_once_and_records_it(isolated: Path) -> None:
-    from orchestrator.resume import auto_rescue
+    from orchestrator.scheduler._rescue import auto_rescue
 
     path, grid, t = _grid(isolated, name="autoset",
                           extra="on_collapse: {resume: {set: {correction.is_level: geometric}}}\n")

@@ -12,10 +12,10 @@ import doubles
 import pytest
 from trialrecords import mlflow_steps
 
-from orchestrator import records, workspace
 from orchestrator.exceptions import CheckpointError, InfraFailure
 from orchestrator.grid import expand, load_grid
-from orchestrator.runner import TrackingTarget, make_job, run_attempt
+from orchestrator.run import TrackingTarget, make_job, run_attempt
+from orchestrator.store import records, workspace
 from orchestrator.trial import TrialPaths
 
 GRID = """\
@@ -115,7 +115,7 @@ def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, 
     the run afterwards: the same run a live attempt would have made."""
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.sender import send_trial
+    from orchestrator.tracking import send_trial
 
     grid, trials, grid_dir, job, uri = env
     t = trials[("none", "sim-h100")]
@@ -178,7 +178,7 @@ def test_a_finished_trial_whose_outbox_was_never_closed_is_closed_from_its_recor
 
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.sender import buffer_dir, send_trial
+    from orchestrator.tracking import buffer_dir, send_trial
 
     grid, trials, grid_dir, job, uri = env
     t = trials[("none", "sim-a100")]  # collapses: a verdict with a step and a rule
@@ -206,7 +206,7 @@ def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
     beside it, and leaves it for later when the lock stays held."""
     from filelock import FileLock
 
-    from orchestrator.sender import send_trial
+    from orchestrator.tracking import send_trial
 
     grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-h100")]
@@ -225,7 +225,7 @@ def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
 def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
     """A killed orchestrator's worker may still finish its attempt: the next submission waits for
     the run lock, so it sees the trial done (not running, to be reset and rerun)."""
-    from orchestrator.scheduler import _prepare_records
+    from orchestrator.scheduler._submission import _prepare_records
     from orchestrator.trial import TrialState
 
     _grid, trials, grid_dir, _job, _uri = env
@@ -249,7 +249,7 @@ def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
 
 
 def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> None:
-    from orchestrator import sender
+    from orchestrator.tracking import _sender as sender
 
     _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-a100")]
@@ -301,7 +301,7 @@ def test_collapse_is_a_result_stopped_early(env) -> None:
     paths = TrialPaths(grid_dir, t.trial_id)
     assert [a.outcome for a in records.load_attempts(paths)] == ["stopped_early"]
     # The last checkpoints that looked healthy are protected; one is before the onset (step 9).
-    from orchestrator.checkpoints import CheckpointStore
+    from orchestrator.store import CheckpointStore
 
     store = CheckpointStore(paths.checkpoints, trial_id=t.trial_id)
     assert store.protected() == {5, 10} and 5 in store.steps()

@@ -23,8 +23,9 @@ from rayclusters import pool_cluster, write_grid
 from trialrecords import mlflow_steps
 from trialrecords import trials as read_trials
 
-from orchestrator import records, scheduler
+from orchestrator import scheduler
 from orchestrator.exceptions import ConcurrencyError
+from orchestrator.store import records
 from orchestrator.trial import TrialPaths
 
 TESTS = Path(__file__).resolve().parent
@@ -103,7 +104,7 @@ def test_second_submit_is_refused_while_one_runs(setup) -> None:
                  budget="{max_parallel: 1}")
     grid_dir = tmp / ".ablate" / "busy"
     holder = subprocess.Popen(
-        [sys.executable, "-c", ("import sys, time; from orchestrator.lease import GridLease; "
+        [sys.executable, "-c", ("import sys, time; from orchestrator.store import GridLease; "
          "lease = GridLease(sys.argv[1], 'busy'); lease.acquire('other-sub'); print('held', flush=True); "
          "time.sleep(60)"), str(grid_dir)], stdout=subprocess.PIPE, text=True)
     try:

@@ -7,12 +7,15 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import progress, records
 from orchestrator.exceptions import UserError
-from orchestrator.gate import PoolGate
 from orchestrator.pools import load_catalog
-from orchestrator.scheduler import cancel, objective_value, plan_placement, status_command
+from orchestrator.scheduler import _progress as progress
+from orchestrator.scheduler import cancel, status_command
+from orchestrator.scheduler._gate import PoolGate
+from orchestrator.scheduler._placement import plan_placement
+from orchestrator.scheduler._search import objective_value
 from orchestrator.schema import SearchObjective
+from orchestrator.store import records
 from orchestrator.trial import TrialPaths, TrialSpec, TrialState
 
 
@@ -133,7 +136,7 @@ def test_gate_stages_one_standby_trial_beyond_a_saturated_pool(tmp_path: Path) -
 
 
 def test_standby_only_where_ray_enforces_the_limit_and_the_grid_limit_is_not_binding() -> None:
-    from orchestrator.scheduler import _standby
+    from orchestrator.scheduler._submission import _standby
 
     pl = plan_placement(_pools("sim-a100", "h100"), embedded=False, cluster_resources={
         "CPU": 8, "pool:sim-a100": 2, "accelerator_type:H100": 2}, node_labels=[])
@@ -147,7 +150,7 @@ def test_reap_stale_sessions_stops_only_orphaned_agents_of_its_temp_root(tmp_pat
     import subprocess
     import time
 
-    from orchestrator.placement import reap_stale_sessions
+    from orchestrator.scheduler._placement import reap_stale_sessions
 
     def agent(root: Path) -> subprocess.Popen:
         logs = root / "session_2026-01-01_00-00-00_1_1" / "logs"

@@ -20,16 +20,8 @@ from mlflow_server import MlflowServer
 from orchestrator import metrics as M
 from orchestrator.grid import expand, load_grid
 from orchestrator.schema import CollapseSpec
-from orchestrator.tracking import (
-    THROUGH_TAG,
-    GridRun,
-    TrialRun,
-    client,
-    drain,
-    sanitize_key,
-    trial_run_name,
-    use_wal,
-)
+from orchestrator.tracking import GridRun, TrialRun, client, drain, use_wal
+from orchestrator.tracking._runs import THROUGH_TAG, sanitize_key, trial_run_name
 from orchestrator.trial import Attempt
 from orchestrator.verdict import judge
 
@@ -152,7 +144,7 @@ def _sent_rows(tr: TrialRun, rows: list) -> list[dict]:
 def test_resume_from_earlier_checkpoint_replaces_the_run_one_value_per_step(quickstart, tmp_path: Path) -> None:
     """`ablate resume --from 30`: the runner refills a fresh run (steps 1-30 from the local file,
     then the new attempt) and ``supersede`` links and soft-deletes the old one."""
-    from orchestrator.compare_data import load_results
+    from orchestrator.compare import load_results
     from orchestrator.tracking import supersede
 
     grid, trials = quickstart

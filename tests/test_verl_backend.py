@@ -22,7 +22,7 @@ import pytest
 
 pytest.importorskip("verl")
 
-from orchestrator import verl_map
+from orchestrator.backends import verl_map
 from orchestrator.backends.verl import (
     VerlBackend,
     checkpoint_world_size,
@@ -36,12 +36,12 @@ from orchestrator.backends.verl_preflight import (
     preflight,
     verl_config_dir,
 )
-from orchestrator.checkpoints import step_dir_name
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError, GridError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import load_catalog
+from orchestrator.store import step_dir_name
 
 REPO = Path(__file__).resolve().parent.parent
 GPU_GRIDS = ("grids/seed_study.yaml", "grids/seed_study_14b.yaml")

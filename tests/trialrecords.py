@@ -6,7 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records
+from orchestrator.store import records
 from orchestrator.trial import TrialPaths
 
 

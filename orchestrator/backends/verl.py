@@ -14,7 +14,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator import verl_map
+from orchestrator.backends import verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec

@@ -10,7 +10,7 @@ from typing import Any
 from rayclusters import write_grid  # noqa: F401  (re-exported for the suite)
 from trialrecords import mlflow_steps, trials
 
-from orchestrator import records
+from orchestrator.store import records
 
 
 def total_steps(grid_dir: Path) -> int:

@@ -19,11 +19,11 @@ from pathlib import Path
 import pytest
 import relhelpers as H
 
-from orchestrator import records, scheduler
-from orchestrator.checkpoints import MANIFEST, CheckpointStore
+from orchestrator import scheduler
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
-from orchestrator.runner import run_single
+from orchestrator.run import run_single
+from orchestrator.store import MANIFEST, CheckpointStore, records
 from orchestrator.trial import TrialPaths
 
 pytestmark = pytest.mark.usefixtures("double")

@@ -205,11 +205,11 @@ def test_hostile_values_run_inertly_and_hostile_arguments_are_refused(
     import doubles
     from mlflow.tracking import MlflowClient
 
-    from orchestrator import records, workspace
     from orchestrator.grid import expand, load_grid
     from orchestrator.recipes import parse_assignments
-    from orchestrator.resume import plan, select_trials
-    from orchestrator.runner import run_single
+    from orchestrator.run import run_single
+    from orchestrator.scheduler._rescue import plan, select_trials
+    from orchestrator.store import records, workspace
     from orchestrator.trial import TrialPaths
 
     doubles.register(monkeypatch)

@@ -114,7 +114,7 @@ def test_random_sigkills_then_resubmit_end_every_trial_exactly_once(
     assert counts["trials"] == 4
     # The double's running sum lives in its checkpoint: a trial resumed after a kill carries the
     # values of an uninterrupted run (no step replayed from the wrong state).
-    from orchestrator import records
+    from orchestrator.store import records
 
     for t in H.trials(grid_dir).values():
         seed_ = t["spec"]["seed"]

@@ -13,9 +13,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import records, workspace
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
+from orchestrator.store import records, workspace
 from orchestrator.trial import TrialPaths
 
 GRID = """\

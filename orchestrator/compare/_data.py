@@ -124,7 +124,7 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
     """Curves of the steps each resume replaced, oldest first (drawn dashed by compare)."""
     if grid_dir is None:
         return []
-    from orchestrator.records import iter_metrics
+    from orchestrator.store.records import iter_metrics
 
     out = []
     files = (TrialPaths(grid_dir, trial_id).root / "superseded").glob("attempt-*.jsonl")

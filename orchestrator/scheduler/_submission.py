@@ -37,14 +37,13 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records, workspace
 from orchestrator.exceptions import UserError
-from orchestrator.lease import GridLease
-from orchestrator.placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.pools import PoolSpec
-from orchestrator.runner import AttemptJob, TrackingTarget, run_attempt
+from orchestrator.run import AttemptJob, TrackingTarget, run_attempt
+from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
+from orchestrator.scheduler._search import objective_value, search_records, store_objectives
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
-from orchestrator.search import objective_value, search_records, store_objectives
+from orchestrator.store import GridLease, records, workspace
 from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json, transition
 
 # --------------------------------------------------------------------------- the Tune trainable
@@ -247,7 +246,7 @@ def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
          ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
     # Tune's own console output would fight the rich live table; our view replaces it.
     os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    from orchestrator.sender import Sender
+    from orchestrator.tracking import Sender
 
     started = time.time()
     # MLflow (parent run, then finished trials' outboxes) works beside Ray and Tune from here on.
@@ -272,9 +271,9 @@ def _run_with(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: st
     from ray.tune.logger import CSVLoggerCallback
 
     from orchestrator.backends import _REGISTRY
-    from orchestrator.gate import PoolGate
-    from orchestrator.progress import LiveView
-    from orchestrator.search import SearchSpace
+    from orchestrator.scheduler._gate import PoolGate
+    from orchestrator.scheduler._progress import LiveView
+    from orchestrator.scheduler._search import SearchSpace
     from orchestrator.tracking import is_remote
 
     atomic_write_json(grid_dir / "grid.json", {"name": grid.name, "file": str(Path(grid.file).resolve()),
@@ -389,7 +388,7 @@ def _run_with(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: st
         rescued: list[TrialSpec] = []
         if on_collapse is not None:
             # `on_collapse: {resume: ...}`: one automatic rescue round, under this lease.
-            from orchestrator.resume import auto_rescue
+            from orchestrator.scheduler._rescue import auto_rescue
 
             rescued = auto_rescue(grid, grid_dir, [t.trial_id for t in trials])
             if rescued:
@@ -504,6 +503,6 @@ def summarize(grid: Any, grid_dir: Path, trial_ids: list[str]) -> dict[str, Any]
 
 
 # `ablate status` and `ablate cancel` live in control.py; commands.py calls them through here.
-from orchestrator.control import cancel, status_command
+from orchestrator.scheduler._control import cancel, status_command
 
 __all__ = ["Placement", "cancel", "objective_value", "plan_placement", "status_command", "submit"]

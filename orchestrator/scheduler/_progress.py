@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as names
-from orchestrator import records
-from orchestrator.lease import active_holder
+from orchestrator.store import active_holder, records
 from orchestrator.trial import TrialPaths, atomic_write_json, read_json
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)

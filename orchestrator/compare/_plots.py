@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator.compare_data import TrialResult
+from orchestrator.compare._data import TrialResult
 
 MAX_FACETS = 8  # per direction; more values than that are folded into the last facet's colours
 

@@ -15,11 +15,11 @@ from typing import Any
 
 from orchestrator import recipes
 from orchestrator.exceptions import GridError
+from orchestrator.grid._validation import SECTIONS, Axis, build, validate_schema
+from orchestrator.grid._yamlsafe import format_path, load_yaml
 from orchestrator.pools import PoolCatalog, load_catalog
 from orchestrator.schema import GridFile
 from orchestrator.trial import TrialSpec
-from orchestrator.validation import SECTIONS, Axis, build, validate_schema
-from orchestrator.yamlsafe import format_path, load_yaml
 
 
 @dataclasses.dataclass(frozen=True)
@@ -99,8 +99,3 @@ def _catalog_path(spec: GridFile, file: str) -> str | None:
     p = Path(spec.pool_catalog)
     return str(p if p.is_absolute() else Path(file).resolve().parent / p)
 
-
-# Re-exported so callers only need ``orchestrator.grid`` (imported last: expansion uses GridSpec).
-from orchestrator.expansion import derive_trial, expand, search_trial
-
-__all__ = ["Axis", "GridSpec", "derive_trial", "expand", "load_grid", "search_trial"]

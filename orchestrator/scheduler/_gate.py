@@ -28,8 +28,8 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
-from orchestrator import records
-from orchestrator.search import SearchSpace
+from orchestrator.scheduler._search import SearchSpace
+from orchestrator.store import records
 from orchestrator.trial import TrialPaths, TrialSpec
 
 log = logging.getLogger(__name__)
@@ -105,7 +105,7 @@ class PoolGate(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if records.cancel_requests(self.grid_dir).get("*"):
             for t in self.queue + ([self._held] if self._held else []):
-                from orchestrator.runner import mark_cancelled
+                from orchestrator.store.records import mark_cancelled
 
                 mark_cancelled(self.grid_dir, t.trial_id)
             self.queue, self._held, self.search_left = [], None, 0

@@ -9,10 +9,9 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from orchestrator import records, workspace
 from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.lease import active_holder
-from orchestrator.runner import mark_cancelled
+from orchestrator.store import active_holder, records, workspace
+from orchestrator.store.records import mark_cancelled
 from orchestrator.trial import TrialPaths
 
 
@@ -37,7 +36,7 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
     import json
     import sys
 
-    from orchestrator import progress
+    from orchestrator.scheduler import _progress as progress
 
     if grid is None:
         dirs = sorted(p.parent for p in workspace.workdir(workdir).glob("*/trials"))

@@ -28,9 +28,9 @@ import threading
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records
-from orchestrator.tracking import TrialRun, drain
-from orchestrator.tracking_buffer import Outbox
+from orchestrator.store import records
+from orchestrator.tracking._outbox import Outbox
+from orchestrator.tracking._runs import TrialRun, drain
 from orchestrator.trial import TrialPaths, TrialSpec, TrialState
 
 log = logging.getLogger(__name__)
@@ -161,8 +161,8 @@ class Sender:
         return self
 
     def _loop(self) -> None:
-        from orchestrator.runner import TrackingTarget
-        from orchestrator.tracking import GridRun
+        from orchestrator.run import TrackingTarget
+        from orchestrator.tracking._runs import GridRun
 
         try:
             self.parent = GridRun.open(self.grid, tracking_uri=self.tracking_uri, workdir=self.root)

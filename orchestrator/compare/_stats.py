@@ -8,7 +8,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator.compare_data import TrialResult
+from orchestrator.compare._data import TrialResult
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:

@@ -11,8 +11,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records
 from orchestrator.schema import SearchObjective
+from orchestrator.store import records
 from orchestrator.trial import TrialPaths, TrialSpec
 
 AXIS_PREFIX = "axis:"

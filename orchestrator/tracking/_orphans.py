@@ -14,7 +14,7 @@ import os
 import socket
 from typing import Any
 
-from orchestrator.lease import process_gone
+from orchestrator.store import process_gone
 
 log = logging.getLogger(__name__)
 HOST_TAG, PID_TAG = "ablate.host", "ablate.pid"

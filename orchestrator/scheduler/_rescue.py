@@ -42,9 +42,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records, workspace
-from orchestrator.checkpoints import MANIFEST, CheckpointStore
 from orchestrator.exceptions import CheckpointError, UserError, did_you_mean
+from orchestrator.store import MANIFEST, CheckpointStore, records, workspace
 from orchestrator.trial import Attempt, TrialPaths, TrialSpec, TrialState, transition
 
 log = logging.getLogger(__name__)
@@ -84,7 +83,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     ``ConcurrencyError`` when the grid is running.
     """
     from orchestrator.grid import load_grid
-    from orchestrator.lease import GridLease
+    from orchestrator.store import GridLease
 
     grid = load_grid(grid_path)
     grid_dir = workspace.grid_dir(grid.name, workdir)
@@ -103,7 +102,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
         if local:
             _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
         else:
-            from orchestrator.scheduler import run_trials
+            from orchestrator.scheduler._submission import run_trials
 
             summary = run_trials(grid, trials, submission=submission, address=address,
                                  tracking_uri=tracking_uri, workdir=workdir, progress=progress)
@@ -356,7 +355,7 @@ def _seed_derived(grid: Any, grid_dir: Path, p: Plan) -> None:
 def _run_local(grid: Any, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
                tracking_uri: str | None, workdir: str | None) -> None:
     """Run the resumed attempts one after another in this process (no Ray, like run-trial)."""
-    from orchestrator.runner import TrackingTarget, make_job, run_attempt
+    from orchestrator.run import TrackingTarget, make_job, run_attempt
     from orchestrator.tracking import GridRun
 
     uri = workspace.tracking_uri(tracking_uri, workdir)

@@ -20,9 +20,9 @@ from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
+from orchestrator.grid._yamlsafe import LineMap, format_path
 from orchestrator.pools import PoolCatalog
 from orchestrator.schema import GridFile, SearchParam, split_index
-from orchestrator.yamlsafe import LineMap, format_path
 
 SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec}
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")

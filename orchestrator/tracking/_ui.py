@@ -10,9 +10,9 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from orchestrator import workspace
 from orchestrator.exceptions import UserError
-from orchestrator.tracking import ROLE_TAG, client, is_remote, sanitize_key
+from orchestrator.store import workspace
+from orchestrator.tracking._runs import ROLE_TAG, client, is_remote, sanitize_key
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -100,7 +100,7 @@ def _grid_name(grid: str) -> str:
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise UserError(f"{grid}: no such grid file; fix: pass a grid file or a grid name")
-        from orchestrator.yamlsafe import load_yaml
+        from orchestrator.grid import load_yaml
 
         data = load_yaml(path)
         data = data[0] if isinstance(data, tuple) else data

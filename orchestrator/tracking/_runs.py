@@ -26,9 +26,9 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import workspace
 from orchestrator.exceptions import UserError
-from orchestrator.tracking_buffer import Outbox
+from orchestrator.store import workspace
+from orchestrator.tracking._outbox import Outbox
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -189,7 +189,7 @@ class GridRun:
                 if run_id is not None:
                     mlc.update_run(run_id, status="RUNNING")
                     return cls(tracking_uri, exp_id, run_id)
-                from orchestrator.orphans import close_orphaned_parents, process_tags
+                from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
 
                 tags = {ROLE_TAG: "grid", "grid": grid.name, "grid.file": str(grid.file),
                         "grid.recipe_digest": grid.recipe_digest, "backend": grid.backend,
@@ -363,7 +363,7 @@ class TrialRun:
             tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
             if a.resumed_from_step is not None:
                 tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
-        from orchestrator.records import effective_ranges
+        from orchestrator.store.records import effective_ranges
 
         # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
         tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
@@ -490,20 +490,20 @@ def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:
 def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
        workdir: str | None = None) -> int:
     """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL."""
-    from orchestrator import tracking_ui
+    from orchestrator.tracking import _ui as tracking_ui
 
     return tracking_ui.ui(grid=grid, port=port, tracking_uri=tracking_uri, workdir=workdir)
 
 
 def save_trials_view(mlc: MlflowClient, experiment_id: str, axes: Sequence[str] | None = None) -> str:
     """The grid's shared MLflow UI view (axis params and verdict as columns); see ``tracking_ui``."""
-    from orchestrator import tracking_ui
+    from orchestrator.tracking import _ui as tracking_ui
 
     return tracking_ui.save_trials_view(mlc, experiment_id, axes)
 
 
 def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 2) -> list[str]:
     """``mlflow server`` on loopback as an argument list; see ``tracking_ui``."""
-    from orchestrator import tracking_ui
+    from orchestrator.tracking import _ui as tracking_ui
 
     return tracking_ui.server_command(backend_uri, port, artifacts, workers)

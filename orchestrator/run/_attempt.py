@@ -18,11 +18,10 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
-from orchestrator.checkpoints import CheckpointStore
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
+from orchestrator.store import CheckpointStore, records
 from orchestrator.trial import (
     Attempt,
     TrialPaths,
@@ -231,7 +230,7 @@ class AttemptRun:
             self.pending = list(self.kept_rows)
         if self.job.defer_tracking and not replace and self.job.start != "fresh" \
                 and not self.record.superseded_runs:
-            from orchestrator.sender import DeferredRun
+            from orchestrator.tracking import DeferredRun
 
             self.tracker = DeferredRun(self.job.trial, buffer_dir, run_id=self.record.mlflow_run_id)
         else:
@@ -270,7 +269,7 @@ class AttemptRun:
 
     def _maybe_go_live(self) -> None:
         """A deferred attempt that runs long enough to matter switches to a live MLflow run."""
-        from orchestrator.sender import LIVE_AFTER_S, DeferredRun
+        from orchestrator.tracking._sender import LIVE_AFTER_S, DeferredRun
 
         target = self.job.tracking
         if (not isinstance(self.tracker, DeferredRun) or target is None or not target.experiment_id

@@ -23,10 +23,10 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator import workspace
-from orchestrator.compare_data import TrialResult, judge_missing, load_results
-from orchestrator.compare_stats import cell_stats, fanova_importance, format_cell, main_effects
+from orchestrator.compare._data import TrialResult, judge_missing, load_results
+from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
+from orchestrator.store import workspace
 
 log = logging.getLogger(__name__)
 VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
@@ -81,7 +81,7 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
                  cols: str | None, out: Path, *, grid_name: str, store: str) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs."""
-    from orchestrator import compare_plots as P
+    from orchestrator.compare import _plots as P
 
     derived = any(r.derived_from for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]

@@ -17,12 +17,12 @@ from pydantic import ValidationError
 from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.grid._validation import SECTIONS, _Checker, _freeze, _label, _thaw
 from orchestrator.schema import split_index
 from orchestrator.trial import TrialSpec, canonical_json, trial_id_for
-from orchestrator.validation import SECTIONS, _Checker, _freeze, _label, _thaw
 
 if TYPE_CHECKING:
-    from orchestrator.grid import GridSpec
+    from orchestrator.grid._load import GridSpec
 
 
 

@@ -23,10 +23,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator import records
-from orchestrator.attempt import AttemptContext, AttemptJob, AttemptRun, TrackingTarget
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError
-from orchestrator.records import mark_cancelled, stored_result  # re-exported (control, gate)
+from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun, TrackingTarget
+from orchestrator.store import records
+from orchestrator.store.records import mark_cancelled, stored_result
 from orchestrator.trial import TrialPaths, TrialSpec, atomic_write_json
 
 __all__ = ["AttemptJob", "TrackingTarget", "make_job", "mark_cancelled", "run_attempt",
@@ -95,8 +95,8 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
 def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
                tracking_uri: str | None = None, fresh: bool = False) -> dict[str, Any]:
     """Run one trial of a grid in this process, without Ray (``ablate run-trial``)."""
-    from orchestrator import workspace
     from orchestrator.grid import expand, load_grid
+    from orchestrator.store import workspace
 
     grid = load_grid(grid_path)
     trials = {t.trial_id: t for t in expand(grid, force=True)}

@@ -1,0 +1,13 @@
+"""The control plane: runs a grid's trials on Ray Tune and steers them from any process.
+
+Owns ``submit`` (expand, place on pools, run, judge, summarise), ``run_trials`` (exactly the
+given trials), ``resume`` (finished trials continued from a checkpoint, possibly on another
+pool; and the grid's automatic rescue), ``status_command`` and ``cancel``.
+"""
+from __future__ import annotations
+
+from orchestrator.scheduler._control import cancel, status_command
+from orchestrator.scheduler._rescue import resume
+from orchestrator.scheduler._submission import run_trials, submit
+
+__all__ = ["cancel", "resume", "run_trials", "status_command", "submit"]
