@@ -105,8 +105,8 @@ def with_seeds(grid_file: Path, seeds: str, cache: Path) -> Path:
 def recorded_trials(trials_dir: Path) -> list[tuple[str, int, History, str]]:
     """Finished trials the runner recorded (``<workdir>/<grid>/trials/*/``) that ran to their
     last step, i.e. were not stopped early (their full history is known)."""
-    from orchestrator.store import records
-    from orchestrator.trial import TrialPaths, TrialSpec, read_json
+    from orchestrator.store import TrialPaths, read_json, records
+    from orchestrator.trial import TrialSpec
 
     out = []
     for root in sorted(p for p in trials_dir.iterdir() if (p / "spec.json").exists()):

@@ -80,8 +80,7 @@ def run_derived(workdir: str) -> list[dict[str, Any]]:
     """
     from orchestrator.grid import derive_trial, expand, load_grid
     from orchestrator.scheduler import resume
-    from orchestrator.store import CheckpointStore, records, workspace
-    from orchestrator.trial import TrialPaths
+    from orchestrator.store import CheckpointStore, TrialPaths, records, workspace
 
     grid = load_grid(str(GRID))
     grid_dir = workspace.grid_dir(grid.name, workdir)
@@ -261,8 +260,7 @@ def plots(res: Sequence[Any], out: Path) -> list[str]:
 def run_minutes(res: Sequence[Any], workdir: str, derived: bool) -> tuple[float, float, int]:
     """(wall span first start -> last end, summed attempt durations, count) of finished trials,
     in minutes, from their attempt records (``attempts.json``; inherited ranges excluded)."""
-    from orchestrator.store import records, workspace
-    from orchestrator.trial import TrialPaths
+    from orchestrator.store import TrialPaths, records, workspace
 
     grid_dir = workspace.grid_dir(EXPERIMENT, workdir)
     starts, ends, total, n = [], [], 0.0, 0

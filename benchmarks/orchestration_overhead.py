@@ -153,8 +153,7 @@ def utilisation(args: argparse.Namespace, work: Path) -> dict[str, Any]:
     from ray.cluster_utils import Cluster
 
     from orchestrator import scheduler
-    from orchestrator.store import records
-    from orchestrator.trial import TrialPaths
+    from orchestrator.store import TrialPaths, records
 
     pools = ["sim-h100", "sim-a100"]
     cap = 2

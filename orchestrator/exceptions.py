@@ -74,6 +74,14 @@ class ConcurrencyError(UserError):
     """Another orchestrator process holds the grid's lease."""
 
 
+class StateFileError(UserError):
+    """A durable JSON state file is truncated or garbage: one line naming it and the fix."""
+
+
+class IllegalTransition(RuntimeError):
+    """A trial was asked to move between states that have no legal edge."""
+
+
 class NumericFailure(OrchestratorError):
     """NaN/inf in a training step: a result (verdict numeric_failure), never retried."""
 

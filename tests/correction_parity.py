@@ -6,7 +6,7 @@ policy x filters, enumerated from the vocabulary of ``CorrectionSpec``) is class
 (``verl_map.check_correction``) or allowed. Each allowed point is mapped with
 ``verl_map.correction_settings``, run through verl's
 ``compute_rollout_correction_and_rejection_mask`` and compared with
-``corrections.apply_correction`` on generated batches.
+``correction_math.apply_correction`` on generated batches.
 
 What verl does with the helper's output is fixed here from verl 0.9.1's source, not taken from
 the mapping (which is what is under test):
@@ -43,6 +43,7 @@ from pydantic import ValidationError
 from orchestrator import corrections
 from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
+from orchestrator.sim import correction_math
 
 RTOL = 1e-5
 B, R = 24, 16  # rows x response positions of a generated batch
@@ -238,10 +239,10 @@ def verl_side(spec: CorrectionSpec, settings: dict[str, Any], b: Batch,
 
 
 def sim_side(spec: CorrectionSpec, b: Batch) -> Outcome:
-    corr = corrections.apply_correction(b.old, b.mu, b.mask, spec)
+    corr = correction_math.apply_correction(b.old, b.mu, b.mask, spec)
     weights = corr.weights
     if weights is None and spec.is_level != "none":  # computed for metrics only
-        weights = corrections.is_weights((b.old - b.mu).detach(), b.mask, spec)[0]
+        weights = correction_math.is_weights((b.old - b.mu).detach(), b.mask, spec)[0]
     return Outcome(weights, corr.weights is not None, corr.loss_mask, corr.denom_mask)
 
 

@@ -7,8 +7,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.exceptions import CheckpointError
-from orchestrator.store import MANIFEST, CheckpointStore, step_dir_name
-from orchestrator.trial import read_json
+from orchestrator.store import MANIFEST, CheckpointStore, read_json, step_dir_name
 
 
 def _writer(payload: bytes, extra: dict[str, bytes] | None = None):

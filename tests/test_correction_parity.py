@@ -26,6 +26,7 @@ from pydantic import ValidationError
 from orchestrator import corrections
 from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
+from orchestrator.sim import correction_math
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -83,7 +84,7 @@ def test_the_comparison_is_not_vacuous(matrix: P.Classified, mixed: list[P.Batch
     assert fp32.mu.dtype == torch.float32 and mixed[1].mu.dtype == torch.bfloat16
     bitten: dict[str, int] = {}
     for key, spec in matrix.allowed.items():
-        corr = corrections.apply_correction(fp32.old, fp32.mu, fp32.mask, spec)
+        corr = correction_math.apply_correction(fp32.old, fp32.mu, fp32.mask, spec)
         rejected = bool((corr.loss_mask != fp32.mask).any())
         for opt, _ in corrections.rejection_rules(spec):
             bitten[opt] = bitten.get(opt, 0) + rejected
@@ -130,13 +131,13 @@ def _geometric_is(spec: CorrectionSpec, b: P.Batch) -> bool:
     proto, _, _ = helper(b.old, b.mu, b.mask, rollout_is="sequence",
                          rollout_is_threshold=s["rollout_is_threshold"],
                          rollout_is_batch_normalize=s["rollout_is_batch_normalize"])
-    ours = corrections.is_weights(b.old - b.mu, b.mask, spec)[0]
+    ours = correction_math.is_weights(b.old - b.mu, b.mask, spec)[0]
     return cannot and not torch.allclose(ours[_valid(b)], proto.batch["rollout_is_weights"][_valid(b)])
 
 
 def _clip_mode(spec: CorrectionSpec, b: P.Batch) -> bool:
     """No lower clamp in verl: both nearest settings (TIS cap, IcePop band) weigh differently."""
-    ours = corrections.is_weights(b.old - b.mu, b.mask, spec)[0][_valid(b)]
+    ours = correction_math.is_weights(b.old - b.mu, b.mask, spec)[0][_valid(b)]
     for mode in ("truncate", "mask"):
         s = verl_map.correction_settings(spec.model_copy(update={"is_mode": mode}))
         proto, _, _ = _helper()(b.old, b.mu, b.mask, rollout_is=s["rollout_is"],
@@ -158,7 +159,7 @@ def _veto(spec: CorrectionSpec, b: P.Batch) -> bool:
         return False
     k2 = 0.5 * math.log(spec.veto) ** 2  # the nearest setting the refusal names
     _, theirs, _ = _helper()(b.old, b.mu, b.mask, rollout_rs="seq_max_k2", rollout_rs_threshold=k2)
-    ours = corrections.rejection_mask(b.old - b.mu, b.mask, CorrectionSpec(veto=spec.veto))[0]
+    ours = correction_math.rejection_mask(b.old - b.mu, b.mask, CorrectionSpec(veto=spec.veto))[0]
     return not torch.equal(ours, theirs)
 
 
@@ -208,8 +209,8 @@ def _verl_bypass_loss(spec: CorrectionSpec, b: P.Batch) -> float:
 
 
 def _sim_loss(spec: CorrectionSpec, b: P.Batch) -> float:
-    corr = corrections.apply_correction(b.old, b.mu, b.mask, spec)  # bypass: old plays pi_theta
-    loss, _ = corrections.policy_loss(b.old, b.mu, _advantages(b), corr, spec, clip_eps=0.2)
+    corr = correction_math.apply_correction(b.old, b.mu, b.mask, spec)  # bypass: old plays pi_theta
+    loss, _ = correction_math.policy_loss(b.old, b.mu, _advantages(b), corr, spec, clip_eps=0.2)
     return float(loss)
 
 
@@ -308,12 +309,12 @@ def test_an_empty_batch_is_an_error_in_verl_and_a_numeric_failure_in_the_simulat
     empty = torch.zeros_like(b.mask)
     with pytest.raises(ValueError, match="at least one valid token"):
         _helper()(b.old, b.mu, empty)
-    assert "no response token" in corrections.empty_update(empty, empty)  # type: ignore[operator]
+    assert "no response token" in correction_math.empty_update(empty, empty)  # type: ignore[operator]
     spec = CorrectionSpec(rs="token", rs_bounds=[30.0, 40.0])  # rejects every token here
-    corr = corrections.apply_correction(b.old, b.mu, b.mask, spec)
-    why = corrections.empty_update(b.mask, corr.loss_mask)
+    corr = correction_math.apply_correction(b.old, b.mu, b.mask, spec)
+    why = correction_math.empty_update(b.mask, corr.loss_mask)
     assert why and f"every one of the {int(b.mask.sum())} response tokens was rejected" in why
-    assert corrections.empty_update(b.mask, b.mask) is None
+    assert correction_math.empty_update(b.mask, b.mask) is None
 
 
 def test_the_simulator_fails_an_attempt_whose_update_has_nothing_to_train_on(tmp_path: Path) -> None:

@@ -7,8 +7,8 @@ import pytest
 import torch
 
 from orchestrator import metrics as M
-from orchestrator.corrections import (
-    CorrectionSpec,
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.sim.correction_math import (
     apply_correction,
     is_weights,
     mismatch_metrics,

@@ -18,8 +18,7 @@ from orchestrator.exceptions import CheckpointError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.run import run_single
 from orchestrator.scheduler import resume
-from orchestrator.store import records, workspace
-from orchestrator.trial import TrialPaths
+from orchestrator.store import TrialPaths, records, workspace
 
 K3 = "rollout_corr/k3_kl"
 GRID = """\
@@ -309,7 +308,7 @@ def test_verl_move_is_checked_for_world_size_before_anything_changes(isolated: P
                                                                     saved_world: int) -> None:
     """verl shards are keyed by world size: a checkpoint of 16 ranks cannot load on one 8-GPU
     node, and the refusal names the way out (merge to HF weights, losing optimizer state)."""
-    from orchestrator.backends.verl import shard_names
+    from orchestrator.backends.verl_topology import shard_names
     from orchestrator.scheduler._rescue import plan
     from orchestrator.store import CheckpointStore
 

@@ -14,9 +14,9 @@ from trialrecords import mlflow_steps
 
 from orchestrator.exceptions import CheckpointError, InfraFailure
 from orchestrator.grid import expand, load_grid
-from orchestrator.run import TrackingTarget, make_job, run_attempt
-from orchestrator.store import records, workspace
-from orchestrator.trial import TrialPaths
+from orchestrator.run import make_job, run_attempt
+from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.tracking import TrackingTarget
 
 GRID = """\
 name: runner-test
@@ -249,7 +249,7 @@ def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
 
 
 def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> None:
-    from orchestrator.tracking import _sender as sender
+    from orchestrator.tracking import _deferred as sender
 
     _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-a100")]

@@ -25,8 +25,7 @@ from trialrecords import trials as read_trials
 
 from orchestrator import scheduler
 from orchestrator.exceptions import ConcurrencyError
-from orchestrator.store import records
-from orchestrator.trial import TrialPaths
+from orchestrator.store import TrialPaths, records
 
 TESTS = Path(__file__).resolve().parent
 REPO = TESTS.parent

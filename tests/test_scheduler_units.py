@@ -15,8 +15,8 @@ from orchestrator.scheduler._gate import PoolGate
 from orchestrator.scheduler._placement import plan_placement
 from orchestrator.scheduler._search import objective_value
 from orchestrator.schema import SearchObjective
-from orchestrator.store import records
-from orchestrator.trial import TrialPaths, TrialSpec, TrialState
+from orchestrator.store import TrialPaths, records
+from orchestrator.trial import TrialSpec, TrialState
 
 
 def _pools(*names: str):

@@ -23,18 +23,18 @@ import pytest
 pytest.importorskip("verl")
 
 from orchestrator.backends import verl_map
-from orchestrator.backends.verl import (
-    VerlBackend,
-    checkpoint_world_size,
-    portability,
-    shard_names,
-    world_size,
-)
+from orchestrator.backends.verl import VerlBackend
 from orchestrator.backends.verl_preflight import (
     check_composed,
     compose,
     preflight,
     verl_config_dir,
+)
+from orchestrator.backends.verl_topology import (
+    checkpoint_world_size,
+    portability,
+    shard_names,
+    world_size,
 )
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
@@ -688,7 +688,7 @@ def test_stop_terminates_the_whole_process_group(tmp_path: Path,
 ])
 def test_an_update_with_nothing_to_train_on_ends_as_a_numeric_failure(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch, mode: str, last: int, needle: str) -> None:
-    """As in the simulator (corrections.empty_update): not trained on, not retried as infra."""
+    """As in the simulator (correction_math.empty_update): not trained on, not retried as infra."""
     ctx = FakeCtx(tmp_path)
     result, child = _fake_run(tmp_path, mode, ctx, monkeypatch)
     assert result.outcome.value == "numeric_failure" and result.last_step == last

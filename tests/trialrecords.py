@@ -6,8 +6,7 @@ import json
 from pathlib import Path
 from typing import Any
 
-from orchestrator.store import records
-from orchestrator.trial import TrialPaths
+from orchestrator.store import TrialPaths, records
 
 
 def trials(grid_dir: Path) -> dict[str, dict[str, Any]]:

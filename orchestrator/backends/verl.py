@@ -9,13 +9,15 @@ pre-flight against verl's own config system; ``run()`` (in ``verl_run.py``) runs
 """
 from __future__ import annotations
 
-import re
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator.backends import verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
+from orchestrator.backends.verl_preflight import preflight
+from orchestrator.backends.verl_run import run_attempt
+from orchestrator.backends.verl_topology import config_value, world_size
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError
@@ -28,7 +30,6 @@ from orchestrator.trial import TrialSpec
 # MLFLOW_RUN_ID/MLFLOW_TRACKING_URI are still exported for code in the job that wants the run.
 LOGGERS = ("console", "file")
 REPO_ROOT = Path(__file__).resolve().parents[2]
-_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
 
 
 class VerlBackend(Backend):
@@ -148,16 +149,12 @@ class VerlBackend(Backend):
     @classmethod
     def validate(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
         """CPU pre-flight with verl installed; raises a one-line ``GridError`` on failure."""
-        from orchestrator.backends.verl_preflight import preflight
-
         items = cls.overrides(trial, config, pool)
         preflight([items], label=trial.trial_id)
 
     # ----------------------------------------------------------------------- run
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
-        from orchestrator.backends.verl_run import run_attempt
-
         return run_attempt(self, trial, config, ctx)
 
 
@@ -174,32 +171,23 @@ def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSp
     return corr, roll
 
 
-def _get(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
-    node: Any = config
-    for part in dotted.split("."):
-        if not isinstance(node, Mapping) or part not in node:
-            return default
-        node = node[part]
-    return node
-
-
 def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
     """Values verl only checks deep inside the job (or never): fail at plan time instead."""
     def bad(key: str, problem: str, fix: str) -> GridError:
         return GridError(f"{problem} (trial {trial.trial_id})", key=key, fix=fix)
 
-    n = _get(config, "actor_rollout_ref.rollout.n", 1)
+    n = config_value(config, "actor_rollout_ref.rollout.n", 1)
     if not isinstance(n, int) or n < 2:
         raise bad("actor_rollout_ref.rollout.n", f"GRPO needs >= 2 samples per prompt, got {n!r}",
                   "set actor_rollout_ref.rollout.n to 2 or more")
-    if _get(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
+    if config_value(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
         raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
                   "engine's log-probs there is no correction and no mismatch metric", "remove it")
-    if _get(config, "actor_rollout_ref.rollout.name") != "sglang":
+    if config_value(config, "actor_rollout_ref.rollout.name") != "sglang":
         raise bad("actor_rollout_ref.rollout.name", "the verl backend runs SGLang rollouts",
                   "set actor_rollout_ref.rollout.name: sglang")
-    bsz = _get(config, "data.train_batch_size")
-    mini = _get(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    bsz = config_value(config, "data.train_batch_size")
+    mini = config_value(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
     world = world_size(pool, config)
     if isinstance(bsz, int) and (bsz * n) % world:
         raise bad("data.train_batch_size", f"train_batch_size x rollout.n = {bsz * n} is not "
@@ -208,52 +196,11 @@ def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: Pool
     if isinstance(bsz, int) and isinstance(mini, int) and (mini < 1 or bsz % mini):
         raise bad("actor_rollout_ref.actor.ppo_mini_batch_size", f"{mini} must divide "
                   f"data.train_batch_size {bsz}", "use a divisor of the batch size")
-    tp = _get(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
+    tp = config_value(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
     if isinstance(tp, int) and (tp < 1 or pool.gpus_per_node % tp):
         raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
                   f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
                   "use 1, 2, 4 or 8")
-
-
-# --------------------------------------------------------------------------- portability
-
-
-def world_size(pool: PoolSpec, config: Mapping[str, Any] | None = None) -> int:
-    """GPUs a trial uses on ``pool``: GPUs per node x the recipe's ``trainer.nnodes``."""
-    nodes = _get(config or {}, "trainer.nnodes", None) or pool.nodes
-    if not isinstance(nodes, int) or nodes < 1:
-        raise GridError(f"trainer.nnodes must be a positive integer, got {nodes!r}",
-                        key="trainer.nnodes")
-    return pool.gpus_per_node * nodes
-
-
-def checkpoint_world_size(step_dir: str | Path) -> int | None:
-    """World size a verl ``global_step_N`` checkpoint was saved with (from its shard names)."""
-    actor = Path(step_dir) / "actor"
-    sizes = {int(m.group(1)) for p in (actor.iterdir() if actor.is_dir() else ())
-             if (m := _SHARD.match(p.name))}
-    if len(sizes) > 1:
-        raise CheckpointError(f"{actor}: shards of several world sizes {sorted(sizes)}")
-    return sizes.pop() if sizes else None
-
-
-def portability(saved_world_size: int, pool: PoolSpec,
-                config: Mapping[str, Any] | None = None) -> tuple[bool, str]:
-    """Can a checkpoint saved with ``saved_world_size`` GPUs resume on ``pool``? And what to do."""
-    target = world_size(pool, config)
-    if target == saved_world_size:
-        return True, (f"pool {pool.name!r} runs {target} GPUs like the checkpoint; the FSDP "
-                      "shards load as they are (numerics change with the GPU type)")
-    return False, (f"verl shards are keyed by world size: the checkpoint has {saved_world_size}, "
-                   f"pool {pool.name!r} gives {target}; either set trainer.nnodes so the GPU count "
-                   "matches, or merge to Hugging Face weights (python -m verl.model_merger merge "
-                   "--backend fsdp --local_dir <ckpt>/actor --target_dir <hf>) and start fresh "
-                   "from them, which loses the optimizer, scheduler and data-loader state")
-
-
-def shard_names(world: int) -> Sequence[str]:
-    """The model shard files verl writes for ``world`` ranks (used by tests and resume checks)."""
-    return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world)]
 
 
 def distinct(lists: Iterable[Sequence[str]]) -> list[list[str]]:

@@ -22,6 +22,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
+from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.trial import TrialSpec
 
@@ -172,8 +173,6 @@ def _require_local_gpus(trial: TrialSpec, nodes: int, gpus: int) -> None:
 def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 ctx: RunContext) -> AttemptResult:
     """Run the job until it ends or ``ctx.should_stop()``; stream metrics and checkpoints."""
-    from orchestrator.backends.verl import world_size
-
     world = world_size(ctx.pool, config)
     _require_local_gpus(trial, world // ctx.pool.gpus_per_node, ctx.pool.gpus_per_node)
     work = Path(ctx.workdir)
@@ -202,7 +201,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
 def empty_step(step: int, data: Mapping[str, float]) -> str | None:
     """Why step ``step`` trained on nothing, or None: the correction rejected every token.
 
-    The simulator refuses such an update (``corrections.empty_update``); verl takes it (a NaN
+    The simulator refuses such an update (``correction_math.empty_update``); verl takes it (a NaN
     loss in decoupled mode, which the nonfinite rule catches, a silent 0 in bypass mode), so the
     attempt is ended here as the same numeric failure.
     """

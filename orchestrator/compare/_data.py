@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator.trial import TrialPaths, read_json
+from orchestrator.store import TrialPaths, read_json
 
 CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM)
 

@@ -24,6 +24,8 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
+from orchestrator.backends.verl import VerlBackend
+from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, QUEUE_LABEL, ClusterSettings
@@ -66,8 +68,6 @@ def trial_labels(trial: TrialSpec, attempt: int, name: str) -> dict[str, str]:
 
 
 def _job_builder() -> Any:
-    from orchestrator.backends.verl import VerlBackend
-
     return VerlBackend()
 
 
@@ -325,8 +325,6 @@ def render_rayjob(
         env["VERL_FILE_LOGGER_ROOT"] = settings.metrics_root(trial.grid, trial.trial_id, attempt)
     env.setdefault("ABLATE_CHECKPOINT_DIR", ckpt)
     env_list = _env(settings, env)
-
-    from orchestrator.backends.verl import world_size
 
     nodes = world_size(pool, config) // pool.gpus_per_node  # the recipe's trainer.nnodes
     frac = settings.worker_fraction

@@ -21,30 +21,15 @@ from typing import Any
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
-from orchestrator.store import CheckpointStore, records
-from orchestrator.trial import (
-    Attempt,
-    TrialPaths,
-    TrialSpec,
-    TrialState,
-    atomic_write_json,
-    transition,
-)
+from orchestrator.store import CheckpointStore, TrialPaths, atomic_write_json, records
+from orchestrator.tracking import TrackingTarget
+from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 
 log = logging.getLogger(__name__)
 _OUTCOME = {AttemptOutcome.COMPLETED: "completed", AttemptOutcome.STOPPED: "stopped",
             AttemptOutcome.NUMERIC_FAILURE: "numeric_failure"}
 # Attempt outcomes that end the trial (its state becomes DONE, CANCELLED or FAILED right after).
 _ENDING = ("completed", "stopped_early", "numeric_failure", "cancelled", "error")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrackingTarget:
-    """Where the trial's MLflow child run lives (the parent run is the grid submission)."""
-
-    uri: str
-    experiment_id: str  # "" while the orchestrator is still opening the parent run
-    parent_run_id: str | None
 
 
 @dataclasses.dataclass(frozen=True)
@@ -269,7 +254,7 @@ class AttemptRun:
 
     def _maybe_go_live(self) -> None:
         """A deferred attempt that runs long enough to matter switches to a live MLflow run."""
-        from orchestrator.tracking._sender import LIVE_AFTER_S, DeferredRun
+        from orchestrator.tracking._deferred import LIVE_AFTER_S, DeferredRun
 
         target = self.job.tracking
         if (not isinstance(self.tracker, DeferredRun) or target is None or not target.experiment_id

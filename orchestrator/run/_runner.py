@@ -24,13 +24,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError
-from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun, TrackingTarget
-from orchestrator.store import records
+from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun
+from orchestrator.store import TrialPaths, atomic_write_json, records
 from orchestrator.store.records import mark_cancelled, stored_result
-from orchestrator.trial import TrialPaths, TrialSpec, atomic_write_json
-
-__all__ = ["AttemptJob", "TrackingTarget", "make_job", "mark_cancelled", "run_attempt",
-           "run_single", "stored_result"]
+from orchestrator.tracking import TrackingTarget
+from orchestrator.trial import TrialSpec
 
 
 def _backend(job: AttemptJob) -> Any:

@@ -10,9 +10,8 @@ import os
 from pathlib import Path
 
 from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.store import active_holder, records, workspace
+from orchestrator.store import TrialPaths, active_holder, records, workspace
 from orchestrator.store.records import mark_cancelled
-from orchestrator.trial import TrialPaths
 
 
 def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:

@@ -29,8 +29,8 @@ from typing import Any
 from ray.tune.search import Searcher
 
 from orchestrator.scheduler._search import SearchSpace
-from orchestrator.store import records
-from orchestrator.trial import TrialPaths, TrialSpec
+from orchestrator.store import TrialPaths, records
+from orchestrator.trial import TrialSpec
 
 log = logging.getLogger(__name__)
 

@@ -13,8 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as names
-from orchestrator.store import active_holder, records
-from orchestrator.trial import TrialPaths, atomic_write_json, read_json
+from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
 LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see LiveView)

@@ -1,35 +1,12 @@
-"""``ablate resume``: continue failed or collapsed trials from a checkpoint, possibly on another
-pool, with lineage kept; and the grid's automatic ``on_collapse: {resume: ...}`` rescue.
+"""The checks and writes behind a resume, shared by ``ablate resume`` (``_resume``) and a
+submission's automatic ``on_collapse: {resume: ...}`` rescue (``auto_rescue``).
 
-Two kinds of resume:
-
-* without ``--set`` the same trial goes on: its ``state.json`` gets a request ``{pool, start}``
-  that the next attempt consumes (``attempt.AttemptRun``), and a new attempt record holds its pool
-  and step range. ``--pool`` is the only way a trial ever leaves its pool.
-* with ``--set`` (or ``--derive``) a new trial is derived (``grid.derive_trial``): its own
-  ``derived_from = (parent id, step)`` link, the parent's checkpoint at that step copied into its
-  own store, the parent's metrics up to that step as its history (attempts marked ``inherited``),
-  and its own MLflow child run tagged ``derived_from``.
-
-Everything is checked before anything is written (one-line ``UserError``/``CheckpointError``;
-the trial's files and MLflow stay as they were): the trials, the target pool (catalogue, the
-backend's pool kind, the backend's own plan-time check), the checkpoint (verified by SHA-256,
-fetched from an fsspec store if remote), and for verl/k8s the world size (verl shards are keyed
-by it, see ``backends.verl.portability``). The grid lease is then held while the requests are
-written and the attempts run (through the Ray Tune scheduler, or in this process with
-``local=True``), so a resume never races an ``ablate submit`` of the same grid.
-
-MLflow, one step axis: MLflow has no API to delete metric points, so when a resume starts
-before the last step the trial's child run holds, re-logging steps would leave two values per
-step. Instead the runner replaces the child run by a fresh one (same run name, ``trial_id`` tag,
-params and parent), refilled from ``metrics.jsonl`` up to the resume step (the local file is the
-truth), tagged ``supersedes`` and with every attempt's pool and step range (``attempt.N.*``,
-``pool_steps``, ``attempts.json``); the replaced rows (the collapse) go to a
-``superseded-<run>.json`` artifact and ``superseded/attempt-N.jsonl`` in the trial directory;
-the old run is tagged ``superseded_by`` and soft-deleted (restorable in the UI). ``state.json``
-records the new run id and the ``superseded_runs``. Readers therefore see exactly one run per
-trial whose steps 1..N have one value each. A resume from the last step MLflow holds keeps the
-literal same run.
+``select_trials`` picks the finished trials, ``plan`` checks everything a resume needs and writes
+nothing (the trials, the target pool: catalogue, the backend's pool kind, the backend's own
+plan-time check; the checkpoint, verified by SHA-256 and fetched from an fsspec store if remote;
+for verl/k8s the world size, see ``backends.verl_topology.portability``), ``apply`` writes the
+requests (and seeds derived trials). Nothing here runs a trial: the caller does, under the
+grid lease it holds.
 """
 from __future__ import annotations
 
@@ -37,14 +14,14 @@ import dataclasses
 import logging
 import shutil
 import time
-import uuid
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.verl_topology import checkpoint_world_size, portability
 from orchestrator.exceptions import CheckpointError, UserError, did_you_mean
-from orchestrator.store import MANIFEST, CheckpointStore, records, workspace
-from orchestrator.trial import Attempt, TrialPaths, TrialSpec, TrialState, transition
+from orchestrator.store import MANIFEST, CheckpointStore, TrialPaths, records
+from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 
 log = logging.getLogger(__name__)
 COLLAPSED = ("collapsed", "numeric_failure")  # a NaN blow-up is a collapse for `--collapsed`
@@ -66,55 +43,7 @@ class Plan:
         return self.trial.trial_id != self.parent.trial_id
 
 
-# --------------------------------------------------------------------------- entry points
-
-
-def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
-           pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
-           workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
-           local: bool = False, progress: bool = True, derive: bool = False) -> dict[str, Any]:
-    """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
-
-    ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
-    parent as it ended, so both stay comparable (e.g. a collapsed run and its rescue on another pool).
-
-    Returns ``{"grid", "resumed": [...], "results": {trial id: result}}``. Raises a one-line
-    ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
-    ``ConcurrencyError`` when the grid is running.
-    """
-    from orchestrator.grid import load_grid
-    from orchestrator.store import GridLease
-
-    grid = load_grid(grid_path)
-    grid_dir = workspace.grid_dir(grid.name, workdir)
-    if not (grid_dir / "trials").is_dir():
-        raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "
-                        f"nothing to resume (start it with `ablate submit {grid_path}`)")
-    submission = time.strftime("%Y%m%d-%H%M%S") + "-resume-" + uuid.uuid4().hex[:6]
-    lease = GridLease(grid_dir, grid.name)
-    lease.acquire(submission)  # ConcurrencyError naming the holder while the grid runs
-    try:
-        parents = select_trials(grid_dir, select=select, trial_ids=trial_ids)
-        plans = plan(grid, grid_dir, parents, pool=pool, start=start, sets=dict(sets or {}),
-                     reason="ablate resume", derive=derive)
-        trials = apply(grid, grid_dir, plans)
-        summary: dict[str, Any] = {}
-        if local:
-            _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
-        else:
-            from orchestrator.scheduler._submission import run_trials
-
-            summary = run_trials(grid, trials, submission=submission, address=address,
-                                 tracking_uri=tracking_uri, workdir=workdir, progress=progress)
-    finally:
-        lease.release()
-    results = {}
-    for t in trials:
-        paths = TrialPaths(grid_dir, t.trial_id)
-        results[t.trial_id] = records.stored_result(paths, records.load_state(paths, t.trial_id))
-    return {"grid": grid.name, "submission": submission, "results": results, "summary": summary,
-            "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
-                         "from_step": p.start, "derived": p.derived} for p in plans]}
+# --------------------------------------------------------------------------- automatic rescue
 
 
 def auto_rescue(grid: Any, grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
@@ -272,8 +201,6 @@ def _check_pool(grid: Any, backend: Any, trial: TrialSpec, pool: Any, ckpt: Path
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")
     if backend.pool_kind != "gpu":
         return  # simulator checkpoints hold the whole state: portable to any sim pool
-    from orchestrator.backends.verl import checkpoint_world_size, portability
-
     saved = checkpoint_world_size(ckpt)
     if saved is None:
         raise CheckpointError(f"trial {trial.trial_id}: checkpoint {ckpt} has no verl "
@@ -350,27 +277,3 @@ def _seed_derived(grid: Any, grid_dir: Path, p: Plan) -> None:
     rec = records.TrialRecord(trial_id=p.trial.trial_id, pool=p.pool, last_step=p.start,
                               resume={"pool": p.pool, "start": p.start, "reason": p.reason})
     records.save_state(paths, rec)
-
-
-def _run_local(grid: Any, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
-               tracking_uri: str | None, workdir: str | None) -> None:
-    """Run the resumed attempts one after another in this process (no Ray, like run-trial)."""
-    from orchestrator.run import TrackingTarget, make_job, run_attempt
-    from orchestrator.tracking import GridRun
-
-    uri = workspace.tracking_uri(tracking_uri, workdir)
-    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
-    target = TrackingTarget(uri, parent.experiment_id, parent.run_id)
-    status = "FAILED"
-    try:
-        for t in trials:
-            rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
-            run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=target, submission=submission,
-                                 pool=records.route_pool(rec, t)))
-        status = "FINISHED"
-    finally:
-        parent.end(status)
-
-
-__all__ = ["Plan", "apply", "auto_rescue", "known_trials", "plan", "resume",
-           "select_trials", "start_step"]

@@ -12,8 +12,8 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.schema import SearchObjective
-from orchestrator.store import records
-from orchestrator.trial import TrialPaths, TrialSpec
+from orchestrator.store import TrialPaths, records
+from orchestrator.trial import TrialSpec
 
 AXIS_PREFIX = "axis:"
 

@@ -27,7 +27,6 @@ them after each fit (a SIGKILLed fit can leave them; nothing reads them).
 from __future__ import annotations
 
 import contextlib
-import dataclasses
 import math
 import os
 import socket
@@ -38,74 +37,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import UserError
-from orchestrator.pools import PoolSpec
-from orchestrator.run import AttemptJob, TrackingTarget, run_attempt
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
-from orchestrator.scheduler._search import objective_value, search_records, store_objectives
-from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
-from orchestrator.store import GridLease, records, workspace
-from orchestrator.trial import TrialPaths, TrialSpec, TrialState, atomic_write_json, transition
-
-# --------------------------------------------------------------------------- the Tune trainable
-
-
-@dataclasses.dataclass(frozen=True)
-class GridContext:
-    """What every Tune trial of a submission shares (shipped once through the object store)."""
-
-    grid_dir: str
-    recipe_config: Mapping[str, Any]
-    pools: Mapping[str, PoolSpec]
-    checkpoint: CheckpointSpec
-    collapse: CollapseSpec
-    early_stop: EarlyStopSpec
-    tracking_uri: str  # the experiment and parent run come with each trial's config (sender.py)
-    submission: str
-    backend_refs: Mapping[str, tuple[str, str]]
-    objective: SearchObjective | None
-
-
-_PASSED: set[str] = set()  # warm-up barriers this worker process has passed
-
-
-def _warm_up(barrier: list[Any] | None, timeout: float = 20.0) -> None:
-    """The first trial in a new worker waits (up to ``timeout``) until the fit's first workers
-    have all started. Otherwise Tune gives the worker of a trial that just ended to a trial whose
-    own worker is still starting, and kills that one; while trials are shorter than a worker's
-    start-up (seconds, under load) this repeats forever and a slot stays empty."""
-    if not barrier or barrier[0] in _PASSED:
-        return
-    directory, count = Path(barrier[0]), int(barrier[1])
-    _PASSED.add(barrier[0])
-    directory.mkdir(parents=True, exist_ok=True)
-    (directory / f"{socket.gethostname()}-{os.getpid()}").touch()
-    deadline = time.monotonic() + timeout
-    while sum(1 for _ in directory.iterdir()) < count and time.monotonic() < deadline:
-        time.sleep(0.05)
-
-
-def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
-    from ray import tune
-
-    from orchestrator.recipes import apply_overrides
-
-    _warm_up(config.get("warm_up"))
-    trial = TrialSpec.from_json(config["trial"])
-    job = AttemptJob(grid_dir=gctx.grid_dir, trial=trial,
-                     config=apply_overrides(gctx.recipe_config, trial.override_map),
-                     pool=gctx.pools[config["pool"]], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
-                     early_stop=gctx.early_stop, submission=gctx.submission,
-                     tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
-                     backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True)
-    result = run_attempt(job)
-    report = {"trial_id": trial.trial_id, "state": result.get("state"),
-              "last_step": result.get("last_step"), "node": result.get("node"),
-              "verdict": (result.get("verdict") or {}).get("kind")}
-    obj = objective_value(result, gctx.objective)
-    if obj is not None:
-        report["objective"] = obj
-    tune.report(report)
-
+from orchestrator.scheduler._search import search_records, store_objectives
+from orchestrator.scheduler._trainable import GridContext, _trainable
+from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
+from orchestrator.trial import TrialSpec, TrialState, transition
 
 # --------------------------------------------------------------------------- submit
 
@@ -500,9 +436,3 @@ def summarize(grid: Any, grid_dir: Path, trial_ids: list[str]) -> dict[str, Any]
     if grid.spec.search is not None:
         out["search"] = {"budget": grid.spec.search.budget, "best": best}
     return out
-
-
-# `ablate status` and `ablate cancel` live in control.py; commands.py calls them through here.
-from orchestrator.scheduler._control import cancel, status_command
-
-__all__ = ["Placement", "cancel", "objective_value", "plan_placement", "status_command", "submit"]

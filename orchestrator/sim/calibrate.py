@@ -19,10 +19,13 @@ from typing import Any
 import torch
 
 from orchestrator import metrics as M
-from orchestrator.corrections import CorrectionSpec, mismatch_metrics
+from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.sim.config import build_setup
+from orchestrator.sim.correction_math import (
+    mismatch_metrics,
+)
 from orchestrator.sim.model import ModelConfig, forward
 from orchestrator.sim.profile import SimProfile, parse_profile, resolve_numerics
 from orchestrator.sim.rollout import RolloutEngine

@@ -16,9 +16,10 @@ import torch
 import torch.nn.functional as F
 
 from orchestrator import metrics as M
-from orchestrator.corrections import (
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.exceptions import NumericFailure
+from orchestrator.sim.correction_math import (
     Correction,
-    CorrectionSpec,
     apply_correction,
     correction_metrics,
     empty_update,
@@ -26,7 +27,6 @@ from orchestrator.corrections import (
     opsm_mask,
     policy_loss,
 )
-from orchestrator.exceptions import NumericFailure
 from orchestrator.sim.model import ModelConfig, forward, init_params
 from orchestrator.sim.profile import Numerics
 from orchestrator.sim.rollout import RolloutEngine, Rollouts

@@ -27,7 +27,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import CheckpointError
-from orchestrator.trial import SCHEMA_VERSION, atomic_write_json, read_json
+from orchestrator.store._files import SCHEMA_VERSION, atomic_write_json, read_json
 
 MANIFEST = "MANIFEST.json"
 RETENTION = "RETENTION.json"

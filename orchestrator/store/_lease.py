@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import ConcurrencyError
-from orchestrator.trial import atomic_write_json, read_json
+from orchestrator.store._files import atomic_write_json, read_json
 
 
 def _describe(info: dict[str, Any] | None) -> str:

@@ -18,17 +18,14 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
-from orchestrator.trial import (
-    Attempt,
+from orchestrator.store._files import (
     TrialPaths,
-    TrialSpec,
-    TrialState,
     atomic_write_json,
     atomic_write_text,
     corrupt_state_file,
     read_json,
-    transition,
 )
+from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 
 T = TypeVar("T")
 

@@ -1,24 +1,18 @@
 """MLflow tracking: an experiment per grid, a parent run per submission, a child run per trial.
 
-Owns the runs (``GridRun``, ``TrialRun``), their durable outbox, the orchestrator-side sender
-of deferred attempts (``Sender``), the UI (``ui``) and the clean-up of orphaned parent runs.
+Owns the runs (``GridRun``, ``TrialRun``) and their durable outbox, deferred tracking of short
+attempts (``DeferredRun``) and its orchestrator-side ``Sender``, the store plumbing (``client``,
+timeouts, WAL), the grid's UI view and ``ablate ui``, and the clean-up of orphaned parent runs.
 """
 from __future__ import annotations
 
-from orchestrator.tracking._runs import (
-    ROLE_TAG,
-    GridRun,
-    TrialRun,
-    client,
-    drain,
-    is_remote,
-    save_trials_view,
-    supersede,
-    ui,
-    use_wal,
-)
-from orchestrator.tracking._sender import LIVE_AFTER_S, DeferredRun, Sender, buffer_dir, send_trial
+from orchestrator.tracking._deferred import LIVE_AFTER_S, DeferredRun, buffer_dir
+from orchestrator.tracking._runs import GridRun, TrackingTarget, TrialRun, drain, supersede
+from orchestrator.tracking._sender import Sender, send_trial
+from orchestrator.tracking._store import ROLE_TAG, client, is_remote, use_wal
+from orchestrator.tracking._ui import ui
+from orchestrator.tracking._views import save_trials_view
 
-__all__ = ["LIVE_AFTER_S", "ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrialRun", "buffer_dir",
-           "client", "drain", "is_remote", "save_trials_view", "send_trial", "supersede", "ui",
-           "use_wal"]
+__all__ = ["LIVE_AFTER_S", "ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget",
+           "TrialRun", "buffer_dir", "client", "drain", "is_remote", "save_trials_view",
+           "send_trial", "supersede", "ui", "use_wal"]

@@ -19,7 +19,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.trial import atomic_write_json, read_json
+from orchestrator.store import atomic_write_json, read_json
 
 
 class Outbox:

@@ -1,26 +1,22 @@
-"""MLflow tracking: one experiment per grid, a parent run per submission, a nested child run per
-trial with its axis values as params, placement and versions as tags, batched per-step metrics,
-attempts, lineage and the verdict.
-
-Metric names are verl's (``orchestrator.metrics``), sanitised exactly as verl's MLflow logger
-does, so a verl job given ``MLFLOW_RUN_ID`` of the child run writes into the same series.
+"""The MLflow runs of a grid: one experiment per grid, a parent run per submission
+(``GridRun``), a nested child run per trial (``TrialRun``) with its axis values as params,
+placement and versions as tags, batched per-step metrics, attempts, lineage and the verdict.
 
 A ``TrialRun`` never raises for a tracking outage: rows go to an on-disk outbox
-(``tracking_buffer.Outbox``) first and are sent in ``log_batch`` calls of up to 1000 values; if
-the store is unreachable they stay there and go out on a later call (with exponential back-off
-between attempts) or at ``flush``/``end``. ``drain(buffer_dir, tracking_uri)`` finishes the
-outbox of a run whose process is gone.
+(``_outbox.Outbox``) first and are sent in ``log_batch`` calls of up to 1000 values; if the store
+is unreachable they stay there and go out on a later call (with exponential back-off between
+attempts) or at ``flush``/``end``. ``drain(buffer_dir, tracking_uri)`` finishes the outbox of a
+run whose process is gone.
 """
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import importlib.metadata
 import logging
-import re
 import subprocess
 import sys
-import threading
 import time
 from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
@@ -28,7 +24,20 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.store import workspace
+from orchestrator.store.records import effective_ranges
+from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
 from orchestrator.tracking._outbox import Outbox
+from orchestrator.tracking._store import (
+    PARENT_TAG,
+    ROLE_TAG,
+    client,
+    fail_fast,
+    is_permanent,
+    is_remote,
+    sanitize_key,
+    use_wal,
+)
+from orchestrator.tracking._views import save_trials_view
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -40,8 +49,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-PARENT_TAG = "mlflow.parentRunId"
-ROLE_TAG = "ablate.role"  # "grid" (parent) | "trial" (child)
 THROUGH_TAG = "ablate.logged_through_step"  # last step whose metrics are all in the store
 MAX_METRICS = 999  # MLflow: 1000 entities per log_batch; one slot is the THROUGH_TAG
 MAX_PARAMS_TAGS = 100
@@ -49,76 +56,14 @@ MAX_TAG_LEN = 5000
 BACKOFF_MAX_S = 30.0
 VERSION_PACKAGES = ("rl-ablate", "torch", "mlflow", "ray", "verl", "sglang", "vllm", "transformers")
 
-_INVALID = re.compile(r"[^/\w.\- :]")
-_SLASHES = re.compile(r"/+")
-_ENV_LOCK = threading.Lock()
 
+@dataclasses.dataclass(frozen=True)
+class TrackingTarget:
+    """Where the trial's MLflow child run lives (the parent run is the grid submission)."""
 
-def sanitize_key(key: str) -> str:
-    """verl 0.9.1's MLflow key sanitiser (``@`` -> ``_at_``, ``//`` -> ``/``, others -> ``_``)."""
-    return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
-
-
-def client(tracking_uri: str) -> MlflowClient:
-    from mlflow import MlflowClient
-
-    return MlflowClient(tracking_uri=tracking_uri)
-
-
-def is_remote(uri: str) -> bool:
-    return uri.startswith(("http://", "https://"))
-
-
-@functools.lru_cache(maxsize=16)
-def use_wal(tracking_uri: str) -> str | None:
-    """Switch an SQLite store to write-ahead logging (persistent); returns its journal mode.
-
-    MLflow commits twice per ``log_batch``: in rollback-journal mode each commit fsyncs journal
-    and database, in WAL mode only the log, equally durable (``synchronous`` stays FULL); readers
-    (``ablate ui``) no longer block writers. Best effort: a store held open elsewhere stays as is.
-    """
-    import sqlite3
-
-    if not tracking_uri.startswith("sqlite:///"):
-        return None
-    path = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
-    if not path or path == ":memory:" or not Path(path).is_file():
-        return None
-    try:
-        with contextlib.closing(sqlite3.connect(path, timeout=2)) as db:
-            mode = str(db.execute("PRAGMA journal_mode").fetchone()[0]).lower()
-            if mode != "wal":
-                mode = str(db.execute("PRAGMA journal_mode=WAL").fetchone()[0]).lower()
-            return mode
-    except sqlite3.Error as exc:
-        log.info("kept the journal mode of %s: %s", path, exc)
-        return None
-
-
-@contextlib.contextmanager
-def fail_fast(uri: str, timeout_s: int = 10) -> Iterator[None]:
-    """Make MLflow's HTTP client give up at once instead of retrying for minutes.
-
-    MLflow reads its retry settings from the environment on each request; the lock keeps two
-    threads of this process from restoring each other's values mid-call.
-    """
-    if not is_remote(uri):
-        yield
-        return
-    from orchestrator.environment import scoped_environ
-
-    keys = {"MLFLOW_HTTP_REQUEST_MAX_RETRIES": "0", "MLFLOW_HTTP_REQUEST_TIMEOUT": str(timeout_s)}
-    with _ENV_LOCK, scoped_environ(keys):
-        yield
-
-
-def _permanent(exc: Exception) -> bool:
-    """An error that retrying cannot fix (bad request), as opposed to an outage."""
-    from mlflow.exceptions import MlflowException
-
-    if isinstance(exc, MlflowException):
-        return exc.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST")
-    return False
+    uri: str
+    experiment_id: str  # "" while the orchestrator is still opening the parent run
+    parent_run_id: str | None
 
 
 @functools.lru_cache(maxsize=1)
@@ -128,7 +73,7 @@ def provenance_tags() -> dict[str, str]:
     for pkg in VERSION_PACKAGES:
         with contextlib.suppress(importlib.metadata.PackageNotFoundError):
             tags[f"version.{pkg}"] = importlib.metadata.version(pkg)
-    repo = Path(__file__).resolve().parent.parent
+    repo = Path(__file__).resolve().parents[2]
     with contextlib.suppress(OSError, subprocess.SubprocessError):
         out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
                              text=True, timeout=5, check=False)
@@ -189,8 +134,6 @@ class GridRun:
                 if run_id is not None:
                     mlc.update_run(run_id, status="RUNNING")
                     return cls(tracking_uri, exp_id, run_id)
-                from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
-
                 tags = {ROLE_TAG: "grid", "grid": grid.name, "grid.file": str(grid.file),
                         "grid.recipe_digest": grid.recipe_digest, "backend": grid.backend,
                         "axes": ", ".join(a.name for a in grid.axes), **provenance_tags(),
@@ -206,7 +149,7 @@ class GridRun:
                 close_orphaned_parents(mlc, exp_id, keep=run.info.run_id)
                 return cls(tracking_uri, exp_id, run.info.run_id)
         except Exception as exc:
-            if _permanent(exc):
+            if is_permanent(exc):
                 raise
             raise UserError(f"MLflow tracking store {tracking_uri} is unreachable ({type(exc).__name__}); "
                             "fix: start the server or pass --tracking-uri") from None
@@ -328,7 +271,7 @@ class TrialRun:
             try:
                 fn()
             except Exception as exc:
-                if _permanent(exc):
+                if is_permanent(exc):
                     raise
                 self.last_error = f"{type(exc).__name__}: {str(exc)[:200]}"
                 if self._backoff <= 1.0:
@@ -363,8 +306,6 @@ class TrialRun:
             tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
             if a.resumed_from_step is not None:
                 tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
-        from orchestrator.store.records import effective_ranges
-
         # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
         tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
                                       for p, lo, hi in effective_ranges(attempts))
@@ -485,25 +426,3 @@ def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:
     run = TrialRun.__new__(TrialRun)  # no trial/pool needed: the run exists, only the outbox is sent
     run._bind(tracking_uri, "", None, outbox, connected=True)
     return run.flush(timeout)
-
-
-def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
-       workdir: str | None = None) -> int:
-    """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL."""
-    from orchestrator.tracking import _ui as tracking_ui
-
-    return tracking_ui.ui(grid=grid, port=port, tracking_uri=tracking_uri, workdir=workdir)
-
-
-def save_trials_view(mlc: MlflowClient, experiment_id: str, axes: Sequence[str] | None = None) -> str:
-    """The grid's shared MLflow UI view (axis params and verdict as columns); see ``tracking_ui``."""
-    from orchestrator.tracking import _ui as tracking_ui
-
-    return tracking_ui.save_trials_view(mlc, experiment_id, axes)
-
-
-def server_command(backend_uri: str, port: int, artifacts: Path, workers: int = 2) -> list[str]:
-    """``mlflow server`` on loopback as an argument list; see ``tracking_ui``."""
-    from orchestrator.tracking import _ui as tracking_ui
-
-    return tracking_ui.server_command(backend_uri, port, artifacts, workers)

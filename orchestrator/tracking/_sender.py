@@ -1,14 +1,6 @@
-"""MLflow writes of short attempts, moved out of the trial slot into the orchestrator process.
-
-Creating a child run, logging its params, tags, metrics and artifacts and finishing it costs a
-trial about half a second of SQLite transactions, plus a 4-11 s ``import mlflow`` in every fresh
-Ray worker. For a trial of a few seconds that doubles its slot time. So an attempt starts
-*deferred*: its runner writes everything into the trial's durable outbox
-(``tracking_buffer.Outbox``, the same files a store outage fills) through a :class:`DeferredRun`
-and never touches MLflow; when Tune reports the trial complete, the orchestrator's
-:class:`Sender` thread creates the run if needed, sends the outbox and records the run id in
-``state.json``. An attempt still running after ``LIVE_AFTER_S`` switches to a live ``TrialRun``
-at its next checkpoint, so long trials show up in MLflow while they run.
+"""The orchestrator side of deferred tracking: a submission's ``Sender`` thread opens the
+parent run beside Ray's start-up, then sends the outbox of each trial whose attempts are over
+(``send_trial``) and records the run id in its ``state.json`` (why attempts defer: ``_deferred``).
 
 One writer at a time per outbox: the worker while attempts run, the sender only once Tune has
 given up on the trial for this submission (its ``on_trial_complete``/``on_trial_error`` callback,
@@ -22,45 +14,18 @@ outbox (committed rows stay there, so nothing is sent twice or lost).
 from __future__ import annotations
 
 import logging
-import math
 import queue
 import threading
 from pathlib import Path
 from typing import Any
 
-from orchestrator.store import records
+from orchestrator.store import TrialPaths, records
+from orchestrator.tracking._deferred import DeferredRun, buffer_dir
 from orchestrator.tracking._outbox import Outbox
-from orchestrator.tracking._runs import TrialRun, drain
-from orchestrator.trial import TrialPaths, TrialSpec, TrialState
+from orchestrator.tracking._runs import GridRun, TrackingTarget, TrialRun, drain
+from orchestrator.trial import TrialState
 
 log = logging.getLogger(__name__)
-LIVE_AFTER_S = 30.0  # an attempt older than this goes live at its next checkpoint
-
-
-def buffer_dir(paths: TrialPaths) -> Path:
-    return paths.root / "mlflow-buffer"
-
-
-class DeferredRun(TrialRun):
-    """A ``TrialRun`` that only fills its outbox: no MLflow import, no store round trips."""
-
-    def __init__(self, trial: TrialSpec, buffer: Path, run_id: str | None = None) -> None:
-        self.trial = trial
-        outbox = Outbox(buffer)
-        if run_id is not None and outbox.run_id is None:  # the buffer went; the run did not
-            outbox.run_id = run_id
-            outbox.save_state()
-        self._bind("", "", None, outbox, next_try=math.inf)  # never sends from the worker
-
-    def _pump(self) -> None:
-        """Nothing is sent from the worker; the orchestrator's Sender does it."""
-
-    def flush(self, timeout: float = 30) -> bool:
-        return False
-
-    def end(self, status: str = "FINISHED", timeout: float = 30) -> bool:
-        self.outbox.set_end(status)
-        return False
 
 
 def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: float = 30) -> bool:
@@ -161,9 +126,6 @@ class Sender:
         return self
 
     def _loop(self) -> None:
-        from orchestrator.run import TrackingTarget
-        from orchestrator.tracking._runs import GridRun
-
         try:
             self.parent = GridRun.open(self.grid, tracking_uri=self.tracking_uri, workdir=self.root)
             self.target = TrackingTarget(self.tracking_uri, self.parent.experiment_id, self.parent.run_id)

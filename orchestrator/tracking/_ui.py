@@ -3,43 +3,17 @@ trial runs' axis values and verdicts as columns (MLflow's default shows no param
 """
 from __future__ import annotations
 
+import os
 import signal
 import subprocess
 import sys
-from collections.abc import Sequence
 from pathlib import Path
-from typing import TYPE_CHECKING
 
 from orchestrator.exceptions import UserError
+from orchestrator.grid import load_yaml
 from orchestrator.store import workspace
-from orchestrator.tracking._runs import ROLE_TAG, client, is_remote, sanitize_key
-
-if TYPE_CHECKING:
-    from mlflow import MlflowClient
-
-VIEW_KEY = "ablate-trials"
-
-
-def save_trials_view(mlc: MlflowClient, experiment_id: str, axes: Sequence[str] | None = None) -> str:
-    """A shared MLflow UI view of the experiment with the axis values, pool, seed and verdict as
-    columns (stored as the experiment tag the UI reads for ``?viewStateShareKey=``); returns the key.
-
-    Without it the runs table shows only Source/Models/Dataset and no params at all.
-    """
-    import json
-
-    if axes is None:
-        grids = mlc.search_runs([experiment_id], f"tags.`{ROLE_TAG}` = 'grid'", max_results=1,
-                                order_by=["attributes.start_time DESC"])
-        axes = [a for a in (grids[0].data.tags.get("axes", "") if grids else "").split(", ") if a]
-    cols = [f"params.`{sanitize_key(a)}`" for a in axes if a != "pool"]
-    cols += ["params.`pool`", "params.`seed`", "tags.`verdict`", "tags.`verdict.step`", "tags.`trial_id`",
-             "metrics.`eval/reward`", "metrics.`rollout_corr/k3_kl`", "metrics.`actor/grad_norm`"]
-    state = {"selectedColumns": cols, "runsHiddenMode": "SHOW_ALL", "orderByKey": "attributes.start_time",
-             "orderByAsc": True}
-    mlc.set_experiment_tag(experiment_id, f"mlflow.sharedViewState.{VIEW_KEY}", json.dumps(state))
-    return VIEW_KEY
-
+from orchestrator.tracking._store import client, is_remote
+from orchestrator.tracking._views import save_trials_view
 
 
 def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
@@ -81,8 +55,6 @@ def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = Non
 def server_env() -> dict[str, str]:
     """The server's environment: MLflow's GenAI job runner off (it starts ~7 huey worker
     processes that runs of this tool never use; on a laptop they only take CPU and memory)."""
-    import os
-
     return {**os.environ, "MLFLOW_SERVER_ENABLE_JOB_EXECUTION": "false"}
 
 
@@ -100,8 +72,6 @@ def _grid_name(grid: str) -> str:
     if path.suffix in (".yaml", ".yml") or path.exists():
         if not path.exists():
             raise UserError(f"{grid}: no such grid file; fix: pass a grid file or a grid name")
-        from orchestrator.grid import load_yaml
-
         data = load_yaml(path)
         data = data[0] if isinstance(data, tuple) else data
         if not isinstance(data, dict) or "name" not in data:

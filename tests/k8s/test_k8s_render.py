@@ -15,7 +15,8 @@ import yaml
 from k8shelpers import GPU_GRIDS, IMAGE, REPO, loaded, rendered, settings
 from k8svalidate import ManifestInvalid, crd_dir, load_all, validate
 
-from orchestrator.backends.verl import VerlBackend, world_size
+from orchestrator.backends.verl import VerlBackend
+from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.render import render_rayjob

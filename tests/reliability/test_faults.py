@@ -23,8 +23,7 @@ from orchestrator import scheduler
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
 from orchestrator.run import run_single
-from orchestrator.store import MANIFEST, CheckpointStore, records
-from orchestrator.trial import TrialPaths
+from orchestrator.store import MANIFEST, CheckpointStore, TrialPaths, records
 
 pytestmark = pytest.mark.usefixtures("double")
 

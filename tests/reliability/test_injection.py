@@ -209,8 +209,7 @@ def test_hostile_values_run_inertly_and_hostile_arguments_are_refused(
     from orchestrator.recipes import parse_assignments
     from orchestrator.run import run_single
     from orchestrator.scheduler._rescue import plan, select_trials
-    from orchestrator.store import records, workspace
-    from orchestrator.trial import TrialPaths
+    from orchestrator.store import TrialPaths, records, workspace
 
     doubles.register(monkeypatch)
     bundle = f"b $(touch {CANARY}) `id`; x=y,z ~k +k"

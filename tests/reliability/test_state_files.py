@@ -15,8 +15,7 @@ import pytest
 
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
-from orchestrator.store import records, workspace
-from orchestrator.trial import TrialPaths
+from orchestrator.store import TrialPaths, records, workspace
 
 GRID = """\
 name: shapes

@@ -1,0 +1,65 @@
+"""How many GPUs a verl trial spans and whether its checkpoint can move to another pool.
+
+verl's FSDP shards are keyed by world size (``model_world_size_<N>_rank_<r>.pt``), so a verl
+checkpoint resumes only on a pool that gives the same GPU count: the plan-time checks of the verl
+backend, the RayJob it renders for Kubernetes and ``ablate resume`` all ask this module.
+"""
+from __future__ import annotations
+
+import re
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.pools import PoolSpec
+
+_SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+
+
+def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
+    """The value at a dotted key of a nested config, or ``default`` where the path ends."""
+    node: Any = config
+    for part in dotted.split("."):
+        if not isinstance(node, Mapping) or part not in node:
+            return default
+        node = node[part]
+    return node
+
+
+def world_size(pool: PoolSpec, config: Mapping[str, Any] | None = None) -> int:
+    """GPUs a trial uses on ``pool``: GPUs per node x the recipe's ``trainer.nnodes``."""
+    nodes = config_value(config or {}, "trainer.nnodes", None) or pool.nodes
+    if not isinstance(nodes, int) or nodes < 1:
+        raise GridError(f"trainer.nnodes must be a positive integer, got {nodes!r}",
+                        key="trainer.nnodes")
+    return pool.gpus_per_node * nodes
+
+
+def checkpoint_world_size(step_dir: str | Path) -> int | None:
+    """World size a verl ``global_step_N`` checkpoint was saved with (from its shard names)."""
+    actor = Path(step_dir) / "actor"
+    sizes = {int(m.group(1)) for p in (actor.iterdir() if actor.is_dir() else ())
+             if (m := _SHARD.match(p.name))}
+    if len(sizes) > 1:
+        raise CheckpointError(f"{actor}: shards of several world sizes {sorted(sizes)}")
+    return sizes.pop() if sizes else None
+
+
+def portability(saved_world_size: int, pool: PoolSpec,
+                config: Mapping[str, Any] | None = None) -> tuple[bool, str]:
+    """Can a checkpoint saved with ``saved_world_size`` GPUs resume on ``pool``? And what to do."""
+    target = world_size(pool, config)
+    if target == saved_world_size:
+        return True, (f"pool {pool.name!r} runs {target} GPUs like the checkpoint; the FSDP "
+                      "shards load as they are (numerics change with the GPU type)")
+    return False, (f"verl shards are keyed by world size: the checkpoint has {saved_world_size}, "
+                   f"pool {pool.name!r} gives {target}; either set trainer.nnodes so the GPU count "
+                   "matches, or merge to Hugging Face weights (python -m verl.model_merger merge "
+                   "--backend fsdp --local_dir <ckpt>/actor --target_dir <hf>) and start fresh "
+                   "from them, which loses the optimizer, scheduler and data-loader state")
+
+
+def shard_names(world: int) -> Sequence[str]:
+    """The model shard files verl writes for ``world`` ranks (used by tests and resume checks)."""
+    return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world)]

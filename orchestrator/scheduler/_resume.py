@@ -1,0 +1,109 @@
+"""``ablate resume``: continue failed or collapsed trials from a checkpoint, possibly on another
+pool, with lineage kept; and the grid's automatic ``on_collapse: {resume: ...}`` rescue.
+
+Two kinds of resume:
+
+* without ``--set`` the same trial goes on: its ``state.json`` gets a request ``{pool, start}``
+  that the next attempt consumes (``attempt.AttemptRun``), and a new attempt record holds its pool
+  and step range. ``--pool`` is the only way a trial ever leaves its pool.
+* with ``--set`` (or ``--derive``) a new trial is derived (``grid.derive_trial``): its own
+  ``derived_from = (parent id, step)`` link, the parent's checkpoint at that step copied into its
+  own store, the parent's metrics up to that step as its history (attempts marked ``inherited``),
+  and its own MLflow child run tagged ``derived_from``.
+
+Everything is checked before anything is written (one-line ``UserError``/``CheckpointError``;
+the trial's files and MLflow stay as they were): the trials, the target pool (catalogue, the
+backend's pool kind, the backend's own plan-time check), the checkpoint (verified by SHA-256,
+fetched from an fsspec store if remote), and for verl/k8s the world size (verl shards are keyed
+by it, see ``backends.verl.portability``). The grid lease is then held while the requests are
+written and the attempts run (through the Ray Tune scheduler, or in this process with
+``local=True``), so a resume never races an ``ablate submit`` of the same grid.
+
+MLflow, one step axis: MLflow has no API to delete metric points, so when a resume starts
+before the last step the trial's child run holds, re-logging steps would leave two values per
+step. Instead the runner replaces the child run by a fresh one (same run name, ``trial_id`` tag,
+params and parent), refilled from ``metrics.jsonl`` up to the resume step (the local file is the
+truth), tagged ``supersedes`` and with every attempt's pool and step range (``attempt.N.*``,
+``pool_steps``, ``attempts.json``); the replaced rows (the collapse) go to a
+``superseded-<run>.json`` artifact and ``superseded/attempt-N.jsonl`` in the trial directory;
+the old run is tagged ``superseded_by`` and soft-deleted (restorable in the UI). ``state.json``
+records the new run id and the ``superseded_runs``. Readers therefore see exactly one run per
+trial whose steps 1..N have one value each. A resume from the last step MLflow holds keeps the
+literal same run.
+"""
+from __future__ import annotations
+
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.exceptions import UserError
+from orchestrator.grid import load_grid
+from orchestrator.run import make_job, run_attempt
+from orchestrator.scheduler._rescue import apply, plan, select_trials
+from orchestrator.scheduler._submission import run_trials
+from orchestrator.store import GridLease, TrialPaths, records, workspace
+from orchestrator.tracking import GridRun, TrackingTarget
+from orchestrator.trial import TrialSpec
+
+
+def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
+           pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
+           workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
+           local: bool = False, progress: bool = True, derive: bool = False) -> dict[str, Any]:
+    """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
+
+    ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
+    parent as it ended, so both stay comparable (e.g. a collapsed run and its rescue on another pool).
+
+    Returns ``{"grid", "resumed": [...], "results": {trial id: result}}``. Raises a one-line
+    ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
+    ``ConcurrencyError`` when the grid is running.
+    """
+    grid = load_grid(grid_path)
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    if not (grid_dir / "trials").is_dir():
+        raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "
+                        f"nothing to resume (start it with `ablate submit {grid_path}`)")
+    submission = time.strftime("%Y%m%d-%H%M%S") + "-resume-" + uuid.uuid4().hex[:6]
+    lease = GridLease(grid_dir, grid.name)
+    lease.acquire(submission)  # ConcurrencyError naming the holder while the grid runs
+    try:
+        parents = select_trials(grid_dir, select=select, trial_ids=trial_ids)
+        plans = plan(grid, grid_dir, parents, pool=pool, start=start, sets=dict(sets or {}),
+                     reason="ablate resume", derive=derive)
+        trials = apply(grid, grid_dir, plans)
+        summary: dict[str, Any] = {}
+        if local:
+            _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
+        else:
+            summary = run_trials(grid, trials, submission=submission, address=address,
+                                 tracking_uri=tracking_uri, workdir=workdir, progress=progress)
+    finally:
+        lease.release()
+    results = {}
+    for t in trials:
+        paths = TrialPaths(grid_dir, t.trial_id)
+        results[t.trial_id] = records.stored_result(paths, records.load_state(paths, t.trial_id))
+    return {"grid": grid.name, "submission": submission, "results": results, "summary": summary,
+            "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
+                         "from_step": p.start, "derived": p.derived} for p in plans]}
+
+
+def _run_local(grid: Any, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
+               tracking_uri: str | None, workdir: str | None) -> None:
+    """Run the resumed attempts one after another in this process (no Ray, like run-trial)."""
+    uri = workspace.tracking_uri(tracking_uri, workdir)
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
+    target = TrackingTarget(uri, parent.experiment_id, parent.run_id)
+    status = "FAILED"
+    try:
+        for t in trials:
+            rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
+            run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=target, submission=submission,
+                                 pool=records.route_pool(rec, t)))
+        status = "FINISHED"
+    finally:
+        parent.end(status)

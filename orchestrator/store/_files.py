@@ -1,0 +1,116 @@
+"""Atomic file I/O of durable state: where a trial's files are and how JSON reaches disk.
+
+Every JSON state file (``state.json``, ``attempts.json``, the lease, checkpoint manifests, the
+MLflow outbox) is written through :func:`atomic_write_json` (temp file + fsync + rename, with a
+schema version) and read through :func:`read_json`, which turns a truncated or garbage file into
+a one-line ``StateFileError`` naming the file and the fix.
+"""
+from __future__ import annotations
+
+import json
+import os
+import tempfile
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any, TextIO
+
+from orchestrator.exceptions import StateFileError
+
+SCHEMA_VERSION = 1
+
+
+class TrialPaths:
+    """Names every file of one trial's directory (``<workdir>/<grid>/trials/<trial_id>/``)."""
+
+    def __init__(self, grid_dir: Path, trial_id: str) -> None:
+        self.root = Path(grid_dir) / "trials" / trial_id
+
+    @property
+    def spec(self) -> Path:
+        return self.root / "spec.json"
+
+    @property
+    def state(self) -> Path:
+        return self.root / "state.json"
+
+    @property
+    def attempts(self) -> Path:
+        return self.root / "attempts.json"
+
+    @property
+    def metrics(self) -> Path:
+        return self.root / "metrics.jsonl"
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.root / "checkpoints"
+
+    @property
+    def result(self) -> Path:
+        return self.root / "result.json"
+
+    @property
+    def log(self) -> Path:
+        return self.root / "trial.log"
+
+    @property
+    def run_lock(self) -> Path:
+        """Held (``flock``) by whoever writes the trial's files: its runner for a whole attempt,
+        the orchestrator while it sends the trial's MLflow outbox or resets a dead run."""
+        return self.root / ".run.lock"
+
+
+def atomic_write_text(path: Path, write: Callable[[TextIO], None]) -> None:
+    """Write a file via temp file + fsync + rename, so readers never see it half-written."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as fh:
+            write(fh)
+            fh.flush()
+            os.fsync(fh.fileno())
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+
+
+def atomic_write_json(path: Path, data: Any) -> None:
+    """Write JSON with a schema version atomically (see :func:`atomic_write_text`)."""
+    if isinstance(data, dict) and "schema_version" not in data:
+        data = {"schema_version": SCHEMA_VERSION, **data}
+    atomic_write_text(path, lambda fh: json.dump(data, fh, indent=1, sort_keys=True, default=list))
+
+
+# What removing each file costs: the runner rebuilds a missing state.json as a pending trial
+# that resumes from its last verified checkpoint (its MLflow run is found again through the
+# trial's outbox, so no step is sent twice).
+_FIXES = {
+    "state.json": "delete it and submit the grid again; the trial resumes from its last verified "
+                  "checkpoint and keeps its MLflow run",
+    "attempts.json": "delete it and submit the grid again; metrics and checkpoints are kept, the "
+                     "trial's list of earlier attempts is lost",
+    "result.json": "delete it; `ablate status` and `ablate compare` read the trial's state instead",
+    "spec.json": "delete the trial directory's spec.json and submit the grid again; it is "
+                 "rewritten from the grid file",
+}
+
+
+def corrupt_state_file(path: Path, problem: str) -> StateFileError:
+    # One message argument, like every UserError: Ray copies and pickles exceptions of workers.
+    fix = _FIXES.get(Path(path).name, "restore it from a backup or delete it (the orchestrator "
+                                      "rewrites it on the next submit)")
+    return StateFileError(f"{path}: corrupt JSON state file ({problem}); fix: {fix}")
+
+
+def read_json(path: Path) -> Any:
+    """Read a JSON state file; a truncated or garbage file raises ``StateFileError`` (a one-line
+    ``UserError``, still a ``ValueError``) naming the path and the fix."""
+    try:
+        with open(path, encoding="utf-8") as fh:
+            return json.load(fh)
+    except json.JSONDecodeError as exc:
+        raise corrupt_state_file(path, f"{exc.msg}: line {exc.lineno} column {exc.colno}") from None
+    except UnicodeDecodeError:
+        raise corrupt_state_file(path, "not UTF-8 text") from None
