@@ -102,7 +102,8 @@ def content_hash(spec: AssetSpec) -> str:
 def build(spec: AssetSpec | None = None, cache_root: Path | None = None) -> Assets:
     """Return the cache entry for ``spec``, building it first if it is missing."""
     spec = spec or AssetSpec()
-    root = (cache_root or default_cache_root()) / content_hash(spec)
+    located = locate(spec, cache_root or default_cache_root())
+    root = located.root
     if not (root / "spec.json").is_file():
         root.parent.mkdir(parents=True, exist_ok=True)
         tmp = Path(tempfile.mkdtemp(prefix=f".{root.name}-", dir=root.parent))
@@ -115,9 +116,7 @@ def build(spec: AssetSpec | None = None, cache_root: Path | None = None) -> Asse
                     raise
         finally:
             shutil.rmtree(tmp, ignore_errors=True)
-    return Assets(root=root, model_dir=root / "model", train_file=root / "train.parquet",
-                  val_file=root / "val.parquet", reward_file=Path(reward_module.__file__).resolve(),
-                  data_source=spec.task.data_source)
+    return located
 
 
 def _build_into(out: Path, spec: AssetSpec) -> None:
@@ -215,3 +214,35 @@ def write_data(out: Path, spec: AssetSpec) -> None:
     # which is fine for a smoke task: validation measures what the policy does, not generalisation.
     pd.DataFrame(rows(spec, "train", spec.n_train, spec.data_seed)).to_parquet(out / "train.parquet")
     pd.DataFrame(rows(spec, "val", spec.n_val, spec.data_seed + 1)).to_parquet(out / "val.parquet")
+
+
+# --------------------------------------------------------------------------- recipes
+
+RECIPE_FIELDS = ("task", "min_digits", "max_digits", "n_train", "n_val", "data_seed")
+
+
+def spec_from_recipe(section: dict) -> AssetSpec:
+    """The ``assets:`` section of a verl recipe (``recipes/verl/cpu_tiny.yaml``) as a spec."""
+    unknown = sorted(set(section) - set(RECIPE_FIELDS))
+    if unknown:
+        raise ValueError(f"unknown assets key(s) {unknown}; allowed: {list(RECIPE_FIELDS)}")
+    task = TaskSpec(str(section.get("task", "copy")), int(section.get("min_digits", 1)),
+                    int(section.get("max_digits", 2)))
+    return AssetSpec(task=task, n_train=int(section.get("n_train", 1024)),
+                     n_val=int(section.get("n_val", 64)), data_seed=int(section.get("data_seed", 0)))
+
+
+def locate(spec: AssetSpec, cache_root: Path) -> Assets:
+    """Where ``build(spec, cache_root)`` puts (or has put) the entry; builds nothing."""
+    root = cache_root / content_hash(spec)
+    return Assets(root=root, model_dir=root / "model", train_file=root / "train.parquet",
+                  val_file=root / "val.parquet", reward_file=Path(reward_module.__file__).resolve(),
+                  data_source=spec.task.data_source)
+
+
+def verl_values(built: Assets) -> dict[str, str]:
+    """The verl keys an asset entry fills in (model, data, reward)."""
+    return {"actor_rollout_ref.model.path": str(built.model_dir),
+            "data.train_files": str(built.train_file), "data.val_files": str(built.val_file),
+            "reward.custom_reward_function.path": str(built.reward_file),
+            "reward.custom_reward_function.name": "compute_score"}
