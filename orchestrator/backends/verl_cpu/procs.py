@@ -84,9 +84,10 @@ class RssSampler:
             self._stop.wait(self.interval)
 
 
-def kill_tree(grace: float = 10.0) -> list[int]:
-    """SIGTERM every descendant, SIGKILL what is left after ``grace`` seconds; returns their pids."""
-    procs = descendants()
+def kill_tree(grace: float = 10.0, keep: frozenset[int] = frozenset()) -> list[int]:
+    """SIGTERM every descendant not in ``keep`` (those that existed before the job started),
+    SIGKILL what is left after ``grace`` seconds; returns their pids."""
+    procs = [p for p in descendants() if p.pid not in keep]
     for proc in procs:
         try:
             proc.terminate()
@@ -101,6 +102,8 @@ def kill_tree(grace: float = 10.0) -> list[int]:
     psutil.wait_procs(alive, timeout=5)
     # Reap zombies that were re-parented to us.
     for proc in descendants():
+        if proc.pid in keep:
+            continue
         try:
             proc.wait(timeout=0)
         except (psutil.Error, psutil.TimeoutExpired):
