@@ -243,7 +243,7 @@ def check_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
 
 def check_pool(pool: PoolSpec) -> str | None:
     if pool.kind not in ("gpu", "cpu") or pool.gpus_per_node < 1:
-        return (f"pool {pool.name!r} is a {pool.kind} pool; the verl backend runs on gpu pools "
+        return (f"pool {pool.name!r} has no GPUs (kind {pool.kind}); verl runs on gpu pools "
                 "(verl + SGLang) and cpu pools (verl on this CPU); sim-* pools belong to "
                 "backend: sim")
     return None
