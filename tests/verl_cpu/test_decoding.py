@@ -4,7 +4,12 @@ from __future__ import annotations
 import torch
 
 from orchestrator.backends.verl_cpu import assets
-from orchestrator.backends.verl_cpu.rollout.decoding import SamplingParams, decode, filter_logits, sample_next
+from orchestrator.backends.verl_cpu.rollout.decoding import (
+    SamplingParams,
+    decode,
+    filter_logits,
+    sample_next,
+)
 
 
 def _model(dtype: torch.dtype = torch.float32) -> torch.nn.Module:

@@ -117,7 +117,7 @@ def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitte
     """verl 0.9.1 does not reshard: a ws1 checkpoint on the 2-rank cpu pool would fail inside
     the job (FileNotFoundError model_world_size_2_rank_0.pt); the pre-check says so first."""
     trials = submitted["workdir"] / "verl-cpu" / "trials"
-    tid = sorted(p.name for p in trials.iterdir())[0]
+    tid = min(p.name for p in trials.iterdir())
     before = (trials / tid / "attempts.json").read_text()
     proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
                    submitted["env"], submitted["tmp"])
@@ -127,6 +127,25 @@ def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitte
     assert "the checkpoint has 1" in lines[0] and "gives 2" in lines[0], lines[0]
     assert "trainer.nnodes" in lines[0] and "model_merger" in lines[0], lines[0]
     assert (trials / tid / "attempts.json").read_text() == before  # nothing started
+
+
+@pytest.mark.slow
+def test_resume_on_another_cpu_pool_loads_verls_checkpoint(submitted) -> None:
+    """A trial trained on cpu-fp32 continues from its step-2 checkpoint on cpu-bf16: verl
+    loads the checkpoint the orchestrator laid out, step 3 is recomputed with a bf16 rollout."""
+    tid = next(t["trial_id"] for t in submitted["trials"]["trials"]
+               if t["pool"] == "cpu-fp32" and t["axes"]["correction.is_level"] == "none")
+    proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
+                   submitted["env"], submitted["tmp"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{tid}: resumed on cpu-bf16 from step 2" in proc.stdout
+    root = submitted["workdir"] / "verl-cpu" / "trials" / tid
+    attempts = json.loads((root / "attempts.json").read_text())["attempts"]
+    assert [(a["pool"], a["start_step"], a["end_step"]) for a in attempts] == [
+        ("cpu-fp32", 1, 3), ("cpu-bf16", 3, 3)]
+    rows = [json.loads(ln) for ln in (root / "metrics.jsonl").read_text().splitlines() if ln]
+    k3 = {r["step"]: (r.get("metrics") or r)["rollout_corr/k3_kl"] for r in rows}
+    assert k3[1] == k3[2] == 0.0 and 1e-8 < k3[3] < 1e-3, k3
 
 
 # --------------------------------------------------------------------------- bad input

@@ -21,7 +21,9 @@ import os
 import sys
 import time
 
-from orchestrator.backends.verl_cpu import platform as _platform  # registers PlatformCPU under "cpu"
+from orchestrator.backends.verl_cpu import (
+    platform as _platform,  # registers PlatformCPU under "cpu"
+)
 from orchestrator.backends.verl_cpu import rollout as _rollout
 from orchestrator.backends.verl_cpu.envvars import LOAD_LOG_ENV
 

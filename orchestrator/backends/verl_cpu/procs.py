@@ -14,7 +14,6 @@ import ctypes
 import threading
 import time
 from dataclasses import dataclass
-from typing import Self
 
 import psutil
 
@@ -60,7 +59,7 @@ class RssSampler:
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._t0 = time.monotonic()
 
-    def __enter__(self) -> Self:
+    def __enter__(self) -> RssSampler:  # noqa: PYI034 - typing.Self needs Python 3.11
         self._thread.start()
         return self
 
