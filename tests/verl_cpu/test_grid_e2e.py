@@ -148,6 +148,39 @@ def test_resume_on_another_cpu_pool_loads_verls_checkpoint(submitted) -> None:
     assert k3[1] == k3[2] == 0.0 and 1e-8 < k3[3] < 1e-3, k3
 
 
+@pytest.mark.slow
+def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
+        submitted, tmp_path: Path) -> None:
+    """Why the pre-check exists: the job itself, given a 1-rank checkpoint on the 2-rank cpu
+    pool, dies looking for the rank files verl 0.9.1 never reshards into."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.verl import VerlBackend
+    from orchestrator.backends.verl_run import run_attempt
+    from orchestrator.exceptions import InfraFailure
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.pools import load_catalog
+
+    grid = load_grid(GRID)
+    trial = next(t for t in expand(grid, force=True) if t.pool == "cpu-bf16"
+                 and grid.trial_config(t)["correction"]["is_level"] == "token")
+    store = submitted["workdir"] / "verl-cpu" / "trials" / trial.trial_id / "checkpoints"
+    assert (store / "step-00000002" / "actor" / "model_world_size_1_rank_0.pt").is_file()
+    logged: list[int] = []
+    ctx = SimpleNamespace(
+        trial=trial, pool=load_catalog().pools["cpu"], attempt=1, workdir=tmp_path / "work",
+        checkpoint_every=2, resume_step=2, grid_dir=submitted["workdir"] / "verl-cpu",
+        log_metrics=lambda step, m: logged.append(step), save_checkpoint=lambda *a: None,
+        checkpoint_path=lambda step: store / f"step-{step:08d}", should_stop=lambda: None,
+        describe_environment=lambda facts: None)
+    with pytest.raises(InfraFailure, match="verl exited with code"):
+        run_attempt(VerlBackend(), trial, grid.trial_config(trial), ctx)
+    log = (tmp_path / "work" / "verl.attempt1.log").read_text(errors="replace")
+    missing = [ln for ln in log.splitlines() if "FileNotFoundError" in ln]
+    assert any("model_world_size_2_rank_0.pt" in ln for ln in missing), log[-3000:]
+    assert logged == []
+
+
 # --------------------------------------------------------------------------- bad input
 
 
