@@ -27,12 +27,14 @@ class Toleration(BaseModel):
 
 
 class PoolSpec(BaseModel):
-    """One hardware pool. ``kind: sim`` pools are numeric profiles of the CPU simulator."""
+    """One hardware pool. ``kind: sim`` pools are numeric profiles of the CPU simulator;
+    ``kind: cpu`` pools run real verl jobs on this machine's CPU (``gpus_per_node`` GPU-shaped
+    devices emulated through Ray resources, one gloo rank each)."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     name: str
-    kind: Literal["sim", "gpu"]
+    kind: Literal["sim", "gpu", "cpu"]
     accelerator: str
     description: str = ""
     capacity: int = Field(2, ge=0, le=4096)  # concurrent trials this pool hosts
@@ -48,6 +50,11 @@ class PoolSpec(BaseModel):
     image: str | None = None
     cpus_per_node: int = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
+    # What running verl on this pool's hardware needs (kind: cpu): Hydra overrides (verl's own
+    # dotted keys, "+" where verl's config lacks the key) and job environment (None: unset).
+    # They replace recipe values of the same key; engine flags of the grid replace them.
+    verl_overrides: dict[str, Any] = Field(default_factory=dict)
+    verl_env: dict[str, str | None] = Field(default_factory=dict)
 
     @property
     def ray_resource(self) -> str:

@@ -1,5 +1,7 @@
 """The verl 0.9.1 backend: each trial is one GRPO job (``python -m verl.trainer.main_ppo``) with
-SGLang rollouts.
+SGLang rollouts on a gpu pool, or with the CPU platform and rollout engine of
+``orchestrator/backends/verl_cpu`` on a cpu pool (what differs is the pool's ``verl_overrides``
+and ``verl_env``, not this code).
 
 Plan time (no verl import): :meth:`VerlBackend.check` refuses what verl cannot express and
 :meth:`VerlBackend.overrides` builds the exact Hydra override list (``ablate plan
@@ -15,6 +17,7 @@ from typing import Any, ClassVar
 
 from orchestrator.backends import verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
+from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_preflight import preflight
 from orchestrator.backends.verl_run import run_attempt
 from orchestrator.backends.verl_topology import config_value, world_size
@@ -33,11 +36,12 @@ REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
 class VerlBackend(Backend):
-    """verl 0.9.1 GRPO + SGLang on a GPU pool."""
+    """verl 0.9.1 GRPO + SGLang on a GPU pool (or the CPU rollout engine on a cpu pool)."""
 
     name: ClassVar[str] = "verl"
     version: ClassVar[str] = "verl-0.9.1"
     pool_kind: ClassVar[str] = "gpu"
+    pool_kinds: ClassVar[tuple[str, ...]] = ("gpu", "cpu")
 
     # ----------------------------------------------------------------------- plan time
 
@@ -60,7 +64,7 @@ class VerlBackend(Backend):
     @classmethod
     def overrides(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
                   checkpoint_dir: str | None = None, resume_path: str | None = None,
-                  save_freq: int | None = None) -> list[str]:
+                  save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
         """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
         correction, rollout = _sections(trial, config)
         problem = cls.check(correction, rollout, pool)
@@ -110,6 +114,11 @@ class VerlBackend(Backend):
             identity["trainer.save_freq"] = save_freq
         for key, value in identity.items():
             out[key] = verl_map.override(key, value)
+        for key, value in asset_values(config, assets_root).items():
+            out[key] = verl_map.override(key, value)
+        # What the pool's hardware needs (cpu pools: platform, rollout engine, fake GPUs for Ray).
+        for key, value in pool.verl_overrides.items():
+            out[key.lstrip("+")] = verl_map.override(key, value)
         # Engine flags set in the grid replace the recipe's value of the same key.
         for item in verl_map.rollout_overrides(rollout) + verl_map.correction_overrides(correction):
             out[item.split("=", 1)[0].lstrip("+")] = item
@@ -123,20 +132,33 @@ class VerlBackend(Backend):
     @classmethod
     def command(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
                 checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
-                python: str = "python") -> list[str]:
-        """argv of the job (never a shell string)."""
+                python: str = "python", ray_temp_dir: str | None = None,
+                assets_root: str | None = None) -> list[str]:
+        """argv of the job (never a shell string).
+
+        ``ray_temp_dir``: run the job on its own local Ray (``address=local``, this temp dir),
+        never on a cluster found through ``RAY_ADDRESS`` or on this node (local attempts).
+        """
         if resume_path is not None and "global_step_" not in Path(resume_path).name:
             raise CheckpointError(f"resume path {resume_path!r} is not a verl global_step_N dir")
+        isolate = [] if ray_temp_dir is None else [
+            verl_map.override("+ray_kwargs.ray_init.address", "local"),
+            verl_map.override("+ray_kwargs.ray_init._temp_dir", ray_temp_dir)]
         return [python, "-m", "verl.trainer.main_ppo",
                 *cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
-                               resume_path=resume_path, save_freq=save_freq)]
+                               resume_path=resume_path, save_freq=save_freq,
+                               assets_root=assets_root), *isolate]
 
     @staticmethod
     def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
-                    file_logger_path: str) -> dict[str, str]:
-        """Environment of the job: the trial's MLflow run and a per-attempt file-logger path."""
-        env = {"VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
-               "ABLATE_TRIAL_ID": trial.trial_id}
+                    file_logger_path: str, pool: PoolSpec | None = None) -> dict[str, str | None]:
+        """Environment of the job: the trial's MLflow run, a per-attempt file-logger path and
+        the pool's ``verl_env`` (a None value unsets the variable)."""
+        env: dict[str, str | None] = {
+            "VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
+            "ABLATE_TRIAL_ID": trial.trial_id, "RAY_USAGE_STATS_ENABLED": "0"}
+        if pool is not None:
+            env.update(pool.verl_env)
         if tracking_uri:
             env["MLFLOW_TRACKING_URI"] = tracking_uri
         if run_id:
@@ -183,9 +205,9 @@ def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: Pool
     if config_value(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
         raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
                   "engine's log-probs there is no correction and no mismatch metric", "remove it")
-    if config_value(config, "actor_rollout_ref.rollout.name") != "sglang":
-        raise bad("actor_rollout_ref.rollout.name", "the verl backend runs SGLang rollouts",
-                  "set actor_rollout_ref.rollout.name: sglang")
+    if pool.kind == "gpu" and config_value(config, "actor_rollout_ref.rollout.name") != "sglang":
+        raise bad("actor_rollout_ref.rollout.name", "the verl backend runs SGLang rollouts on "
+                  "gpu pools", "set actor_rollout_ref.rollout.name: sglang")
     bsz = config_value(config, "data.train_batch_size")
     mini = config_value(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
     world = world_size(pool, config)

@@ -39,6 +39,9 @@ OWNED_KEYS = frozenset({
 })  # fmt: skip
 # Recipe paths that verl opens on the workers: relative ones are resolved against the repo.
 PATH_KEYS = ("function_tool_path", "tool_config_path")
+# Recipe sections that are not verl keys: the vocabularies, and ``assets`` (model, tokenizer and
+# data built in code, orchestrator/backends/verl_cpu/assets.py), which become verl paths.
+SECTIONS = ("correction", "rollout", "assets")
 
 # Compute capability by accelerator (FA3 needs Hopper 9.0; FP8 tensor cores need >= 8.9).
 COMPUTE_CAPABILITY = {"H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 8.9,
@@ -207,6 +210,8 @@ def correction_refusal(c: CorrectionSpec) -> tuple[str, str] | None:
 
 def check_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
     """Why SGLang under verl 0.9.1 cannot run these engine flags on ``pool``, or None."""
+    if pool.kind == "cpu":
+        return check_cpu_rollout(r, pool)
     if r.deterministic or r.sampling_seed_per_request:
         return ("SGLang's deterministic / rl_on_policy_target mode samples every request with "
                 "seed 42 unless the request carries a sampling_seed, and verl 0.9.1's agent loop "
@@ -237,8 +242,29 @@ def check_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
 
 
 def check_pool(pool: PoolSpec) -> str | None:
-    if pool.kind != "gpu" or pool.gpus_per_node < 1:
-        return f"pool {pool.name!r} has no GPUs (kind {pool.kind}); verl runs on gpu pools"
+    if pool.kind not in ("gpu", "cpu") or pool.gpus_per_node < 1:
+        return (f"pool {pool.name!r} has no GPUs (kind {pool.kind}); verl runs on gpu pools "
+                "(verl + SGLang) and cpu pools (verl on this CPU); sim-* pools belong to "
+                "backend: sim")
+    return None
+
+
+# Engine flags the CPU rollout engine (orchestrator/backends/verl_cpu) honours; the rest are
+# SGLang/GPU flags it has no counterpart for.
+CPU_ROLLOUT_DTYPES = ("fp32", "bf16")
+
+
+def check_cpu_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
+    """Why the CPU rollout engine cannot run these engine flags on cpu pool ``pool``, or None."""
+    if r.dtype is not None and r.dtype not in CPU_ROLLOUT_DTYPES:
+        return (f"rollout.dtype: {r.dtype} on cpu pool {pool.name!r}: the CPU rollout engine "
+                f"computes in {' or '.join(CPU_ROLLOUT_DTYPES)}; fix: one of those, or a gpu pool")
+    gpu_only = [f"rollout.{k}: {v}" for k, v in r.non_default().items()
+                if k not in ("dtype", "temperature")]
+    if gpu_only:
+        return (f"{', '.join(gpu_only)} is an SGLang/GPU engine flag, and cpu pool "
+                f"{pool.name!r} runs the CPU rollout engine, which has no such switch; fix: "
+                "drop it for cpu pools (exclude it) or use a gpu pool")
     return None
 
 
@@ -314,7 +340,7 @@ def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every verl leaf of a resolved recipe (vocabulary sections skipped)."""
     from orchestrator.recipes import flatten
 
-    yield from flatten({k: v for k, v in config.items() if k not in ("correction", "rollout")})
+    yield from flatten({k: v for k, v in config.items() if k not in SECTIONS})
 
 
 def owned(key: str) -> bool:

@@ -16,17 +16,21 @@ import signal
 import subprocess
 import sys
 import time
+import uuid
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
+from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
 POLL_SECONDS = 2.0
+REPO_ROOT = Path(__file__).resolve().parents[2]  # on the job's PYTHONPATH (the cpu plugin)
 TERM_GRACE_SECONDS = 60.0
 ZERO_ADV_PATIENCE = 3  # consecutive steps with all-zero advantages before reporting
 ZERO_ADV_METRIC = "health/zero_advantage"  # 1.0 when every advantage of the step is 0
@@ -153,9 +157,19 @@ def prepare_resume(ctx: RunContext, ckpt_dir: Path) -> str | None:
 # --------------------------------------------------------------------------- the attempt
 
 
-def _require_local_gpus(trial: TrialSpec, nodes: int, gpus: int) -> None:
+def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: int) -> None:
     import importlib.util
 
+    if pool.kind == "cpu":
+        # verl 0.9.1 imports TransferQueue without declaring it (pyproject's verl extra does).
+        missing = [m for m in ("verl", "transfer_queue") if importlib.util.find_spec(m) is None]
+        if missing:
+            raise BackendUnavailableError(f"trial {trial.trial_id} on cpu pool {pool.name} needs "
+                                          f"{', '.join(missing)}: pip install -e '.[verl]'")
+        if nodes > 1:
+            raise BackendUnavailableError(f"cpu pool {pool.name}: one node only (trainer.nnodes "
+                                          f"is {nodes})")
+        return
     missing = [m for m in ("verl", "sglang") if importlib.util.find_spec(m) is None]
     if missing:
         raise BackendUnavailableError(f"trial {trial.trial_id} needs {', '.join(missing)} on "
@@ -173,29 +187,103 @@ def _require_local_gpus(trial: TrialSpec, nodes: int, gpus: int) -> None:
 def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 ctx: RunContext) -> AttemptResult:
     """Run the job until it ends or ``ctx.should_stop()``; stream metrics and checkpoints."""
+    from orchestrator.backends.verl_cpu import procs  # cpu pools only: their process reaper
+    from orchestrator.backends.verl_cpu.envvars import LOAD_LOG_ENV, SYNC_LOG_ENV
+
     world = world_size(ctx.pool, config)
-    _require_local_gpus(trial, world // ctx.pool.gpus_per_node, ctx.pool.gpus_per_node)
+    _require_local_devices(trial, ctx.pool, world // ctx.pool.gpus_per_node,
+                           ctx.pool.gpus_per_node)
     work = Path(ctx.workdir)
     work.mkdir(parents=True, exist_ok=True)  # verl opens the logger path without creating dirs
     ckpt_dir = work / "verl_checkpoints"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     log_path = work / f"metrics.attempt{ctx.attempt}.jsonl"
     resume_path = prepare_resume(ctx, ckpt_dir)
+    # In-code assets live under the workdir of the grid (plan time shows $ABLATE_WORKDIR's).
+    grid_dir = getattr(ctx, "grid_dir", None)
+    assets_root = str(Path(grid_dir).parent / "assets" / "verl_cpu") if grid_dir else None
+    if asset_values(config):
+        build_assets(config, assets_root)
+    # Its own Ray: never a cluster found through RAY_ADDRESS or on this node. Unix socket paths
+    # are limited to ~107 bytes, so the temp dir is short.
+    ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"
     argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
                            resume_path=resume_path, save_freq=ctx.checkpoint_every,
-                           python=sys.executable)
+                           python=sys.executable, ray_temp_dir=ray_tmp,
+                           assets_root=assets_root)
     # The runner may expose the trial's MLflow child run (same attribute names as the k8s backend).
     uri = getattr(ctx, "tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
     # An inherited MLFLOW_RUN_ID belongs to some other run; only the trial's own may reach verl.
-    inherited = {k: v for k, v in os.environ.items() if k != "MLFLOW_RUN_ID"}
-    env = {**inherited, **backend.environment(
-        trial, tracking_uri=uri, run_id=getattr(ctx, "mlflow_run_id", None),
-        file_logger_path=str(log_path))}
-    with open(work / f"verl.attempt{ctx.attempt}.log", "ab") as out:
-        proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out, stderr=subprocess.STDOUT,
-                                start_new_session=True)  # its own process group, for stop
-        return _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0), ckpt_dir,
-                      work / f"verl.attempt{ctx.attempt}.log")
+    env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_RUN_ID", "RAY_ADDRESS")}
+    for key, value in backend.environment(
+            trial, tracking_uri=uri, run_id=getattr(ctx, "mlflow_run_id", None),
+            file_logger_path=str(log_path), pool=ctx.pool).items():
+        if value is None:
+            env.pop(key, None)
+        else:
+            env[key] = value
+    # Evidence from inside the job (cpu pools): which processes loaded the plugin, and every
+    # weight sync the rollout servers received.
+    env[LOAD_LOG_ENV] = str(work / f"plugin_loads.attempt{ctx.attempt}.jsonl")
+    env[SYNC_LOG_ENV] = str(work / f"weight_sync.attempt{ctx.attempt}.jsonl")
+    # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
+    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    # Ray's daemons detach from the job's process group; as a subreaper this process inherits
+    # them when they are orphaned, so the reaping below finds everything the job started.
+    procs.become_subreaper()
+    before = frozenset(p.pid for p in procs.descendants())
+    started = time.monotonic()
+    log = work / f"verl.attempt{ctx.attempt}.log"
+    try:
+        with open(log, "ab") as out, procs.RssSampler() as sampler:
+            proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
+                                    stderr=subprocess.STDOUT,
+                                    start_new_session=True)  # its own process group, for stop
+            try:
+                return _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0),
+                              ckpt_dir, log)
+            finally:
+                if proc.poll() is None:
+                    terminate(proc)
+                reaped = procs.kill_tree(keep=before)
+                summary = write_job_summary(work / f"job.attempt{ctx.attempt}.json", proc,
+                                            started, sampler, reaped)
+                ctx.describe_environment(job_facts(ctx.pool, summary))
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:
+    """Build (or reuse) the recipe's in-code model, tokenizer and data; returns the entry."""
+    from orchestrator.backends.verl_cpu import assets
+
+    return assets.build(assets.spec_from_recipe(dict(config["assets"])), assets.assets_cache(root)).root
+
+
+def write_job_summary(path: Path, proc: subprocess.Popen[bytes], started: float, sampler: Any,
+                      reaped: list[int]) -> dict[str, Any]:
+    """Wall time, peak RSS of every process of the job and what was reaped (for figures)."""
+    summary = {"exit_code": proc.returncode, "wall_seconds": round(time.monotonic() - started, 1),
+               "peak_rss_gb_all_processes": round(sampler.peak.rss_bytes / 2**30, 3),
+               "processes_at_peak": sampler.peak.processes, "max_processes": sampler.peak_processes,
+               "leftover_processes_reaped": len(reaped)}
+    path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    return summary
+
+
+def job_facts(pool: PoolSpec, summary: Mapping[str, Any]) -> dict[str, str]:
+    """Where the attempt computed and what the whole job cost (attempts.json, MLflow tags)."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        verl_version = version("verl")
+    except PackageNotFoundError:
+        verl_version = "missing"
+    rollout = pool.verl_overrides.get("actor_rollout_ref.rollout.name", "sglang")
+    facts = {"verl.version": verl_version, "verl.pool_kind": pool.kind, "verl.rollout": rollout,
+             "verl.platform": pool.verl_env.get("VERL_PLATFORM") or "auto"}
+    facts.update({f"verl.job.{k}": str(v) for k, v in summary.items()})
+    return facts
 
 
 def empty_step(step: int, data: Mapping[str, float]) -> str | None:

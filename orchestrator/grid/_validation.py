@@ -350,6 +350,11 @@ def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: _Checker) -> No
         seen.add(label)
 
 
+# Pool kinds each backend runs on (sim: the simulator's profiles; verl: GPU pools and this
+# machine's CPU; k8s: GPU node pools of a cluster).
+POOL_KINDS: dict[str, tuple[str, ...]] = {"sim": ("sim",), "verl": ("gpu", "cpu"), "k8s": ("gpu",)}
+
+
 def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: _Checker, catalog: PoolCatalog) -> None:
     has_axis = any(a.kind == "pool" for a in axes)
     if spec.pool is None and not has_axis:
@@ -360,13 +365,13 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: _Checker, catalog: P
             raise chk.err("both 'pool:' and a 'pool' axis are set", ("pool",), fix="keep one")
         catalog.get(spec.pool, file=chk.file, line=chk.lines.get(("pool",)))
     names = [spec.pool] if spec.pool else next(a.labels for a in axes if a.kind == "pool")
-    want = "sim" if spec.backend == "sim" else "gpu"
+    want = POOL_KINDS.get(spec.backend, ("gpu",))
     for i, n in enumerate(names):
-        if catalog.pools[n].kind != want:
+        if catalog.pools[n].kind not in want:
             path = ("pool",) if spec.pool else ("axes", "pool", i)
-            ok = [p for p in catalog.names() if catalog.pools[p].kind == want]
+            ok = [p for p in catalog.names() if catalog.pools[p].kind in want]
             raise chk.err(f"pool {n!r} is a {catalog.pools[n].kind} pool; backend "
-                          f"{spec.backend!r} runs on {want} pools", path, allowed=ok)
+                          f"{spec.backend!r} runs on {' and '.join(want)} pools", path, allowed=ok)
 
 
 def _check_conflicts(axes: Sequence[Axis], chk: _Checker) -> None:

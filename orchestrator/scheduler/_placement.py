@@ -111,7 +111,7 @@ def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | N
         ray.init(address=addr, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": values} if values else None)
         return False, True
-    capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind == "sim"}
+    capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind in ("sim", "cpu")}
     temp_root = Path(ray_tmp) if ray_tmp else Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
     reaped = reap_stale_sessions(temp_root)
     if reaped:

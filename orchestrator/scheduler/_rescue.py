@@ -141,10 +141,12 @@ def plan(grid: Any, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
 
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
     backend = _backend_class(grid.backend)
-    if pool_spec.kind != backend.pool_kind:
-        same = [n for n in grid.pools.names() if grid.pools.get(n).kind == backend.pool_kind]
+    kinds = getattr(backend, "pool_kinds", (backend.pool_kind,))
+    if pool_spec.kind not in kinds:
+        same = [n for n in grid.pools.names() if grid.pools.get(n).kind in kinds]
         raise UserError(f"--pool {pool}: a {pool_spec.kind} pool, but grid {grid.name} runs the "
-                        f"{grid.backend} backend on {backend.pool_kind} pools; use one of: "
+                        f"{grid.backend} backend on {kinds[0]} pools"
+                        f"{''.join(f' (or {k} pools)' for k in kinds[1:])}; use one of: "
                         f"{', '.join(same)}")
     out = []
     for parent in parents:

@@ -1,0 +1,228 @@
+"""Real verl 0.9.1 GRPO trials on this CPU through ``ablate`` (issue 14), end to end.
+
+One module-scoped ``ablate submit grids/verl_cpu.yaml`` (4 trials: IS level x {cpu-fp32,
+cpu-bf16}, 3 steps each, a checkpoint every 2 steps; ~5 minutes on 2 cores) is shared by every
+assertion below: MLflow runs with verl's own metric names and verdicts, the mismatch each pool
+produces, ``ablate compare``'s tables, the checkpoints in each trial's store, and the
+world-size pre-check of a ws1 -> ws2 resume. Bad inputs are refused before anything starts.
+Needs ``pip install -e '.[verl]'`` (verl 0.9.1 + TransferQueue); no GPU, no network.
+"""
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+from typing import Any
+
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+
+REPO = Path(__file__).resolve().parents[2]
+GRID = REPO / "grids" / "verl_cpu.yaml"
+SUBMIT_TIMEOUT_S = 1500
+VERL_METRICS = ("rollout_corr/k3_kl", "actor/grad_norm", "critic/score/mean")
+
+
+def _ablate(args: list[str], env: dict[str, str], cwd: Path,
+            timeout: float = 300) -> subprocess.CompletedProcess[str]:
+    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
+                          capture_output=True, text=True, timeout=timeout, check=False)
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "MLFLOW_RUN_ID")}
+    env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
+    return env
+
+
+@pytest.fixture(scope="module")
+def submitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+    tmp = tmp_path_factory.mktemp("verl_cpu_grid")
+    env = _env(tmp)
+    plan = _ablate(["plan", str(GRID), "--json"], env, tmp)
+    assert plan.returncode == 0, plan.stderr
+    trials = json.loads(plan.stdout)
+    proc = _ablate(["submit", str(GRID)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return {"tmp": tmp, "env": env, "trials": trials, "out": proc.stdout,
+            "workdir": tmp / "wd", "uri": f"sqlite:///{tmp / 'wd' / 'mlflow.db'}"}
+
+
+def _mlflow_runs(submitted: dict[str, Any]) -> list[Any]:
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=submitted["uri"])
+    exp = client.get_experiment_by_name("verl-cpu")
+    assert exp is not None
+    return client, client.search_runs([exp.experiment_id], max_results=100)
+
+
+@pytest.mark.slow
+def test_submit_logs_verl_metrics_and_verdicts_to_nested_mlflow_runs(submitted) -> None:
+    client, runs = _mlflow_runs(submitted)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    parents = {r.info.run_id for r in runs if not r.data.tags.get("mlflow.parentRunId")}
+    assert len(children) == 4 and parents
+    assert {r.data.tags["mlflow.parentRunId"] for r in children} <= parents
+    for run in children:
+        assert set(VERL_METRICS) <= set(run.data.metrics), sorted(run.data.metrics)
+        assert run.data.tags.get("verdict") in ("healthy", "collapsed", "unstable"), run.data.tags
+        assert run.data.tags.get("verl.rollout") == "cpu"
+        assert run.data.tags.get("verl.job.exit_code") == "0"
+        history = client.get_metric_history(run.info.run_id, "rollout_corr/k3_kl")
+        assert sorted(m.step for m in history) == [1, 2, 3]
+
+
+@pytest.mark.slow
+def test_pools_differ_only_by_the_rollout_dtype(submitted) -> None:
+    """fp32 trainer + fp32 CPU rollout: k3 = 0; bf16 rollout: a small real mismatch."""
+    _, runs = _mlflow_runs(submitted)
+    k3 = {}
+    for run in runs:
+        if run.data.tags.get("mlflow.parentRunId"):
+            k3.setdefault(run.data.params["pool"], []).append(run.data.metrics["rollout_corr/k3_kl"])
+    assert max(k3["cpu-fp32"]) < 1e-9, k3
+    assert all(1e-8 < v < 1e-3 for v in k3["cpu-bf16"]), k3
+
+
+@pytest.mark.slow
+def test_compare_writes_tables(submitted) -> None:
+    out = submitted["tmp"] / "results"
+    proc = _ablate(["compare", str(GRID), "--out", str(out)], submitted["env"], submitted["tmp"])
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    written = {p.suffix for p in out.rglob("*") if p.is_file()}
+    assert {".md", ".csv", ".html"} <= written, sorted(str(p) for p in out.rglob("*"))
+
+
+@pytest.mark.slow
+def test_checkpoints_land_in_each_trials_store(submitted) -> None:
+    trials = submitted["workdir"] / "verl-cpu" / "trials"
+    ids = [p.name for p in trials.iterdir()]
+    assert len(ids) == 4
+    for tid in ids:
+        step = trials / tid / "checkpoints" / "step-00000002"
+        assert (step / "actor" / "model_world_size_1_rank_0.pt").is_file(), tid
+        assert (step / "actor" / "optim_world_size_1_rank_0.pt").is_file(), tid
+
+
+@pytest.mark.slow
+def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitted) -> None:
+    """verl 0.9.1 does not reshard: a ws1 checkpoint on the 2-rank cpu pool would fail inside
+    the job (FileNotFoundError model_world_size_2_rank_0.pt); the pre-check says so first."""
+    trials = submitted["workdir"] / "verl-cpu" / "trials"
+    tid = min(p.name for p in trials.iterdir())
+    before = (trials / tid / "attempts.json").read_text()
+    proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
+                   submitted["env"], submitted["tmp"])
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1, proc.stderr
+    assert "the checkpoint has 1" in lines[0] and "gives 2" in lines[0], lines[0]
+    assert "trainer.nnodes" in lines[0] and "model_merger" in lines[0], lines[0]
+    assert (trials / tid / "attempts.json").read_text() == before  # nothing started
+
+
+@pytest.mark.slow
+def test_resume_on_another_cpu_pool_loads_verls_checkpoint(submitted) -> None:
+    """A trial trained on cpu-fp32 continues from its step-2 checkpoint on cpu-bf16: verl
+    loads the checkpoint the orchestrator laid out, step 3 is recomputed with a bf16 rollout."""
+    tid = next(t["trial_id"] for t in submitted["trials"]["trials"]
+               if t["pool"] == "cpu-fp32" and t["axes"]["correction.is_level"] == "none")
+    proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
+                   submitted["env"], submitted["tmp"], timeout=900)
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    assert f"{tid}: resumed on cpu-bf16 from step 2" in proc.stdout
+    root = submitted["workdir"] / "verl-cpu" / "trials" / tid
+    attempts = json.loads((root / "attempts.json").read_text())["attempts"]
+    assert [(a["pool"], a["start_step"], a["end_step"]) for a in attempts] == [
+        ("cpu-fp32", 1, 3), ("cpu-bf16", 3, 3)]
+    rows = [json.loads(ln) for ln in (root / "metrics.jsonl").read_text().splitlines() if ln]
+    k3 = {r["step"]: (r.get("metrics") or r)["rollout_corr/k3_kl"] for r in rows}
+    assert k3[1] == k3[2] == 0.0 and 1e-8 < k3[3] < 1e-3, k3
+
+
+@pytest.mark.slow
+def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
+        submitted, tmp_path: Path) -> None:
+    """Why the pre-check exists: the job itself, given a 1-rank checkpoint on the 2-rank cpu
+    pool, dies looking for the rank files verl 0.9.1 never reshards into."""
+    from types import SimpleNamespace
+
+    from orchestrator.backends.verl import VerlBackend
+    from orchestrator.backends.verl_run import run_attempt
+    from orchestrator.exceptions import InfraFailure
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.pools import load_catalog
+
+    grid = load_grid(GRID)
+    trial = next(t for t in expand(grid, force=True) if t.pool == "cpu-bf16"
+                 and grid.trial_config(t)["correction"]["is_level"] == "token")
+    store = submitted["workdir"] / "verl-cpu" / "trials" / trial.trial_id / "checkpoints"
+    assert (store / "step-00000002" / "actor" / "model_world_size_1_rank_0.pt").is_file()
+    logged: list[int] = []
+    ctx = SimpleNamespace(
+        trial=trial, pool=load_catalog().pools["cpu"], attempt=1, workdir=tmp_path / "work",
+        checkpoint_every=2, resume_step=2, grid_dir=submitted["workdir"] / "verl-cpu",
+        log_metrics=lambda step, m: logged.append(step), save_checkpoint=lambda *a: None,
+        checkpoint_path=lambda step: store / f"step-{step:08d}", should_stop=lambda: None,
+        describe_environment=lambda facts: None)
+    with pytest.raises(InfraFailure, match="verl exited with code"):
+        run_attempt(VerlBackend(), trial, grid.trial_config(trial), ctx)
+    log = (tmp_path / "work" / "verl.attempt1.log").read_text(errors="replace")
+    missing = [ln for ln in log.splitlines() if "FileNotFoundError" in ln]
+    assert any("model_world_size_2_rank_0.pt" in ln for ln in missing), log[-3000:]
+    assert logged == []
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def _grid(tmp: Path, body: str) -> Path:
+    path = tmp / "g.yaml"
+    path.write_text(textwrap.dedent(body))
+    return path
+
+
+@pytest.mark.parametrize("body,needle", [
+    ("""\
+     name: bad-fa3
+     recipe: verl/cpu_tiny
+     backend: verl
+     steps: 2
+     pool: cpu-fp32
+     overrides: {rollout.attention_backend: fa3}
+     """, "rollout.attention_backend: fa3"),
+    ("""\
+     name: bad-sim-on-cpu
+     recipe: sim/grpo_tiny
+     backend: sim
+     steps: 2
+     pool: cpu-fp32
+     """, "pool 'cpu-fp32' is a cpu pool"),
+    ("""\
+     name: bad-verl-on-sim
+     recipe: verl/cpu_tiny
+     backend: verl
+     steps: 2
+     pool: sim-h100
+     """, "pool 'sim-h100' is a sim pool"),
+])
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path: Path, body: str,
+                                                          needle: str) -> None:
+    path = _grid(tmp_path, body)
+    env = _env(tmp_path)
+    proc = _ablate(["submit", str(path)], env, tmp_path, timeout=120)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
+    assert len(lines) == 1 and needle in lines[0], proc.stderr
+    assert "Traceback" not in proc.stderr
+    wd = tmp_path / "wd"
+    assert not wd.exists() or not any((wd / n).exists() for n in ("bad-fa3", "bad-sim-on-cpu",
+                                                                  "bad-verl-on-sim"))

@@ -1,0 +1,56 @@
+"""The rollout server without Ray: generation output and weight sync."""
+from __future__ import annotations
+
+import asyncio
+from pathlib import Path
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+pytest.importorskip("verl")
+
+from orchestrator.backends.verl_cpu import assets
+from orchestrator.backends.verl_cpu.rollout.server import CpuRolloutServer
+
+
+@pytest.fixture(scope="module")
+def built(tmp_path_factory) -> assets.Assets:
+    return assets.build(assets.AssetSpec(n_train=8, n_val=4),
+                        cache_root=tmp_path_factory.mktemp("assets"))
+
+
+def _server(built: assets.Assets, dtype: str) -> CpuRolloutServer:
+    from omegaconf import OmegaConf
+
+    config = SimpleNamespace(dtype=dtype, seed=0, max_model_len=None, response_length=6,
+                             prompt_length=8, ignore_eos=False)
+    model_config = OmegaConf.create({"path": str(built.model_dir),
+                                     "override_config": {"attn_implementation": "sdpa"}})
+    return CpuRolloutServer(config=config, model_config=model_config, replica_rank=0)
+
+
+def test_generate_returns_token_output(built, monkeypatch, tmp_path: Path):
+    server = _server(built, "bfloat16")
+    assert next(server.model.parameters()).dtype == torch.bfloat16
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "repetition_penalty": 1.0,
+              "logprobs": True}
+    out = asyncio.run(server.generate(prompt_ids=[9, 13, 5], sampling_params=dict(params),
+                                      request_id="r1"))
+    assert 1 <= len(out.token_ids) <= 6 and len(out.log_probs) == len(out.token_ids)
+    assert all(lp <= 0 for lp in out.log_probs) and out.stop_reason == "completed"
+    assert out.extra_fields["finish_reason"] in ("stop", "length")
+
+
+def test_update_weights_changes_served_model(built, monkeypatch, tmp_path: Path):
+    monkeypatch.setenv("ABLATE_CPU_ROLLOUT_SYNC_LOG", str(tmp_path / "sync.jsonl"))
+    server = _server(built, "float32")
+    before = asyncio.run(server.weight_fingerprint())
+    state = {k: v.detach().clone() + 0.01 for k, v in server.model.named_parameters()}
+    record = asyncio.run(server.update_weights(state, global_steps=3))
+    assert record["n_tensors"] == len(state) and record["max_abs_change"] == pytest.approx(0.01, rel=1e-3)
+    assert record["fingerprint"] != before and server.global_steps == 3
+    assert (tmp_path / "sync.jsonl").read_text().count("\n") == 1
+    state.pop(next(iter(state)))
+    with pytest.raises(KeyError):
+        asyncio.run(server.update_weights(state, global_steps=4))
