@@ -355,7 +355,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     rec = records.load_state(paths, tid)
     run_id = rec.mlflow_run_id
     rec.state = transition(rec.state, TrialState.PENDING, resume=True)
-    rec.resume = {"pool": "sim-h20", "start": 15}  # keep: 2 leaves steps 15 and 20
+    rec.resume = records.ResumeRequest(pool="sim-h20", start=15)  # keep: 2 leaves steps 15 and 20
     records.save_state(paths, rec)
     second = scheduler.submit(str(path), address=c.address, progress=False)
     assert second["states"] == {"done": 1}

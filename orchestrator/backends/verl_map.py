@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.corrections import CorrectionSpec, parse_lo_hi, rejection_rules
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
+from orchestrator.recipes import flatten
 
 RC = "algorithm.rollout_correction"
 ACTOR_LOSS = "actor_rollout_ref.actor.policy_loss"
@@ -312,8 +313,6 @@ def rollout_overrides(r: RolloutSpec) -> list[str]:
 
 def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every verl leaf of a resolved recipe (vocabulary sections skipped)."""
-    from orchestrator.recipes import flatten
-
     yield from flatten({k: v for k, v in config.items() if k not in ("correction", "rollout")})
 
 
