@@ -1,4 +1,6 @@
-"""Backends run one attempt of a trial. One small interface (``base.Backend``), one module each.
+"""Backends run one attempt of a trial. One small interface (``base.Backend``), one module each:
+``sim``, ``verl`` (with ``verl_map``, the vocabulary in verl's keys, and ``verl_topology``, world
+size and checkpoint portability) and ``k8s`` (the verl job as a KubeRay RayJob).
 
 A backend's module is imported when a grid first names it (``backend_class``), not with this
 package: the simulator's trainer pulls in torch and verl's job pulls in verl, while ``ablate

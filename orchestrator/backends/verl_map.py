@@ -58,7 +58,7 @@ def hydra_value(value: Any) -> str:
 
     Strings are always single-quoted: inside quotes ``,``, ``=``, ``~``, ``+``, ``[``, spaces,
     ``$(...)`` and newlines are plain characters. Three things still need escaping (Hydra's
-    quoted-string grammar, checked by tests/test_verl_backend.py against verl's config): a
+    quoted-string grammar, checked by tests/backends/test_verl_backend.py against verl's config): a
     quote, backslashes right before a quote / ``${`` / the end, and ``${``. Values containing
     ``${`` are refused anyway (:func:`unsafe_text`): verl re-resolves its config in place.
     """
@@ -154,8 +154,8 @@ def check_correction(c: CorrectionSpec) -> str | None:
 def correction_refusal(c: CorrectionSpec) -> tuple[str, str] | None:
     """(rule, reason) of the first refusal rule ``c`` hits, or None if verl 0.9.1 computes what
     the simulator computes. Rules: geometric_is, clip_mode, veto, opsm, routing_replay,
-    denominator, duplicate_option (tests/test_correction_parity.py shows, spec by spec, that
-    verl cannot express each refused correction or computes something else)."""
+    denominator, duplicate_option (tests/backends/test_correction_parity.py shows, spec by spec,
+    that verl cannot express each refused correction or computes something else)."""
     if c.is_level == "geometric":
         return "geometric_is", (
             "verl 0.9.1 has no geometric IS weights (rollout_is takes token|sequence); nearest: "

@@ -27,7 +27,7 @@ from orchestrator import scheduler
 from orchestrator.exceptions import ConcurrencyError
 from orchestrator.store import TrialPaths, records
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # doubles.py: Ray workers import it from here
 REPO = TESTS.parent
 POOL_NODES = {"sim-h100": 2, "sim-a100": 2, "sim-h20": 1}  # pool -> capacity (= CPUs of its node)
 
