@@ -8,12 +8,12 @@ One command regenerates everything (grid trials, derived trials, analysis, plots
 Phases:
 1. ``orchestrator.scheduler.submit(grids/findings/findings.yaml)`` (what ``ablate submit`` runs):
    42 trials, 250 steps, seeds 0-2. Submitting again runs nothing twice (content-hashed trials).
-2. Derived trials (findings 7 and 8) through ``orchestrator.resume.resume`` (what ``ablate
+2. Derived trials (findings 7 and 8) through ``orchestrator.scheduler.resume`` (what ``ablate
    resume`` runs): F7 ``--derive --pool sim-h20`` for every collapsed uncorrected sim-a100 trial,
    from its last healthy checkpoint; F8 ``--from 100 --set correction.is_level=sequence ...`` for
    every uncorrected sim-a100 trial. Each derived trial has its own id, linked to its parent by the
    ``derived_from`` tag, and starts from a copy of the parent's checkpoint.
-3. Analysis: every number is read back from MLflow (``compare_data.load_results`` + metric
+3. Analysis: every number is read back from MLflow (``orchestrator.compare.load_results`` + metric
    histories); each finding's criterion (fixed before the runs, printed in the report) turns the
    measurements into reproduced / partly / not reproduced. Writes ``results/findings/REPORT.md``,
    ``trials.csv`` and PNG plots.
@@ -364,7 +364,7 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
         "sequence-level)."),
         "- **Engine** (finding 10): `rollout.lm_head_fp32: true`; `rollout.deterministic: true` (trainer's code path).",
         "- Verdicts: the runner's default collapse rules (`orchestrator/verdict.py`), early stop off so every curve runs to 250.",
-        ("- Findings 7/8 use derived trials made by `ablate resume` (`orchestrator.resume.resume`): F7 "
+        ("- Findings 7/8 use derived trials made by `ablate resume` (`orchestrator.scheduler.resume`): F7 "
         "`--trial <collapsed a100 trial> --pool sim-h20 --derive` (from the last checkpoint before the verdict "
         "step; the collapsed parent is kept for the comparison), F8 `--trial <uncorrected a100 trial> --pool "
         f"sim-a100 --from {F8_SWITCH_STEP} --set correction.is_level=sequence --set correction.is_mode=mask "

@@ -1,21 +1,26 @@
 """The ``ablate`` command line. Thin: parse, call one library function, print.
 
-Exit codes: 0 ok, 1 internal error (with traceback), 2 user error (one line, no traceback),
-3 the command's machinery is not available here.
+Exit codes: 0 ok, 1 internal error (with traceback), 2 user error (one line, no traceback).
 """
 from __future__ import annotations
 
 import argparse
-import importlib
 import json
 import sys
-from collections.abc import Callable, Sequence
-from typing import Any
+from collections.abc import Sequence
+from typing import TYPE_CHECKING, Any
 
+from orchestrator import __version__
+from orchestrator.backends import backend_class
+from orchestrator.commands import add_commands
+from orchestrator.environment import collect
 from orchestrator.exceptions import UserError
+from orchestrator.grid import expand, load_grid
+from orchestrator.recipes import flatten
 
-Command = Callable[[argparse.Namespace], int]
-COMMANDS: dict[str, tuple[str, str]] = {}  # name -> (module, function) for lazily built commands
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
+    from orchestrator.trial import TrialSpec
 
 
 def _console() -> Any:
@@ -28,12 +33,8 @@ def _console() -> Any:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    from orchestrator.grid import expand, load_grid
-
     grid = load_grid(args.grid, backend=args.backend)
     if args.show_recipe:
-        from orchestrator.recipes import flatten
-
         for key, value in flatten(grid.recipe_config):
             print(f"{key} = {json.dumps(value)}")
         return 0
@@ -61,19 +62,14 @@ def plan_command(args: argparse.Namespace) -> int:
     return 0
 
 
-def _backend_details(grid: Any, trials: Sequence[Any]) -> dict[str, list[str]]:
-    from orchestrator.backends import backend_class
-
+def _backend_details(grid: GridSpec, trials: Sequence[TrialSpec]) -> dict[str, list[str]]:
     cls = backend_class(grid.backend)
-    describe = getattr(cls, "describe", None)
-    if describe is None:
-        return {t.trial_id: [f"{k}={json.dumps(v, default=list)}" for k, v in t.overrides]
-                for t in trials}
-    return {t.trial_id: list(describe(t, grid.trial_config(t), grid.pools.pools[t.pool]))
+    return {t.trial_id: list(cls.describe(t, grid.trial_config(t), grid.pools.pools[t.pool]))
             for t in trials}
 
 
-def _print_plan(grid: Any, trials: Sequence[Any], details: dict[str, list[str]], limit: int) -> None:
+def _print_plan(grid: GridSpec, trials: Sequence[TrialSpec], details: dict[str, list[str]],
+                limit: int) -> None:
     from rich.table import Table
 
     console = _console()
@@ -111,8 +107,6 @@ def _print_plan(grid: Any, trials: Sequence[Any], details: dict[str, list[str]],
 
 
 def env_command(args: argparse.Namespace) -> int:
-    from orchestrator.environment import collect
-
     info = collect()
     if args.json:
         json.dump(info, sys.stdout, indent=1, default=str)
@@ -130,28 +124,7 @@ def env_command(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
-def _lazy(name: str) -> Command:
-    """A command implemented in another module; 'not available yet' if it is not built."""
-
-    def run(args: argparse.Namespace) -> int:
-        module, func = COMMANDS[name]
-        try:
-            mod = importlib.import_module(module)
-        except ModuleNotFoundError as exc:
-            if exc.name != module:
-                raise
-            print(f"ablate {name}: not available yet in this version (needs {module})",
-                  file=sys.stderr)
-            return 3
-        fn: Command = getattr(mod, func)
-        return fn(args)
-
-    return run
-
-
 def build_parser() -> argparse.ArgumentParser:
-    from orchestrator import __version__
-
     p = argparse.ArgumentParser(
         prog="ablate",
         description="Declarative ablation grids for training-inference mismatch in LLM RL. "
@@ -176,9 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
     env.add_argument("--json", action="store_true")
     env.set_defaults(func=env_command)
 
-    from orchestrator.commands import add_commands
-
-    add_commands(sub, _lazy)
+    add_commands(sub)
     return p
 
 

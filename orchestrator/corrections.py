@@ -24,8 +24,8 @@ routing_replay     off | R2 | R3 (MoE only)
 
 The math follows Miles ``mis.py`` and verl's ``rollout_corr_helper``. For every
 specification the verl backend accepts, the weights, loss mask and denominator mask equal verl
-0.9.1's (``tests/test_correction_parity.py`` runs the whole matrix through verl's own helper).
-Where the references disagree or are silent, this vocabulary decides, explicitly:
+0.9.1's (``tests/backends/test_correction_parity.py`` runs the whole matrix through verl's own
+helper). Where the references disagree or are silent, this vocabulary decides, explicitly:
 
 - ``is_mode: mask`` zeroes the weight outside [lo, hi] and leaves the loss mask alone (verl's
   IcePop). Miles keeps the raw weight and drops the token from the mask but not from the

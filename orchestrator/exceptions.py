@@ -90,6 +90,15 @@ class InfraFailure(OrchestratorError):
     """A process, node or store failed under a trial: retried from its last checkpoint."""
 
 
+def no_such_trial(trial_id: str, known: Iterable[str], *, where: str, see: str,
+                  scope: str = "") -> UserError:
+    """``{where}: no trial 'ID'{scope}; did you mean 'X'?`` (or ``; {see}`` without a close id):
+    the one error for a trial id that is not there (``run-trial``, ``resume``, ``cancel``)."""
+    hint = did_you_mean(trial_id, known)
+    return UserError(f"{where}: no trial {trial_id!r}{scope}"
+                     + (f"; did you mean {hint!r}?" if hint else f"; {see}"))
+
+
 def did_you_mean(got: object, allowed: Iterable[object] | None) -> str | None:
     """The closest allowed value to ``got`` by spelling, if one is close enough."""
     if allowed is None:

@@ -15,7 +15,7 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.exceptions import GridError
+from orchestrator.exceptions import GridError, UserError
 
 REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -117,8 +117,6 @@ def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     as a float, so ``--set train.lr=2e-3`` means what it says.
     """
     import yaml
-
-    from orchestrator.exceptions import UserError
 
     out: dict[str, Any] = {}
     for item in items or []:

@@ -10,7 +10,7 @@ import dataclasses
 import enum
 import hashlib
 import json
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable, Iterator, Mapping
 from typing import Any
 
 from orchestrator.exceptions import IllegalTransition
@@ -98,14 +98,28 @@ class TrialSpec:
             seed=int(data["seed"]),
             steps=int(data["steps"]),
             axes=tuple((str(k), str(v)) for k, v in data["axes"]),
-            overrides=tuple((str(k), _freeze(v)) for k, v in data["overrides"]),
+            overrides=tuple((str(k), freeze(v)) for k, v in data["overrides"]),
             derived_from=tuple(data["derived_from"]) if data.get("derived_from") else None,
         )
 
 
-def _freeze(value: Any) -> Any:
+def freeze(value: Any) -> Any:
+    """The hashable form of an override value (how ``TrialSpec.overrides`` holds it): lists
+    become tuples, mappings sorted tuples of (key, value) pairs, recursively."""
     if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
+        return tuple(freeze(v) for v in value)
+    if isinstance(value, dict):
+        return tuple(sorted((k, freeze(v)) for k, v in value.items()))
+    return value
+
+
+def thaw(value: Any) -> Any:
+    """The plain form of a frozen value again (what recipes and pydantic models take)."""
+    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2
+                                                  and isinstance(v[0], str) for v in value):
+        return {k: thaw(v) for k, v in value}
+    if isinstance(value, tuple):
+        return [thaw(v) for v in value]
     return value
 
 
@@ -116,8 +130,24 @@ def canonical_json(obj: Any) -> str:
 
 def trial_id_for(identity: Mapping[str, Any]) -> str:
     """Content hash of a trial's identity: ``t`` + 12 hex digits of SHA-256."""
-    digest = hashlib.sha256(canonical_json(identity).encode()).hexdigest()
-    return "t" + digest[:12]
+    return _content_id(canonical_json(identity))
+
+
+_SEED_SENTINEL = -987654321
+
+
+def seeded_trial_ids(identity: Mapping[str, Any], seeds: Iterable[int]) -> Iterator[tuple[int, str]]:
+    """``(seed, trial_id_for({**identity, "seed": seed}))`` for each seed, serialising the
+    identity once: its canonical JSON with a sentinel seed, patched per seed, is the same text
+    ``trial_id_for`` hashes (a 100,000-trial grid has few distinct identities and many seeds)."""
+    template = canonical_json({**identity, "seed": _SEED_SENTINEL})
+    marker = f'"seed":{_SEED_SENTINEL}'
+    for seed in seeds:
+        yield seed, _content_id(template.replace(marker, f'"seed":{seed}'))
+
+
+def _content_id(text: str) -> str:
+    return "t" + hashlib.sha256(text.encode()).hexdigest()[:12]
 
 
 @dataclasses.dataclass(frozen=True, slots=True)
@@ -145,7 +175,3 @@ class Attempt:
     def from_json(cls, data: Mapping[str, Any]) -> Attempt:
         fields = {f.name for f in dataclasses.fields(cls)}
         return cls(**{k: v for k, v in data.items() if k in fields})
-
-
-def format_axes(axes: Iterable[tuple[str, str]]) -> str:
-    return ", ".join(f"{k}={v}" for k, v in axes)

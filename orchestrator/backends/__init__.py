@@ -1,7 +1,11 @@
-"""Backends run one attempt of a trial. One small interface (``base.Backend``), one module each.
+"""Backends run one attempt of a trial. One small interface (``base.Backend``), one module each:
+``sim``, ``verl`` (with ``verl_map``, the vocabulary in verl's keys, and ``verl_topology``, world
+size and checkpoint portability) and ``k8s`` (the verl job as a KubeRay RayJob).
 
-Modules are imported lazily (the sim pulls in torch, verl pulls in verl): ``ablate plan`` only
-imports the class to call its plan-time ``check``.
+A backend's module is imported when a grid first names it (``backend_class``), not with this
+package: the simulator's trainer pulls in torch and verl's job pulls in verl, while ``ablate
+plan`` only needs the class for its plan-time checks. ``_REGISTRY`` holds (module, class) names,
+so a Ray worker imports the same class by name (tests register doubles there).
 """
 from __future__ import annotations
 
@@ -16,20 +20,10 @@ _REGISTRY: dict[str, tuple[str, str]] = {
     "k8s": ("orchestrator.backends.k8s", "K8sBackend"),
 }
 
-__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "RunContext", "backend_class", "names"]
-
-
-def names() -> list[str]:
-    return sorted(_REGISTRY)
+__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "RunContext", "backend_class"]
 
 
 def backend_class(name: str) -> Any:
-    """The backend class for ``name``, or ``None`` if that backend is not built yet."""
+    """The backend class registered as ``name``."""
     module, cls = _REGISTRY[name]
-    try:
-        mod = importlib.import_module(module)
-    except ModuleNotFoundError as exc:
-        if exc.name == module:
-            return None
-        raise
-    return getattr(mod, cls)
+    return getattr(importlib.import_module(module), cls)

@@ -1,7 +1,7 @@
 """The backend interface every backend implements, and the context a running attempt sees.
 
 Shared work (metrics persistence and MLflow, checkpoint store and retention, verdicts and early
-stop, attempt records) lives above the backend, in ``orchestrator.runner``; a backend only
+stop, attempt records) lives above the backend, in ``orchestrator.run``; a backend only
 trains, reports metrics through ``ctx.log_metrics``, saves checkpoints through
 ``ctx.save_checkpoint`` and polls ``ctx.should_stop``.
 """
@@ -10,7 +10,8 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable, Mapping
+import json
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
@@ -72,6 +73,19 @@ class Backend(abc.ABC):
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Plan-time refusal: a reason this backend cannot run the combination, or None."""
         return None
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        """Plan-time refusal of recipe-leaf values a grid sets (``items``; ``config`` is the
+        whole resolved config): a reason ``"key: problem"``, or None. By default none."""
+        return None
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+        """What ``ablate plan --show-overrides`` prints for a trial: by default its overrides as
+        ``key=JSON`` lines (verl: the exact Hydra override list of its job)."""
+        return [f"{k}={json.dumps(v, default=list)}" for k, v in trial.overrides]
 
     @classmethod
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:

@@ -27,9 +27,13 @@ from typing import Any, ClassVar
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
 from orchestrator.backends.verl import VerlBackend
+from orchestrator.backends.verl_run import MetricTail, hand_over_checkpoint, prepare_resume
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.k8s.client import Phase, RayJobClient
+from orchestrator.k8s.render import render_rayjob
+from orchestrator.k8s.settings import ClusterSettings
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -60,11 +64,6 @@ class K8sBackend(Backend):
         return VerlBackend.check(correction, rollout, pool)
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
-        from orchestrator.backends.verl_run import prepare_resume
-        from orchestrator.k8s.client import RayJobClient
-        from orchestrator.k8s.render import render_rayjob
-        from orchestrator.k8s.settings import ClusterSettings
-
         settings = self._settings or ClusterSettings.from_env()
         if not Path(settings.checkpoint_root).is_dir():
             raise BackendUnavailableError(
@@ -107,9 +106,6 @@ class K8sBackend(Backend):
         settings: Any,
         ckpt_dir: Path,
     ) -> AttemptResult:
-        from orchestrator.backends.verl_run import MetricTail, hand_over_checkpoint
-        from orchestrator.k8s.client import Phase
-
         tail = MetricTail(
             Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
             ctx.resume_step or 0,

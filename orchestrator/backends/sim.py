@@ -5,14 +5,20 @@ then trains, logging metrics every step and checkpointing every ``ctx.checkpoint
 """
 from __future__ import annotations
 
+import logging
 import math
 from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
+from orchestrator import metrics as M
+from orchestrator import numerics
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import CheckpointError, NumericFailure, UserError
 from orchestrator.pools import PoolSpec
+from orchestrator.sim.config import build_setup, reproducible
+from orchestrator.sim.profile import check_rollout
 from orchestrator.trial import TrialSpec
 
 
@@ -28,8 +34,6 @@ class SimBackend(Backend):
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Refuse what the simulator cannot honour. (routing_replay on a dense model is refused
         when the run starts: the model architecture is not known here.)"""
-        from orchestrator.sim.profile import check_rollout
-
         if pool.kind != "sim":
             return f"pool {pool.name} is a {pool.kind} pool; the sim backend runs on sim-* pools"
         return check_rollout(rollout, pool.sim_profile, pool.name)
@@ -39,9 +43,6 @@ class SimBackend(Backend):
                      pool: PoolSpec) -> str | None:
         """Plan-time check of the recipe values a grid sets (model/task/train/eval): the same
         validation the trial runs first, so a bad value never becomes a failed trial."""
-        from orchestrator.exceptions import UserError
-        from orchestrator.sim.config import build_setup
-
         try:
             build_setup(config, pool)
         except UserError as exc:
@@ -51,14 +52,9 @@ class SimBackend(Backend):
     @classmethod
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
         """Pinned CPU numerics for every simulator process (``orchestrator/numerics.py``)."""
-        from orchestrator import numerics
-        from orchestrator.sim.config import reproducible
-
         return numerics.target_env(reproducible(config))
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
-        from orchestrator.sim.config import build_setup
-
         setup = build_setup(config, ctx.pool)  # raises UserError before any work
         return _train(trial, setup, ctx)
 
@@ -67,10 +63,6 @@ def numeric_environment(reproducible: bool) -> dict[str, str]:
     """The ``numerics.*`` facts of this process (torch imported), for the attempt record and
     MLflow tags; a run that asked for pinned numerics and did not get them says why in a log
     line too."""
-    import logging
-
-    from orchestrator import numerics
-
     env = numerics.describe(reproducible)
     if reproducible and not env["reproducible"]:
         logging.getLogger(__name__).warning("numerics not pinned: %s", env["why"])
@@ -81,10 +73,9 @@ def numeric_environment(reproducible: bool) -> dict[str, str]:
 
 
 def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+    # deferred: torch, and the simulator modules that import it, only where a trial trains
     import torch
 
-    from orchestrator import metrics as M
-    from orchestrator.exceptions import NumericFailure
     from orchestrator.sim.model import ModelConfig
     from orchestrator.sim.task import Task
     from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
@@ -94,7 +85,6 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
     try:
         task = Task(**setup.task)
     except (TypeError, ValueError) as exc:
-        from orchestrator.exceptions import UserError
         raise UserError(f"task: {exc}") from None
     model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
     trainer = GRPOTrainer(model, task, TrainConfig(**setup.train), setup.correction,
@@ -103,7 +93,6 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
     if ctx.resume_step:
         last = trainer.load(ctx.checkpoint_path(ctx.resume_step))
         if last != ctx.resume_step:
-            from orchestrator.exceptions import CheckpointError
             raise CheckpointError(f"checkpoint for step {ctx.resume_step} holds step {last}")
     summary: dict[str, float] = {}
     for step in range(last + 1, trial.steps + 1):

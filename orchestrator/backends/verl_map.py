@@ -18,6 +18,7 @@ from typing import Any
 from orchestrator.corrections import CorrectionSpec, parse_lo_hi, rejection_rules
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
+from orchestrator.recipes import flatten
 
 RC = "algorithm.rollout_correction"
 ACTOR_LOSS = "actor_rollout_ref.actor.policy_loss"
@@ -60,7 +61,7 @@ def hydra_value(value: Any) -> str:
 
     Strings are always single-quoted: inside quotes ``,``, ``=``, ``~``, ``+``, ``[``, spaces,
     ``$(...)`` and newlines are plain characters. Three things still need escaping (Hydra's
-    quoted-string grammar, checked by tests/test_verl_backend.py against verl's config): a
+    quoted-string grammar, checked by tests/backends/test_verl_backend.py against verl's config): a
     quote, backslashes right before a quote / ``${`` / the end, and ``${``. Values containing
     ``${`` are refused anyway (:func:`unsafe_text`): verl re-resolves its config in place.
     """
@@ -156,8 +157,8 @@ def check_correction(c: CorrectionSpec) -> str | None:
 def correction_refusal(c: CorrectionSpec) -> tuple[str, str] | None:
     """(rule, reason) of the first refusal rule ``c`` hits, or None if verl 0.9.1 computes what
     the simulator computes. Rules: geometric_is, clip_mode, veto, opsm, routing_replay,
-    denominator, duplicate_option (tests/test_correction_parity.py shows, spec by spec, that
-    verl cannot express each refused correction or computes something else)."""
+    denominator, duplicate_option (tests/backends/test_correction_parity.py shows, spec by spec,
+    that verl cannot express each refused correction or computes something else)."""
     if c.is_level == "geometric":
         return "geometric_is", (
             "verl 0.9.1 has no geometric IS weights (rollout_is takes token|sequence); nearest: "
@@ -338,8 +339,6 @@ def rollout_overrides(r: RolloutSpec) -> list[str]:
 
 def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
     """(dotted key, value) of every verl leaf of a resolved recipe (vocabulary sections skipped)."""
-    from orchestrator.recipes import flatten
-
     yield from flatten({k: v for k, v in config.items() if k not in SECTIONS})
 
 

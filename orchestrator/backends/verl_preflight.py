@@ -31,8 +31,8 @@ def _shared_file_cache() -> Iterator[None]:
 
     Hydra re-reads and re-parses verl's ~40 yaml files on every compose (most of its ~0.3 s);
     the files do not change between composes and Hydra merges copies of them, so one cache is
-    safe (tests/test_verl_backend.py compares cached and uncached composes). Falls back to
-    plain composes if Hydra's internals differ.
+    safe (tests/backends/test_verl_backend.py compares cached and uncached composes). Falls back
+    to plain composes if Hydra's internals differ.
     """
     try:
         from hydra._internal import config_loader_impl as loader

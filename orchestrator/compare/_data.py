@@ -2,7 +2,7 @@
 
 One ``TrialResult`` per trial id (the newest active child run if a trial was tracked twice).
 Curves come from MLflow's metric history: a resumed trial's run holds one value per step (a resume
-from an earlier checkpoint replaces the run, see ``orchestrator.resume``; superseded runs are
+from an earlier checkpoint replaces the run, see ``orchestrator/scheduler/_resume.py``; superseded runs are
 soft-deleted and not read), so it reads as one continuous curve. Should a store still hold two
 values for a step, the newest timestamp wins. Attempts come from the run's ``attempt.N.*`` tags,
 or the trial directory's ``attempts.json`` when the tags are missing; the steps a resume replaced
@@ -18,6 +18,8 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.store import TrialPaths, read_json
+from orchestrator.store.records import iter_metrics
+from orchestrator.verdict import judge
 
 CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM)
 
@@ -124,8 +126,6 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
     """Curves of the steps each resume replaced, oldest first (drawn dashed by compare)."""
     if grid_dir is None:
         return []
-    from orchestrator.store.records import iter_metrics
-
     out = []
     files = (TrialPaths(grid_dir, trial_id).root / "superseded").glob("attempt-*.jsonl")
     for path in sorted(files, key=lambda p: int(p.stem.split("-")[1])):
@@ -171,8 +171,6 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
 
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:
     """Give trials without a recorded verdict (e.g. still running) one from their curves."""
-    from orchestrator.verdict import judge
-
     for r in results:
         if r.verdict is not None or not r.curves:
             continue

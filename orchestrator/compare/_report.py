@@ -23,10 +23,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
+from orchestrator.grid import load_grid
+from orchestrator.numerics import environments
 from orchestrator.store import workspace
+from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
 VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
@@ -53,9 +57,6 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
             out_dir: str | Path | None = None, tracking_uri: str | None = None,
             workdir: str | Path | None = None) -> Path:
     """Write ``results/<grid>/`` for the grid's tracked trials; returns the directory."""
-    from orchestrator.grid import load_grid
-    from orchestrator.tracking import client
-
     grid = load_grid(grid_path)
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
@@ -81,8 +82,6 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
                  cols: str | None, out: Path, *, grid_name: str, store: str) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs."""
-    from orchestrator.compare import _plots as P
-
     derived = any(r.derived_from for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
@@ -103,8 +102,6 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
         P.importance_bars(importance, out / "importance.png"),
     ]
     plots = [p for p in plots if p is not None]
-    from orchestrator.numerics import environments
-
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results)}
@@ -319,8 +316,6 @@ def print_table(report: dict[str, Any]) -> None:
 
 def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
     """Log the results directory to the newest parent (grid) run; never fails the command."""
-    from orchestrator.tracking import ROLE_TAG
-
     try:
         runs = mlc.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'grid'",
                                order_by=["attributes.start_time DESC"], max_results=1)

@@ -6,7 +6,6 @@ one trial id, whatever grid, key order or machine produced them.
 """
 from __future__ import annotations
 
-import hashlib
 import itertools
 import json
 from collections.abc import Mapping, Sequence
@@ -15,15 +14,15 @@ from typing import TYPE_CHECKING, Any
 from pydantic import ValidationError
 
 from orchestrator import recipes
+from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.grid._validation import SECTIONS, _Checker, _freeze, _label, _thaw
+from orchestrator.grid._validation import SECTIONS, Checker, axis_label
 from orchestrator.schema import split_index
-from orchestrator.trial import TrialSpec, canonical_json, trial_id_for
+from orchestrator.trial import TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
 
 if TYPE_CHECKING:
     from orchestrator.grid._load import GridSpec
-
 
 
 class _Resolver:
@@ -35,7 +34,7 @@ class _Resolver:
         self.section_base = {s: dict(base[s]) for s in SECTIONS}
         self.leaves = dict(recipes.flatten({k: v for k, v in base.items() if k not in SECTIONS}))
         self.cache: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[tuple[str, Any], ...]] = {}
-        self.backend_cls = _backend_class(grid.backend)
+        self.backend_cls = backend_class(grid.backend)
         self.checked: set[tuple[Any, ...]] = set()
 
     def section(self, name: str, items: tuple[tuple[str, Any], ...],
@@ -45,7 +44,7 @@ class _Resolver:
         if hit is not None:
             return hit
         model = SECTIONS[name]
-        raw = {**self.section_base[name], **{k.split(".", 1)[1]: _thaw(v) for k, v in items}}
+        raw = {**self.section_base[name], **{k.split(".", 1)[1]: thaw(v) for k, v in items}}
         try:
             obj = model.model_validate(raw)
         except ValidationError as exc:
@@ -55,7 +54,7 @@ class _Resolver:
                                   ) from None
         if isinstance(obj, CorrectionSpec):
             obj = obj.canonical()
-        out = tuple(sorted((f"{name}.{k}", _freeze(v)) for k, v in obj.non_default().items()))
+        out = tuple(sorted((f"{name}.{k}", freeze(v)) for k, v in obj.non_default().items()))
         self.cache[key] = out
         return out
 
@@ -66,7 +65,7 @@ class _Resolver:
             sec = k.split(".", 1)[0]
             if sec in by_section:
                 by_section[sec].append((k, v))
-            elif self.leaves.get(k, _MISSING) != _thaw(v):
+            elif self.leaves.get(k, _MISSING) != thaw(v):
                 rest.append((k, v))
         out = []
         for sec, items in by_section.items():
@@ -80,11 +79,10 @@ class _Resolver:
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
         sim: values its trainer would reject), checked once per distinct set and pool."""
-        check = getattr(self.backend_cls, "check_values", None)
-        if check is None or (items, pool) in self.checked:
+        if (items, pool) in self.checked:
             return
-        config = recipes.apply_overrides(self.grid.recipe_config, {k: _thaw(v) for k, v in items})
-        problem = check(items, config, self.grid.pools.pools[pool])
+        config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
+        problem = self.backend_cls.check_values(items, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
@@ -104,14 +102,14 @@ class _Resolver:
 
     def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
         key = (tuple(section_items), pool)
-        if self.backend_cls is None or key in self.checked:
+        if key in self.checked:
             return
         corr = CorrectionSpec.model_validate(
             {**self.section_base["correction"],
-             **{k.split(".", 1)[1]: _thaw(v) for k, v in section_items if k.startswith("correction.")}})
+             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("correction.")}})
         roll = RolloutSpec.model_validate(
             {**self.section_base["rollout"],
-             **{k.split(".", 1)[1]: _thaw(v) for k, v in section_items if k.startswith("rollout.")}})
+             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("rollout.")}})
         problem = self.backend_cls.check(corr, roll, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
@@ -130,21 +128,15 @@ def _context(axes: Any) -> str:
     return ", ".join(f"{k}={v}" for k, v in axes) or "fixed settings"
 
 
-def _backend_class(name: str) -> Any:
-    from orchestrator.backends import backend_class
-
-    return backend_class(name)
-
-
-def _identity(grid: GridSpec, pool: str, seed: int, overrides: tuple[tuple[str, Any], ...]) -> dict:
-    cls = _backend_class(grid.backend)
+def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...]) -> dict:
+    """What a trial's id hashes, but its seed: the resolved configuration and the backend
+    version (k8s runs the same verl job as verl, so both give one id)."""
     return {
         "backend": grid.backend if grid.backend != "k8s" else "verl",
-        "backend_version": getattr(cls, "version", "0"),
+        "backend_version": backend_class(grid.backend).version,
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,
-        "seed": seed,
         "steps": grid.spec.steps,
         "overrides": overrides,
     }
@@ -212,9 +204,6 @@ def _excluded(combo: tuple[int, ...], seed_idx: int | None,
     return False
 
 
-_SEED_SENTINEL = -987654321
-
-
 def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
          seeds: Sequence[int], axes: tuple[tuple[str, str], ...], seen: dict[str, TrialSpec],
          trials: list[TrialSpec]) -> None:
@@ -222,12 +211,7 @@ def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
     if not seeds:
         return
     overrides = resolver.resolve(merged, pool, axes)
-    # canonical_json of the identity with a sentinel seed, patched per seed: the same bytes
-    # trial_id_for() would hash, without re-serialising the overrides for every seed.
-    template = canonical_json(_identity(grid, pool, _SEED_SENTINEL, overrides))
-    marker = f'"seed":{_SEED_SENTINEL}'
-    for seed in seeds:
-        tid = "t" + hashlib.sha256(template.replace(marker, f'"seed":{seed}').encode()).hexdigest()[:12]
+    for seed, tid in seeded_trial_ids(_identity(grid, pool, overrides), seeds):
         if tid in seen:
             continue
         trial = TrialSpec(trial_id=tid, grid=grid.name, backend=grid.backend,
@@ -250,8 +234,8 @@ def _expand_include(grid: GridSpec, resolver: _Resolver, fixed: dict[str, Any],
             axes.append((key, label))
         else:
             value = json.loads(label)
-            merged[key] = _freeze(value)
-            axes.append((key, _label(value)))
+            merged[key] = freeze(value)
+            axes.append((key, axis_label(value)))
     pool = inc.get("pool") or grid.spec.pool
     assert pool is not None
     axes.append(("pool", pool))
@@ -281,7 +265,7 @@ def search_trial(grid: GridSpec, params: Mapping[str, Any], choices: Mapping[str
             current = merged.get(name, resolver.section_base[section].get(field) if section in SECTIONS
                                  else resolver.leaves.get(name))
             merged[name] = tuple(v if i == index else e for i, e in enumerate(current))
-        axes.append((k, _label(v)))
+        axes.append((k, axis_label(v)))
     assert pool is not None
     seen: dict[str, TrialSpec] = {}
     out: list[TrialSpec] = []
@@ -292,16 +276,16 @@ def search_trial(grid: GridSpec, params: Mapping[str, Any], choices: Mapping[str
 def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
                  pool: str | None = None, from_step: int) -> TrialSpec:
     """A new trial from ``parent`` with ``sets`` applied (``ablate resume --set``), linked to it."""
-    chk = _Checker(grid.file, {}, grid.recipe_config)
+    chk = Checker(grid.file, {}, grid.recipe_config)
     merged = dict(parent.overrides)
     for k, v in sets.items():
-        merged[k] = _freeze(chk.value(k, v, ("--set", k)))
+        merged[k] = freeze(chk.value(k, v, ("--set", k)))
     target = pool or parent.pool
     resolver = _Resolver(grid)
     overrides = resolver.resolve(merged, target, f"derived from {parent.trial_id}")
-    identity = _identity(grid, target, parent.seed, overrides)
-    identity["derived_from"] = [parent.trial_id, from_step]
-    axes = tuple(parent.axes) + tuple((k, _label(v)) for k, v in sorted(sets.items()))
+    identity = {**_identity(grid, target, overrides), "seed": parent.seed,
+                "derived_from": [parent.trial_id, from_step]}
+    axes = tuple(parent.axes) + tuple((k, axis_label(v)) for k, v in sorted(sets.items()))
     return TrialSpec(trial_id=trial_id_for(identity), grid=grid.name, backend=grid.backend,
                      recipe=grid.spec.recipe, pool=target, seed=parent.seed, steps=parent.steps,
                      axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step))

@@ -23,6 +23,7 @@ from orchestrator.exceptions import GridError
 from orchestrator.grid._yamlsafe import LineMap, format_path
 from orchestrator.pools import PoolCatalog
 from orchestrator.schema import GridFile, SearchParam, split_index
+from orchestrator.trial import freeze
 
 SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec}
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
@@ -130,7 +131,9 @@ def _short(value: Any) -> str:
 # --------------------------------------------------------------------------- semantic checks
 
 
-def _label(value: Any) -> str:
+def axis_label(value: Any) -> str:
+    """An axis value as its label (tables, MLflow params, exclude rules): a string as it is,
+    anything else as compact JSON."""
     if isinstance(value, str):
         return value
     return json.dumps(value, separators=(",", ":"))
@@ -145,7 +148,7 @@ def _allowed_values(model: type[BaseModel], field: str) -> list[str] | None:
     return lits or None
 
 
-class _Checker:
+class Checker:
     """Validates keys and values against the recipe and the vocabularies."""
 
     def __init__(self, grid_file: str, lines: LineMap, base: Mapping[str, Any]) -> None:
@@ -215,7 +218,7 @@ def _same_type(default: Any, value: Any) -> bool:
     return isinstance(value, type(default))
 
 
-def _search_param(key: str, param: SearchParam, chk: _Checker, fixed: Mapping[str, Any],
+def _search_param(key: str, param: SearchParam, chk: Checker, fixed: Mapping[str, Any],
                   base: Mapping[str, Any]) -> None:
     """A searched key is a leaf, or element ``[i]`` of a list value (an IS or RS bound): that
     list must exist (in ``overrides:`` or the recipe) and stay valid at both ends of the range."""
@@ -247,8 +250,8 @@ def _search_param(key: str, param: SearchParam, chk: _Checker, fixed: Mapping[st
 def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root: str,
           catalog: PoolCatalog) -> dict[str, Any]:
     """Semantic checks of a schema-valid grid; returns the fields of its ``GridSpec``."""
-    chk = _Checker(file, lines, base)
-    fixed = tuple(sorted((k, _freeze(chk.value(k, v, ("overrides", k))))
+    chk = Checker(file, lines, base)
+    fixed = tuple(sorted((k, freeze(chk.value(k, v, ("overrides", k))))
                          for k, v in spec.overrides.items()))
     axes = tuple(_axis(name, values, spec, chk, catalog) for name, values in spec.axes.items())
     _check_pools(spec, axes, chk, catalog)
@@ -274,24 +277,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
             "excludes": excludes, "includes": includes, "lines": lines}
 
 
-def _freeze(value: Any) -> Any:
-    if isinstance(value, list):
-        return tuple(_freeze(v) for v in value)
-    if isinstance(value, dict):
-        return tuple(sorted((k, _freeze(v)) for k, v in value.items()))
-    return value
-
-
-def _thaw(value: Any) -> Any:
-    if isinstance(value, tuple) and value and all(isinstance(v, tuple) and len(v) == 2
-                                                  and isinstance(v[0], str) for v in value):
-        return {k: _thaw(v) for k, v in value}
-    if isinstance(value, tuple):
-        return [_thaw(v) for v in value]
-    return value
-
-
-def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCatalog) -> Axis:
+def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCatalog) -> Axis:
     path = ("axes", name)
     if name in RESERVED_AXES:
         raise chk.err(f"{name!r} cannot be an axis", path,
@@ -313,7 +299,7 @@ def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCa
         for label, bundle in values.items():
             items = []
             for k, v in (bundle or {}).items():
-                items.append((k, _freeze(chk.value(k, v, path + (label, k)))))
+                items.append((k, freeze(chk.value(k, v, path + (label, k)))))
             labels.append(label)
             overrides.append(tuple(sorted(items)))
         return Axis(name, "bundle", tuple(labels), tuple(overrides))
@@ -321,8 +307,8 @@ def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCa
     labels, overrides = [], []
     for i, v in enumerate(values):
         chk.value(name, v, path + (i,))
-        labels.append(_label(v))
-        overrides.append(((name, _freeze(v)),))
+        labels.append(axis_label(v))
+        overrides.append(((name, freeze(v)),))
     _no_dupes(labels, path, chk)
     return Axis(name, "value", tuple(labels), tuple(overrides))
 
@@ -332,7 +318,7 @@ def _axis(name: str, values: Any, spec: GridFile, chk: _Checker, catalog: PoolCa
 SUBMISSION_WIDE = {"sim.reproducible": "it pins the numerics of the processes that run the trials"}
 
 
-def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: _Checker) -> None:
+def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -> None:
     places = [(("axes", a.name) + ((label,) if a.kind == "bundle" else ()), key)
               for a in axes for label, ov in zip(a.labels, a.overrides) for key, _ in ov]
     places += [(("include", i), key) for i, rule in enumerate(spec.include) for key in rule]
@@ -342,7 +328,7 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: _Checker) 
                           fix="set it once under 'overrides:' (or submit two grids)")
 
 
-def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: _Checker) -> None:
+def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: Checker) -> None:
     seen: set[str] = set()
     for i, label in enumerate(labels):
         if label in seen:
@@ -355,7 +341,7 @@ def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: _Checker) -> No
 POOL_KINDS: dict[str, tuple[str, ...]] = {"sim": ("sim",), "verl": ("gpu", "cpu"), "k8s": ("gpu",)}
 
 
-def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: _Checker, catalog: PoolCatalog) -> None:
+def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog) -> None:
     has_axis = any(a.kind == "pool" for a in axes)
     if spec.pool is None and not has_axis:
         raise chk.err("no pool: give a 'pool:' key or a 'pool' axis", ("axes",),
@@ -374,7 +360,7 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: _Checker, catalog: P
                           f"{spec.backend!r} runs on {' and '.join(want)} pools", path, allowed=ok)
 
 
-def _check_conflicts(axes: Sequence[Axis], chk: _Checker) -> None:
+def _check_conflicts(axes: Sequence[Axis], chk: Checker) -> None:
     owner: dict[str, str] = {}
     for a in axes:
         keys = {k for ov in a.overrides for k, _ in ov}
@@ -385,13 +371,13 @@ def _check_conflicts(axes: Sequence[Axis], chk: _Checker) -> None:
             owner[k] = a.name
 
 
-def _match_values(axis: Axis, value: Any, path: tuple[Any, ...], chk: _Checker) -> frozenset[int]:
+def _match_values(axis: Axis, value: Any, path: tuple[Any, ...], chk: Checker) -> frozenset[int]:
     values = value if isinstance(value, list) and axis.kind != "value" else [value]
-    if axis.kind == "value" and isinstance(value, list) and _label(value) not in axis.labels:
+    if axis.kind == "value" and isinstance(value, list) and axis_label(value) not in axis.labels:
         values = value
     out = set()
     for v in values:
-        label = _label(v)
+        label = axis_label(v)
         if label not in axis.labels:
             raise chk.err(f"{_short(v)} is not a value of axis {axis.name!r}", path,
                           allowed=list(axis.labels), got=label)
@@ -400,7 +386,7 @@ def _match_values(axis: Axis, value: Any, path: tuple[Any, ...], chk: _Checker) 
 
 
 def _exclude(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile,
-             chk: _Checker) -> tuple[tuple[int, frozenset[int]], ...]:
+             chk: Checker) -> tuple[tuple[int, frozenset[int]], ...]:
     names = [a.name for a in axes]
     if not rule:
         raise chk.err("empty exclude rule would exclude every trial", ("exclude", i))
@@ -422,7 +408,7 @@ def _exclude(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
     return tuple(out)
 
 
-def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile, chk: _Checker,
+def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile, chk: Checker,
              catalog: PoolCatalog) -> tuple[tuple[str, str], ...]:
     by_name = {a.name: a for a in axes}
     out = []
@@ -448,6 +434,3 @@ def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
     if "pool" not in dict(out) and spec.pool is None:
         raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
     return tuple(out)
-
-
-# --------------------------------------------------------------------------- expansion

@@ -47,15 +47,15 @@ def _line_map(node: Node, path: tuple[Any, ...], out: LineMap, file: str) -> Non
         for k, v in node.value:
             if not isinstance(k, ScalarNode):
                 raise GridError("mapping keys must be plain scalars", file=file,
-                                line=k.start_mark.line + 1, key=_fmt(path))
+                                line=k.start_mark.line + 1, key=format_path(path))
             key = k.value
             if key == "<<":
                 raise GridError("YAML merge keys (<<) are not supported", file=file,
-                                line=k.start_mark.line + 1, key=_fmt(path),
+                                line=k.start_mark.line + 1, key=format_path(path),
                                 fix="write the keys out")
             if key in seen:
                 raise GridError(f"duplicate key {key!r} (first at line {seen[key]})", file=file,
-                                line=k.start_mark.line + 1, key=_fmt(path + (key,)),
+                                line=k.start_mark.line + 1, key=format_path(path + (key,)),
                                 fix="keep one of them")
             seen[key] = k.start_mark.line + 1
             out[path + (key,)] = k.start_mark.line + 1
@@ -65,16 +65,12 @@ def _line_map(node: Node, path: tuple[Any, ...], out: LineMap, file: str) -> Non
             _line_map(child, path + (i,), out, file)
 
 
-def _fmt(path: tuple[Any, ...]) -> str:
+def format_path(path: tuple[Any, ...]) -> str:
+    """``("axes", "pool", 2)`` -> ``axes.pool[2]``."""
     text = ""
     for p in path:
         text += f"[{p}]" if isinstance(p, int) else (f".{p}" if text else str(p))
     return text
-
-
-def format_path(path: tuple[Any, ...]) -> str:
-    """``("axes", "pool", 2)`` -> ``axes.pool[2]``."""
-    return _fmt(path)
 
 
 def load_yaml(path: str | Path, *, max_bytes: int = MAX_BYTES) -> tuple[dict[str, Any], LineMap]:

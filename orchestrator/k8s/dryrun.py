@@ -9,7 +9,9 @@ import shlex
 from pathlib import Path
 from typing import Any
 
+from orchestrator.grid import expand, load_grid
 from orchestrator.k8s import names
+from orchestrator.k8s.queues import dump, render_kueue
 from orchestrator.k8s.render import RAYJOB_API, render_rayjob, submitter_template
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, ClusterSettings
 
@@ -67,9 +69,6 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     Nothing is sent to a cluster. Layout: ``<out>/rayjobs/<rayjob>.yaml`` (one per trial, first
     attempt), ``<out>/kueue.yaml``, ``<out>/control-rayjob.yaml``, ``<out>/index.json``.
     """
-    from orchestrator.grid import expand, load_grid
-    from orchestrator.k8s.queues import dump, render_kueue
-
     settings = ClusterSettings.from_env()
     grid = load_grid(grid_path, backend="k8s")
     trials = expand(grid, force=force)

@@ -119,7 +119,19 @@ def render_kueue(
     ]
     if gpu_flavors:
         groups.append({"coveredResources": [gpu_res], "flavors": gpu_flavors})
-    cq = {
+    cq = _cluster_queue(s, groups)
+    lq = {
+        "apiVersion": KUEUE_API,
+        "kind": "LocalQueue",
+        "metadata": {"name": s.local_queue, "namespace": s.namespace, "labels": dict(MANAGED_BY)},
+        "spec": {"clusterQueue": CLUSTER_QUEUE},
+    }
+    return [cpu_flavor, *flavors, cq, lq]
+
+
+def _cluster_queue(s: ClusterSettings, groups: list[dict[str, Any]]) -> dict[str, Any]:
+    """The one ClusterQueue: FIFO, no flavor fungibility and no preemption (see below)."""
+    return {
         "apiVersion": KUEUE_API,
         "kind": "ClusterQueue",
         "metadata": {"name": CLUSTER_QUEUE, "labels": dict(MANAGED_BY)},
@@ -136,13 +148,6 @@ def render_kueue(
             "resourceGroups": groups,
         },
     }
-    lq = {
-        "apiVersion": KUEUE_API,
-        "kind": "LocalQueue",
-        "metadata": {"name": s.local_queue, "namespace": s.namespace, "labels": dict(MANAGED_BY)},
-        "spec": {"clusterQueue": CLUSTER_QUEUE},
-    }
-    return [cpu_flavor, *flavors, cq, lq]
 
 
 def dump(objs: list[dict[str, Any]], header: str = "") -> str:

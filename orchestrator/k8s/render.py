@@ -310,6 +310,27 @@ def render_rayjob(
     argv = list(job.command(trial, config, pool, checkpoint_dir=ckpt, resume_path=resume_path))
     if not argv or not all(isinstance(a, str) for a in argv):
         raise TypeError(f"the verl backend returned a bad argv for {trial.trial_id}: {argv!r}")
+    env_list = _job_env(trial, job, settings, attempt, run_id, ckpt)
+    worker = _worker_group(pool, config, settings, labels, image, env_list, fallback_pools)
+    annotations = _annotations(trial, fallback_pools)
+    spec = _rayjob_spec(argv, labels, image, env_list, worker, settings, pool)
+    return {
+        "apiVersion": RAYJOB_API,
+        "kind": "RayJob",
+        "metadata": {
+            "name": name,
+            "namespace": settings.namespace,
+            "labels": {**labels, QUEUE_LABEL: settings.local_queue},
+            "annotations": annotations,
+        },
+        "spec": spec,
+    }
+
+
+def _job_env(trial: TrialSpec, job: Any, settings: ClusterSettings, attempt: int,
+             run_id: str | None, ckpt: str) -> list[Any]:
+    """The pods' environment: the verl job's own (checked: no literal secrets), with verl's
+    file logger writing where the orchestrator tails it."""
     env = _check_env(
         job.environment(
             trial,
@@ -324,8 +345,14 @@ def render_rayjob(
         # writes <trial_id>.jsonl there (== settings.metrics_path).
         env["VERL_FILE_LOGGER_ROOT"] = settings.metrics_root(trial.grid, trial.trial_id, attempt)
     env.setdefault("ABLATE_CHECKPOINT_DIR", ckpt)
-    env_list = _env(settings, env)
+    return _env(settings, env)
 
+
+def _worker_group(pool: PoolSpec, config: Mapping[str, Any], settings: ClusterSettings,
+                  labels: Mapping[str, str], image: str, env_list: list[Any],
+                  fallback_pools: Sequence[PoolSpec]) -> dict[str, Any]:
+    """The GPU worker group: the recipe's ``trainer.nnodes`` pods of the pool, each its
+    ``worker_fraction`` of a node, pinned to the pool (or, on a resume, its fallbacks)."""
     nodes = world_size(pool, config) // pool.gpus_per_node  # the recipe's trainer.nnodes
     frac = settings.worker_fraction
     cpu = str(max(1, math.floor(pool.cpus_per_node * frac)))
@@ -335,7 +362,6 @@ def render_rayjob(
     worker_res = {"cpu": cpu, "memory": mem}
     if settings.gpu_resource:
         worker_res[settings.gpu_resource] = gpu
-    head_res = {"cpu": settings.head_cpu, "memory": settings.head_memory}
     worker = {
         "groupName": names.check_dns_label(f"gpu-{names.slug(pool.name, 50)}", "worker group"),
         "replicas": nodes,
@@ -362,6 +388,10 @@ def render_rayjob(
                 pool.ray_accelerator_type, f"pools.{pool.name}.ray_accelerator_type"
             )
         }
+    return worker
+
+
+def _annotations(trial: TrialSpec, fallback_pools: Sequence[PoolSpec]) -> dict[str, str]:
     annotations = {
         f"{LABEL_PREFIX}/axes": json.dumps(dict(trial.axes), sort_keys=True),
         f"{LABEL_PREFIX}/seed": str(trial.seed),
@@ -372,6 +402,14 @@ def render_rayjob(
         annotations[f"{LABEL_PREFIX}/derived-from"] = (
             f"{trial.derived_from[0]}@{trial.derived_from[1]}"
         )
+    return annotations
+
+
+def _rayjob_spec(argv: list[str], labels: Mapping[str, str], image: str,
+                 env_list: list[Any], worker: dict[str, Any],
+                 settings: ClusterSettings, pool: PoolSpec) -> dict[str, Any]:
+    """The RayJob's spec: the entrypoint, Kueue-friendly job settings, the head and workers."""
+    head_res = {"cpu": settings.head_cpu, "memory": settings.head_memory}
     spec: dict[str, Any] = {
         "entrypoint": shlex.join(argv),
         "submissionMode": "K8sJobMode",
@@ -402,14 +440,4 @@ def render_rayjob(
     }
     if settings.active_deadline_seconds:
         spec["activeDeadlineSeconds"] = settings.active_deadline_seconds
-    return {
-        "apiVersion": RAYJOB_API,
-        "kind": "RayJob",
-        "metadata": {
-            "name": name,
-            "namespace": settings.namespace,
-            "labels": {**labels, QUEUE_LABEL: settings.local_queue},
-            "annotations": annotations,
-        },
-        "spec": spec,
-    }
+    return spec

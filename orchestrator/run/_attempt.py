@@ -1,10 +1,10 @@
 """One attempt of one trial: its files, checkpoints, verdict engine and MLflow commits.
 
 ``AttemptRun`` is the state of a running attempt and the ``RunContext`` a backend sees; the
-runner (``orchestrator.runner``) takes the trial's lock, builds one, runs the backend and ends
-it. The rules it keeps (commit on checkpoint, replacing a run MLflow holds too far) are in the
-runner's module docstring. Tracking is deferred while the attempt is young
-(``orchestrator.sender``): the outbox is filled here and sent by the orchestrator.
+runner (``_runner``) takes the trial's lock, builds one, runs the backend and ends it. The rules
+it keeps (commit on checkpoint, replacing a run MLflow holds too far) are in the runner's module
+docstring. Tracking is deferred while the attempt is young (``tracking._deferred``): the outbox
+is filled here and sent by the orchestrator.
 """
 from __future__ import annotations
 
@@ -21,9 +21,16 @@ from typing import Any
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
-from orchestrator.store import CheckpointStore, TrialPaths, atomic_write_json, records
-from orchestrator.tracking import TrackingTarget
+from orchestrator.store import (
+    CheckpointStore,
+    ResumeRequest,
+    TrialPaths,
+    atomic_write_json,
+    records,
+)
+from orchestrator.tracking import DeferredRun, TrackingTarget, TrialRun, drain, supersede
 from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
+from orchestrator.verdict import VerdictEngine
 
 log = logging.getLogger(__name__)
 _OUTCOME = {AttemptOutcome.COMPLETED: "completed", AttemptOutcome.STOPPED: "stopped",
@@ -48,7 +55,7 @@ class AttemptJob:
     backend_ref: tuple[str, str]  # (module, class): resolved by the driver, imported here
     start: str | int = "latest"  # "latest" checkpoint, "fresh", or an explicit step
     reopen: bool = False  # run even if the trial is finished (`ablate resume`, `run-trial --fresh`)
-    defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (sender.py)
+    defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
 
 
@@ -101,6 +108,7 @@ class AttemptRun:
         self.store = CheckpointStore.for_trial(job.checkpoint.store, self.paths.root,
                                                job.trial.trial_id, job.checkpoint.keep)
         self.record = records.load_state(self.paths, job.trial.trial_id)
+        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}
@@ -109,16 +117,56 @@ class AttemptRun:
         self.cancelled = False
         self._cancel_checked = 0.0
         self._metrics_fh: Any = None
+        # Set by prepare(); until it has created the attempt record, ``started`` is False.
+        self.resume_step: int | None = None  # the checkpoint this attempt starts from
+        self.number = 0  # this attempt's number (1-based)
+        self.attempt: Attempt | None = None  # this attempt's record
+        self.attempts: list[Attempt] = []  # every attempt of the trial, this one last
+        self.request: ResumeRequest | None = None  # why this attempt runs (`ablate resume`)
+        self.kept_rows: list[tuple[int, dict[str, float]]] = []  # metrics.jsonl up to the start
+        self.tail: list[tuple[int, dict[str, float]]] = []  # rows after it that MLflow held
+        self.timing: dict[str, float] = {}  # orchestration cost of the attempt (result.json)
+
+    @property
+    def started(self) -> bool:
+        """The attempt has a record: its end (or failure) must be recorded too."""
+        return self.attempt is not None
+
+    @property
+    def scratch(self) -> Path:
+        """The backend's scratch directory for this attempt (removed when the trial ends)."""
+        return self.paths.root / "work" / f"attempt-{self.number}"
 
     # ------------------------------------------------------------------ setup
 
     def prepare(self) -> None:
-        """Pick the start step, close dangling attempts, truncate metrics, open tracking."""
-        job, paths = self.job, self.paths
+        """Pick the start step, close the earlier attempts, rewind the trial's files to that
+        step, open tracking and record this attempt as running."""
         self.resume_step = self._start_step()
-        attempts = records.load_attempts(paths)
-        file_rows = list(records.iter_metrics(paths.metrics))
-        last_on_disk = file_rows[-1][0] if file_rows else 0
+        start = self.resume_step or 0
+        file_rows = list(records.iter_metrics(self.paths.metrics))
+        attempts, redo = self._earlier_attempts(file_rows[-1][0] if file_rows else 0)
+        self._rewind(start, file_rows)
+        self.request = self.record.resume
+        if redo is not None:
+            self.attempt = dataclasses.replace(redo, outcome=None, reason=None, end_step=None,
+                                               ended_at=None)
+        else:
+            self.attempt = Attempt(number=self.number, pool=self.job.pool.name,
+                                   start_step=start + 1, resumed_from_step=self.resume_step,
+                                   started_at=time.time(), node=_node_id(),
+                                   submission=self.job.submission)
+        self.attempts = attempts + [self.attempt]
+        records.save_attempts(self.paths, self.attempts)
+        self._open_tracking()
+        self._mark_running(start)
+
+    def _earlier_attempts(self, last_on_disk: int) -> tuple[list[Attempt], Attempt | None]:
+        """The trial's earlier attempts, with those whose process died unrecorded closed as infra
+        failures, and the ended attempt this one finishes instead of following (or None); sets
+        ``number``."""
+        job = self.job
+        attempts = records.load_attempts(self.paths)
         for i, a in enumerate(attempts):
             if a.outcome is None:  # the process running it died without writing its end
                 why = ("orchestrator stopped while this attempt ran"
@@ -126,17 +174,19 @@ class AttemptRun:
                        "worker process died without a record (killed, OOM or node lost)")
                 attempts[i] = dataclasses.replace(a, outcome="infra_failure", reason=why,
                                                   end_step=max(last_on_disk, a.start_step - 1))
-        start = self.resume_step or 0
         self.number = len(attempts) + 1
         ended = attempts[-1] if attempts and attempts[-1].outcome in _ENDING else None
-        redo: Attempt | None = None
-        if ended is not None and not job.reopen and job.start != "fresh" and not self.record.resume:
+        if ended is not None and not job.reopen and job.start != "fresh" and self.record.resume is None:
             # Its process wrote the attempt's end but died before the trial's state did (the two
             # files cannot change in one write): this is that attempt finishing from its last
             # checkpoint, not a new one (a "completed" trial must not show two completions).
-            redo, attempts = ended, attempts[:-1]
             self.number = ended.number
-        self.tail: list[tuple[int, dict[str, float]]] = []
+            return attempts[:-1], ended
+        return attempts, None
+
+    def _rewind(self, start: int, file_rows: list[tuple[int, dict[str, float]]]) -> None:
+        """Bring the trial's files back to step ``start`` and the verdict engine up to it."""
+        job, paths = self.job, self.paths
         if job.start != "fresh" and self.record.committed_step > start:
             # Resuming before what MLflow holds (`ablate resume --from`): the steps after the
             # checkpoint are replaced. Keep them (the collapse they show) before truncating.
@@ -144,47 +194,38 @@ class AttemptRun:
             records.write_metrics(paths.root / "superseded" / f"attempt-{self.number}.jsonl", self.tail)
         if self.resume_step is not None:
             self.store.drop_after(self.resume_step)  # the abandoned branch's checkpoints
-        rows = records.truncate_metrics(paths.metrics, start)
-        self.kept_rows = rows
+        self.kept_rows = records.truncate_metrics(paths.metrics, start)
         if job.start == "fresh":
             self.record = records.TrialRecord(trial_id=job.trial.trial_id)
-        self.engine = _verdict_engine(job)
-        for step, row in rows:
+        for step, row in self.kept_rows:
             reason = self.engine.observe(step, row)
             self.stop_reason = self.stop_reason or reason
             self.last_values.update(row)
-        self.pending = [(s, m) for s, m in rows if s > self.record.committed_step]
+        self.pending = [(s, m) for s, m in self.kept_rows if s > self.record.committed_step]
         self.last_step = start
-        self.request = dict(self.record.resume or {})  # why this attempt runs (`ablate resume`)
-        if redo is not None:
-            self.attempt = dataclasses.replace(redo, outcome=None, reason=None, end_step=None,
-                                               ended_at=None)
-        else:
-            self.attempt = Attempt(number=self.number, pool=job.pool.name, start_step=start + 1,
-                                   resumed_from_step=self.resume_step, started_at=time.time(),
-                                   node=_node_id(), submission=job.submission)
-        self.attempts = attempts + [self.attempt]
-        records.save_attempts(paths, self.attempts)
-        self._open_tracking()
+
+    def _mark_running(self, start: int) -> None:
+        """The trial's state says this attempt runs (its resume request consumed); the attempt's
+        scratch directory, metrics file and ``running.json`` are open."""
         self.record.state = _to_running(self.record.state)
-        self.record.pool = job.pool.name
+        self.record.pool = self.job.pool.name
         self.record.attempts = self.number
         self.record.pending_reason = self.record.error = self.record.resume = None
         self.record.last_step = start
-        records.save_state(paths, self.record)
-        self.scratch = paths.root / "work" / f"attempt-{self.number}"
+        records.save_state(self.paths, self.record)
         self.scratch.mkdir(parents=True, exist_ok=True)
-        self._metrics_fh = open(paths.metrics, "a")  # noqa: SIM115 - closed in finish()
+        self._metrics_fh = open(self.paths.metrics, "a")  # noqa: SIM115 - closed in finish()
         # Where the attempt runs right now (for `ablate status` and for fault-injection tests).
-        atomic_write_json(paths.root / "running.json", {"pid": os.getpid(), "node": self.attempt.node,
-                                                        "attempt": self.number,
-                                                        "started_at": self.attempt.started_at})
+        assert self.attempt is not None
+        atomic_write_json(self.paths.root / "running.json", {
+            "pid": os.getpid(), "node": self.attempt.node, "attempt": self.number,
+            "started_at": self.attempt.started_at})
 
     def _start_step(self) -> int | None:
         start = self.job.start
-        request = self.record.resume or {}
-        if start == "latest" and request.get("start") is not None:
-            start = request["start"]  # `ablate resume --from STEP`, consumed by this attempt
+        request = self.record.resume
+        if start == "latest" and request is not None and request.start is not None:
+            start = request.start  # `ablate resume --from STEP`, consumed by this attempt
         if start == "fresh":
             self.store.clear()  # a later crash must not resume from the discarded run
             return None
@@ -199,25 +240,21 @@ class AttemptRun:
         if target is None:
             self.record.committed_step = min(self.record.committed_step, start)
             return
-        from orchestrator.tracking import drain
-
-        buffer_dir = self.paths.root / "mlflow-buffer"
+        outbox = self.paths.outbox
         old = self.record.mlflow_run_id
         # MLflow cannot delete metric points, so a run that already holds steps after the resume
-        # point is replaced by a fresh one, refilled from metrics.jsonl (see orchestrator.resume).
+        # point is replaced by a fresh one, refilled from metrics.jsonl (see scheduler/_resume.py).
         replace = self.record.committed_step > start and self.job.start != "fresh"
-        if (self.job.start == "fresh" or replace) and buffer_dir.exists():
-            drain(buffer_dir, target.uri, timeout=10)  # the old run gets what it was owed, then a new run
-            shutil.rmtree(buffer_dir)
+        if (self.job.start == "fresh" or replace) and outbox.exists():
+            drain(outbox, target.uri, timeout=10)  # the old run gets what it was owed, then a new run
+            shutil.rmtree(outbox)
         if replace:
             self.record.mlflow_run_id, self.record.committed_step = None, 0
             self.record.superseded_runs = [*self.record.superseded_runs, *([old] if old else [])]
             self.pending = list(self.kept_rows)
         if self.job.defer_tracking and not replace and self.job.start != "fresh" \
                 and not self.record.superseded_runs:
-            from orchestrator.tracking import DeferredRun
-
-            self.tracker = DeferredRun(self.job.trial, buffer_dir, run_id=self.record.mlflow_run_id)
+            self.tracker = DeferredRun(self.job.trial, outbox, run_id=self.record.mlflow_run_id)
         else:
             self.tracker = self._live_tracker(self.record.mlflow_run_id)
         if replace or self.record.mlflow_run_id != self.tracker.run_id:
@@ -228,15 +265,13 @@ class AttemptRun:
                 "run_id": old, "replaced_from_step": start + 1, "by_attempt": self.number,
                 "rows": [{"step": s, "metrics": m} for s, m in self.tail]})
         if self.tracker.run_id is not None:
-            from orchestrator.tracking import supersede
-
             for run_id in self.record.superseded_runs:  # again next attempt if the store was down
                 supersede(target.uri, run_id, self.tracker.run_id)
         self.commit(start)  # steps up to the checkpoint are final (the refill of a new run)
         tags = {"supersedes": ",".join(self.record.superseded_runs)} if self.record.superseded_runs else {}
-        if self.request.get("reason"):
-            tags.update({"resume.reason": str(self.request["reason"]), "resume.from_step": str(start),
-                         "resume.pool": str(self.request.get("pool") or self.job.pool.name)})
+        if self.request is not None and self.request.reason:
+            tags.update({"resume.reason": str(self.request.reason), "resume.from_step": str(start),
+                         "resume.pool": str(self.request.pool or self.job.pool.name)})
         if tags:
             self.tracker.set_tags(tags)
         if len(self.attempts) > 1:
@@ -245,20 +280,17 @@ class AttemptRun:
             self.tracker.log_attempts(self.attempts)
 
     def _live_tracker(self, run_id: str | None) -> Any:
-        from orchestrator.tracking import TrialRun
-
         target = self.job.tracking
         assert target is not None
         return TrialRun(target.uri, target.experiment_id, target.parent_run_id, self.job.trial,
-                        self.job.pool, run_id=run_id, buffer_dir=self.paths.root / "mlflow-buffer")
+                        self.job.pool, run_id=run_id, buffer_dir=self.paths.outbox)
 
     def _maybe_go_live(self) -> None:
         """A deferred attempt that runs long enough to matter switches to a live MLflow run."""
-        from orchestrator.tracking._deferred import LIVE_AFTER_S, DeferredRun
-
         target = self.job.tracking
+        assert self.attempt is not None
         if (not isinstance(self.tracker, DeferredRun) or target is None or not target.experiment_id
-                or time.time() - self.attempt.started_at < LIVE_AFTER_S):
+                or time.time() - self.attempt.started_at < DeferredRun.LIVE_AFTER_S):
             return
         self.tracker = self._live_tracker(self.tracker.run_id)  # sends what the outbox holds
         self.record.mlflow_run_id = self.tracker.run_id
@@ -270,7 +302,7 @@ class AttemptRun:
 
         A crash between the two leaves ``committed_step`` behind; the next attempt sends those
         rows again and the tracking outbox drops every step it already holds, so nothing is
-        logged twice (``tracking_buffer.Outbox.add_rows``).
+        logged twice (``tracking._outbox.Outbox.add_rows``).
         """
         rows = [(s, m) for s, m in self.pending if self.record.committed_step < s <= upto]
         self.pending = [(s, m) for s, m in self.pending if s > upto]
@@ -409,11 +441,3 @@ def _to_running(state: TrialState) -> TrialState:
     elif state is TrialState.RUNNING:
         state = transition(state, TrialState.PENDING)
     return transition(state, TrialState.RUNNING)
-
-
-def _verdict_engine(job: AttemptJob) -> Any:
-    from orchestrator.verdict import VerdictEngine
-
-    return VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
-
-

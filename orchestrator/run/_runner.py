@@ -1,15 +1,15 @@
 """Runs ONE attempt of one trial, anywhere: inside a Ray Tune worker or directly in this process.
 
-The runner owns everything above the backend: the trial's files (``records.py``), the checkpoint
+The runner owns everything above the backend: the trial's files (``store.records``), the checkpoint
 store, the verdict engine, the MLflow child run and the attempt record (the state of one running
-attempt is ``attempt.AttemptRun``; this module locks, runs and ends it). Its central rule is
+attempt is ``_attempt.AttemptRun``; this module locks, runs and ends it). Its central rule is
 **commit on checkpoint**: every step goes to ``metrics.jsonl`` at once, but to MLflow only up to
 the last saved checkpoint (and everything at the end). A later attempt resumes from a checkpoint
 at step K and truncates the local file to K, so MLflow never sees a step twice and never misses
 one. A commit cut short by a crash is simply sent again: the tracking outbox keeps the last step
 it holds and drops anything at or below it. When MLflow already holds steps after K (``ablate
 resume`` from an earlier checkpoint), the child run is replaced by a fresh one refilled from the
-local file (``orchestrator.resume`` explains why); the replaced rows are kept in
+local file (``orchestrator/scheduler/_resume.py`` explains why); the replaced rows are kept in
 ``superseded/attempt-N.jsonl`` and as an artifact.
 
 Infra failures (exceptions, a killed worker) are recorded as an attempt and re-raised so Ray Tune
@@ -17,23 +17,28 @@ retries the trial; collapse and numeric failure are results and return normally.
 """
 from __future__ import annotations
 
+import importlib
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.exceptions import CheckpointError, InfraFailure, UserError
+from orchestrator.backends import _REGISTRY, backend_class
+from orchestrator.environment import scoped_environ
+from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
+from orchestrator.grid import expand, load_grid
 from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun
-from orchestrator.store import TrialPaths, atomic_write_json, records
+from orchestrator.store import TrialPaths, atomic_write_json, records, workspace
 from orchestrator.store.records import mark_cancelled, stored_result
-from orchestrator.tracking import TrackingTarget
+from orchestrator.tracking import TrackingTarget, parent_run
 from orchestrator.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 
 def _backend(job: AttemptJob) -> Any:
-    import importlib
-
     module, cls = job.backend_ref
     return getattr(importlib.import_module(module), cls)()
 
@@ -74,12 +79,12 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
         result = _backend(job).run(job.trial, job.config, AttemptContext(attempt))
         attempt.timing = {"prepare_s": t1 - t0, "run_s": time.perf_counter() - t1}
     except (UserError, CheckpointError) as exc:
-        if not hasattr(attempt, "attempt"):
+        if not attempt.started:
             raise  # refused before anything was recorded (e.g. an explicit bad resume step)
         attempt.fail(exc, retriable=False)  # a bad config or checkpoint fails the same way again
         return stored_result(paths, records.load_state(paths, job.trial.trial_id))
     except BaseException as exc:
-        if hasattr(attempt, "attempt"):
+        if attempt.started:
             attempt.fail(exc, retriable=True)
         raise
     t2 = time.perf_counter()
@@ -93,47 +98,28 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
 def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
                tracking_uri: str | None = None, fresh: bool = False) -> dict[str, Any]:
     """Run one trial of a grid in this process, without Ray (``ablate run-trial``)."""
-    from orchestrator.grid import expand, load_grid
-    from orchestrator.store import workspace
-
     grid = load_grid(grid_path)
     trials = {t.trial_id: t for t in expand(grid, force=True)}
     if trial_id not in trials:
-        from orchestrator.exceptions import did_you_mean
-
-        hint = did_you_mean(trial_id, trials)
-        raise UserError(f"{grid_path}: no trial {trial_id!r} in grid {grid.name}"
-                        + (f"; did you mean {hint!r}?" if hint else "; see `ablate plan` for ids"))
+        raise no_such_trial(trial_id, trials, where=grid_path, scope=f" in grid {grid.name}",
+                            see="see `ablate plan` for ids")
     trial = trials[trial_id]
     grid_dir = workspace.grid_dir(grid.name, workdir)
     uri = workspace.tracking_uri(tracking_uri, workdir)
-    from orchestrator.backends import backend_class
-    from orchestrator.environment import scoped_environ
-    from orchestrator.tracking import GridRun
-
-    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
-    try:
-        job = make_job(grid, trial, grid_dir=grid_dir,
-                       tracking=TrackingTarget(uri, parent.experiment_id, parent.run_id),
+    with parent_run(grid, tracking_uri=uri, workdir=workspace.workdir(workdir)) as target:
+        job = make_job(grid, trial, grid_dir=grid_dir, tracking=target,
                        submission=f"run-trial-{os.getpid()}-{int(time.time())}",
                        start="fresh" if fresh else "latest", reopen=fresh)
         # Effective only if nothing imported torch yet (the CLI has not); the trial records
         # what it really ran under either way.
         with scoped_environ(backend_class(trial.backend).worker_env(job.config)):
-            result = run_attempt(job)
-    except BaseException:
-        parent.end("FAILED")
-        raise
-    parent.end("FINISHED")
-    return result
+            return run_attempt(job)
 
 
-def make_job(grid: Any, trial: TrialSpec, *, grid_dir: Path, tracking: TrackingTarget | None,
+def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: TrackingTarget | None,
              submission: str, start: str | int = "latest", reopen: bool = False,
              pool: str | None = None, config: Mapping[str, Any] | None = None) -> AttemptJob:
     """An AttemptJob for ``trial`` of ``grid`` (``pool`` overrides the trial's own pool)."""
-    from orchestrator.backends import _REGISTRY
-
     if trial.backend not in _REGISTRY:
         raise UserError(f"trial {trial.trial_id}: unknown backend {trial.backend!r}; "
                         f"known: {', '.join(sorted(_REGISTRY))}")

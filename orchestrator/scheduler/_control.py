@@ -6,10 +6,14 @@ trial is asked to stop through ``cancel.json`` and its runner ends the attempt w
 """
 from __future__ import annotations
 
+import json
 import os
+import sys
 from pathlib import Path
 
-from orchestrator.exceptions import UserError, did_you_mean
+from orchestrator.exceptions import UserError, did_you_mean, no_such_trial
+from orchestrator.grid import load_grid
+from orchestrator.scheduler._progress import collect, render
 from orchestrator.store import TrialPaths, active_holder, records, workspace
 from orchestrator.store.records import mark_cancelled
 
@@ -18,8 +22,6 @@ def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
     """``grid`` is a grid file or a grid name; its directory must exist in the workdir."""
     name = grid
     if grid.endswith((".yaml", ".yml")) or os.path.sep in grid:
-        from orchestrator.grid import load_grid
-
         name = load_grid(grid).name
     grid_dir = workspace.grid_dir(name, workdir)
     if not (grid_dir / "trials").is_dir():
@@ -32,11 +34,6 @@ def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
 
 def status_command(grid: str | None, *, workdir: str | None = None, as_json: bool = False) -> int:
     """Print per-pool counts and per-trial progress of one grid (or every grid in the workdir)."""
-    import json
-    import sys
-
-    from orchestrator.scheduler import _progress as progress
-
     if grid is None:
         dirs = sorted(p.parent for p in workspace.workdir(workdir).glob("*/trials"))
         if not dirs:
@@ -44,7 +41,7 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
                             "start one with `ablate submit GRID_FILE`")
     else:
         dirs = [_resolve_grid_dir(grid, workdir)]
-    views = [progress.collect(d) for d in dirs]
+    views = [collect(d) for d in dirs]
     if as_json:
         json.dump([v.to_json() for v in views] if grid is None else views[0].to_json(), sys.stdout,
                   default=str)
@@ -54,7 +51,7 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
 
     console = Console()
     for v in views:
-        console.print(progress.render(v))
+        console.print(render(v))
         if v.holder is None and any(t.state in ("running", "pending") for t in v.trials):
             console.print("no orchestrator is running this grid: `ablate submit` it again to resume")
     return 0
@@ -70,19 +67,16 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
     from filelock import Timeout
 
     grid_dir = _resolve_grid_dir(grid, workdir)
-    known = {p.parent.name: records.load_spec(TrialPaths(grid_dir, p.parent.name))
-             for p in (grid_dir / "trials").glob("*/spec.json")}
+    known = records.known_trials(grid_dir)
     for tid in trials or []:
         if tid not in known:
-            hint = did_you_mean(tid, known)
-            raise UserError(f"grid {grid_dir.name}: no trial {tid!r}"
-                            + (f"; did you mean {hint!r}?" if hint else "; see `ablate status`"))
-    if pool is not None and not any(s is not None and s.pool == pool for s in known.values()):
-        pools = sorted({s.pool for s in known.values() if s is not None})
+            raise no_such_trial(tid, known, where=f"grid {grid_dir.name}", see="see `ablate status`")
+    if pool is not None and not any(s.pool == pool for s in known.values()):
+        pools = sorted({s.pool for s in known.values()})
         hint = did_you_mean(pool, pools)
         raise UserError(f"grid {grid_dir.name}: no trial on pool {pool!r}; pools: {', '.join(pools)}"
                         + (f"; did you mean {hint!r}?" if hint else ""))
-    chosen = [t for t, s in known.items() if s is not None and (trials and t in trials or
+    chosen = [t for t, s in known.items() if (trials and t in trials or
               pool is not None and s.pool == pool or not trials and pool is None)]
     targets = [t for t in chosen
                if not records.load_state(TrialPaths(grid_dir, t), t).state.is_finished()]

@@ -13,7 +13,7 @@ it Tune starts a new worker process for the next trial, and a finishing trial's 
 is then given to that trial instead, so under load one slot per pool stays "starting" forever.
 
 With a ``search:`` section the same gate wraps Ray Tune's ``OptunaSearch``
-(``search.SearchSpace``): each Optuna point becomes a content-hashed trial
+(``_search.SearchSpace``): each Optuna point becomes a content-hashed trial
 (``grid.search_trial``); a point that ran before (this or an earlier submission) is answered
 from its stored objective instead of being run again.
 """
@@ -105,9 +105,7 @@ class PoolGate(Searcher):
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if records.cancel_requests(self.grid_dir).get("*"):
             for t in self.queue + ([self._held] if self._held else []):
-                from orchestrator.store.records import mark_cancelled
-
-                mark_cancelled(self.grid_dir, t.trial_id)
+                records.mark_cancelled(self.grid_dir, t.trial_id)
             self.queue, self._held, self.search_left = [], None, 0
         if self.finished():
             return Searcher.FINISHED

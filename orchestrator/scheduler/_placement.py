@@ -23,6 +23,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.environment import scoped_environ
 from orchestrator.pools import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -99,8 +100,6 @@ def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | N
     workers' environment.
     """
     import ray
-
-    from orchestrator.environment import scoped_environ
 
     env = dict(worker_env or {})
     addr = address or os.environ.get("RAY_ADDRESS")

@@ -1,5 +1,6 @@
 """What a grid is doing right now, read from its files: the live table of ``ablate submit`` and
-the body of ``ablate status`` (the same view, so they never disagree).
+the body of ``ablate status`` (the same view, so they never disagree), and the summary a
+submission returns when it ends.
 
 Sources: ``trials/*/spec.json``, ``state.json``, ``attempts.json``, the tail of ``metrics.jsonl``,
 ``queue.json`` (why queued trials wait, written by the scheduler) and ``lease.json``.
@@ -7,13 +8,18 @@ Sources: ``trials/*/spec.json``, ``state.json``, ``attempts.json``, the tail of 
 from __future__ import annotations
 
 import dataclasses
+import math
 import time
 from collections.abc import Callable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator import metrics as names
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
+from orchestrator.trial import TrialSpec, TrialState
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
 LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see LiveView)
@@ -74,11 +80,8 @@ def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
-    for spec_path in sorted((grid_dir / "trials").glob("*/spec.json")):
-        paths = TrialPaths(grid_dir, spec_path.parent.name)
-        spec = records.load_spec(paths)
-        if spec is None:
-            continue
+    for spec in records.known_trials(grid_dir).values():
+        paths = TrialPaths(grid_dir, spec.trial_id)
         rec = records.load_state(paths, spec.trial_id)
         view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
                          state=rec.state.value, attempts=rec.attempts)
@@ -160,6 +163,42 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
         parts.append(f"orchestrator: pid {view.holder.get('pid')} on {view.holder.get('host')} "
                      f"(submission {view.holder.get('submission')})")
     return Group(*parts)
+
+
+# --------------------------------------------------------------------------- a submission's summary
+
+
+def trials_of(grid_dir: Path, search: bool, trials: list[TrialSpec]) -> list[str]:
+    """The trials a submission reports on: its own, or every search trial of the grid."""
+    if not search:
+        return [t.trial_id for t in trials]
+    return [tid for tid in records.trial_ids(grid_dir)
+            if records.load_state(TrialPaths(grid_dir, tid), tid).search]
+
+
+def summarize(grid: GridSpec, grid_dir: Path, trial_ids: list[str]) -> dict[str, Any]:
+    """Counts by state and verdict, the pending trials with reasons, the search's best point."""
+    states: dict[str, int] = {}
+    verdicts: dict[str, int] = {}
+    pending, failed, best = [], [], None
+    for tid in trial_ids:
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        states[rec.state.value] = states.get(rec.state.value, 0) + 1
+        if rec.verdict:
+            verdicts[rec.verdict["kind"]] = verdicts.get(rec.verdict["kind"], 0) + 1
+        if not rec.state.is_finished():
+            pending.append({"trial_id": tid, "pool": rec.pool, "reason": rec.pending_reason or rec.error})
+        if rec.state is TrialState.FAILED:
+            failed.append({"trial_id": tid, "reason": rec.error})
+        if rec.search is not None and rec.objective is not None and math.isfinite(rec.objective):
+            mode = grid.spec.search.objective.mode
+            if best is None or (rec.objective > best["objective"]) == (mode == "max"):
+                best = {"trial_id": tid, "objective": rec.objective, **rec.search}
+    out = {"grid": grid.name, "trials": len(trial_ids), "states": states, "verdicts": verdicts,
+           "pending": pending, "failed": failed, "grid_dir": str(grid_dir)}
+    if grid.spec.search is not None:
+        out["search"] = {"budget": grid.spec.search.budget, "best": best}
+    return out
 
 
 # --------------------------------------------------------------------------- live view of a submission

@@ -16,12 +16,20 @@ import shutil
 import time
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.backends import Backend, backend_class
 from orchestrator.backends.verl_topology import checkpoint_world_size, portability
-from orchestrator.exceptions import CheckpointError, UserError, did_you_mean
-from orchestrator.store import MANIFEST, CheckpointStore, TrialPaths, records
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import CheckpointError, UserError, no_such_trial
+from orchestrator.grid import derive_trial
+from orchestrator.pools import PoolSpec
+from orchestrator.store import MANIFEST, CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 log = logging.getLogger(__name__)
 COLLAPSED = ("collapsed", "numeric_failure")  # a NaN blow-up is a collapse for `--collapsed`
@@ -46,7 +54,7 @@ class Plan:
 # --------------------------------------------------------------------------- automatic rescue
 
 
-def auto_rescue(grid: Any, grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
+def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
     """The grid's ``on_collapse: {resume: ...}`` for collapsed trials not rescued before.
 
     Called by the scheduler under the grid lease after a submission's trials ran. Each trial is
@@ -83,19 +91,9 @@ def auto_rescue(grid: Any, grid_dir: Path, trial_ids: Iterable[str]) -> list[Tri
 # --------------------------------------------------------------------------- selection
 
 
-def known_trials(grid_dir: Path) -> dict[str, TrialSpec]:
-    """Every trial of the grid that has run (derived trials included), by id."""
-    out = {}
-    for spec_path in sorted((Path(grid_dir) / "trials").glob("*/spec.json")):
-        spec = records.load_spec(TrialPaths(grid_dir, spec_path.parent.name))
-        if spec is not None:
-            out[spec.trial_id] = spec
-    return out
-
-
 def select_trials(grid_dir: Path, *, select: str | None, trial_ids: Sequence[str]) -> list[TrialSpec]:
     """The trials ``--failed``/``--collapsed``/``--trial`` names; only finished ones qualify."""
-    known = known_trials(grid_dir)
+    known = records.known_trials(grid_dir)
     grid = Path(grid_dir).name
     if select not in (None, "failed", "collapsed"):
         raise UserError(f"select={select!r}: use 'failed', 'collapsed' or trial ids")
@@ -103,9 +101,7 @@ def select_trials(grid_dir: Path, *, select: str | None, trial_ids: Sequence[str
         raise UserError("name the trials to resume: --failed, --collapsed or --trial ID")
     for tid in trial_ids:
         if tid not in known:
-            hint = did_you_mean(tid, known)
-            raise UserError(f"grid {grid}: no trial {tid!r}"
-                            + (f"; did you mean {hint!r}?" if hint else "; see `ablate status`"))
+            raise no_such_trial(tid, known, where=f"grid {grid}", see="see `ablate status`")
     chosen = []
     for tid, spec in known.items():
         rec = records.load_state(TrialPaths(grid_dir, tid), tid)
@@ -134,13 +130,11 @@ def _matches(select: str | None, state: TrialState, kind: str | None) -> bool:
 # --------------------------------------------------------------------------- checking
 
 
-def plan(grid: Any, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
+def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
          start: str | int, sets: Mapping[str, Any], reason: str, derive: bool = False) -> list[Plan]:
     """Check everything a resume needs and return what to do; writes nothing."""
-    from orchestrator.grid import derive_trial
-
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
-    backend = _backend_class(grid.backend)
+    backend = backend_class(grid.backend)
     kinds = getattr(backend, "pool_kinds", (backend.pool_kind,))
     if pool_spec.kind not in kinds:
         same = [n for n in grid.pools.names() if grid.pools.get(n).kind in kinds]
@@ -190,11 +184,9 @@ def start_step(store: CheckpointStore, rec: records.TrialRecord, start: str | in
     return candidates[-1]
 
 
-def _check_pool(grid: Any, backend: Any, trial: TrialSpec, pool: Any, ckpt: Path) -> None:
+def _check_pool(grid: GridSpec, backend: type[Backend], trial: TrialSpec, pool: PoolSpec,
+                ckpt: Path) -> None:
     """The backend's plan-time check on the target pool, and verl's world-size portability."""
-    from orchestrator.corrections import CorrectionSpec
-    from orchestrator.engine import RolloutSpec
-
     config = grid.trial_config(trial)
     corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
     roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
@@ -213,16 +205,7 @@ def _check_pool(grid: Any, backend: Any, trial: TrialSpec, pool: Any, ckpt: Path
         raise CheckpointError(f"trial {trial.trial_id}: not portable to pool {pool.name}: {why}")
 
 
-def _backend_class(name: str) -> Any:
-    from orchestrator.backends import backend_class
-
-    cls = backend_class(name)
-    if cls is None:
-        raise UserError(f"backend {name!r} is not available in this version")
-    return cls
-
-
-def _store(grid: Any, paths: TrialPaths, trial_id: str) -> CheckpointStore:
+def _store(grid: GridSpec, paths: TrialPaths, trial_id: str) -> CheckpointStore:
     ck = grid.spec.checkpoint
     return CheckpointStore.for_trial(ck.store, paths.root, trial_id, ck.keep)
 
@@ -230,7 +213,7 @@ def _store(grid: Any, paths: TrialPaths, trial_id: str) -> CheckpointStore:
 # --------------------------------------------------------------------------- applying
 
 
-def apply(grid: Any, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool = False) -> list[TrialSpec]:
+def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool = False) -> list[TrialSpec]:
     """Write the resume requests (and seed derived trials); returns the trials to run."""
     out = []
     for p in plans:
@@ -243,7 +226,7 @@ def apply(grid: Any, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool = Fa
         if rescue:
             rec.rescue = note  # in the same write as the request: a trial is rescued once
         if not p.derived:
-            rec.resume = {"pool": p.pool, "start": p.start, "reason": p.reason}
+            rec.resume = ResumeRequest(p.pool, p.start, p.reason)
             rec.state = transition(rec.state, TrialState.PENDING, resume=True)
             rec.verdict = rec.error = None
         if rescue or not p.derived:  # a manual derivation leaves the parent's files alone
@@ -253,7 +236,7 @@ def apply(grid: Any, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool = Fa
     return out
 
 
-def _seed_derived(grid: Any, grid_dir: Path, p: Plan) -> None:
+def _seed_derived(grid: GridSpec, grid_dir: Path, p: Plan) -> None:
     """A derived trial starts as a copy of its parent at ``p.start``: checkpoint, metric
     history and (inherited) attempt ranges; its state is written last, so a crash in between
     leaves a trial that the same resume command seeds again."""
@@ -277,5 +260,5 @@ def _seed_derived(grid: Any, grid_dir: Path, p: Plan) -> None:
                                      reason=f"steps {lo}-{hi} of trial {p.parent.trial_id}"))
     records.save_attempts(paths, inherited)
     rec = records.TrialRecord(trial_id=p.trial.trial_id, pool=p.pool, last_step=p.start,
-                              resume={"pool": p.pool, "start": p.start, "reason": p.reason})
+                              resume=ResumeRequest(p.pool, p.start, p.reason))
     records.save_state(paths, rec)

@@ -3,9 +3,9 @@ pool, with lineage kept; and the grid's automatic ``on_collapse: {resume: ...}``
 
 Two kinds of resume:
 
-* without ``--set`` the same trial goes on: its ``state.json`` gets a request ``{pool, start}``
-  that the next attempt consumes (``attempt.AttemptRun``), and a new attempt record holds its pool
-  and step range. ``--pool`` is the only way a trial ever leaves its pool.
+* without ``--set`` the same trial goes on: its ``state.json`` gets a ``ResumeRequest`` (pool,
+  start, reason) that the next attempt consumes (``run._attempt.AttemptRun``), and a new attempt
+  record holds its pool and step range. ``--pool`` is the only way a trial ever leaves its pool.
 * with ``--set`` (or ``--derive``) a new trial is derived (``grid.derive_trial``): its own
   ``derived_from = (parent id, step)`` link, the parent's checkpoint at that step copied into its
   own store, the parent's metrics up to that step as its history (attempts marked ``inherited``),
@@ -15,7 +15,7 @@ Everything is checked before anything is written (one-line ``UserError``/``Check
 the trial's files and MLflow stay as they were): the trials, the target pool (catalogue, the
 backend's pool kind, the backend's own plan-time check), the checkpoint (verified by SHA-256,
 fetched from an fsspec store if remote), and for verl/k8s the world size (verl shards are keyed
-by it, see ``backends.verl.portability``). The grid lease is then held while the requests are
+by it, see ``backends.verl_topology.portability``). The grid lease is then held while the requests are
 written and the attempts run (through the Ray Tune scheduler, or in this process with
 ``local=True``), so a resume never races an ``ablate submit`` of the same grid.
 
@@ -33,20 +33,21 @@ literal same run.
 """
 from __future__ import annotations
 
-import time
-import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.scheduler._rescue import apply, plan, select_trials
-from orchestrator.scheduler._submission import run_trials
+from orchestrator.scheduler._submission import run_trials, submission_id
 from orchestrator.store import GridLease, TrialPaths, records, workspace
-from orchestrator.tracking import GridRun, TrackingTarget
+from orchestrator.tracking import parent_run
 from orchestrator.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 
 def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
@@ -67,7 +68,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     if not (grid_dir / "trials").is_dir():
         raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "
                         f"nothing to resume (start it with `ablate submit {grid_path}`)")
-    submission = time.strftime("%Y%m%d-%H%M%S") + "-resume-" + uuid.uuid4().hex[:6]
+    submission = submission_id("resume")
     lease = GridLease(grid_dir, grid.name)
     lease.acquire(submission)  # ConcurrencyError naming the holder while the grid runs
     try:
@@ -92,18 +93,12 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
                          "from_step": p.start, "derived": p.derived} for p in plans]}
 
 
-def _run_local(grid: Any, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
+def _run_local(grid: GridSpec, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,
                tracking_uri: str | None, workdir: str | None) -> None:
     """Run the resumed attempts one after another in this process (no Ray, like run-trial)."""
     uri = workspace.tracking_uri(tracking_uri, workdir)
-    parent = GridRun.open(grid, tracking_uri=uri, workdir=workspace.workdir(workdir))
-    target = TrackingTarget(uri, parent.experiment_id, parent.run_id)
-    status = "FAILED"
-    try:
+    with parent_run(grid, tracking_uri=uri, workdir=workspace.workdir(workdir)) as target:
         for t in trials:
             rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
             run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=target, submission=submission,
                                  pool=records.route_pool(rec, t)))
-        status = "FINISHED"
-    finally:
-        parent.end(status)

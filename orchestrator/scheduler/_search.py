@@ -3,17 +3,21 @@ earlier submissions of a search left (points to resume, points to teach Optuna).
 
 Each Optuna point becomes a content-hashed trial (``grid.search_trial``); a searched key is a
 leaf (``train.lr``) or one element of a list value (``correction.is_bounds[1]``, the IS upper
-bound), checked at plan time (``validation``). ``gate.PoolGate`` asks Optuna for points.
+bound), checked at plan time (``grid._validation``). ``_gate.PoolGate`` asks Optuna for points.
 """
 from __future__ import annotations
 
 from collections.abc import Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.grid import search_trial
 from orchestrator.schema import SearchObjective
 from orchestrator.store import TrialPaths, records
 from orchestrator.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 AXIS_PREFIX = "axis:"
 
@@ -21,7 +25,7 @@ AXIS_PREFIX = "axis:"
 class SearchSpace:
     """Optuna side of a ``search:`` section: distributions, sampler, mapping back to a trial."""
 
-    def __init__(self, grid: Any) -> None:
+    def __init__(self, grid: GridSpec) -> None:
         self.grid = grid
         self.spec = grid.spec.search
         self.seed = grid.spec.seeds[0]
@@ -51,8 +55,6 @@ class SearchSpace:
 
     def trial(self, point: Mapping[str, Any]) -> tuple[TrialSpec, dict[str, Any]]:
         """The trial for an Optuna point, and the point as stored in state.json."""
-        from orchestrator.grid import search_trial
-
         params: dict[str, Any] = {}
         for key, p in self.spec.params.items():
             v = point[key]
@@ -83,11 +85,9 @@ def objective_value(result: Mapping[str, Any], objective: SearchObjective | None
 def search_records(grid_dir: Path) -> tuple[list[TrialSpec], list[tuple[dict[str, Any], float | None]]]:
     """Search trials of earlier submissions: unfinished ones to resume, finished ones to teach."""
     unfinished, done = [], []
-    for spec_path in sorted((grid_dir / "trials").glob("*/spec.json")):
-        paths = TrialPaths(grid_dir, spec_path.parent.name)
-        rec = records.load_state(paths, spec_path.parent.name)
-        spec = records.load_spec(paths)
-        if rec.search is None or spec is None:
+    for tid, spec in records.known_trials(grid_dir).items():
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        if rec.search is None:
             continue
         if rec.state.is_finished():
             done.append((rec.search, rec.objective))

@@ -1,10 +1,12 @@
-"""Ray Tune control plane: ``ablate submit``, ``ablate status``, ``ablate cancel``.
+"""Submitting a grid's trials to Ray Tune: ``ablate submit`` (``submit``) and the runs ``ablate
+resume`` starts (``run_trials``), each one ``Submission``.
 
 One Tune trial per grid trial, placed on its pool by a Ray resource (``pool:<name>`` in the
 embedded cluster, ``accelerator_type:<X>`` or the ``ray.io/accelerator-type`` node label on an
-existing one): hardware is pinned, never substituted. Concurrency limits and the queue live in
-``gate.PoolGate``; one attempt of a trial is ``runner.run_attempt``; infra failures are retried by
-Tune's ``FailureConfig`` and resume from the trial's own checkpoint store.
+existing one, ``_placement``): hardware is pinned, never substituted. Concurrency limits and the
+queue live in ``_gate.PoolGate``; what a Ray worker runs is ``_trainable`` (one attempt through
+``orchestrator.run``); infra failures are retried by Tune's ``FailureConfig`` and resume from the
+trial's own checkpoint store.
 
 Crash safety does not rest on Tune's experiment restore: ``Tuner.restore`` keeps the old
 resources (#15570), can break ``max_concurrent_trials`` (#40652) and cannot take a changed
@@ -13,9 +15,10 @@ the grid again (content-hashed ids), skips finished trials, and every unfinished
 from its latest verified checkpoint; the grid lease and per-trial locks keep it single-run.
 
 Keeping a slot busy: Tune runs trials in reused worker processes (``reuse_actors``); MLflow
-writes of an attempt happen in this process (``sender.Sender``), not in the slot, and so does
-opening the parent run, beside Ray's start-up; see ``_tune_env``, ``_warm_up`` and the gate's
-standby trial for the three ways Tune would otherwise leave a slot idle between short trials.
+writes of an attempt happen in this process (``tracking.Sender``), not in the slot, and so does
+opening the parent run, beside Ray's start-up; see ``_tune_env``, ``_trainable._warm_up`` and
+the gate's standby trial for the three ways Tune would otherwise leave a slot idle between
+short trials.
 
 Tune's own files under ``<grid>/tune/<submission>/``: its experiment state and the searcher
 state (``searcher-state-*.pkl``, which holds the gate's JSON despite its name) are written
@@ -23,27 +26,325 @@ during the fit and only read by ``Tuner.restore``, which we never call; the per-
 files are off except ``progress.csv``. Tune always pickles the Tuner (``tuner.pkl``) and a
 failed trial's exception (``error.pkl``): there is no switch, so ``_drop_tune_pickles`` deletes
 them after each fit (a SIGKILLed fit can leave them; nothing reads them).
+
+ray is imported by the functions that use it: ``ablate status`` and ``ablate plan`` import this
+module without starting anything.
 """
 from __future__ import annotations
 
 import contextlib
-import math
+import functools
+import logging
 import os
 import socket
 import time
 import uuid
 from collections.abc import Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.exceptions import UserError
+from orchestrator.backends import _REGISTRY, backend_class
+from orchestrator.environment import scoped_environ
+from orchestrator.exceptions import ConcurrencyError, UserError
+from orchestrator.grid import expand, load_grid
+from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
-from orchestrator.scheduler._search import search_records, store_objectives
+from orchestrator.scheduler._progress import LiveView, summarize, trials_of
+from orchestrator.scheduler._rescue import auto_rescue
+from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
+from orchestrator.tracking import Sender, client, is_remote
 from orchestrator.trial import TrialSpec, TrialState, transition
 
-# --------------------------------------------------------------------------- submit
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
+
+log = logging.getLogger(__name__)
+
+def submit(grid_path: str, *, backend: str | None = None, address: str | None = None,
+           tracking_uri: str | None = None, workdir: str | None = None,
+           max_parallel: int | None = None, force: bool = False, progress: bool = True,
+           ray_tmp: str | None = None) -> dict[str, Any]:
+    """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
+
+    Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
+    ``UserError`` for a bad grid, both before anything starts.
+    """
+    grid = load_grid(grid_path, backend=backend)
+    trials = [] if grid.spec.search is not None else expand(grid, force=force)
+    if max_parallel is not None and max_parallel < 1:
+        raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    submission = submission_id()
+    lease = GridLease(grid_dir, grid.name)
+    lease.acquire(submission)
+    try:
+        return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
+                          max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
+                          rescue=True).run(address)
+    finally:
+        lease.release()
+
+
+def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,
+               address: str | None = None, tracking_uri: str | None = None,
+               workdir: str | None = None, max_parallel: int | None = None,
+               progress: bool = True, ray_tmp: str | None = None) -> dict[str, Any]:
+    """Run exactly ``trials`` of ``grid`` on Ray Tune (``ablate resume``, derived trials
+    included); the caller holds the grid lease. No automatic rescue round."""
+    return Submission(grid, list(trials), submission, tracking_uri=tracking_uri, workdir=workdir,
+                      max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
+                      rescue=False).run(address)
+
+
+def submission_id(kind: str | None = None) -> str:
+    """A new submission's id (what the lease holds and attempts record): its start time, the
+    ``kind`` of submission if not a plain submit (``resume``), and a random suffix."""
+    return time.strftime("%Y%m%d-%H%M%S") + "-" + (f"{kind}-" if kind else "") + uuid.uuid4().hex[:6]
+
+
+class Submission:
+    """One submission of a grid's trials to Ray Tune, stage by stage; the caller holds the lease.
+
+    ``run`` starts the MLflow sender beside everything else, then: ``_record`` (the grid's files
+    of this submission), ``_prepare`` (the trial records), ``_pools`` (every pool it may run on),
+    connect to Ray, ``_place`` (pools as Ray resources; trials of a pool without capacity stay
+    pending with the reason), ``_fit`` (one Tune fit through the gate), ``_rescue`` (the grid's
+    ``on_collapse`` round: another fit) and ``_summary``.
+    """
+
+    def __init__(self, grid: GridSpec, trials: list[TrialSpec], submission: str, *,
+                 tracking_uri: str | None, workdir: str | None, max_parallel: int | None,
+                 progress: bool, ray_tmp: str | None, rescue: bool) -> None:
+        self.grid, self.trials, self.submission = grid, trials, submission
+        self.grid_dir = workspace.grid_dir(grid.name, workdir)
+        self.tracking_uri = workspace.tracking_uri(tracking_uri, workdir)
+        self.max_parallel = max_parallel or grid.spec.budget.max_parallel
+        self.progress, self.ray_tmp = progress, ray_tmp
+        self.search = SearchSpace(grid) if grid.spec.search is not None else None
+        self.on_collapse = grid.spec.on_collapse if rescue and self.search is None else None
+        self.remote_store = is_remote(self.tracking_uri)
+        # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
+        self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
+        self.started = 0.0
+        # Filled by the stages, in order.
+        self.prior: list[tuple[dict[str, Any], float | None]] = []  # search points run before
+        self.already = 0  # trials (and search points) finished by earlier submissions
+        self.todo: list[TrialSpec] = []  # trials to run
+        self.trial_pool: dict[str, str] = {}  # trial id -> its own pool
+        self.routes: dict[str, str] = {}  # trial id -> the pool its next attempt runs on
+        self.placements: dict[str, Placement] = {}
+        self.limits: dict[str, int] = {}  # pool -> trials it runs at once
+        self.standby: dict[str, int] = {}  # pool -> trials staged beyond its limit (_gate)
+
+    def run(self, address: str | None) -> dict[str, Any]:
+        """Run the trials to the end on Ray (``address``, or an embedded cluster); the summary."""
+        # Tune's own console output would fight the rich live table; our view replaces it.
+        os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
+        self.started = time.time()
+        self.sender.start()
+        ok = False
+        try:
+            summary = self._stages(address)
+            ok = True
+            return summary
+        finally:
+            self.sender.close()
+            if not ok and self.sender.parent is not None:
+                self.sender.parent.end("FAILED")
+
+    def _stages(self, address: str | None) -> dict[str, Any]:
+        import ray  # deferred, like every ray import here: `ablate status` imports this module
+
+        self._record()
+        self._prepare()
+        pools = self._pools()
+        worker_env = backend_class(self.grid.backend).worker_env(self.grid.base_config)
+        embedded, owned = connect(address, pools, self.ray_tmp, worker_env)
+        try:
+            runnable = self._place(pools, embedded)
+            gctx = self._context(pools)
+            budget = 0
+            if self.search is not None:
+                budget = max(self.grid.spec.search.budget - len(self.prior) - len(runnable), 0)
+            gate = self._fit(gctx, runnable, self.routes, budget, self.submission)
+            if self.search is not None:
+                store_objectives(self.grid_dir, gate.results)
+            rescued = self._rescue(gctx)
+            return self._summary(rescued, embedded)
+        finally:
+            if owned:
+                ray.shutdown()
+
+    def _record(self) -> None:
+        """Which grid file this submission runs and its composed recipe (``grid.json``,
+        ``recipe.json`` in the grid's directory)."""
+        grid = self.grid
+        atomic_write_json(self.grid_dir / "grid.json", {
+            "name": grid.name, "file": str(Path(grid.file).resolve()),
+            "submission": self.submission, "submitted_at": self.started,
+            "host": socket.gethostname()})
+        atomic_write_json(self.grid_dir / "recipe.json", {"recipe": grid.spec.recipe,
+                                                          "config": dict(grid.recipe_config)})
+
+    def _prepare(self) -> None:
+        """The trials' records ready to run: a search's earlier points read back, earlier cancel
+        requests dropped, trials a dead orchestrator left RUNNING reset, and the outboxes of
+        finished trials queued for the sender."""
+        if self.search is not None:
+            self.trials, self.prior = search_records(self.grid_dir)
+        records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
+        self.todo, finished = _prepare_records(self.grid_dir, self.trials)
+        for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
+            self.sender.send(tid)
+        self.already = len(finished) + len(self.prior)
+        self.trial_pool = {t.trial_id: t.pool for t in self.todo}
+        self.routes = self._routes(self.todo)
+
+    def _routes(self, trials: list[TrialSpec]) -> dict[str, str]:
+        """The pool each trial's next attempt runs on (a resume request may move it)."""
+        return {t.trial_id: records.route_pool(records.load_state(
+            TrialPaths(self.grid_dir, t.trial_id), t.trial_id), t) for t in trials}
+
+    def _pools(self) -> dict[str, PoolSpec]:
+        """Every pool this submission may run on: known before Ray starts, since an embedded
+        cluster only has resources for these."""
+        grid = self.grid
+        pools = {p: grid.pools.get(p) for p in set(self.routes.values()) | set(grid.spec.budget.per_pool)}
+        if self.on_collapse is not None and self.on_collapse.resume.pool:
+            pools[self.on_collapse.resume.pool] = grid.pools.get(self.on_collapse.resume.pool)
+        if self.search is not None:
+            pools.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool"
+                          for lab in a.labels})
+            if grid.spec.pool:
+                pools[grid.spec.pool] = grid.pools.get(grid.spec.pool)
+        return pools
+
+    def _place(self, pools: dict[str, PoolSpec], embedded: bool) -> list[TrialSpec]:
+        """Each pool as Ray resources with its capacity and limit; returns the trials that can
+        run (the others stay PENDING with the reason, instead of hanging Tune)."""
+        import ray
+
+        nodes = [n for n in ray.nodes() if n.get("Alive")]
+        self.placements = plan_placement(pools, embedded=embedded,
+                                         cluster_resources=ray.cluster_resources(),
+                                         node_labels=[n.get("Labels") or {} for n in nodes])
+        runnable = _park_unplaceable(self.grid_dir, self.todo, self.placements, self.routes)
+        budget = self.grid.spec.budget
+        self.limits = {p: min(pl.capacity, budget.per_pool.get(p, pl.capacity))
+                       for p, pl in self.placements.items()}
+        self.standby = _standby(self.placements, self.limits, self.max_parallel)
+        return runnable
+
+    def _context(self, pools: dict[str, PoolSpec]) -> GridContext:
+        grid = self.grid
+        objective = grid.spec.search.objective if self.search is not None else None
+        return GridContext(str(self.grid_dir), dict(grid.recipe_config), pools,
+                           grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
+                           self.tracking_uri, self.submission,
+                           {grid.backend: _REGISTRY[grid.backend]}, objective)
+
+    def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],
+             budget: int, name: str) -> Any:
+        """One Tune fit of ``runnable`` (and ``budget`` search points) through the gate; trials
+        Tune gave up on end FAILED. Returns the gate (results and errors per trial)."""
+        from orchestrator.scheduler._gate import PoolGate  # deferred: subclasses a ray class
+
+        # How many workers the fit starts at once: the slots of the pools it will use.
+        pools = set(self.limits) if budget else {routes.get(t.trial_id, t.pool) for t in runnable}
+        workers = min(self.max_parallel, sum(self.limits.get(p, 0) for p in pools),
+                      len(runnable) + budget)
+        warm_up = [str(self.grid_dir / "tune" / name / ".workers"), workers]
+        gate = PoolGate(self.grid_dir, runnable, self.limits, self.max_parallel, search=self.search,
+                        search_budget=budget, on_new_trial=self._remember,
+                        extra_config=functools.partial(self._extra_config, warm_up),
+                        standby=self.standby, hold=self._hold_for_store,
+                        routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)})
+        for stored, value in self.prior:
+            gate.tell_previous(stored, value)
+        live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
+                        on_trial_over=self.sender.send, abort=lambda: self.sender.error)
+        _stop_credential_propagation()
+        try:
+            with _tune_env(self.max_parallel + sum(self.standby.values())):
+                self._tuner(gctx, gate, live, name).fit()
+        except Exception:
+            if self.sender.error is not None:  # the store is unreachable: the callback stopped Tune
+                raise self.sender.error from None
+            raise
+        finally:
+            live.stop()
+            _drop_tune_pickles(self.grid_dir / "tune" / name)
+        self.sender.drain()  # run ids in state.json before anything below reads them
+        _mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
+        return gate
+
+    def _tuner(self, gctx: GridContext, gate: Any, live: LiveView, name: str) -> Any:
+        from ray import tune
+        from ray.tune.logger import CSVLoggerCallback
+
+        return tune.Tuner(
+            tune.with_resources(tune.with_parameters(_trainable, gctx=gctx),
+                                resource_fn(self.placements)),
+            tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True,
+                                        trial_name_creator=_trial_name,
+                                        trial_dirname_creator=_trial_name),
+            run_config=tune.RunConfig(
+                name=name, storage_path=str(self.grid_dir / "tune"), verbose=0,
+                failure_config=tune.FailureConfig(max_failures=self.grid.spec.retries.max),
+                callbacks=[live.callback, CSVLoggerCallback()]),
+        )
+
+    def _remember(self, trial: TrialSpec, stored: dict[str, Any]) -> None:
+        """A new search point's trial (the gate calls it): its spec and the point in its state."""
+        paths = TrialPaths(self.grid_dir, trial.trial_id)
+        records.save_spec(paths, trial)
+        rec = records.load_state(paths, trial.trial_id)
+        rec.search, rec.pool = stored, trial.pool
+        records.save_state(paths, rec)
+
+    def _hold_for_store(self) -> bool:
+        """A remote store may turn out unreachable: no trial starts before the parent run is
+        open (the callback then stops Tune with the store's error). A local SQLite file cannot
+        be "down", so there trials start while it opens."""
+        return self.remote_store and self.sender.ready_target() is None and self.sender.error is None
+
+    def _extra_config(self, warm_up: list[Any]) -> dict[str, Any]:
+        """What each trial's config gets when it starts: the fit's warm-up barrier and, once the
+        parent run is open, where the trial's MLflow run goes."""
+        target = self.sender.ready_target()  # None while the parent run is being opened
+        tracking = {"tracking": [target.experiment_id, target.parent_run_id]} if target else {}
+        return {"warm_up": warm_up, **tracking}
+
+    def _rescue(self, gctx: GridContext) -> list[TrialSpec]:
+        """``on_collapse: {resume: ...}``: one automatic rescue round, under this lease."""
+        if self.on_collapse is None:
+            return []
+        rescued = auto_rescue(self.grid, self.grid_dir, [t.trial_id for t in self.trials])
+        if rescued:
+            again = self._routes(rescued)
+            self._fit(gctx, _park_unplaceable(self.grid_dir, rescued, self.placements, again),
+                      again, 0, self.submission + "-rescue")
+        return rescued
+
+    def _summary(self, rescued: list[TrialSpec], embedded: bool) -> dict[str, Any]:
+        """The JSON-safe summary, once MLflow has everything; ends the parent run."""
+        parent = self.sender.wait()
+        self.sender.drain()
+        search = self.search is not None
+        summary = summarize(self.grid, self.grid_dir, trials_of(self.grid_dir, search, self.trials))
+        summary["rescued"] = [t.trial_id for t in rescued]
+        summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
+                       skipped_finished=self.already,
+                       tune_dir=str(self.grid_dir / "tune" / self.submission),
+                       tracking_uri=self.tracking_uri, parent_run_id=parent.run_id,
+                       ray="embedded" if embedded else "cluster")
+        parent.end("FINISHED")
+        return summary
+
+
+# --------------------------------------------------------------------------- stages' helpers
 
 
 def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], list[str]]:
@@ -82,8 +383,6 @@ def _quiet_trial(paths: TrialPaths, trial_id: str) -> Iterator[None]:
     within seconds): its last writes land before the state is judged, never after."""
     from filelock import Timeout
 
-    from orchestrator.exceptions import ConcurrencyError
-
     lock = records.run_lock(paths)
     try:
         lock.acquire(timeout=ORPHAN_WAIT_S)
@@ -107,8 +406,6 @@ def _tune_env(max_pending: int) -> Iterator[None]:
     ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``: no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
     records are ours, in JSON); only the CSV logger is added back, for Tune's own result grid.
     """
-    from orchestrator.environment import scoped_environ
-
     with scoped_environ({"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending),
                          "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
         yield
@@ -137,219 +434,9 @@ def _drop_tune_pickles(tune_dir: Path) -> None:
         pkl.unlink(missing_ok=True)
 
 
-def submit(grid_path: str, *, backend: str | None = None, address: str | None = None,
-           tracking_uri: str | None = None, workdir: str | None = None,
-           max_parallel: int | None = None, force: bool = False, progress: bool = True,
-           ray_tmp: str | None = None) -> dict[str, Any]:
-    """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
-
-    Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
-    ``UserError`` for a bad grid, both before anything starts.
-    """
-    from orchestrator.grid import expand, load_grid
-
-    grid = load_grid(grid_path, backend=backend)
-    trials = [] if grid.spec.search is not None else expand(grid, force=force)
-    if max_parallel is not None and max_parallel < 1:
-        raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
-    grid_dir = workspace.grid_dir(grid.name, workdir)
-    submission = time.strftime("%Y%m%d-%H%M%S") + "-" + uuid.uuid4().hex[:6]
-    lease = GridLease(grid_dir, grid.name)
-    lease.acquire(submission)
-    try:
-        return _run(grid, trials, grid_dir, submission, address=address,
-                    tracking_uri=workspace.tracking_uri(tracking_uri, workdir),
-                    root=workspace.workdir(workdir), max_parallel=max_parallel or
-                    grid.spec.budget.max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=True)
-    finally:
-        lease.release()
-
-
-def run_trials(grid: Any, trials: list[TrialSpec], *, submission: str, address: str | None = None,
-               tracking_uri: str | None = None, workdir: str | None = None,
-               max_parallel: int | None = None, progress: bool = True,
-               ray_tmp: str | None = None) -> dict[str, Any]:
-    """Run exactly ``trials`` of ``grid`` on Ray Tune (``ablate resume``, derived trials
-    included); the caller holds the grid lease. No automatic rescue round."""
-    return _run(grid, list(trials), workspace.grid_dir(grid.name, workdir), submission,
-                address=address, tracking_uri=workspace.tracking_uri(tracking_uri, workdir),
-                root=workspace.workdir(workdir), max_parallel=max_parallel or
-                grid.spec.budget.max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=False)
-
-
-def _run(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, *,
-         address: str | None, tracking_uri: str, root: Path, max_parallel: int, progress: bool,
-         ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
-    # Tune's own console output would fight the rich live table; our view replaces it.
-    os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
-    from orchestrator.tracking import Sender
-
-    started = time.time()
-    # MLflow (parent run, then finished trials' outboxes) works beside Ray and Tune from here on.
-    sender = Sender(grid, grid_dir, tracking_uri, root).start()
-    ok = False
-    try:
-        summary = _run_with(grid, trials, grid_dir, submission, sender, started, address=address,
-                            max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=rescue)
-        ok = True
-        return summary
-    finally:
-        sender.close()
-        if not ok and sender.parent is not None:
-            sender.parent.end("FAILED")
-
-
-def _run_with(grid: Any, trials: list[TrialSpec], grid_dir: Path, submission: str, sender: Any,
-              started: float, *, address: str | None, max_parallel: int, progress: bool,
-              ray_tmp: str | None, rescue: bool) -> dict[str, Any]:
-    import ray
-    from ray import tune
-    from ray.tune.logger import CSVLoggerCallback
-
-    from orchestrator.backends import _REGISTRY
-    from orchestrator.scheduler._gate import PoolGate
-    from orchestrator.scheduler._progress import LiveView
-    from orchestrator.scheduler._search import SearchSpace
-    from orchestrator.tracking import is_remote
-
-    atomic_write_json(grid_dir / "grid.json", {"name": grid.name, "file": str(Path(grid.file).resolve()),
-                                               "submission": submission, "submitted_at": started,
-                                               "host": socket.gethostname()})
-    atomic_write_json(grid_dir / "recipe.json", {"recipe": grid.spec.recipe,
-                                                 "config": dict(grid.recipe_config)})
-    search = SearchSpace(grid) if grid.spec.search is not None else None
-    prior: list[tuple[dict[str, Any], float | None]] = []
-    if search is not None:
-        trials, prior = search_records(grid_dir)
-    records.clear_cancel_requests(grid_dir, ["*"])  # a new submission means: run it
-    todo, finished = _prepare_records(grid_dir, trials)
-    for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
-        sender.send(tid)
-    already = len(finished) + len(prior)  # search points finished by earlier submissions
-    trial_pool = {t.trial_id: t.pool for t in todo}
-    routes = {t.trial_id: records.route_pool(records.load_state(TrialPaths(grid_dir, t.trial_id),
-                                                                t.trial_id), t) for t in todo}
-    pool_specs = {p: grid.pools.get(p) for p in set(routes.values()) | set(grid.spec.budget.per_pool)}
-    on_collapse = grid.spec.on_collapse if rescue and search is None else None
-    if on_collapse is not None and on_collapse.resume.pool:
-        # Known before Ray starts: the embedded cluster only has resources for these pools.
-        pool_specs[on_collapse.resume.pool] = grid.pools.get(on_collapse.resume.pool)
-    if search is not None:
-        pool_specs.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool" for lab in a.labels})
-        if grid.spec.pool:
-            pool_specs[grid.spec.pool] = grid.pools.get(grid.spec.pool)
-    from orchestrator.backends import backend_class
-
-    worker_env = backend_class(grid.backend).worker_env(grid.base_config)
-    embedded, owned = connect(address, pool_specs, ray_tmp, worker_env)
-    try:
-        nodes = [n for n in ray.nodes() if n.get("Alive")]
-        placements = plan_placement(pool_specs, embedded=embedded,
-                                    cluster_resources=ray.cluster_resources(),
-                                    node_labels=[n.get("Labels") or {} for n in nodes])
-        runnable = _park_unplaceable(grid_dir, todo, placements, routes)
-        limits = {p: min(pl.capacity, grid.spec.budget.per_pool.get(p, pl.capacity))
-                  for p, pl in placements.items()}
-        standby = _standby(placements, limits, max_parallel)
-        objective = grid.spec.search.objective if search is not None else None
-        gctx = GridContext(str(grid_dir), dict(grid.recipe_config), pool_specs, grid.spec.checkpoint,
-                           grid.spec.collapse, grid.spec.early_stop_spec, sender.tracking_uri, submission,
-                           {grid.backend: _REGISTRY[grid.backend]}, objective)
-        budget = 0
-        if search is not None:
-            budget = max(grid.spec.search.budget - len(prior) - len(runnable), 0)
-
-        def remember(trial: TrialSpec, stored: dict[str, Any]) -> None:
-            paths = TrialPaths(grid_dir, trial.trial_id)
-            records.save_spec(paths, trial)
-            rec = records.load_state(paths, trial.trial_id)
-            rec.search, rec.pool = stored, trial.pool
-            records.save_state(paths, rec)
-
-        remote_store = is_remote(sender.tracking_uri)
-
-        def hold_for_store() -> bool:
-            # A remote store may turn out unreachable: no trial starts before the parent run is
-            # open (the callback then stops Tune with the store's error). A local SQLite file
-            # cannot be "down", so there trials start while it opens.
-            return remote_store and sender.ready_target() is None and sender.error is None
-
-        def fit(runnable: list[TrialSpec], routes: Mapping[str, str], budget: int, name: str) -> Any:
-            # How many workers the fit starts at once: the slots of the pools it will use.
-            pools = set(limits) if budget else {routes.get(t.trial_id, t.pool) for t in runnable}
-            workers = min(max_parallel, sum(limits.get(p, 0) for p in pools), len(runnable) + budget)
-            warm_up = [str(grid_dir / "tune" / name / ".workers"), workers]
-
-            def extra_config() -> dict[str, Any]:
-                target = sender.ready_target()  # None while the parent run is being opened
-                tracking = {"tracking": [target.experiment_id, target.parent_run_id]} if target else {}
-                return {"warm_up": warm_up, **tracking}
-
-            gate = PoolGate(grid_dir, runnable, limits, max_parallel, search=search, search_budget=budget,
-                            on_new_trial=remember, extra_config=extra_config, standby=standby,
-                            hold=hold_for_store,
-                            routes={t: p for t, p in routes.items() if p != trial_pool.get(t)})
-            for stored, value in prior:
-                gate.tell_previous(stored, value)
-            live = LiveView(grid_dir, grid.name, gate, progress, on_trial_over=sender.send,
-                            abort=lambda: sender.error)
-            _stop_credential_propagation()
-            try:
-                with _tune_env(max_parallel + sum(standby.values())):
-                    tune.Tuner(
-                        tune.with_resources(tune.with_parameters(_trainable, gctx=gctx),
-                                            resource_fn(placements)),
-                        tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True,
-                                                    trial_name_creator=_trial_name,
-                                                    trial_dirname_creator=_trial_name),
-                        run_config=tune.RunConfig(
-                            name=name, storage_path=str(grid_dir / "tune"), verbose=0,
-                            failure_config=tune.FailureConfig(max_failures=grid.spec.retries.max),
-                            callbacks=[live.callback, CSVLoggerCallback()]),
-                    ).fit()
-            except Exception:
-                if sender.error is not None:  # the store is unreachable: the callback stopped Tune
-                    raise sender.error from None
-                raise
-            finally:
-                live.stop()
-                _drop_tune_pickles(grid_dir / "tune" / name)
-            sender.drain()  # run ids in state.json before anything below reads them
-            _mark_exhausted(grid_dir, gate.errors, sender.tracking_uri)
-            return gate
-
-        gate = fit(runnable, routes, budget, submission)
-        if search is not None:
-            store_objectives(grid_dir, gate.results)
-        rescued: list[TrialSpec] = []
-        if on_collapse is not None:
-            # `on_collapse: {resume: ...}`: one automatic rescue round, under this lease.
-            from orchestrator.scheduler._rescue import auto_rescue
-
-            rescued = auto_rescue(grid, grid_dir, [t.trial_id for t in trials])
-            if rescued:
-                again = {t.trial_id: records.route_pool(records.load_state(
-                    TrialPaths(grid_dir, t.trial_id), t.trial_id), t) for t in rescued}
-                fit(_park_unplaceable(grid_dir, rescued, placements, again), again, 0,
-                    submission + "-rescue")
-        parent = sender.wait()
-        sender.drain()
-        summary = summarize(grid, grid_dir, trials_of(grid_dir, search is not None, trials))
-        summary["rescued"] = [t.trial_id for t in rescued]
-        summary.update(submission=submission, elapsed_s=round(time.time() - started, 2),
-                       skipped_finished=already, tune_dir=str(grid_dir / "tune" / submission),
-                       tracking_uri=sender.tracking_uri, parent_run_id=parent.run_id,
-                       ray="embedded" if embedded else "cluster")
-        parent.end("FINISHED")
-        return summary
-    finally:
-        if owned:
-            ray.shutdown()
-
-
 def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
              max_parallel: int) -> dict[str, int]:
-    """One standby trial (``gate.PoolGate``) for each pool that Ray itself keeps at its limit,
+    """One standby trial (``_gate.PoolGate``) for each pool that Ray itself keeps at its limit,
     when the grid limit cannot be reached by the pool limits anyway."""
     if sum(limits.values()) > max_parallel:
         return {}
@@ -380,8 +467,6 @@ def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec], placements: Mapping
 def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> None:
     """Trials Tune gave up on (retries.max infra failures) end FAILED with their last error,
     on disk and in MLflow (their runs would otherwise stay RUNNING there)."""
-    import logging
-
     for tid in trial_ids:
         paths = TrialPaths(grid_dir, tid)
         rec = records.load_state(paths, tid)
@@ -395,44 +480,10 @@ def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> N
         records.save_state(paths, rec)
         if rec.mlflow_run_id:
             try:
-                from orchestrator.tracking import client
-
                 mlc = client(tracking_uri)
                 for key, value in (("verdict", "infra_failure"), ("verdict.reason", rec.error[:4000]),
                                    ("verdict.step", str(rec.last_step))):
                     mlc.set_tag(rec.mlflow_run_id, key, value)
                 mlc.set_terminated(rec.mlflow_run_id, "FAILED")
             except Exception as exc:  # noqa: BLE001 - the record on disk is what counts
-                logging.getLogger(__name__).warning("trial %s: MLflow not updated: %s", tid, exc)
-
-
-def trials_of(grid_dir: Path, search: bool, trials: list[TrialSpec]) -> list[str]:
-    if not search:
-        return [t.trial_id for t in trials]
-    return [p.parent.name for p in sorted((grid_dir / "trials").glob("*/spec.json"))
-            if records.load_state(TrialPaths(grid_dir, p.parent.name), p.parent.name).search]
-
-
-def summarize(grid: Any, grid_dir: Path, trial_ids: list[str]) -> dict[str, Any]:
-    """Counts by state and verdict, the pending trials with reasons, the search's best point."""
-    states: dict[str, int] = {}
-    verdicts: dict[str, int] = {}
-    pending, failed, best = [], [], None
-    for tid in trial_ids:
-        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
-        states[rec.state.value] = states.get(rec.state.value, 0) + 1
-        if rec.verdict:
-            verdicts[rec.verdict["kind"]] = verdicts.get(rec.verdict["kind"], 0) + 1
-        if not rec.state.is_finished():
-            pending.append({"trial_id": tid, "pool": rec.pool, "reason": rec.pending_reason or rec.error})
-        if rec.state is TrialState.FAILED:
-            failed.append({"trial_id": tid, "reason": rec.error})
-        if rec.search is not None and rec.objective is not None and math.isfinite(rec.objective):
-            mode = grid.spec.search.objective.mode
-            if best is None or (rec.objective > best["objective"]) == (mode == "max"):
-                best = {"trial_id": tid, "objective": rec.objective, **rec.search}
-    out = {"grid": grid.name, "trials": len(trial_ids), "states": states, "verdicts": verdicts,
-           "pending": pending, "failed": failed, "grid_dir": str(grid_dir)}
-    if grid.spec.search is not None:
-        out["search"] = {"budget": grid.spec.search.budget, "best": best}
-    return out
+                log.warning("trial %s: MLflow not updated: %s", tid, exc)

@@ -36,7 +36,7 @@ class GridContext:
     checkpoint: CheckpointSpec
     collapse: CollapseSpec
     early_stop: EarlyStopSpec
-    tracking_uri: str  # the experiment and parent run come with each trial's config (sender.py)
+    tracking_uri: str  # the experiment and parent run come with each trial's config (tracking.Sender)
     submission: str
     backend_refs: Mapping[str, tuple[str, str]]
     objective: SearchObjective | None

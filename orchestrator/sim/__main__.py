@@ -13,17 +13,14 @@ import time
 from pathlib import Path
 
 from orchestrator import metrics as M
-from orchestrator import recipes
+from orchestrator import numerics, recipes
+from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.pools import load_catalog
-
-
-def _parse_set(items: list[str]) -> dict[str, object]:
-    from orchestrator.recipes import parse_assignments
-
-    return parse_assignments(items)
+from orchestrator.sim.config import reproducible
+from orchestrator.sim.local import LocalContext, make_trial
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -38,18 +35,12 @@ def main(argv: list[str] | None = None) -> int:
     ap.add_argument("--workdir", type=Path, default=None)
     ap.add_argument("--every", type=int, default=10, help="print every N steps")
     args = ap.parse_args(argv)
-    from orchestrator.backends.sim import SimBackend
-    from orchestrator.sim.local import LocalContext, make_trial
-
     try:
-        overrides = _parse_set(args.set)
+        overrides = recipes.parse_assignments(args.set)
         base = recipes.compose_recipe(args.recipe, root=recipes.recipes_root())
         for section, model in (("correction", CorrectionSpec), ("rollout", RolloutSpec)):
             base[section] = {**model().model_dump(mode="json"), **(base.get(section) or {})}
         config = recipes.apply_overrides(base, overrides)
-        from orchestrator import numerics
-        from orchestrator.sim.config import reproducible
-
         numerics.apply(reproducible(config))  # torch is not imported yet in this process
         pool = load_catalog().get(args.pool)
         workdir = args.workdir or Path(tempfile.mkdtemp(prefix="sim-trial-"))

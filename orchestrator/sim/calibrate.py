@@ -11,6 +11,7 @@ same tokens. ``python -m orchestrator.sim.calibrate`` prints the table.
 """
 from __future__ import annotations
 
+import argparse
 import dataclasses
 import statistics
 from collections.abc import Mapping
@@ -19,9 +20,10 @@ from typing import Any
 import torch
 
 from orchestrator import metrics as M
+from orchestrator import numerics, recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.pools import PoolSpec
+from orchestrator.pools import PoolSpec, load_catalog
 from orchestrator.sim.config import build_setup
 from orchestrator.sim.correction_math import (
     mismatch_metrics,
@@ -112,11 +114,6 @@ def main() -> None:
     """Print k3 per sim-* pool for dense and MoE references of ``sim/grpo_tiny``: per reference
     seed, and the median over the seeds (one reference is noisy: MoE sim-h100 measures 3.7e-4 on
     the seed-0 reference and 7.5e-4 on seeds 1 and 2)."""
-    import argparse
-
-    from orchestrator import recipes
-    from orchestrator.pools import load_catalog
-
     ap = argparse.ArgumentParser(prog="python -m orchestrator.sim.calibrate",
                                  description=main.__doc__)
     ap.add_argument("--arch", nargs="+", default=["dense", "moe"])
@@ -126,8 +123,6 @@ def main() -> None:
     ap.add_argument("--knobs", action="store_true",
                     help="also measure each knob of the README (sim-h100 plus one change)")
     args = ap.parse_args()
-    from orchestrator import numerics
-
     numerics.ensure_pinned()  # the table holds on every x86-64 AVX2 machine only pinned
     torch.set_num_threads(1)
     catalog = load_catalog()

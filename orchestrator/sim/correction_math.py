@@ -3,8 +3,9 @@
 What each ``correction.*`` key means, and how this math decides where Miles and verl disagree or
 are silent, is documented with the vocabulary in ``orchestrator/corrections.py``; for every
 specification the verl backend accepts, the weights, loss mask and denominator mask computed here
-equal verl 0.9.1's (``tests/test_correction_parity.py`` runs the whole matrix through verl's own
-helper). Shapes: [B, R] per response token; ``mask`` is the response mask (1 = generated token).
+equal verl 0.9.1's (``tests/backends/test_correction_parity.py`` runs the whole matrix through
+verl's own helper). Shapes: [B, R] per response token; ``mask`` is the response mask (1 =
+generated token).
 """
 from __future__ import annotations
 

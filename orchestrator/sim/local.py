@@ -1,7 +1,7 @@
 """A minimal in-process RunContext for debugging one simulator trial and for benchmarks.
 
 The real context (metrics persistence, MLflow, checkpoint store, verdicts) is
-``orchestrator.runner``; this one keeps metrics in memory and checkpoints under ``workdir``.
+``orchestrator.run``; this one keeps metrics in memory and checkpoints under ``workdir``.
 """
 from __future__ import annotations
 

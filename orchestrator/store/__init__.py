@@ -11,7 +11,8 @@ from orchestrator.store import records, workspace
 from orchestrator.store._checkpoints import MANIFEST, CheckpointStore, step_dir_name
 from orchestrator.store._files import TrialPaths, atomic_write_json, atomic_write_text, read_json
 from orchestrator.store._lease import GridLease, active_holder, process_gone
+from orchestrator.store.records import ResumeRequest, TrialRecord
 
-__all__ = ["MANIFEST", "CheckpointStore", "GridLease", "TrialPaths", "active_holder",
-           "atomic_write_json", "atomic_write_text", "process_gone", "read_json", "records",
-           "step_dir_name", "workspace"]
+__all__ = ["MANIFEST", "CheckpointStore", "GridLease", "ResumeRequest", "TrialPaths", "TrialRecord",
+           "active_holder", "atomic_write_json", "atomic_write_text", "process_gone", "read_json",
+           "records", "step_dir_name", "workspace"]

@@ -30,6 +30,22 @@ from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 T = TypeVar("T")
 
 
+@dataclasses.dataclass(frozen=True)
+class ResumeRequest:
+    """Why and how a trial's next attempt runs elsewhere: on ``pool``, from checkpoint ``start``
+    (a step, or ``"latest"``), because ``reason``. Written by ``ablate resume`` and the automatic
+    rescue, consumed (and cleared) by the next attempt; in ``state.json`` as ``resume: {pool,
+    start, reason}``."""
+
+    pool: str | None = None
+    start: int | str | None = None
+    reason: str | None = None
+
+    @classmethod
+    def from_json(cls, data: Mapping[str, Any]) -> ResumeRequest:
+        return cls(pool=data.get("pool"), start=data.get("start"), reason=data.get("reason"))
+
+
 @dataclasses.dataclass
 class TrialRecord:
     """Mutable view of ``state.json``; save it with :func:`save_state`."""
@@ -45,9 +61,7 @@ class TrialRecord:
     pending_reason: str | None = None
     error: str | None = None
     search: dict[str, Any] | None = None  # Optuna point (params, choices) of a search trial
-    # A request to run the next attempt elsewhere / from a given checkpoint ({"pool": ...,
-    # "start": step | "latest"}), written by `ablate resume`, consumed by the next attempt.
-    resume: dict[str, Any] | None = None
+    resume: ResumeRequest | None = None  # `ablate resume`'s request for the next attempt
     objective: float | None = None
     # MLflow runs this trial's run replaced (a resume before what MLflow held), oldest first.
     superseded_runs: list[str] = dataclasses.field(default_factory=list)
@@ -65,6 +79,7 @@ class TrialRecord:
         fields = {f.name for f in dataclasses.fields(cls)}
         kw = {k: v for k, v in data.items() if k in fields}
         kw["state"] = TrialState(data.get("state", "pending"))
+        kw["resume"] = ResumeRequest.from_json(data["resume"]) if data.get("resume") else None
         return cls(**kw)
 
 
@@ -90,13 +105,29 @@ def save_state(paths: TrialPaths, record: TrialRecord) -> None:
 
 def route_pool(record: TrialRecord, trial: TrialSpec) -> str:
     """The pool the next attempt of a trial runs on: a resume request's, else the last one's."""
-    if record.resume and record.resume.get("pool"):
-        return str(record.resume["pool"])
+    if record.resume is not None and record.resume.pool:
+        return str(record.resume.pool)
     return record.pool or trial.pool
 
 
 def load_spec(paths: TrialPaths) -> TrialSpec | None:
     return _parsed(paths.spec, TrialSpec.from_json) if paths.spec.exists() else None
+
+
+def trial_ids(grid_dir: Path) -> list[str]:
+    """Every trial of a grid that has files (derived and search trials included), sorted: the
+    trial directories holding a ``spec.json``."""
+    return [p.parent.name for p in sorted((Path(grid_dir) / "trials").glob("*/spec.json"))]
+
+
+def known_trials(grid_dir: Path) -> dict[str, TrialSpec]:
+    """The spec of every trial of a grid that has files, by trial id (sorted)."""
+    out = {}
+    for tid in trial_ids(grid_dir):
+        spec = load_spec(TrialPaths(grid_dir, tid))
+        if spec is not None:
+            out[spec.trial_id] = spec
+    return out
 
 
 def save_spec(paths: TrialPaths, trial: TrialSpec) -> None:

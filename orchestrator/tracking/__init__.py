@@ -6,13 +6,20 @@ timeouts, WAL), the grid's UI view and ``ablate ui``, and the clean-up of orphan
 """
 from __future__ import annotations
 
-from orchestrator.tracking._deferred import LIVE_AFTER_S, DeferredRun, buffer_dir
-from orchestrator.tracking._runs import GridRun, TrackingTarget, TrialRun, drain, supersede
+from orchestrator.tracking._deferred import DeferredRun
+from orchestrator.tracking._runs import (
+    GridRun,
+    TrackingTarget,
+    TrialRun,
+    drain,
+    parent_run,
+    supersede,
+)
 from orchestrator.tracking._sender import Sender, send_trial
 from orchestrator.tracking._store import ROLE_TAG, client, is_remote, use_wal
 from orchestrator.tracking._ui import ui
 from orchestrator.tracking._views import save_trials_view
 
-__all__ = ["LIVE_AFTER_S", "ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget",
-           "TrialRun", "buffer_dir", "client", "drain", "is_remote", "save_trials_view",
-           "send_trial", "supersede", "ui", "use_wal"]
+__all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "client",
+           "drain", "is_remote", "parent_run", "save_trials_view", "send_trial", "supersede", "ui",
+           "use_wal"]

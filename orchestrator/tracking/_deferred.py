@@ -7,28 +7,24 @@ Ray worker. For a trial of a few seconds that doubles its slot time. So an attem
 same files a store outage fills) through a :class:`DeferredRun` and never touches MLflow; when
 Tune reports the trial complete, the orchestrator's ``Sender`` thread (``_sender``) creates the
 run if needed, sends the outbox and records the run id in ``state.json``. An attempt still
-running after ``LIVE_AFTER_S`` switches to a live ``TrialRun`` at its next checkpoint, so long
+running after ``DeferredRun.LIVE_AFTER_S`` switches to a live ``TrialRun`` at its next checkpoint, so long
 trials show up in MLflow while they run.
 """
 from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import ClassVar
 
-from orchestrator.store import TrialPaths
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._runs import TrialRun
 from orchestrator.trial import TrialSpec
 
-LIVE_AFTER_S = 30.0  # an attempt older than this goes live at its next checkpoint
-
-
-def buffer_dir(paths: TrialPaths) -> Path:
-    return paths.root / "mlflow-buffer"
-
 
 class DeferredRun(TrialRun):
     """A ``TrialRun`` that only fills its outbox: no MLflow import, no store round trips."""
+
+    LIVE_AFTER_S: ClassVar[float] = 30.0  # older attempts go live at their next checkpoint
 
     def __init__(self, trial: TrialSpec, buffer: Path, run_id: str | None = None) -> None:
         self.trial = trial

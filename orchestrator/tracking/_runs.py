@@ -154,6 +154,11 @@ class GridRun:
             raise UserError(f"MLflow tracking store {tracking_uri} is unreachable ({type(exc).__name__}); "
                             "fix: start the server or pass --tracking-uri") from None
 
+    @property
+    def target(self) -> TrackingTarget:
+        """Where the submission's trial runs go: its experiment, under this parent run."""
+        return TrackingTarget(self.tracking_uri, self.experiment_id, self.run_id)
+
     def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
         client(self.tracking_uri).log_artifacts(self.run_id, str(directory), artifact_path)
 
@@ -163,6 +168,19 @@ class GridRun:
                 client(self.tracking_uri).set_terminated(self.run_id, status)
             except Exception as exc:  # noqa: BLE001 - trial state is on disk; the parent status is cosmetic
                 log.warning("could not end grid run %s: %s", self.run_id, exc)
+
+
+@contextlib.contextmanager
+def parent_run(grid: GridSpec, *, tracking_uri: str, workdir: Path) -> Iterator[TrackingTarget]:
+    """A submission's parent run around work done in this process (``ablate run-trial``, a
+    local resume): opened first, ended FINISHED, or FAILED if the work raised (re-raised)."""
+    parent = GridRun.open(grid, tracking_uri=tracking_uri, workdir=workdir)
+    try:
+        yield parent.target
+    except BaseException:
+        parent.end("FAILED")
+        raise
+    parent.end("FINISHED")
 
 
 def trial_run_name(trial: TrialSpec) -> str:
@@ -219,7 +237,7 @@ class TrialRun:
     def _bind(self, tracking_uri: str, experiment_id: str, parent_run_id: str | None,
               outbox: Outbox, *, connected: bool = False, next_try: float = 0.0) -> None:
         """The store, the outbox and the sending state (the one place that lists them; ``drain``
-        and ``sender.DeferredRun`` bind a run without creating one)."""
+        and ``_deferred.DeferredRun`` bind a run without creating one)."""
         self.tracking_uri, self.experiment_id, self.parent_run_id = tracking_uri, experiment_id, parent_run_id
         self.outbox = outbox
         self._connected, self._next_try, self._backoff = connected, next_try, 1.0

@@ -17,18 +17,23 @@ import logging
 import queue
 import threading
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING
 
 from orchestrator.store import TrialPaths, records
-from orchestrator.tracking._deferred import DeferredRun, buffer_dir
+from orchestrator.tracking._deferred import DeferredRun
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._runs import GridRun, TrackingTarget, TrialRun, drain
 from orchestrator.trial import TrialState
+from orchestrator.verdict import Verdict
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 log = logging.getLogger(__name__)
 
 
-def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: float = 30) -> bool:
+def send_trial(grid: GridSpec, grid_dir: Path, trial_id: str, target: TrackingTarget,
+               timeout: float = 30) -> bool:
     """Send what trial ``trial_id`` owes MLflow (creating its run if a deferred attempt never
     did) and record the run id in its ``state.json``. True when nothing is left to send.
 
@@ -38,7 +43,7 @@ def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: f
     from filelock import Timeout
 
     paths = TrialPaths(grid_dir, trial_id)
-    buf = buffer_dir(paths)
+    buf = paths.outbox
     if not buf.is_dir():
         return True
     lock = records.run_lock(paths)
@@ -54,8 +59,8 @@ def send_trial(grid: Any, grid_dir: Path, trial_id: str, target: Any, timeout: f
         lock.release()
 
 
-def _send_locked(grid: Any, paths: TrialPaths, trial_id: str, buf: Path, target: Any,
-                 timeout: float) -> bool:
+def _send_locked(grid: GridSpec, paths: TrialPaths, trial_id: str, buf: Path,
+                 target: TrackingTarget, timeout: float) -> bool:
     outbox = Outbox(buf)
     rec = records.load_state(paths, trial_id)
     if rec.state.is_finished() and outbox.end_status is None:
@@ -88,8 +93,6 @@ def _close_from_records(paths: TrialPaths, rec: records.TrialRecord, buf: Path) 
     end but before giving the outbox the verdict, the attempts and the end status (a killed
     orchestrator's worker, stopped by Ray mid-way). They are in the trial's records: add them,
     so the run is not left RUNNING without a verdict."""
-    from orchestrator.verdict import Verdict
-
     spec = records.load_spec(paths)
     if spec is None:
         return
@@ -113,9 +116,10 @@ class Sender:
     callback raises ``error`` on its next step).
     """
 
-    def __init__(self, grid: Any, grid_dir: Path, tracking_uri: str, root: Path) -> None:
+    def __init__(self, grid: GridSpec, grid_dir: Path, tracking_uri: str, root: Path) -> None:
         self.grid, self.grid_dir, self.tracking_uri, self.root = grid, Path(grid_dir), tracking_uri, root
-        self.parent: Any = None
+        self.parent: GridRun | None = None
+        self.target: TrackingTarget | None = None  # set with the parent run, by the thread
         self.error: BaseException | None = None
         self._ready = threading.Event()
         self._queue: queue.Queue[str | None] = queue.Queue()
@@ -128,7 +132,7 @@ class Sender:
     def _loop(self) -> None:
         try:
             self.parent = GridRun.open(self.grid, tracking_uri=self.tracking_uri, workdir=self.root)
-            self.target = TrackingTarget(self.tracking_uri, self.parent.experiment_id, self.parent.run_id)
+            self.target = self.parent.target
         except BaseException as exc:  # noqa: BLE001 - handed to the driver thread by wait()
             self.error = exc
             return
@@ -142,19 +146,20 @@ class Sender:
             finally:
                 self._queue.task_done()
 
-    def ready_target(self) -> Any:
+    def ready_target(self) -> TrackingTarget | None:
         """The tracking target once the parent run is open (None before: attempts defer)."""
-        return getattr(self, "target", None) if self._ready.is_set() else None
+        return self.target if self._ready.is_set() else None
 
     def send(self, trial_id: str) -> None:
         """Queue a trial whose attempts are over (for this submission)."""
         self._queue.put(trial_id)
 
-    def wait(self) -> Any:
+    def wait(self) -> GridRun:
         """The parent GridRun; raises what opening it raised."""
         self._ready.wait()
         if self.error is not None:
             raise self.error
+        assert self.parent is not None
         return self.parent
 
     def drain(self) -> None:

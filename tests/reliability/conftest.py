@@ -1,5 +1,6 @@
 """Fixtures of the reliability suite: a real local multi-raylet Ray cluster (one pool per node,
-as in ``tests/test_scheduler.py``) and the deterministic double backend of ``tests/doubles.py``.
+as in ``tests/scheduler/test_scheduler.py``) and the deterministic double backend of
+``tests/doubles.py``.
 
 Ray workers and the orchestrator subprocesses the tests SIGKILL import ``doubles`` from
 ``tests/`` and ``relbackends`` from ``tests/reliability/``: both are on PYTHONPATH while the

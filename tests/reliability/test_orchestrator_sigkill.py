@@ -1,9 +1,9 @@
 """SIGKILL of the orchestrator at random points (several seeds), then a re-submit.
 
-Extends ``tests/test_scheduler.py::test_sigkill_of_the_orchestrator_then_resubmit`` (one kill at
-one hand-picked point) with kill points drawn from a seeded RNG: some land while the driver is
-still starting (before or during record preparation, Ray connection, MLflow parent run), others
-at a random fraction of the grid's total steps, i.e. anywhere in a trial's life (metric append,
+Extends ``tests/scheduler/test_scheduler.py::test_sigkill_of_the_orchestrator_then_resubmit``
+(one kill at one hand-picked point) with kill points drawn from a seeded RNG: some land while the
+driver is still starting (before or during record preparation, Ray connection, MLflow parent
+run), others at a random fraction of the grid's total steps, i.e. anywhere in a trial's life (metric append,
 checkpoint save, MLflow commit, verdict, result). The same grid is killed three times in a row,
 then submitted to the end. The backend is the deterministic double (fast, exact steps), on a
 real multi-raylet Ray cluster, with the real runner, scheduler and MLflow (SQLite).

@@ -1,6 +1,6 @@
 """Fixtures for the simulator tests: a resolved sim config and an in-memory RunContext.
 
-The real RunContext (orchestrator.runner) is tested on its own; these tests only need one that
+The real RunContext (orchestrator.run) is tested on its own; these tests only need one that
 keeps metrics in memory and checkpoints under tmp_path (``orchestrator.sim.local.LocalContext``).
 """
 from __future__ import annotations

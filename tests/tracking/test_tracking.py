@@ -31,8 +31,8 @@ SECRET = "s3cr3t-token-value-must-not-leak"
 
 @pytest.fixture(scope="module")
 def quickstart(tmp_path_factory: pytest.TempPathFactory):
-    os.environ.setdefault("ABLATE_RECIPES", str(Path(__file__).resolve().parent.parent / "recipes"))
-    grid = load_grid(Path(__file__).resolve().parent.parent / "grids" / "quickstart.yaml")
+    os.environ.setdefault("ABLATE_RECIPES", str(Path(__file__).resolve().parents[2] / "recipes"))
+    grid = load_grid(Path(__file__).resolve().parents[2] / "grids" / "quickstart.yaml")
     return grid, expand(grid)
 
 
@@ -318,10 +318,10 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
     parent = GridRun.open(grid, tracking_uri=uri, workdir=work)
     parent.end()
     port = free_port()
-    grid_file = str(Path(__file__).resolve().parent.parent / "grids" / "quickstart.yaml")
+    grid_file = str(Path(__file__).resolve().parents[2] / "grids" / "quickstart.yaml")
     proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", grid_file, "--port", str(port),
                              "--workdir", str(work)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=Path(__file__).resolve().parent.parent,
+                            start_new_session=True, cwd=Path(__file__).resolve().parents[2],
                             env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]

@@ -43,7 +43,7 @@ from orchestrator.grid import expand, load_grid
 from orchestrator.pools import load_catalog
 from orchestrator.store import step_dir_name
 
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 GPU_GRIDS = ("grids/seed_study.yaml", "grids/seed_study_14b.yaml")
 POOLS = load_catalog().pools
 NASTY = ["a,b", "x=y", "~/data/train.parquet", "+extra", "$(touch /tmp/pwned)", "`id`",
@@ -202,7 +202,7 @@ def test_unsupported_combinations_are_refused_with_reason_and_fix(
 @pytest.mark.parametrize("corr,roll,pool", [
     ({"is_level": "sequence", "is_mode": "truncate", "batch_norm": True}, None, "h100"),
     ({"is_level": "token", "is_mode": "mask", "denominator": "original"}, None, "h100"),
-    # verl computes what the simulator computes for these (tests/test_correction_parity.py):
+    # verl computes what the simulator computes for these (tests/backends/test_correction_parity.py):
     ({"is_level": "token", "is_mode": "mask"}, None, "h100"),  # IcePop, nothing rejected
     ({"is_level": "sequence", "is_mode": "mask", "rs": "token", "rs_bounds": [0.5, 2.0]}, None,
      "h100"),  # IcePop + RS: both renormalise over the RS survivors

@@ -110,7 +110,7 @@ def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, t
 
 
 def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, tmp_path, monkeypatch) -> None:
-    """Inside Ray the scheduler defers MLflow (sender.py): the worker never talks to the store,
+    """Inside Ray the scheduler defers MLflow (tracking/_deferred.py): the worker never talks to the store,
     a failed attempt and its retry share one outbox, and the sender creates, fills and ends
     the run afterwards: the same run a live attempt would have made."""
     from mlflow.tracking import MlflowClient
@@ -178,13 +178,13 @@ def test_a_finished_trial_whose_outbox_was_never_closed_is_closed_from_its_recor
 
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.tracking import buffer_dir, send_trial
+    from orchestrator.tracking import send_trial
 
     grid, trials, grid_dir, job, uri = env
     t = trials[("none", "sim-a100")]  # collapses: a verdict with a step and a rule
     out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
     paths = TrialPaths(grid_dir, t.trial_id)
-    buf = buffer_dir(paths)
+    buf = paths.outbox
     state = json.loads((buf / "run.json").read_text())
     (buf / "run.json").write_text(json.dumps({**state, "end_status": None, "ended_ms": None}))
     (buf / "tags.json").unlink()
@@ -249,11 +249,11 @@ def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
 
 
 def test_a_long_deferred_attempt_goes_live_at_a_checkpoint(env, monkeypatch) -> None:
-    from orchestrator.tracking import _deferred as sender
+    from orchestrator.tracking import DeferredRun
 
     _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-a100")]
-    monkeypatch.setattr(sender, "LIVE_AFTER_S", 0.0)  # every attempt counts as long
+    monkeypatch.setattr(DeferredRun, "LIVE_AFTER_S", 0.0)  # every attempt counts as long
     out = run_attempt(dataclasses.replace(job(t), defer_tracking=True))
     rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
     assert out["state"] == "done" and rec.mlflow_run_id is not None

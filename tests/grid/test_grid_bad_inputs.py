@@ -10,7 +10,7 @@ import pytest
 
 from orchestrator.cli import main
 
-BAD = Path(__file__).parent / "data" / "bad_grids"
+BAD = Path(__file__).parents[1] / "data" / "bad_grids"
 NO_HEADER = {"utf16.yaml": "not UTF-8"}
 
 

@@ -27,7 +27,7 @@ from orchestrator import scheduler
 from orchestrator.exceptions import ConcurrencyError
 from orchestrator.store import TrialPaths, records
 
-TESTS = Path(__file__).resolve().parent
+TESTS = Path(__file__).resolve().parents[1]  # doubles.py: Ray workers import it from here
 REPO = TESTS.parent
 POOL_NODES = {"sim-h100": 2, "sim-a100": 2, "sim-h20": 1}  # pool -> capacity (= CPUs of its node)
 
@@ -355,7 +355,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     rec = records.load_state(paths, tid)
     run_id = rec.mlflow_run_id
     rec.state = transition(rec.state, TrialState.PENDING, resume=True)
-    rec.resume = {"pool": "sim-h20", "start": 15}  # keep: 2 leaves steps 15 and 20
+    rec.resume = records.ResumeRequest(pool="sim-h20", start=15)  # keep: 2 leaves steps 15 and 20
     records.save_state(paths, rec)
     second = scheduler.submit(str(path), address=c.address, progress=False)
     assert second["states"] == {"done": 1}

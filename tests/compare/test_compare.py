@@ -72,7 +72,7 @@ def populated(tmp_path_factory: pytest.TempPathFactory):
     with pytest.MonkeyPatch.context() as mp:
         mp.chdir(isolated)
         mp.setenv("ABLATE_WORKDIR", str(isolated / ".ablate"))
-        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parent.parent / "recipes"))
+        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parents[2] / "recipes"))
         mp.setenv("COLUMNS", "200")
         mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         yield _populate(isolated)

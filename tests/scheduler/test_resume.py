@@ -360,5 +360,5 @@ def test_on_collapse_set_rescue_derives_a_trial_once_and_records_it(isolated: Pa
     assert rec.rescue["by"] == "on_collapse" and rec.rescue["trial"] == child.trial_id
     assert rec.state.value == "done" and rec.verdict["kind"] == "collapsed"  # the parent stays
     crec = records.load_state(TrialPaths(grid_dir, child.trial_id), child.trial_id)
-    assert crec.state.value == "pending" and crec.resume["reason"].startswith("on_collapse rescue")
+    assert crec.state.value == "pending" and crec.resume.reason.startswith("on_collapse rescue")
     assert auto_rescue(grid, grid_dir, [t.trial_id]) == []  # once

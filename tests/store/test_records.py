@@ -1,0 +1,54 @@
+"""Trial records on disk: the typed resume request keeps state.json's format, and one listing of
+a grid's trials serves every reader."""
+from __future__ import annotations
+
+import dataclasses
+import json
+from pathlib import Path
+
+from orchestrator.store import ResumeRequest, TrialPaths, TrialRecord, records
+from orchestrator.trial import TrialSpec
+
+SPEC = TrialSpec(trial_id="t1", grid="g", backend="sim", recipe="sim/grpo_tiny", pool="sim-h100",
+                 seed=0, steps=10, axes=(("pool", "sim-h100"),), overrides=())
+
+
+def test_a_resume_request_is_saved_under_its_three_keys(tmp_path: Path) -> None:
+    paths = TrialPaths(tmp_path, "t1")
+    request = ResumeRequest(pool="sim-h20", start=15, reason="ablate resume")
+    records.save_state(paths, TrialRecord(trial_id="t1", resume=request))
+    assert json.loads(paths.state.read_text())["resume"] == {
+        "pool": "sim-h20", "start": 15, "reason": "ablate resume"}
+    assert records.load_state(paths, "t1").resume == request
+
+
+def test_a_state_file_from_an_existing_workdir_loads_its_request(tmp_path: Path) -> None:
+    paths = TrialPaths(tmp_path, "t1")
+    paths.root.mkdir(parents=True)
+    paths.state.write_text(json.dumps({
+        "schema_version": 1, "trial_id": "t1", "state": "pending", "pool": "sim-h100",
+        "resume": {"pool": "sim-a100", "start": "latest", "reason": "on_collapse rescue"}}))
+    rec = records.load_state(paths, "t1")
+    assert rec.resume == ResumeRequest("sim-a100", "latest", "on_collapse rescue")
+    assert records.route_pool(rec, SPEC) == "sim-a100"
+    rec.resume = None  # consumed by the next attempt
+    records.save_state(paths, rec)
+    assert json.loads(paths.state.read_text())["resume"] is None
+    assert records.route_pool(records.load_state(paths, "t1"), SPEC) == "sim-h100"
+
+
+def test_the_trials_of_a_grid_are_the_directories_with_a_spec(tmp_path: Path) -> None:
+    for tid in ("t3", "t1", "t2"):
+        records.save_spec(TrialPaths(tmp_path, tid), _spec(tid))
+    (tmp_path / "trials" / "t0").mkdir()  # no spec.json: not a trial
+    assert records.trial_ids(tmp_path) == ["t1", "t2", "t3"]
+    assert list(records.known_trials(tmp_path)) == ["t1", "t2", "t3"]
+    assert records.known_trials(tmp_path)["t2"] == _spec("t2")
+
+
+def test_the_outbox_keeps_its_directory_name() -> None:
+    assert TrialPaths(Path("/w/g"), "t1").outbox == Path("/w/g/trials/t1/mlflow-buffer")
+
+
+def _spec(tid: str) -> TrialSpec:
+    return dataclasses.replace(SPEC, trial_id=tid)

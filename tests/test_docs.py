@@ -1,0 +1,81 @@
+"""What the docs quote exists: every ``orchestrator`` name, import, ``python -m`` module and
+``orchestrator/`` path in the README files and ARCHITECTURE.md resolves against the package."""
+from __future__ import annotations
+
+import importlib
+import importlib.util
+import re
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parents[1]
+DOCS = ["README.md", "ARCHITECTURE.md", "k8s/README.md", "recipes/verl/README.md",
+        "orchestrator/sim/README.md"]
+FROM_IMPORT = re.compile(r"from (orchestrator(?:\.\w+)*) import ([\w, ]+)")
+DOTTED = re.compile(r"(?<![\w/.-])orchestrator(?:\.\w+)+")
+RUN_MODULE = re.compile(r"python -m (orchestrator(?:\.\w+)*)")
+PATH = re.compile(r"(?<![\w/.-])orchestrator/[\w./-]*")
+
+
+def _resolve(dotted: str) -> object:
+    """The module or attribute a dotted name refers to (raises if there is none)."""
+    parts = dotted.split(".")
+    for cut in range(len(parts), 0, -1):
+        try:
+            obj: object = importlib.import_module(".".join(parts[:cut]))
+        except ModuleNotFoundError:
+            continue
+        for attr in parts[cut:]:
+            obj = getattr(obj, attr)
+        return obj
+    raise ModuleNotFoundError(dotted)
+
+
+def _quoted(doc: str) -> set[tuple[str, str]]:
+    text = (REPO / doc).read_text()
+    found = {("import", f"{m}.{n.strip()}") for m, names in FROM_IMPORT.findall(text)
+             for n in names.split(",") if n.strip()}
+    found |= {("name", d) for d in DOTTED.findall(text)}
+    found |= {("module", m) for m in RUN_MODULE.findall(text)}
+    found |= {("path", p.rstrip(".")) for p in PATH.findall(text)}
+    return found
+
+
+@pytest.mark.parametrize("doc", DOCS)
+def test_what_the_docs_quote_exists(doc: str) -> None:
+    missing = []
+    for kind, ref in sorted(_quoted(doc)):
+        try:
+            if kind == "path":
+                assert (REPO / ref).exists()
+            elif kind == "module":
+                assert importlib.util.find_spec(ref) is not None
+            else:
+                _resolve(ref)
+        except (AssertionError, ImportError, AttributeError):
+            missing.append(f"{kind} {ref}")
+    assert missing == []
+
+
+def test_the_readme_quotes_the_public_api() -> None:
+    names = {ref for _, ref in _quoted("README.md")}
+    assert {"orchestrator.grid.load_grid", "orchestrator.grid.expand",
+            "orchestrator.scheduler.submit", "orchestrator.compare.compare"} <= names
+    for dotted in ("orchestrator.grid.load_grid", "orchestrator.scheduler.submit",
+                   "orchestrator.compare.compare"):
+        assert callable(_resolve(dotted))
+
+
+def test_architecture_names_and_packages_match_the_tree() -> None:
+    text = (REPO / "ARCHITECTURE.md").read_text()
+    heads = {p.stem for p in (REPO / "orchestrator").iterdir()
+             if p.suffix == ".py" or (p / "__init__.py").exists()}
+    dotted = {d for d in re.findall(r"`([a-z_][a-z0-9_]*(?:\.\w+)+)`", text)
+              if d.split(".")[0] in heads}
+    assert dotted, "ARCHITECTURE.md names nothing of the package"
+    for name in sorted(dotted):
+        _resolve("orchestrator." + name)
+    listed = set(re.findall(r"^\| `(\w+)/` \|", text, re.MULTILINE))
+    packages = {p.parent.name for p in (REPO / "orchestrator").glob("*/__init__.py")}
+    assert listed == packages

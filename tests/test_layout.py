@@ -1,0 +1,137 @@
+"""The package's layout stays what ARCHITECTURE.md says: no import circles, imports inside
+functions only where they defer something (with the reason next to them), private modules
+imported only inside their own package, and a face for every package."""
+from __future__ import annotations
+
+import ast
+import importlib
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+
+PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
+
+
+def _modules() -> dict[str, Path]:
+    out = {}
+    for path in PACKAGE.rglob("*.py"):
+        parts = path.relative_to(PACKAGE.parent).with_suffix("").parts
+        name = ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+        out[name] = path
+    return out
+
+
+MODULES = _modules()
+
+
+def _imports(name: str) -> Iterator[tuple[str, int, bool, list[str]]]:
+    """(imported module, line, inside a function, the lines of its import block) per internal
+    import of module ``name``; imports only for type checkers are skipped."""
+    path = MODULES[name]
+    text = path.read_text()
+    lines = text.splitlines()
+    tree = ast.parse(text)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            targets = [a.name for a in node.names]
+        elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
+            targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+        else:
+            continue
+        targets = [t for t in targets if t in MODULES and t != name]
+        if not targets:
+            continue
+        up, in_function, typing_only = parents.get(node), False, False
+        while up is not None:
+            in_function |= isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef))
+            typing_only |= isinstance(up, ast.If) and "TYPE_CHECKING" in ast.unparse(up.test)
+            up = parents.get(up)
+        if typing_only:
+            continue
+        top = node.lineno - 1
+        while top > 0 and (not lines[top - 1].strip()
+                           or lines[top - 1].strip().startswith(("import ", "from "))):
+            top -= 1
+        block = lines[max(top - 1, 0):node.end_lineno]
+        yield max(targets, key=len), node.lineno, in_function, block
+
+
+def _graph(*, with_functions: bool) -> dict[str, set[str]]:
+    """Module -> modules its import runs: the imported module and every package ``__init__``
+    on its path (importing ``a.b.c`` runs ``a.b`` first), except the importer's own parents."""
+    edges: dict[str, set[str]] = {name: set() for name in MODULES}
+    for name in MODULES:
+        for target, _, in_function, _ in _imports(name):
+            if in_function and not with_functions:
+                continue
+            parts = target.split(".")
+            for cut in range(2, len(parts) + 1):
+                dep = ".".join(parts[:cut])
+                if dep in MODULES and dep != name and not name.startswith(dep + "."):
+                    edges[name].add(dep)
+    return edges
+
+
+def _cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    found: list[list[str]] = []
+
+    def visit(v: str) -> None:
+        index[v] = low[v] = len(index)
+        stack.append(v)
+        for w in edges[v]:
+            if w not in index:
+                visit(w)
+                low[v] = min(low[v], low[w])
+            elif w in stack:
+                low[v] = min(low[v], index[w])
+        if low[v] == index[v]:
+            component = []
+            while True:
+                w = stack.pop()
+                component.append(w)
+                if w == v:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for v in edges:
+        if v not in index:
+            visit(v)
+    return found
+
+
+@pytest.mark.parametrize("with_functions", [False, True], ids=["module level", "all imports"])
+def test_no_import_circles(with_functions: bool) -> None:
+    assert _cycles(_graph(with_functions=with_functions)) == []
+
+
+def test_imports_inside_functions_say_why() -> None:
+    unexplained = [f"{name}:{line} -> {target}" for name in MODULES
+                   for target, line, in_function, block in _imports(name)
+                   if in_function and not any("#" in text for text in block)]
+    assert unexplained == []
+
+
+def test_private_modules_are_imported_only_inside_their_package() -> None:
+    leaks = []
+    for name in MODULES:
+        for target, line, _, _ in _imports(name):
+            parts = target.split(".")
+            private = next((i for i, p in enumerate(parts) if p.startswith("_")), None)
+            owner = ".".join(parts[:private]) if private is not None else None
+            if owner is not None and name != owner and not name.startswith(owner + "."):
+                leaks.append(f"{name}:{line} -> {target}")
+    assert leaks == []
+
+
+@pytest.mark.parametrize("package", sorted(n for n, p in MODULES.items() if p.name == "__init__.py"))
+def test_every_package_states_what_it_owns(package: str) -> None:
+    module = importlib.import_module(package)
+    assert (module.__doc__ or "").strip(), f"{package} has no docstring"
+    for public in getattr(module, "__all__", []):
+        assert hasattr(module, public), f"{package}.__all__ names {public!r}, which it lacks"
