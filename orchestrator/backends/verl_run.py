@@ -255,7 +255,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
 
 def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:
     """Build (or reuse) the recipe's in-code model, tokenizer and data; returns the entry."""
-    from orchestrator.backends.verl_cpu import assets
+    from orchestrator.backends.verl_cpu import assets  # builds with transformers: cpu recipes only
 
     return assets.build(assets.spec_from_recipe(dict(config["assets"])), assets.assets_cache(root)).root
 

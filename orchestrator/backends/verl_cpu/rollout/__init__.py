@@ -15,6 +15,7 @@ ADAPTER_FQN = "orchestrator.backends.verl_cpu.rollout.adapter.CpuServerAdapter"
 
 
 def _load_replica() -> type:
+    # imports ray and verl: only when verl asks for the replica
     from orchestrator.backends.verl_cpu.rollout.replica import CpuRolloutReplica
 
     return CpuRolloutReplica
