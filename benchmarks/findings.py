@@ -57,6 +57,9 @@ GRID = ROOT / "grids" / "findings" / "findings.yaml"
 OUT = ROOT / "results" / "findings"
 DEFAULT_WORKDIR = str(ROOT / ".ablate-findings")
 EXPERIMENT = "findings"
+# What decides the report's numbers besides the grid and the simulator (``write_manifest``).
+SCRIPTS = ("benchmarks/findings.py", "benchmarks/findings_checks.py")
+REGENERATE = ".venv/bin/python benchmarks/findings.py"
 F8_SETS = {"correction.is_level": "sequence", "correction.is_mode": "mask",
            "correction.is_bounds": [0.2, 5.0]}
 
@@ -298,7 +301,7 @@ def write_csv(res: Sequence[Any], out: Path) -> None:
 def _shown(workdir: str) -> str:
     """The store's path as the report prints it: relative to the repository when inside it."""
     path = Path(workdir).resolve()
-    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else str(path)
+    return str(path.relative_to(ROOT)) if path.is_relative_to(ROOT) else "<workdir>"  # no machine's path
 
 
 def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: Mapping[str, Any]) -> str:
@@ -442,7 +445,20 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
     lines += ["Per-trial figures: `trials.csv`.", ""]
     text = "\n".join(lines)
     (OUT / "REPORT.md").write_text(text)
+    write_manifest(res)
     return text
+
+
+def write_manifest(res: Sequence[Any]) -> Path:
+    """``results/findings/MANIFEST.json``: the hash of what decides these numbers (the grid, its
+    recipe and pools, the simulator's sources, this script and its checks), the code version and
+    the trials' numeric environments; ``tests/test_results_manifest.py`` compares the hash with
+    the current code's."""
+    from orchestrator import manifest
+
+    return manifest.write(OUT, manifest.for_script(
+        GRID, SCRIPTS, regenerate=REGENERATE,
+        environments=manifest.numeric_environments(r.numerics for r in res)))
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -7,7 +7,9 @@ draws the plots (``compare_plots``) and writes ``results/<grid>/``:
 - ``summary.md``, ``summary.html`` (self-contained: plots embedded), ``cells.csv`` (one row per
   cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``;
 - ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
-  ``verdict_map.png``, ``importance.png``.
+  ``verdict_map.png``, ``importance.png``;
+- ``MANIFEST.json`` (``orchestrator.manifest``): code version, the hash of what decides the numbers,
+  the trials' numeric environments, the command that regenerates the directory.
 
 The same files are logged as artifacts (``results/``) of the grid's newest parent run, and a
 compact table is printed to the terminal.
@@ -22,6 +24,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import manifest
 from orchestrator import metrics as M
 from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results
@@ -73,7 +76,10 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)
-    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri)
+    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name,
+                          store=workspace.display_uri(uri, workdir))
+    manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
+        r.numerics for r in results)))
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
     return out

@@ -41,3 +41,25 @@ def tracking_uri(uri: str | None = None, root: str | os.PathLike[str] | None = N
 
 def artifact_root(root: str | os.PathLike[str] | None = None) -> Path:
     return workdir(root) / "mlartifacts"
+
+
+def display_uri(uri: str, root: str | os.PathLike[str] | None = None) -> str:
+    """``uri`` as generated files name it: no absolute path of this machine, no credentials.
+
+    A SQLite store inside the current directory is named relative to it (``sqlite:///.ablate/
+    mlflow.db``, as the README's commands leave it); one elsewhere in the workdir as
+    ``sqlite:///<workdir>/mlflow.db``; any other file by its name only."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        if not path.is_absolute():
+            return uri
+        for base, label in ((Path.cwd().resolve(), ""), (workdir(root), "<workdir>/")):
+            try:
+                return f"sqlite:///{label}{path.resolve().relative_to(base).as_posix()}"
+            except ValueError:
+                continue
+        return f"sqlite:///<...>/{path.name}"
+    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
+        scheme, rest = uri.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return uri

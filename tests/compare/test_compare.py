@@ -1,6 +1,7 @@
 """``ablate compare`` on a store populated in the test with real MLflow runs (SQLite)."""
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 
@@ -8,6 +9,7 @@ import pandas as pd
 import pytest
 import verdict_streams as V
 
+from orchestrator import manifest
 from orchestrator import metrics as M
 from orchestrator.compare import compare, pick_axes
 from orchestrator.compare._stats import mean_ci
@@ -183,3 +185,20 @@ def test_compare_user_errors(populated) -> None:
     other.mkdir()
     with pytest.raises(UserError, match="no MLflow experiment"):
         compare(gfile, workdir=str(other))
+
+
+def test_compare_writes_a_manifest_and_names_no_absolute_path(populated) -> None:
+    """results/<grid>/MANIFEST.json (orchestrator.manifest) and the store named from the current
+    directory, not by this machine's absolute path."""
+    _, gfile, *_ = populated
+    isolated = gfile.parent
+    out = compare(gfile, out_dir="results/cmp-manifest", workdir=str(isolated / ".ablate"))
+    m = json.loads((out / "MANIFEST.json").read_text())
+    assert m["regenerate"] == "ablate submit cmp.yaml && ablate compare cmp.yaml --out results/cmp-manifest"
+    assert m["source"] == {"grid": "cmp.yaml"} and "grid:cmp.yaml" in m["inputs"]
+    assert manifest.combined(m["inputs"]) == m["inputs_sha256"]
+    assert m["inputs"] == manifest.grid_inputs(gfile, grid_root=isolated)
+    assert m["numerics"] and sum(e["trials"] for e in m["numerics"]) == 13
+    for name in ("summary.md", "summary.html", "MANIFEST.json", "cells.csv", "trials.csv"):
+        assert str(isolated) not in (out / name).read_text(), name
+    assert "`sqlite:///.ablate/mlflow.db`" in (out / "summary.md").read_text()
