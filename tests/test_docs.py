@@ -79,3 +79,20 @@ def test_architecture_names_and_packages_match_the_tree() -> None:
     listed = set(re.findall(r"^\| `(\w+)/` \|", text, re.MULTILINE))
     packages = {p.parent.name for p in (REPO / "orchestrator").glob("*/__init__.py")}
     assert listed == packages
+
+
+def _readme_section(title: str) -> str:
+    text = (REPO / "README.md").read_text()
+    start = text.index(f"\n## {title}\n")
+    end = text.find("\n## ", start + 1)
+    return text[start:end if end != -1 else len(text)]
+
+
+def test_the_readme_grid_section_documents_every_top_level_key() -> None:
+    """Every top-level key of the grid schema appears in README's "Grid files" as ``key:``, in
+    its example or its text, so no grid feature goes undocumented where users look."""
+    from orchestrator.schema import GridFile
+
+    section = _readme_section("Grid files")
+    missing = [k for k in GridFile.model_fields if not re.search(rf"(?<![\w.]){re.escape(k)}:", section)]
+    assert missing == [], f"README.md 'Grid files' does not mention {missing}; document them there"
