@@ -43,6 +43,7 @@ NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_ma
                    "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/backends/sim.py",
                    "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/pools.py",
                    "orchestrator/numerics.py", "orchestrator/verdict.py")
+CODE_DIRS = ("orchestrator", "recipes", "grids", "benchmarks")
 # The numeric facts recorded per environment (``numerics.describe``), besides its fingerprint.
 FACTS = ("reproducible", "why", "machine", "cpu", "cpu_flags", "levels", "aten_capability", "torch",
          "mkl", "onednn")
@@ -106,7 +107,8 @@ def combined(inputs: Mapping[str, str]) -> str:
 
 
 def code_version(root: Path = REPO) -> dict[str, Any]:
-    """Package version and, where this is a git checkout, its commit and whether it had edits."""
+    """Package version and, where this is a git checkout, its commit and whether its code or
+    inputs (:data:`CODE_DIRS`) had uncommitted edits."""
     try:
         version = importlib.metadata.version("rl-ablate")
     except importlib.metadata.PackageNotFoundError:
@@ -115,8 +117,9 @@ def code_version(root: Path = REPO) -> dict[str, Any]:
     try:
         commit = subprocess.run(["git", "-C", str(root), "rev-parse", "HEAD"], capture_output=True,
                                 text=True, timeout=10, check=True).stdout.strip()
-        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no"],
-                                capture_output=True, text=True, timeout=10, check=True).stdout
+        # Edits to the code and inputs only: the results being written are edits too.
+        status = subprocess.run(["git", "-C", str(root), "status", "--porcelain", "--untracked-files=no",
+                                 "--", *CODE_DIRS], capture_output=True, text=True, timeout=10, check=True).stdout
     except (OSError, subprocess.SubprocessError):
         return out
     out.update(git_commit=commit or None, git_dirty=bool(status.strip()))
