@@ -24,7 +24,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare import _plots as P
-from orchestrator.compare._data import TrialResult, judge_missing, load_results
+from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
@@ -66,22 +66,32 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     if exp is None:
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
                         "fix: run `ablate submit` first or pass --tracking-uri")
-    results = load_results(mlc, exp.experiment_id, axis_names,
-                           grid_dir=workspace.grid_dir(grid.name, workdir))
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    results, unfinished = split_unfinished(
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir), grid_dir)
+    if not results and unfinished:
+        raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
+                        f"fix: wait for the first to finish (`ablate status {grid.name}`)")
     if not results:
         raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)
-    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri)
+    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri,
+                          unfinished=unfinished.describe() if unfinished else None)
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
+    if unfinished:
+        print(f"compared the {len(results)} finished trials; {unfinished.describe()}: "
+              "run `ablate compare` again when they end")
     return out
 
 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
-                 cols: str | None, out: Path, *, grid_name: str, store: str) -> dict[str, Any]:
-    """Tables, plots and importance for ``results``; returns what the terminal table needs."""
+                 cols: str | None, out: Path, *, grid_name: str, store: str,
+                 unfinished: str | None = None) -> dict[str, Any]:
+    """Tables, plots and importance for ``results``; returns what the terminal table needs.
+    ``unfinished`` says which trials are not in it yet (a grid still running)."""
     derived = any(r.derived_from for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
@@ -105,6 +115,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results)}
+    if unfinished:
+        report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
     (out / "summary.html").write_text(render_html(report))
     return report
@@ -203,6 +215,8 @@ def render_markdown(report: dict[str, Any]) -> str:
              "|" + "---|" * len(header)]
     lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
               for r in body]
+    if report.get("unfinished"):  # under the title: these are partial results
+        lines.insert(3, f"**Partial: {_esc_md(report['unfinished'])}; compare again when they end.**")
     lines += ["", "## Axis importance", "",
               "| axis | target | main effect (spread of means) | fANOVA importance |", "|---|---|---|---|"]
     for e in report["effects"]:
@@ -258,6 +272,9 @@ def render_html(report: dict[str, Any]) -> str:
              *(f"<p>{esc(line.replace('**', '').replace('`', ''))}</p>"
                for line in environment_lines(report)),
              "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    if report.get("unfinished"):  # under the title: these are partial results
+        parts.insert(2, f"<p class='partial'><b>Partial: {esc(report['unfinished'])}; compare "
+                        "again when they end.</b></p>")
     for row in body:
         tds = [f"<td>{esc(x)}</td>" for x in row[:n_rows]]
         for st in row[n_rows:]:
