@@ -198,11 +198,13 @@ class Unfinished:
         return self.running + self.queued > 0
 
     def describe(self) -> str:
+        n = self.running + self.queued
+        trials = f"{n} trial{'' if n == 1 else 's'}"
         counts = f"{self.running} running, {self.queued} queued"
         if self.active:
-            return f"{self.running + self.queued} trials still running ({counts})"
-        return (f"{self.running + self.queued} trials unfinished ({counts}) and no submission "
-                "runs them; `ablate submit` continues them")
+            return f"{trials} still running ({counts})"
+        return (f"{trials} unfinished ({counts}) and no submission runs them; `ablate submit` "
+                "continues them")
 
 
 def split_unfinished(results: Sequence[TrialResult],

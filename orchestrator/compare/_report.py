@@ -82,8 +82,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
     if unfinished:
-        print(f"compared the {len(results)} finished trials; {unfinished.describe()}: "
-              "run `ablate compare` again when they end")
+        print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
+              f"{unfinished.describe()}: run `ablate compare` again when they end")
     return out
 
 

@@ -137,6 +137,7 @@ class EventWatcher:
         self.specs: dict[str, TrialSpec] = {}
         self.seen: dict[str, _Seen] = {}
         self._next_summary = time.monotonic() + summary_every_s
+        self._last_summary: list[PoolCounts] = []
         self._primed = False  # after the first poll, a new trial (a search point, a derived
         # trial) starts from nothing: all it did before its first poll is reported
 
@@ -152,11 +153,17 @@ class EventWatcher:
         if time.monotonic() >= self._next_summary:
             self.summary()
 
-    def summary(self) -> None:
-        """One ``PoolCounts`` per pool now (and the next one a period later)."""
+    def summary(self, *, unless_unchanged: bool = False) -> None:
+        """One ``PoolCounts`` per pool now (and the next one a period later); with
+        ``unless_unchanged``, nothing if the last summary said the same (the final one)."""
         self._next_summary = time.monotonic() + self.summary_every_s
-        for counts in self.pool_counts():
-            self.sink(counts)
+        counts = self.pool_counts()
+        same = [dataclasses.replace(c, time=0.0) for c in counts]
+        if unless_unchanged and same == self._last_summary:
+            return
+        self._last_summary = same
+        for c in counts:
+            self.sink(c)
 
     def pool_counts(self) -> list[PoolCounts]:
         now = time.time()

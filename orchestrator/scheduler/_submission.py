@@ -342,7 +342,7 @@ class Submission:
         self.sender.drain()
         if self.events is not None:  # the failures `_mark_exhausted` wrote, then the last counts
             self.events.poll()
-            self.events.summary()
+            self.events.summary(unless_unchanged=True)
         search = self.search is not None
         summary = summarize(self.grid, self.grid_dir, trials_of(self.grid_dir, search, self.trials))
         summary["rescued"] = [t.trial_id for t in rescued]

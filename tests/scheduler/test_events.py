@@ -200,3 +200,57 @@ def test_summary_period_must_be_positive(tmp_path: Path, capsys) -> None:
 
     assert main(["submit", str(tmp_path / "g.yaml"), "--summary-every", "0"]) == 2
     assert capsys.readouterr().err == "error: --summary-every 0.0: must be > 0 seconds\n"
+
+
+def _trial(grid_dir: Path, tid: str, level: str):
+    from orchestrator.trial import TrialSpec
+
+    spec = TrialSpec(trial_id=tid, grid="w", backend="sim", recipe="sim/grpo_tiny",
+                     pool="sim-a100", seed=1, steps=40,
+                     axes=(("correction.is_level", level), ("pool", "sim-a100")), overrides=())
+    records.save_spec(TrialPaths(grid_dir, tid), spec)
+    return TrialPaths(grid_dir, tid)
+
+
+def _set(paths: TrialPaths, tid: str, state: str, attempts: list[tuple], **fields) -> None:
+    from orchestrator.trial import Attempt, TrialState
+
+    rec = records.load_state(paths, tid)
+    rec.state, rec.attempts = TrialState(state), len(attempts)
+    for key, value in fields.items():
+        setattr(rec, key, value)
+    records.save_state(paths, rec)
+    records.save_attempts(paths, [Attempt(i + 1, "sim-a100", start, None, outcome, reason)
+                                  for i, (start, outcome, reason) in enumerate(attempts)])
+
+
+def test_watcher_reports_every_change_between_two_polls_in_order(tmp_path: Path) -> None:
+    """From the trial files alone: a trial that starts, fails, is retried and finishes between
+    two polls gets all three events; a trial first seen after the first poll (a search point)
+    gets its start; the final pool summary is not repeated when nothing changed."""
+    from orchestrator.scheduler import EventWatcher
+
+    got: list = []
+    a = _trial(tmp_path, "ta", "none")
+    watcher = EventWatcher(tmp_path, "w", got.append, summary_every_s=3600)
+    watcher.poll()
+    assert got == []  # the first poll only records where the trials stand
+    _set(a, "ta", "done", [(1, "infra_failure", "worker died"), (21, "completed", None)],
+         last_step=40, committed_step=40, verdict={"kind": "collapsed", "reason": "grad norm"})
+    b = _trial(tmp_path, "tb", "token")  # appears after the first poll
+    _set(b, "tb", "running", [(1, None, None)], committed_step=10)
+    watcher.poll()
+    assert [(e.trial_id, e.kind.value, e.step, e.attempt) for e in got] == [
+        ("ta", "started", 0, 1), ("ta", "retried", 20, 2), ("ta", "finished", 40, 2),
+        ("tb", "started", 0, 1)]
+    assert got[1].reason == "worker died" and got[2].verdict == "collapsed"
+    assert got[0].label == "correction.is_level=none seed=1" and got[0].pool == "sim-a100"
+    _set(b, "tb", "running", [(1, None, None)], committed_step=20)
+    watcher.poll()
+    assert [(e.kind.value, e.step) for e in got[4:]] == [("checkpoint", 20)]
+    watcher.summary(unless_unchanged=True)
+    watcher.summary(unless_unchanged=True)
+    pools = [e.to_json() for e in got[5:]]
+    assert len(pools) == 1 and pools[0] | {"time": 0} == {
+        "event": "pool", "time": 0, "grid": "w", "pool": "sim-a100", "running": 1, "queued": 0,
+        "done": 1, "failed": 0, "cancelled": 0, "collapsed": 1, "verdicts": {"collapsed": 1}}
