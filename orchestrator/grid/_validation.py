@@ -20,8 +20,8 @@ from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
-from orchestrator.grid._yamlsafe import LineMap, format_path
 from orchestrator.pools import PoolCatalog
+from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
 from orchestrator.trial import freeze
 
@@ -56,6 +56,11 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         loc = _trim_union_loc(loc, data)
         allowed, got, problem = _explain(err, data, loc)
+        if _SCALARS <= {e["type"] for e in exc.errors() if _trim_union_loc(tuple(
+                p for p in e["loc"] if not (isinstance(p, str) and "[" in p)), data) == loc}:
+            # Every member of the value union failed: say what shape the value has, not what the
+            # first member (bool) wanted.
+            allowed, got, problem = None, None, _shape(_at(data, loc))
         line = None
         for cut in range(len(loc), -1, -1):
             if loc[:cut] in lines:
@@ -63,6 +68,34 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
                 break
         raise GridError(problem, file=file, line=line, key=format_path(loc) or None,
                         allowed=allowed, got=got) from None
+
+
+_SCALARS = {"bool_type", "int_type", "float_type", "string_type"}
+
+
+def _at(data: Any, loc: tuple[Any, ...]) -> Any:
+    try:
+        for p in loc:
+            data = data[p]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return data
+
+
+def _shape(value: Any) -> str:
+    """Why ``value`` is not a grid value (a scalar, a flat list or a flat mapping of scalars)."""
+    want = "a value is a scalar, a list of scalars or a mapping of scalars"
+    if isinstance(value, list):
+        inner = next((v for v in value if isinstance(v, (list, dict))), None)
+        if inner is not None:
+            what = "a list" if isinstance(inner, list) else "a mapping"
+            return f"{what} nested in a list is not a value ({want})"
+    if isinstance(value, dict):
+        inner = next((v for v in value.values() if isinstance(v, (list, dict))), None)
+        if inner is not None:
+            what = "a list" if isinstance(inner, list) else "a mapping"
+            return f"{what} nested in a mapping is not a value ({want})"
+    return f"{type(value).__name__} {_short(value)} is not a value ({want})"
 
 
 def _trim_union_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
