@@ -71,8 +71,8 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
-        if rest:
-            self._value_check(tuple(rest), pool, context)
+        # Also without overrides: the recipe's own values must run (once per pool).
+        self._value_check(tuple(rest), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 
