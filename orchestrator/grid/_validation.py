@@ -10,13 +10,14 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import recipes
+from orchestrator import metrics, recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
@@ -290,6 +291,8 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     _check_pools(spec, axes, chk, catalog)
     _check_conflicts(axes, chk)
     _check_submission_wide(spec, axes, chk)
+    _check_metrics(spec, chk)
+    _check_store(spec, chk)
     excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
     includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
     if spec.search is not None:
@@ -359,6 +362,69 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
         if key in SUBMISSION_WIDE:
             raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,
                           fix="set it once under 'overrides:' (or submit two grids)")
+
+
+def _check_metrics(spec: GridFile, chk: Checker) -> None:
+    """Collapse and early-warning rules watch metrics the backend reports; a rule on a name it
+    never reports can never fire (a typo would silently switch the rule off)."""
+    col = spec.collapse
+    rules = [("rules", i, r) for i, r in enumerate(col.rules if isinstance(col.rules, list) else [])]
+    rules += [("extra_rules", i, r) for i, r in enumerate(col.extra_rules)]
+    watched = [(("collapse", where, i, "metric"), r.metric) for where, i, r in rules]
+    if isinstance(col.early_warning, BaseModel):
+        watched.append((("collapse", "early_warning", "metric"), col.early_warning.metric))
+    for path, name in watched:
+        if not metrics.reported(name, spec.backend):
+            raise chk.err(f"no {spec.backend} trial ever reports metric {_short(name)}: the rule "
+                          "could never fire", path, allowed=sorted(metrics.vocabulary()), got=name,
+                          fix="name a metric of orchestrator/metrics.py")
+
+
+def _check_store(spec: GridFile, chk: Checker) -> None:
+    """``checkpoint.store``: an fsspec URL whose scheme exists (and, where trials run on this
+    machine, whose package is installed), or a local directory this process can write."""
+    store = spec.checkpoint.store
+    if store is None:
+        return
+    path = ("checkpoint", "store")
+    scheme, sep, rest = store.partition("://")
+    if sep and scheme != "file":
+        # deferred: fsspec (0.3 s) only for a grid that names a URL store
+        from fsspec.registry import get_filesystem_class, known_implementations, registry
+        known = sorted(set(known_implementations) | set(registry))
+        if scheme not in known:
+            raise chk.err(f"{_short(store)}: unknown URL scheme {scheme!r}", path,
+                          allowed=known, got=scheme, fix="use a local path or an fsspec URL")
+        if spec.backend != "k8s":  # k8s trials reach the store from the cluster, not from here
+            try:
+                get_filesystem_class(scheme)
+            except ImportError as exc:
+                raise chk.err(f"{_short(store)}: {scheme}:// needs a package this environment "
+                              f"lacks ({exc})", path, fix="install it or use a local path") from None
+        return
+    if spec.backend == "k8s":
+        return
+    problem = _unwritable(os.path.expanduser(rest if sep else store))
+    if problem:
+        raise chk.err(f"{_short(store)}: {problem}", path,
+                      fix="name a directory this user can write, or an fsspec URL")
+
+
+def _unwritable(target: str) -> str | None:
+    """Why checkpoints cannot be written under ``target`` (created on first use), or None."""
+    here = os.path.abspath(target)
+    while not os.path.lexists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        return f"{here} is not a directory"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"{here} is not writable by this user"
+    st = os.statvfs(here)
+    if st.f_flag & os.ST_RDONLY:
+        return f"{here} is on a read-only file system"
+    if st.f_blocks == 0:
+        return f"{here} is on a virtual file system that stores no files"
+    return None
 
 
 def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: Checker) -> None:
