@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.exceptions import GridError
 from orchestrator.safeyaml import load_yaml
@@ -60,6 +60,14 @@ class PoolSpec(BaseModel):
     # They replace recipe values of the same key; engine flags of the grid replace them.
     verl_overrides: dict[str, Any] = Field(default_factory=dict)
     verl_env: dict[str, str | None] = Field(default_factory=dict)
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _hosts_something(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"capacity {value}: a pool must host at least one trial at a time "
+                             "(its trials would wait for ever); allowed 1..4096")
+        return value
 
     @property
     def ray_resource(self) -> str:
@@ -121,7 +129,8 @@ def _parse_catalog(path: Path) -> PoolCatalog:
             detail = exc.errors()[0]
             loc = tuple(detail.get("loc", ()))
             got = f" (got {_clip(detail['input'])})" if loc and "input" in detail else ""
-            raise GridError(detail["msg"] + got, file=file,
+            msg = detail["msg"].removeprefix("Value error, ")
+            raise GridError(msg + ("" if "Value error" in detail["msg"] else got), file=file,
                             line=lines.get(("pools", name, *loc[:1]), line),
                             key=f"pools.{name}" + "".join(f".{p}" for p in loc)) from None
     return PoolCatalog(pools, file)

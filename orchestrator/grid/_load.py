@@ -91,7 +91,11 @@ def load_grid(path: str | Path, *, backend: str | None = None,
     spec = validate_schema(data, lines, file)
     if limit_trials:
         _count_trials(spec, file, lines)
-    catalog = load_catalog(_catalog_path(spec, file))
+    try:
+        catalog = load_catalog(_catalog_path(spec, file))
+    except GridError as exc:  # name the grid's key too: the catalogue is read because of it
+        raise GridError(str(exc).removeprefix("error: "), file=file,
+                        line=lines.get(("pool_catalog",)), key="pool_catalog") from None
     root = recipes.recipes_root(path)
     base = recipes.compose_recipe(spec.recipe, root=root, file=file, line=lines.get(("recipe",)))
     for section, model in SECTIONS.items():

@@ -229,6 +229,8 @@ class Checker:
                     raise self.err(problem, path, allowed=allowed, got=value) from None
             return value
         default = self.leaves[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.err(f"{value} is not a finite number", path, fix="give a finite value")
         if not _same_type(default, value):
             raise self.err(f"{_short(value)} has type {type(value).__name__}, expected "
                            f"{type(default).__name__} like the recipe default {_short(default)}",
