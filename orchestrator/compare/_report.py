@@ -200,7 +200,10 @@ def render_markdown(report: dict[str, Any]) -> str:
              *environment_lines(report), "",
              "| " + " | ".join(md.text(h) for h in header) + " |",
              "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(md.text(x) for x in r) + " |" for r in body]
+    # The row labels are the user's; the cells are ours (format_cell's <br> line breaks).
+    n = len(report["rows"])
+    lines += ["| " + " | ".join(md.text(x) if i < n else x for i, x in enumerate(r)) + " |"
+              for r in body]
     lines += ["", "## Axis importance", "",
               "| axis | target | main effect (spread of means) | fANOVA importance |", "|---|---|---|---|"]
     for e in report["effects"]:
