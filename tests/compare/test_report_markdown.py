@@ -54,7 +54,7 @@ def test_parent_run_note_is_the_escaped_summary(tmp_path: Path) -> None:
     out.mkdir()
     build_report(results, ["engine"], None, None, out, grid_name="esc", store="s")
     mlc = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
-    exp = mlc.create_experiment("esc")
+    exp = mlc.create_experiment("esc", artifact_location=(tmp_path / "artifacts").as_uri())
     run = mlc.create_run(exp, tags={ROLE_TAG: "grid"})
     _log_to_parent(mlc, exp, out)
     note = mlc.get_run(run.info.run_id).data.tags["mlflow.note.content"]
