@@ -120,10 +120,11 @@ def test_alias_bomb_is_called_one() -> None:
 def test_too_many_values_are_refused_fast(tmp_path: Path) -> None:
     f = tmp_path / "seeds.yaml"
     f.write_text("seeds: [" + ",".join(str(i) for i in range(150_000)) + "]\n")
-    started = time.perf_counter()
+    cpu, wall = time.process_time(), time.monotonic()  # CPU time: stable on a loaded machine
     with pytest.raises(GridError, match=f"holds more than {MAX_NODES} values"):
         load_yaml(f)
-    assert time.perf_counter() - started < 2.0
+    cpu, wall = time.process_time() - cpu, time.monotonic() - wall
+    assert cpu < 2.0 and wall < 30, (cpu, wall)
 
 
 def test_merge_keys_only_where_allowed(tmp_path: Path) -> None:
