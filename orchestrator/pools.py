@@ -114,7 +114,7 @@ def _parse_catalog(path: Path) -> PoolCatalog:
     pools: dict[str, PoolSpec] = {}
     for name, body in raw["pools"].items():
         line = lines.get(("pools", name))
-        if not isinstance(name, str) or not POOL_NAME.match(name):
+        if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
             raise GridError(f"pool name {_clip(name)} is not a DNS-style name (lower-case "
                             "letters, digits and '-', 1-63 characters, a letter or digit at both "
                             "ends): it becomes Kubernetes labels, Ray resources and command "

@@ -19,11 +19,12 @@ def _catalog(tmp_path: Path, text: str) -> str:
 def test_builtin_catalogue_names_are_dns_labels() -> None:
     names = load_catalog().names()
     assert "sim-h100" in names and "cpu-fp32" in names  # merge keys of pools.yaml still work
-    assert all(POOL_NAME.match(n) for n in names)
+    assert all(POOL_NAME.fullmatch(n) for n in names)
     assert BUILTIN_CATALOG.is_file()
 
 
-@pytest.mark.parametrize("name", ["Bad_Pool", "pool;rm", "-x", "x-", "a" * 64, "ümlaut", "a.b"])
+@pytest.mark.parametrize("name", ["Bad_Pool", "pool;rm", "-x", "x-", "a" * 64, "ümlaut", "a.b",
+                                  "pool\n"])
 def test_pool_names_must_be_dns_labels(tmp_path: Path, name: str) -> None:
     path = _catalog(tmp_path, f"pools:\n  {name!r}:\n    kind: sim\n    accelerator: x\n")
     with pytest.raises(GridError, match="is not a DNS-style name") as exc:

@@ -1,7 +1,8 @@
 """The grid language: a grid file in, content-hashed trials out.
 
-Owns the pipeline safe YAML (``orchestrator.safeyaml``) -> pydantic schema -> recipe compose -> semantic
-checks (``_validation``) -> frozen ``GridSpec`` (``_load``) -> ``expand`` (``_expansion``).
+Owns the pipeline safe YAML (``orchestrator.safeyaml``) -> pydantic schema -> recipe compose
+-> semantic checks (``_validation``) -> frozen ``GridSpec`` (``_load``) -> ``expand``
+(``_expansion``).
 Every user mistake is a one-line ``GridError``; nothing here starts a run or writes a file.
 """
 from __future__ import annotations

@@ -1,8 +1,8 @@
 """Grid spec: load a grid file, validate it, expand it into content-hashed trials.
 
-Pipeline (fixed): safe YAML load (``orchestrator.safeyaml``) -> pydantic schema (``schema``) -> recipe
-compose with Hydra (``recipes``) -> semantic checks (``validation``) -> frozen ``GridSpec`` ->
-``expand()`` (``expansion``) -> ``TrialSpec`` list. Every user mistake is a one-line
+Pipeline (fixed): safe YAML load (``orchestrator.safeyaml``) -> pydantic schema (``schema``)
+-> recipe compose with Hydra (``recipes``) -> semantic checks (``validation``) -> frozen
+``GridSpec`` -> ``expand()`` (``expansion``) -> ``TrialSpec`` list. Every user mistake is a one-line
 ``GridError`` naming the file, line, key path, bad value, allowed values and a did-you-mean;
 nothing is started.
 """
