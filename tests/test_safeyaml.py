@@ -133,3 +133,10 @@ def test_merge_keys_only_where_allowed(tmp_path: Path) -> None:
     with pytest.raises(GridError, match="merge keys"):
         load_yaml(f)
     assert load_yaml(f, merge=True)[0]["item"] == {"x": 1, "y": 2}
+
+
+def test_bom_and_crlf_are_accepted(tmp_path: Path) -> None:
+    f = tmp_path / "g.yaml"
+    f.write_bytes(b"\xef\xbb\xbfname: a\r\nsteps: 20\r\nseeds: [0, 1]\r\n")
+    data, lines = load_yaml(f)
+    assert data == {"name": "a", "steps": 20, "seeds": [0, 1]} and lines[("steps",)] == 2
