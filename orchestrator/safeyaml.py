@@ -263,7 +263,8 @@ def format_path(path: tuple[Any, ...]) -> str:
 
 def _yaml_error(exc: Exception, file: str) -> GridError:
     if isinstance(exc, yaml.reader.ReaderError):
-        return GridError(f"not valid YAML: character #x{exc.character:04x} is not allowed",
+        char = exc.character if isinstance(exc.character, int) else ord(str(exc.character)[:1] or "?")
+        return GridError(f"not valid YAML: character #x{char:04x} is not allowed",
                          file=file, fix="remove control characters")
     if isinstance(exc, yaml.MarkedYAMLError):
         mark = exc.problem_mark or exc.context_mark
