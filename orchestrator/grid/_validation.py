@@ -367,15 +367,22 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
 
 
 def _check_metrics(spec: GridFile, chk: Checker) -> None:
-    """Collapse and early-warning rules watch metrics the backend reports; a rule on a name it
-    never reports can never fire (a typo would silently switch the rule off)."""
+    """Collapse and early-warning rules watch metrics the backend reports from ``min_step`` on;
+    a rule on a name it never reports, or starting after the last step, can never fire (a typo
+    would silently switch the rule off)."""
     col = spec.collapse
     rules = [("rules", i, r) for i, r in enumerate(col.rules if isinstance(col.rules, list) else [])]
     rules += [("extra_rules", i, r) for i, r in enumerate(col.extra_rules)]
-    watched = [(("collapse", where, i, "metric"), r.metric) for where, i, r in rules]
+    watched = [(("collapse", where, i), r.metric, r.min_step) for where, i, r in rules]
     if isinstance(col.early_warning, BaseModel):
-        watched.append((("collapse", "early_warning", "metric"), col.early_warning.metric))
-    for path, name in watched:
+        watched.append((("collapse", "early_warning"), col.early_warning.metric,
+                        col.early_warning.min_step))
+    for where, name, min_step in watched:
+        if min_step > spec.steps:
+            raise chk.err(f"min_step {min_step} is after the last step (steps: {spec.steps}): the "
+                          "rule could never fire", (*where, "min_step"),
+                          fix=f"set min_step to at most {spec.steps}")
+        path = (*where, "metric")
         if not metrics.reported(name, spec.backend):
             raise chk.err(f"no {spec.backend} trial ever reports metric {_short(name)}: the rule "
                           "could never fire", path, allowed=sorted(metrics.vocabulary()), got=name,
