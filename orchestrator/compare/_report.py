@@ -22,6 +22,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import markdown as md
 from orchestrator import metrics as M
 from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
@@ -180,10 +181,6 @@ def _write_importance(effects: Sequence[dict[str, Any]], importance: dict[str, d
     pd.DataFrame(rows).to_csv(out / "importance.csv", index=False)
 
 
-def _esc_md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def _table(report: dict[str, Any], fmt: Any) -> tuple[list[str], list[list[str]]]:
     """Header and body of the pivot table with cells rendered by ``fmt(stats)``."""
     cols = sorted({c["col"] for c in report["cells"]})
@@ -206,14 +203,18 @@ def _verdict_counts(results: Sequence[TrialResult]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     res = report["results"]
     header, body = _table(report, format_cell)
-    lines = [f"# Grid `{report['grid']}`: comparison", "",
-             f"{len(res)} trials from `{report['store']}`; verdicts: {_verdict_counts(res)}.",
-             (f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
-              "collapsed/judged trials @ median collapse step, max k3 KL."), "",
+    # Every user-given string (labels, pools, reasons, the store) goes through md.text/md.code.
+    lines = [f"# Grid {md.code(report['grid'])}: comparison", "",
+             (f"{len(res)} trials from {md.code(report['store'])}; verdicts: "
+              f"{md.text(_verdict_counts(res))}."),
+             (f"Cells: final and peak {md.code(report['reward_metric'])} (mean ± 95% CI over "
+              "seeds), collapsed/judged trials @ median collapse step, max k3 KL."), "",
              *environment_lines(report), "",
-             "| " + " | ".join(_esc_md(h) for h in header) + " |",
+             "| " + " | ".join(md.text(h) for h in header) + " |",
              "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
+    # The row labels are the user's; the cells are ours (format_cell's <br> line breaks).
+    n = len(report["rows"])
+    lines += ["| " + " | ".join(md.text(x) if i < n else x for i, x in enumerate(r)) + " |"
               for r in body]
     if report.get("unfinished"):  # under the title: these are partial results
         lines.insert(3, f"**Partial: {_esc_md(report['unfinished'])}; compare again when they end.**")
@@ -222,14 +223,16 @@ def render_markdown(report: dict[str, Any]) -> str:
     for e in report["effects"]:
         target = "collapsed" if e["target"] == "collapse_rate" else e["target"]
         imp = report["importance"].get(target, {}).get(e["axis"])
-        lines.append(f"| {_esc_md(e['axis'])} | {e['target']} | {_num(e['effect'])} | "
+        lines.append(f"| {md.text(e['axis'])} | {md.text(e['target'])} | {_num(e['effect'])} | "
                      f"{'–' if imp is None else f'{imp:.3f}'} |")
     lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
               "|---|---|---|---|---|---|---|"]
     for r in res:
-        lines.append(f"| {r.trial_id} | {r.run_id[:8]} | {r.seed} | {_esc_md(r.pool)} | {r.verdict or '?'} | "
-                     f"{'' if r.verdict_step is None else r.verdict_step} | {_esc_md(r.verdict_reason[:160])} |")
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report["plots"]]
+        lines.append(f"| {md.text(r.trial_id)} | {md.text(r.run_id[:8])} | {r.seed} | "
+                     f"{md.text(r.pool)} | {md.text(r.verdict or '?')} | "
+                     f"{'' if r.verdict_step is None else r.verdict_step} | "
+                     f"{md.text(r.verdict_reason[:160])} |")
+    lines += ["", "## Plots", ""] + [f"![{md.text(p.stem)}](<{p.name}>)" for p in report["plots"]]
     return "\n".join(lines) + "\n"
 
 
@@ -242,10 +245,10 @@ def environment_lines(report: dict[str, Any]) -> list[str]:
         return []
     if len(envs) == 1:
         (n, text), = envs.values()
-        return [f"Numeric environment ({n} trials): {_esc_md(text)}."]
+        return [f"Numeric environment ({n} trials): {md.text(text)}."]
     lines = [(f"**Warning: the trials ran under {len(envs)} different numeric environments**; "
               "numbers that differ between them may differ by the machine, not by the axes:")]
-    lines += [f"- `{fp}` ({n} trials): {_esc_md(text)}" for fp, (n, text) in envs.items()]
+    lines += [f"- {md.code(fp)} ({n} trials): {md.text(text)}" for fp, (n, text) in envs.items()]
     return lines
 
 
@@ -343,6 +346,9 @@ def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
         # The run's description in the MLflow UI: the comparison at a glance next to the runs.
         note = (out / "summary.md").read_text()
         cut = note.find("\n## Trials")
-        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", (note[:cut] if cut > 0 else note)[:7000])
+        note = note[:cut] if cut > 0 else note
+        if len(note) > 7000:  # whole lines only: a cut never splits an escape or an entity
+            note = note[:7000].rsplit("\n", 1)[0]
+        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", note)
     except Exception as exc:  # noqa: BLE001 - the files on disk are the product; MLflow is a copy
         log.warning("could not log results to MLflow: %s", exc)

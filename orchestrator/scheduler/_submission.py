@@ -75,7 +75,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
     ``UserError`` for a bad grid, both before anything starts.
     """
-    grid = load_grid(grid_path, backend=backend)
+    grid = load_grid(grid_path, backend=backend, limit_trials=not force)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
