@@ -36,13 +36,16 @@ REPO = Path(__file__).resolve().parent.parent
 # Source files, relative to the repository, whose content decides a simulator grid's numbers:
 # the simulator's training path (not its calibration or command-line modules), the backend adapter
 # that builds its config, the correction and engine vocabularies (defaults and validation), the
-# pool loader, the pinned numerics, and the verdict rules (verdicts, collapse steps and early
+# pinned numerics, and the verdict rules (verdicts, collapse steps and early
 # stops are part of every table).
 NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_math.py",
                    "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
                    "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/backends/sim.py",
-                   "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/pools.py",
-                   "orchestrator/numerics.py", "orchestrator/verdict.py")
+                   "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/numerics.py",
+                   "orchestrator/verdict.py")
+# The fields of a pool that decide a trial's numbers: its simulator profile, or for verl the
+# overrides, environment and world size it runs with.
+POOL_FIELDS = ("kind", "sim_profile", "verl_overrides", "verl_env", "gpus_per_node", "nodes")
 CODE_DIRS = ("orchestrator", "recipes", "grids", "benchmarks")
 # The numeric facts recorded per environment (``numerics.describe``), besides its fingerprint.
 FACTS = ("reproducible", "why", "machine", "cpu", "cpu_flags", "levels", "aten_capability", "torch",
@@ -90,12 +93,14 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
     grid = load_grid(grid_file)
     inputs = {f"grid:{_label(Path(grid_file), grid_root)}": _file_digest(Path(grid_file)),
               f"recipe:{grid.spec.recipe}": _sha256(json.dumps(grid.recipe_config, sort_keys=True).encode())}
-    # The resolved specs of the pools its trials use (a search may pick any), not the catalogue
-    # files: a new GPU pool elsewhere in the catalogue changes no simulator number.
+    # The numeric fields of the pools its trials use (a search may pick any), not the catalogue
+    # files: a new pool elsewhere in the catalogue, or a pool's description, capacity or price,
+    # changes no number.
     names = grid.pools.names() if grid.spec.search is not None else sorted({t.pool for t in expand(grid)})
     for name in names:
         spec = grid.pools.get(name).model_dump(mode="json")
-        inputs[f"pool:{name}"] = _sha256(json.dumps(spec, sort_keys=True).encode())
+        numeric = {k: spec.get(k) for k in POOL_FIELDS}
+        inputs[f"pool:{name}"] = _sha256(json.dumps(numeric, sort_keys=True).encode())
     for path in source_files((*NUMERIC_SOURCES, *extra), code_root):
         inputs[_label(path, code_root)] = _file_digest(path)
     return inputs
