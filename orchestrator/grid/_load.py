@@ -48,10 +48,10 @@ class GridSpec:
 
     @property
     def upper_bound(self) -> int:
-        n = len(self.spec.seeds)
+        n = len(self.spec.seed_values)
         for a in self.axes:
             n *= len(a.labels)
-        return n + len(self.includes) * len(self.spec.seeds)
+        return n + len(self.includes) * len(self.spec.seed_values)
 
     def line(self, *path: Any) -> int | None:
         for cut in range(len(path), -1, -1):

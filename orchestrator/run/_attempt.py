@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
+from orchestrator.cost import pool_rate
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.store import (
@@ -152,10 +153,12 @@ class AttemptRun:
             self.attempt = dataclasses.replace(redo, outcome=None, reason=None, end_step=None,
                                                ended_at=None)
         else:
+            accelerators, unit = pool_rate(self.job.pool)
             self.attempt = Attempt(number=self.number, pool=self.job.pool.name,
                                    start_step=start + 1, resumed_from_step=self.resume_step,
                                    started_at=time.time(), node=_node_id(),
-                                   submission=self.job.submission)
+                                   submission=self.job.submission, accelerators=accelerators,
+                                   unit=unit)
         self.attempts = attempts + [self.attempt]
         records.save_attempts(self.paths, self.attempts)
         self._open_tracking()
