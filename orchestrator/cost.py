@@ -64,7 +64,7 @@ def trial_cost(attempts: Sequence[Attempt], steps: int, *, pools: dict[str, Pool
                now: float | None = None) -> TrialCost | None:
     """The cost of a trial with ``steps`` planned steps from its attempts; None before any
     attempt started. A running attempt counts up to ``now``."""
-    started = [a for a in attempts if a.started_at]
+    started = [a for a in attempts if a.started_at is not None]
     if not started:
         return None
     now = time.time() if now is None else now
