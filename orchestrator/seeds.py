@@ -8,7 +8,8 @@ it excludes 0.
 
 A cell needs another seed while it has fewer than ``max`` seeds and neither its interval is at
 most ``ci_width`` wide nor every comparison it takes part in is decided. Among those, cells of
-an undecided comparison come first, then the widest interval. Seeds are handed out in order
+the most undecided comparisons come first (a shared baseline cell serves all of its comparisons
+at once), then the widest interval. Seeds are handed out in order
 (``0, 1, ...``), so the n-th seed of a cell is the trial a grid listing ``seeds: [0..n-1]``
 would run: same content-hashed id, nothing special for ``compare``, resume or MLflow.
 
@@ -132,7 +133,7 @@ def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSp
         settled = bool(mine) and not undecided
         if n >= spec.min and (width <= spec.ci_width or settled):
             continue
-        ranked.append((0 if undecided else 1, -width, cell))
+        ranked.append((-sum(1 for c in mine if not c.decided), -width, cell))
     ranked.sort(key=lambda r: (r[0], r[1]))
     return [cell for _, _, cell in ranked]
 
