@@ -10,13 +10,15 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
-from orchestrator.cost import pool_rate
+from orchestrator.cost import fmt_hours, pool_rate
 from orchestrator.exceptions import did_you_mean
 from orchestrator.pools import PoolCatalog
 from orchestrator.schema import GridFile
 
 if TYPE_CHECKING:
+    from orchestrator.grid._load import GridSpec
     from orchestrator.grid._validation import Axis, Checker
+    from orchestrator.trial import TrialSpec
 
 
 def check_cost_keys(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog,
@@ -99,3 +101,30 @@ def _check_budget(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: P
         if one is not None and hours < one:
             raise chk.err(f"{hours:g} h is below the cost of one trial on {pool} ({one:.3g} h)",
                           ("budget", "gpu_hours_per_pool", pool), fix=f"raise it to at least {one:.3g}")
+
+
+def plan_lines(grid: GridSpec, trials: Sequence[TrialSpec]) -> list[str]:
+    """What ``ablate plan`` says about adaptive seeds, the projected cost and the budget."""
+    spec, lines = grid.spec, []
+    ad = spec.adaptive
+    if ad is not None:
+        cells = {t.axes for t in trials if t.derived_from is None}
+        lines.append(f"adaptive seeds: starts with {min(ad.min, ad.max) * len(cells)} trials ({ad.min} "
+                     f"per cell), at most {len(trials)} ({ad.max} per cell); target {ad.target}, "
+                     f"ci_width {ad.ci_width:g} at {ad.level:.0%}")
+    hours: dict[str, float] = {}
+    for t in trials:
+        one = one_trial_hours(grid.pools, t.pool, t.steps)
+        if one is None:
+            hours = {}
+            break
+        unit = pool_rate(grid.pools.pools[t.pool])[1]
+        hours[unit] = hours.get(unit, 0.0) + one
+    if hours:
+        lines.append("projected cost of every trial (pools' step_seconds): "
+                     + ", ".join(fmt_hours(h, u) for u, h in hours.items()))
+    if spec.budget.gpu_hours is not None or spec.budget.gpu_hours_per_pool:
+        per = ", ".join(f"{p}={h:g}" for p, h in spec.budget.gpu_hours_per_pool.items())
+        lines.append("budget: " + (f"gpu_hours={spec.budget.gpu_hours:g}" if spec.budget.gpu_hours
+                                   is not None else "") + (f" per pool {per}" if per else ""))
+    return lines

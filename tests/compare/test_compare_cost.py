@@ -61,7 +61,7 @@ def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Pa
         _track(uri, parent, grid, t, isolated / "buf")
     parent.end()
     out = compare(gfile, workdir=str(isolated / ".ablate"))
-    rows = list(csv.DictReader(open(out / "cost.csv")))
+    rows = list(csv.DictReader((out / "cost.csv").read_text().splitlines()))
     trials = [r for r in rows if r["level"] == "trial"]
     assert len(trials) == 12 and {r["unit"] for r in rows} == {"cpu_hours"}
     healthy = [r for r in trials if "sequence" in r["cell"]]
@@ -73,7 +73,7 @@ def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Pa
     assert float(total["accelerator_hours"]) == pytest.approx(sum(float(r["accelerator_hours"]) for r in trials), rel=1e-4)
     cells = [r for r in rows if r["level"] == "cell"]
     assert len(cells) == 4 and all(int(r["trials"]) == 3 for r in cells)
-    comps = list(csv.DictReader(open(out / "comparisons.csv")))
+    comps = list(csv.DictReader((out / "comparisons.csv").read_text().splitlines()))
     rate = [c for c in comps if c["target"] == "collapse_rate"]
     # 0/3 collapsed vs 3/3: difference -1, Newcombe interval [-1, -0.206]: decided, per lr.
     assert len(rate) == 2 and all(c["decided"] == "True" for c in rate)
