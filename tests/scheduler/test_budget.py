@@ -14,6 +14,7 @@ from orchestrator import scheduler
 from orchestrator.cost import trial_cost
 from orchestrator.grid import expand, load_grid
 from orchestrator.store import TrialPaths, records
+from orchestrator.tracking import client
 
 TESTS = Path(__file__).resolve().parents[1]
 
@@ -71,6 +72,14 @@ def test_adaptive_seeds_stop_where_decided_and_grow_where_not(setup) -> None:
     assert summary["cost"]["cpu_hours"]["trials"] == 12
     collapsed = [x for t, x in zip(trials.values(), costs) if t["state"].verdict["kind"] == "collapsed"]
     assert collapsed and all(x.saved_hours > 0 for x in collapsed)  # early stop saved steps
+    # MLflow: cost tags on every trial run, the grid's totals as metrics of the parent run.
+    mlc = client(summary["tracking_uri"])
+    for t in trials.values():
+        tags = mlc.get_run(t["state"].mlflow_run_id).data.tags
+        assert tags["cost.unit"] == "cpu_hours" and float(tags["cost.accelerator_hours"]) > 0
+    parent = mlc.get_run(summary["parent_run_id"]).data
+    assert parent.metrics["cost.cpu_hours"] == pytest.approx(summary["cost"]["cpu_hours"]["hours"])
+    assert parent.tags["adaptive.decided"] == "1/2" and parent.tags["adaptive.added_seeds"] == "4"
 
 
 @pytest.mark.slow
