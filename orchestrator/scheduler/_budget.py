@@ -68,10 +68,11 @@ class Planner:
     REFRESH_S = 1.0  # the gate asks several times a second; files are re-read at most this often
 
     def __init__(self, grid: GridSpec, grid_dir: Path, trials: list[TrialSpec],
-                 pools: Mapping[str, PoolSpec]) -> None:
+                 pools: Mapping[str, PoolSpec], *, add_seeds: bool = True) -> None:
+        """``add_seeds`` False (``ablate resume``): the budget holds, no adaptive seed is added."""
         self.grid, self.grid_dir = grid, Path(grid_dir)
         self.spec = grid.spec.budget
-        self.adaptive = grid.spec.adaptive
+        self.adaptive = grid.spec.adaptive if add_seeds else None
         self.pools = dict(pools)
         self.cells: dict[CellKey, list[TrialSpec]] = {}
         for t in trials:
@@ -109,18 +110,23 @@ class Planner:
         if not force and now - self._read_at < self.REFRESH_S:
             return
         self._read_at = now
-        for tid, spec in records.known_trials(self.grid_dir).items():
+        for tid in records.trial_ids(self.grid_dir):
             seen = self.seen.get(tid)
-            if seen is None:
+            if seen is None:  # a spec is read once; finished trials are never read again
+                spec = records.load_spec(TrialPaths(self.grid_dir, tid))
+                if spec is None:
+                    continue
                 seen = self.seen[tid] = _Seen(spec)
             if seen.finished:
                 continue
             paths = TrialPaths(self.grid_dir, tid)
+            if not paths.attempts.exists():
+                continue  # never started: costs nothing yet
             rec = records.load_state(paths, tid)
-            seen.cost = trial_cost(records.load_attempts(paths), spec.steps, pools=self.pools)
+            seen.cost = trial_cost(records.load_attempts(paths), seen.spec.steps, pools=self.pools)
             if rec.state.is_finished():
                 seen.finished = True
-                seen.outcome = _outcome(spec, rec, paths, seen.cost)
+                seen.outcome = _outcome(seen.spec, rec, paths, seen.cost)
 
     def spent(self, pool: str | None = None) -> float:
         """Hours spent by the grid's trials (on ``pool``), running attempts up to now."""
@@ -224,6 +230,8 @@ class Planner:
 
     def summary(self) -> dict[str, Any]:
         """What ran, what was skipped for budget, what finishing would cost (JSON-safe)."""
+        if not self.active:
+            return {}
         self._refresh(force=True)
         out: dict[str, Any] = {}
         spent: dict[str, float] = {}

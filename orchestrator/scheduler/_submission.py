@@ -130,7 +130,7 @@ class Submission:
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
         # Budgets and adaptive seeds (``_budget``); it knows every seed a cell may get.
-        self.planner = Planner(grid, self.grid_dir, trials, grid.pools.pools)
+        self.planner = Planner(grid, self.grid_dir, trials, grid.pools.pools, add_seeds=rescue)
         self.started = 0.0
         # Filled by the stages, in order.
         self.prior: list[tuple[dict[str, Any], float | None]] = []  # search points run before
