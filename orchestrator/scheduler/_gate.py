@@ -125,22 +125,26 @@ class PoolGate(Searcher):
         return {"trial_id": trial.trial_id, "trial": trial.to_json(), "pool": pool, **extra}
 
     def _next_queued(self) -> TrialSpec | None:
-        for i, t in enumerate(self.queue):
+        i = 0
+        while i < len(self.queue):  # a loop, not recursion: a budget may skip thousands at once
+            t = self.queue[i]
             if not self._room(self.pool_of(t)):
+                i += 1
                 continue
             rec = records.load_state(TrialPaths(self.grid_dir, t.trial_id), t.trial_id)
             if rec.state.is_finished():  # cancelled meanwhile (or finished by another path)
                 self.queue.pop(i)
-                return self._next_queued()
+                continue
             if self.planner is not None:
                 verdict = self.planner.admit(t, self.pool_of(t), self.running.values())
                 if verdict is Admit.WAIT:
+                    i += 1
                     continue
                 if verdict is Admit.SKIP:
                     self.queue.pop(i)
                     rec.pending_reason = self.planner.skip_reason(t, self.pool_of(t))
                     records.save_state(TrialPaths(self.grid_dir, t.trial_id), rec)
-                    return self._next_queued()
+                    continue
             return self.queue.pop(i)
         return None
 
