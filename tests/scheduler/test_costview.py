@@ -75,3 +75,21 @@ def test_budget_starts_waits_or_skips_by_projection(isolated: Path) -> None:
     assert "budget.gpu_hours=0.005" in planner.skip_reason(second, second.pool)
     summary = planner.summary()["budget"]
     assert summary["skipped"] == [second.trial_id] and summary["to_finish_hours"] == pytest.approx(12 / 3600)
+
+
+def test_a_pool_budget_stops_its_pool_only(isolated: Path) -> None:
+    path = isolated / "pp.yaml"
+    path.write_text(GRID.format(name="pp", hours=1).replace(
+        "budget: {gpu_hours: 1}", "budget: {gpu_hours_per_pool: {sim-a100: 0.004}}"))  # 14.4 CPU-s
+    grid = load_grid(path)
+    trials = expand(grid)
+    a100 = [t for t in trials if t.pool == "sim-a100"]
+    h100 = [t for t in trials if t.pool == "sim-h100"]
+    planner = Planner(grid, isolated / "pp", trials, grid.pools.pools)
+    assert planner.admit(a100[0], "sim-a100", []) is Admit.START
+    _ran(isolated / "pp", a100[0], 10.0)
+    _ran(isolated / "pp", h100[0], 50.0)  # spent on another pool: not counted against sim-a100
+    planner._refresh(force=True)
+    assert planner.admit(a100[1], "sim-a100", []) is Admit.SKIP  # 10 + 10 s > 14.4 s
+    assert "budget.gpu_hours_per_pool.sim-a100=0.004" in planner.skip_reason(a100[1], "sim-a100")
+    assert planner.admit(h100[1], "sim-h100", []) is Admit.START  # no budget on sim-h100
