@@ -84,6 +84,7 @@ class Planner:
         self.started: set[str] = set()  # trials handed to Tune by this submission
         self.added: list[TrialSpec] = []  # adaptive seeds added by this submission
         self.skipped: dict[str, float] = {}  # trial id -> projected hours it would have cost
+        self.held: dict[str, str] = {}  # trial id -> why it waits (``PoolGate.reasons``)
         self.budget_out = False
         self._read_at = 0.0
 
@@ -163,9 +164,13 @@ class Planner:
             return Admit.START
         self._refresh()
         running = [(tid, p) for tid, p in running if tid != trial.trial_id]
+        self.held.pop(trial.trial_id, None)
         cost = self.projected(trial, pool)
         if cost is None:  # nothing known about this pool's speed: measure it on one trial
-            return Admit.WAIT if any(p == pool for _, p in running) else Admit.START
+            if any(p == pool for _, p in running):
+                self.held[trial.trial_id] = f"queued: budget: measuring the step time of pool {pool}"
+                return Admit.WAIT
+            return Admit.START
         for limit, on in ((self.spec.gpu_hours, None), (self.spec.gpu_hours_per_pool.get(pool), pool)):
             if limit is None:
                 continue
@@ -177,6 +182,7 @@ class Planner:
             committed = sum(self.projected(self.seen[tid].spec if tid in self.seen else trial, p) or 0.0
                             for tid, p in running if on is None or p == on)
             if spent + committed + cost > limit:
+                self.held[trial.trial_id] = "queued: budget: fits once running trials end"
                 return Admit.WAIT
         self.skipped.pop(trial.trial_id, None)
         self.started.add(trial.trial_id)

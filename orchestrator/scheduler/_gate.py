@@ -95,6 +95,8 @@ class PoolGate(Searcher):
         for t in self.queue + ([self._held] if self._held else []):
             if self._grid_full():
                 out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
+            elif self.planner is not None and t.trial_id in self.planner.held:
+                out[t.trial_id] = self.planner.held[t.trial_id]
             elif not self._room(self.pool_of(t)):
                 p = self.pool_of(t)
                 out[t.trial_id] = (f"queued: pool {p} full ({self.pool_running(p)}/"

@@ -67,6 +67,7 @@ def test_budget_starts_waits_or_skips_by_projection(isolated: Path) -> None:
     assert planner.admit(first, first.pool, []) is Admit.START
     # With the first running (10 s committed), a second would pass 18 s: it waits.
     assert planner.admit(second, second.pool, [(first.trial_id, first.pool)]) is Admit.WAIT
+    assert planner.held[second.trial_id] == "queued: budget: fits once running trials end"
     # The first finished after 12 s (0.12 s a step, measured): 12 + 12 fits no more -> skipped.
     _ran(grid_dir, first, 12.0)
     planner._refresh(force=True)
