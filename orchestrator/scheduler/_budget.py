@@ -326,7 +326,7 @@ def end_report(summary: Mapping[str, Any]) -> list[str]:
             more = ("not decidable within max seeds at the observed difference" if u["more_seeds"] is None
                     else f"~{u['more_seeds']} more seeds" + (f", ~{u['expected_hours']:.3g} h"
                                                               if u["expected_hours"] is not None else ""))
-            lines.append(f"  undecided: {u['axis']}={u['value']} vs {u['baseline']} ({u['context']}): "
+            lines.append(f"  undecided: {u['axis']}={u['value']} vs {u['baseline']} ({u['context'] or 'all'}): "
                          f"{more}")
     return lines
 
