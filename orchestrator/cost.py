@@ -76,7 +76,11 @@ def trial_cost(attempts: Sequence[Attempt], steps: int, *, pools: dict[str, Pool
     for i, a in enumerate(started):
         n, unit = _rate_of(a, pools.get(a.pool))
         units.add(unit)
-        seconds = max((a.ended_at or now) - a.started_at, 0.0)
+        end = a.ended_at
+        if end is None:  # still running; or closed unrecorded by a version that kept no end
+            end = now if a.outcome is None else (started[i + 1].started_at if i + 1 < len(started)
+                                                 else a.started_at)
+        seconds = max(end - a.started_at, 0.0)
         ran = max((a.end_step or a.start_step - 1) - a.start_step + 1, 0)
         hours += seconds * n / 3600
         wall += seconds
@@ -93,7 +97,7 @@ def trial_cost(attempts: Sequence[Attempt], steps: int, *, pools: dict[str, Pool
         saved = max(steps - last.end_step, 0) * step_s * n / 3600
     unit = units.pop() if len(units) == 1 else "mixed"
     return TrialCost(hours=hours, unit=unit, retry_hours=retry, saved_hours=saved,
-                     steps_run=steps_run, step_s=step_s, running=last.ended_at is None)
+                     steps_run=steps_run, step_s=step_s, running=last.outcome is None)
 
 
 def total(costs: Iterable[TrialCost | None]) -> dict[str, dict[str, float]]:

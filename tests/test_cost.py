@@ -47,3 +47,11 @@ def test_a_running_attempt_counts_up_to_now_and_units_never_mix() -> None:
 def test_attempts_recorded_before_rates_fall_back_to_the_pool() -> None:
     old = [Attempt(1, "h100", 1, 10, "completed", started_at=0.0, ended_at=1800.0)]
     assert trial_cost(old, 10, pools={"h100": load_catalog().get("h100")}).hours == pytest.approx(4.0)
+
+
+def test_an_attempt_closed_without_an_end_time_does_not_keep_costing() -> None:
+    dead = [Attempt(1, "sim-h100", 1, 30, "infra_failure", started_at=0.0, accelerators=1, unit="cpu_hours"),
+            Attempt(2, "sim-h100", 26, 60, "completed", started_at=360.0, ended_at=720.0,
+                    accelerators=1, unit="cpu_hours")]
+    c = trial_cost(dead, 60, now=1e9)
+    assert c.hours == pytest.approx(0.2)  # 360 s (until the retry started) + 360 s
