@@ -15,7 +15,7 @@ from orchestrator.backends import backend_class
 from orchestrator.commands import add_commands
 from orchestrator.environment import collect
 from orchestrator.exceptions import UserError
-from orchestrator.grid import expand, load_grid
+from orchestrator.grid import expand, load_grid, plan_lines
 from orchestrator.recipes import flatten
 
 if TYPE_CHECKING:
@@ -98,6 +98,8 @@ def _print_plan(grid: GridSpec, trials: Sequence[TrialSpec], details: dict[str, 
         pools[t.pool] = pools.get(t.pool, 0) + 1
     console.print(f"{len(trials)} trials, {grid.spec.steps} steps each; by pool: "
                   + ", ".join(f"{p}={n}" for p, n in sorted(pools.items())))
+    for line in plan_lines(grid, trials):
+        console.print(line, markup=False)
     if grid.spec.search is not None:
         s = grid.spec.search
         console.print(f"search: {s.budget} trials by optuna ({s.sampler}) over "

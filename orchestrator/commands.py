@@ -52,6 +52,11 @@ def submit_body(args: argparse.Namespace) -> int:
     elif args.json:
         json.dump(summary, sys.stdout, default=str)
         sys.stdout.write("\n")
+    else:
+        from orchestrator.scheduler import end_report  # deferred: --help stays fast
+
+        for line in end_report(summary):
+            print(line)
     return 0
 
 

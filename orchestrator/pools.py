@@ -43,6 +43,9 @@ class PoolSpec(BaseModel):
     description: str = ""
     # Concurrent trials this pool hosts; 0 would leave its trials waiting for ever.
     capacity: int = Field(2, ge=1, le=4096)
+    # Planning estimate of one trial's wall seconds per training step here: budgets project a
+    # trial's cost from it until trials on the pool have measured their own (orchestrator.cost).
+    step_seconds: float | None = Field(None, gt=0, le=1e6)
     # Simulator numerics (kind: sim). Interpreted and validated by the sim backend.
     sim_profile: dict[str, Any] = Field(default_factory=dict)
     # Cluster placement (kind: gpu).

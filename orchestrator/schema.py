@@ -11,11 +11,13 @@ from typing import Annotated, Any, Literal
 from pydantic import (
     BaseModel,
     ConfigDict,
+    Discriminator,
     Field,
     StrictBool,
     StrictFloat,
     StrictInt,
     StrictStr,
+    Tag,
     field_validator,
     model_validator,
 )
@@ -138,10 +140,72 @@ class EarlyStopSpec(Strict):
     on_warning: StrictBool = False  # also stop on early warning + margin (off by default)
 
 
+Hours = Annotated[StrictFloat | StrictInt, Field(gt=0, le=1e9)]
+
+
 class BudgetSpec(Strict):
     max_parallel: StrictInt = Field(4, ge=1, le=100_000)
     per_pool: dict[StrictStr, Annotated[int, Field(ge=1, le=100_000)]] = Field(default_factory=dict)
     max_trials: StrictInt = Field(100_000, ge=1)
+    # Accelerator-hours the grid may spend, over all its submissions (``orchestrator.cost``):
+    # GPU-hours on gpu pools, CPU-hours on the simulator and cpu pools. A trial whose projected
+    # cost does not fit is not started (``scheduler._budget``).
+    gpu_hours: Hours | None = None
+    gpu_hours_per_pool: dict[StrictStr, Hours] = Field(default_factory=dict)
+
+
+class AdaptiveSeedsSpec(Strict):
+    """``seeds: {adaptive: ...}``: each cell starts with ``min`` seeds (0, 1, ...); the scheduler
+    adds the next seed where the interval of ``target`` is widest or a declared comparison is
+    undecided, until each cell's interval is at most ``ci_width`` wide or it has ``max`` seeds
+    (``orchestrator.seeds``). Intervals: Wilson score for collapse_rate, Student t for
+    final_reward, both at ``level``."""
+
+    min: StrictInt = Field(2, ge=1, le=10_000)
+    max: StrictInt = Field(10, ge=1, le=10_000)
+    target: Literal["collapse_rate", "final_reward"] = "collapse_rate"
+    ci_width: StrictFloat | StrictInt = 0.3
+    level: StrictFloat = Field(0.95, ge=0.5, le=0.999)
+
+    @field_validator("ci_width")
+    @classmethod
+    def _width(cls, v: float) -> float:
+        if not (math.isfinite(v) and 0 < v < 1):
+            raise ValueError(f"ci_width {v} must be inside (0, 1) (a collapse rate or a reward "
+                             "on a 0-1 scale); fix: e.g. 0.3")
+        return v
+
+    @model_validator(mode="after")
+    def _bounds(self) -> AdaptiveSeedsSpec:
+        if self.min > self.max:
+            raise ValueError(f"min {self.min} is above max {self.max}; fix: min <= max")
+        return self
+
+    @property
+    def seeds(self) -> list[int]:
+        """Every seed a cell may get, in the order they are added."""
+        return list(range(self.max))
+
+
+class SeedsSpec(Strict):
+    adaptive: AdaptiveSeedsSpec
+
+
+SeedList = Annotated[list[Annotated[int, Field(ge=0, le=2**31 - 1)]], Field(min_length=1)]
+
+
+def _seeds_form(value: Any) -> str:
+    # A mapping is the adaptive form; anything else is checked as the list (errors name it).
+    return "adaptive" if isinstance(value, (dict, SeedsSpec)) else "list"
+
+
+class CompareDecl(Strict):
+    """A comparison the grid declares: every other value of ``axis`` against ``baseline``
+    (with the other axes equal); ``ablate compare`` reports its difference and interval and
+    adaptive seeds go where it is undecided."""
+
+    axis: StrictStr = Field(max_length=200)
+    baseline: Scalar
 
 
 class RetrySpec(Strict):
@@ -204,7 +268,9 @@ class GridFile(Strict):
     recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
     backend: Literal["sim", "verl", "k8s"] = "sim"
     steps: StrictInt = Field(ge=1, le=10_000_000)
-    seeds: list[Annotated[int, Field(ge=0, le=2**31 - 1)]] = Field(default=[0], min_length=1)
+    seeds: Annotated[
+        Annotated[SeedList, Tag("list")] | Annotated[SeedsSpec, Tag("adaptive")],
+        Discriminator(_seeds_form)] = [0]
     pool: StrictStr | None = None
     pool_catalog: StrictStr | None = None
     axes: dict[StrictStr, list[Value] | dict[StrictStr, dict[DottedKey, Value] | None]] = Field(
@@ -220,15 +286,32 @@ class GridFile(Strict):
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
+    compare: CompareDecl | list[CompareDecl] | None = None
 
     _finite_overrides = field_validator("overrides")(_finite)
 
     @field_validator("seeds")
     @classmethod
-    def _unique_seeds(cls, v: list[int]) -> list[int]:
-        if len(set(v)) != len(v):
+    def _unique_seeds(cls, v: list[int] | SeedsSpec) -> list[int] | SeedsSpec:
+        if isinstance(v, list) and len(set(v)) != len(v):
             raise ValueError(f"seeds must be unique, got {v}")
         return v
+
+    @property
+    def seed_values(self) -> list[int]:
+        """The seeds a cell may run: the list, or ``0 .. max-1`` of an adaptive block (so an
+        adaptive seed is the trial that listing it would give, with the same id)."""
+        return self.seeds.adaptive.seeds if isinstance(self.seeds, SeedsSpec) else list(self.seeds)
+
+    @property
+    def adaptive(self) -> AdaptiveSeedsSpec | None:
+        return self.seeds.adaptive if isinstance(self.seeds, SeedsSpec) else None
+
+    @property
+    def comparisons(self) -> list[CompareDecl]:
+        if self.compare is None:
+            return []
+        return self.compare if isinstance(self.compare, list) else [self.compare]
 
     @property
     def early_stop_spec(self) -> EarlyStopSpec:

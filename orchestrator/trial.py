@@ -167,6 +167,10 @@ class Attempt:
     submission: str | None = None  # orchestrator submission that ran it (tells a killed
     # orchestrator from a killed worker when an attempt ended without a record)
     environment: dict[str, str] | None = None  # where it computed (``numerics.*`` facts)
+    # What the attempt holds while it runs, for its cost (``orchestrator.cost``): the pool's
+    # accelerators per trial and the unit of their hours (gpu_hours | cpu_hours).
+    accelerators: int | None = None
+    unit: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)

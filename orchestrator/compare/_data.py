@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.cost import TrialCost, from_tags, trial_cost
 from orchestrator.store import TrialPaths, active_holder, read_json, records
-from orchestrator.store.records import iter_metrics
+from orchestrator.store.records import iter_metrics, load_attempts
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
@@ -52,6 +53,7 @@ class TrialResult:
     segments: list[Segment]
     superseded: list[dict[str, list[tuple[int, float]]]] = dataclasses.field(default_factory=list)
     numerics: dict[str, str] = dataclasses.field(default_factory=dict)  # ``numerics.*`` tags
+    cost: TrialCost | None = None  # accelerator-hours (``cost.*`` tags, else attempts.json)
 
     @property
     def reward_key(self) -> str:
@@ -123,6 +125,13 @@ def segments_from_dir(grid_dir: Path | None, trial_id: str) -> list[Segment]:
                     None if a.get("end_step") is None else int(a["end_step"])) for a in items]
 
 
+def cost_from_dir(grid_dir: Path | None, trial_id: str, steps: int) -> TrialCost | None:
+    """A trial's cost from its ``attempts.json`` (a run logged before runs carried cost tags)."""
+    if grid_dir is None or not TrialPaths(grid_dir, trial_id).attempts.exists():
+        return None
+    return trial_cost(load_attempts(TrialPaths(grid_dir, trial_id)), steps)
+
+
 def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, list[tuple[int, float]]]]:
     """Curves of the steps each resume replaced, oldest first (drawn dashed by compare)."""
     if grid_dir is None:
@@ -165,6 +174,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             superseded=superseded_tails(grid_dir, tid),
             numerics={k.removeprefix("numerics."): v for k, v in tags.items()
                       if k.startswith("numerics.")},
+            cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
         )
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names), r.seed,
                                                 r.trial_id))

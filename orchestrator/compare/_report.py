@@ -5,7 +5,8 @@ axes become part of the row label; seeds are aggregated with mean and 95% CI, ``
 draws the plots (``compare_plots``) and writes ``results/<grid>/``:
 
 - ``summary.md``, ``summary.html`` (self-contained: plots embedded), ``cells.csv`` (one row per
-  cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``;
+  cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``, ``cost.csv`` and,
+  when the grid declares comparisons, ``comparisons.csv`` (``_cost``);
 - ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
   ``verdict_map.png``, ``importance.png``;
 - ``MANIFEST.json`` (``orchestrator.manifest``): code version, the hash of what decides the numbers,
@@ -27,12 +28,14 @@ from typing import Any
 from orchestrator import manifest
 from orchestrator import markdown as md
 from orchestrator import metrics as M
+from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
 from orchestrator.numerics import environments
+from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
 from orchestrator.store import workspace
 from orchestrator.tracking import ROLE_TAG, client
 
@@ -83,7 +86,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     out.mkdir(parents=True, exist_ok=True)
     report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name,
                           store=workspace.display_uri(uri, workdir),
-                          unfinished=unfinished.describe() if unfinished else None)
+                          unfinished=unfinished.describe() if unfinished else None,
+                          compare=grid.spec.comparisons, adaptive=grid.spec.adaptive)
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
         r.numerics for r in results)))
     _log_to_parent(mlc, exp.experiment_id, out)
@@ -96,7 +100,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
                  cols: str | None, out: Path, *, grid_name: str, store: str,
-                 unfinished: str | None = None) -> dict[str, Any]:
+                 unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
+                 adaptive: AdaptiveSeedsSpec | None = None) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running)."""
     derived = any(r.derived_from for r in results)
@@ -121,7 +126,10 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     plots = [p for p in plots if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
-              "reward_metric": reward, "environments": environments(r.numerics for r in results)}
+              "reward_metric": reward, "environments": environments(r.numerics for r in results),
+              "cost": C.cost_section(results, axis_names, out),
+              "comparisons": C.comparison_section(results, axis_names, compare, adaptive, out),
+              "level": adaptive.level if adaptive else 0.95}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
@@ -231,6 +239,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         imp = report["importance"].get(target, {}).get(e["axis"])
         lines.append(f"| {md.text(e['axis'])} | {md.text(e['target'])} | {_num(e['effect'])} | "
                      f"{'–' if imp is None else f'{imp:.3f}'} |")
+    if "cost" in report:
+        lines += ["", *C.markdown(report["cost"], report["comparisons"], report["level"], md.text)]
     lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
               "|---|---|---|---|---|---|---|"]
     for r in res:
@@ -301,7 +311,10 @@ def render_html(report: dict[str, Any]) -> str:
         imp = report["importance"].get(target, {}).get(e["axis"])
         parts.append(f"<tr><td>{esc(e['axis'])}</td><td>{esc(e['target'])}</td><td>{_num(e['effect'])}</td>"
                      f"<td>{'–' if imp is None else f'{imp:.3f}'}</td></tr>")
-    parts.append("</table><h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
+    parts.append("</table>")
+    if "cost" in report:
+        parts.append(C.html_section(report["cost"], report["comparisons"], report["level"]))
+    parts.append("<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
                  "<th>step</th><th>reason</th></tr>")
     for r in report["results"]:
         parts.append(f"<tr><td>{esc(r.trial_id)}</td><td>{r.seed}</td><td>{esc(r.pool)}</td>"
@@ -334,6 +347,9 @@ def print_table(report: dict[str, Any]) -> None:
         table.add_row(*row)
     console = Console(soft_wrap=False)
     console.print(table)
+    if "cost" in report:
+        for line in C.terminal_lines(report["cost"], report["comparisons"]):
+            console.print(line, markup=False)
     envs = report.get("environments") or {}
     if len(envs) > 1:
         console.print(f"[yellow]warning: these trials ran under {len(envs)} different numeric "

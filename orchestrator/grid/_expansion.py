@@ -164,7 +164,7 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
             merged.update(a.overrides[i])
         pool = grid.axes[pool_idx].labels[combo[pool_idx]] if pool_idx is not None else spec.pool
         axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
-        seeds = [s for i, s in enumerate(spec.seeds)
+        seeds = [s for i, s in enumerate(spec.seed_values)
                  if not (grid.excludes and _excluded(combo, i, grid.excludes))]
         _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
     for inc in grid.includes:
@@ -239,7 +239,7 @@ def _expand_include(grid: GridSpec, resolver: _Resolver, fixed: dict[str, Any],
     pool = inc.get("pool") or grid.spec.pool
     assert pool is not None
     axes.append(("pool", pool))
-    seeds = [int(inc["seed"])] if "seed" in inc else grid.spec.seeds
+    seeds = [int(inc["seed"])] if "seed" in inc else grid.spec.seed_values
     _add(grid, resolver, merged, pool, seeds, tuple(axes), seen, trials)
 
 

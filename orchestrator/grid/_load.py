@@ -48,10 +48,10 @@ class GridSpec:
 
     @property
     def upper_bound(self) -> int:
-        n = len(self.spec.seeds)
+        n = len(self.spec.seed_values)
         for a in self.axes:
             n *= len(a.labels)
-        return n + len(self.includes) * len(self.spec.seeds)
+        return n + len(self.includes) * len(self.spec.seed_values)
 
     def line(self, *path: Any) -> int | None:
         for cut in range(len(path), -1, -1):
@@ -106,7 +106,7 @@ def load_grid(path: str | Path, *, backend: str | None = None,
 
 def _count_trials(spec: GridFile, file: str, lines: Mapping[tuple[Any, ...], int]) -> None:
     """The most trials the grid can expand to (axes x seeds + includes), from its shape."""
-    seeds = len(spec.seeds)
+    seeds = len(spec.seed_values)
     bound = seeds
     for values in spec.axes.values():
         bound *= len(values)

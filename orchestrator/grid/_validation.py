@@ -21,6 +21,7 @@ from orchestrator import metrics, recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
+from orchestrator.grid._adaptive import check_cost_keys
 from orchestrator.pools import PoolCatalog
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
@@ -310,6 +311,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     for pool in spec.budget.per_pool:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
+    check_cost_keys(spec, axes, chk, catalog, axis_label)
     return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
             "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
             "excludes": excludes, "includes": includes, "lines": lines}
@@ -503,10 +505,10 @@ def _exclude(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
         path = ("exclude", i, key)
         if key == "seed":
             seeds = value if isinstance(value, list) else [value]
-            bad = [s for s in seeds if s not in spec.seeds]
+            bad = [s for s in seeds if s not in spec.seed_values]
             if bad:
-                raise chk.err(f"seed {bad[0]!r} is not in seeds", path, allowed=spec.seeds)
-            out.append((-1, frozenset(spec.seeds.index(s) for s in seeds)))
+                raise chk.err(f"seed {bad[0]!r} is not in seeds", path, allowed=spec.seed_values)
+            out.append((-1, frozenset(spec.seed_values.index(s) for s in seeds)))
             continue
         if key not in names:
             raise chk.err(f"exclude names {key!r}, which is not an axis", path,

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
+from orchestrator.cost import pool_rate
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.store import (
@@ -152,10 +153,12 @@ class AttemptRun:
             self.attempt = dataclasses.replace(redo, outcome=None, reason=None, end_step=None,
                                                ended_at=None)
         else:
+            accelerators, unit = pool_rate(self.job.pool)
             self.attempt = Attempt(number=self.number, pool=self.job.pool.name,
                                    start_step=start + 1, resumed_from_step=self.resume_step,
                                    started_at=time.time(), node=_node_id(),
-                                   submission=self.job.submission)
+                                   submission=self.job.submission, accelerators=accelerators,
+                                   unit=unit)
         self.attempts = attempts + [self.attempt]
         records.save_attempts(self.paths, self.attempts)
         self._open_tracking()
@@ -173,7 +176,8 @@ class AttemptRun:
                        if a.submission != job.submission else
                        "worker process died without a record (killed, OOM or node lost)")
                 attempts[i] = dataclasses.replace(a, outcome="infra_failure", reason=why,
-                                                  end_step=max(last_on_disk, a.start_step - 1))
+                                                  end_step=max(last_on_disk, a.start_step - 1),
+                                                  ended_at=self._died_at(a))
         self.number = len(attempts) + 1
         ended = attempts[-1] if attempts and attempts[-1].outcome in _ENDING else None
         if ended is not None and not job.reopen and job.start != "fresh" and self.record.resume is None:
@@ -183,6 +187,15 @@ class AttemptRun:
             self.number = ended.number
             return attempts[:-1], ended
         return attempts, None
+
+    def _died_at(self, a: Attempt) -> float | None:
+        """When an attempt that died unrecorded stopped computing: its last metrics row (the
+        file's modification time), for its cost (``orchestrator.cost``)."""
+        try:
+            mtime = self.paths.metrics.stat().st_mtime
+        except OSError:
+            return a.started_at
+        return max(mtime, a.started_at) if a.started_at is not None else mtime
 
     def _rewind(self, start: int, file_rows: list[tuple[int, dict[str, float]]]) -> None:
         """Bring the trial's files back to step ``start`` and the verdict engine up to it."""

@@ -28,6 +28,7 @@ from typing import Any
 
 from ray.tune.search import Searcher
 
+from orchestrator.scheduler._budget import Admit, Planner
 from orchestrator.scheduler._search import SearchSpace
 from orchestrator.store import TrialPaths, records
 from orchestrator.trial import TrialSpec
@@ -44,7 +45,7 @@ class PoolGate(Searcher):
                  routes: Mapping[str, str] | None = None,
                  extra_config: Callable[[], Mapping[str, Any]] | None = None,
                  standby: Mapping[str, int] | None = None,
-                 hold: Callable[[], bool] | None = None) -> None:
+                 hold: Callable[[], bool] | None = None, planner: Planner | None = None) -> None:
         super().__init__()
         self.grid_dir = Path(grid_dir)
         self.queue = list(queue)
@@ -64,6 +65,9 @@ class PoolGate(Searcher):
         self.hold = hold  # while it returns True nothing starts (e.g. a remote MLflow store unchecked)
         self.results: dict[str, dict[str, Any]] = {}
         self.errors: set[str] = set()
+        # Budgets and adaptive seeds (``_budget``): asked before a queued trial starts, and for
+        # the next seed when the queue is empty.
+        self.planner = planner if planner is not None and planner.active else None
 
     # Tune calls these when it wraps searchers; the gate enforces limits itself.
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
@@ -91,6 +95,8 @@ class PoolGate(Searcher):
         for t in self.queue + ([self._held] if self._held else []):
             if self._grid_full():
                 out[t.trial_id] = f"queued: grid limit max_parallel={self.max_parallel} reached"
+            elif self.planner is not None and t.trial_id in self.planner.held:
+                out[t.trial_id] = self.planner.held[t.trial_id]
             elif not self._room(self.pool_of(t)):
                 p = self.pool_of(t)
                 out[t.trial_id] = (f"queued: pool {p} full ({self.pool_running(p)}/"
@@ -100,7 +106,8 @@ class PoolGate(Searcher):
         return out
 
     def finished(self) -> bool:
-        return not self.queue and self._held is None and (self.inner is None or self.search_left <= 0)
+        return (not self.queue and self._held is None and (self.inner is None or self.search_left <= 0)
+                and (self.planner is None or not self.planner.waiting(self.running)))
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if records.cancel_requests(self.grid_dir).get("*"):
@@ -111,7 +118,7 @@ class PoolGate(Searcher):
             return Searcher.FINISHED
         if self._grid_full() or (self.hold is not None and self.hold()):
             return None
-        trial = self._next_queued() or self._next_search()
+        trial = self._next_queued() or self._next_search() or self._next_seed()
         if trial is None:
             return Searcher.FINISHED if self.finished() else None
         pool = self.pool_of(trial)
@@ -120,15 +127,38 @@ class PoolGate(Searcher):
         return {"trial_id": trial.trial_id, "trial": trial.to_json(), "pool": pool, **extra}
 
     def _next_queued(self) -> TrialSpec | None:
-        for i, t in enumerate(self.queue):
+        i = 0
+        while i < len(self.queue):  # a loop, not recursion: a budget may skip thousands at once
+            t = self.queue[i]
             if not self._room(self.pool_of(t)):
+                i += 1
                 continue
             rec = records.load_state(TrialPaths(self.grid_dir, t.trial_id), t.trial_id)
             if rec.state.is_finished():  # cancelled meanwhile (or finished by another path)
                 self.queue.pop(i)
-                return self._next_queued()
+                continue
+            if self.planner is not None:
+                verdict = self.planner.admit(t, self.pool_of(t), self.running.values())
+                if verdict is Admit.WAIT:
+                    i += 1
+                    continue
+                if verdict is Admit.SKIP:
+                    self.queue.pop(i)
+                    rec.pending_reason = self.planner.skip_reason(t, self.pool_of(t))
+                    records.save_state(TrialPaths(self.grid_dir, t.trial_id), rec)
+                    continue
             return self.queue.pop(i)
         return None
+
+    def _next_seed(self) -> TrialSpec | None:
+        """The next adaptive seed (``_budget.Planner``), through the same checks as a queued one."""
+        if self.planner is None or self.queue:
+            return None
+        trial = self.planner.next_seed(())
+        if trial is None:
+            return None
+        self.queue.append(trial)
+        return self._next_queued()
 
     def _next_search(self) -> TrialSpec | None:
         if self.inner is None or self.search is None:
@@ -191,7 +221,8 @@ class PoolGate(Searcher):
     def __getstate__(self) -> dict[str, Any]:
         # Tune pickles its search algorithm into tuner.pkl (for Tuner.restore, which we never
         # use); the hooks close over the submission's live objects (locks, threads).
-        return {**self.__dict__, "on_new_trial": None, "extra_config": None, "hold": None}
+        return {**self.__dict__, "on_new_trial": None, "extra_config": None, "hold": None,
+                "planner": None}
 
     def save(self, checkpoint_path: str) -> None:
         # Tune checkpoints searchers; the durable truth is in the trial records, so JSON counters

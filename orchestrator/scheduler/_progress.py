@@ -15,6 +15,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import metrics as names
+from orchestrator.cost import TrialCost, fmt_hours, trial_cost
+from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
 from orchestrator.trial import TrialSpec, TrialState
@@ -39,9 +41,11 @@ class TrialView:
     verdict: str | None = None
     note: str = ""  # pending reason, verdict reason or error
     rate: float | None = None  # steps per second of the running attempt
+    cost: TrialCost | None = None  # accelerator-hours so far (orchestrator.cost)
+    cell: str = ""  # the trial's axis labels (its cell: what seeds are aggregated over)
 
     def to_json(self) -> dict[str, Any]:
-        return dataclasses.asdict(self)
+        return {**dataclasses.asdict(self), "cost": self.cost.to_json() if self.cost else None}
 
 
 @dataclasses.dataclass
@@ -62,7 +66,7 @@ class GridView:
 
     def to_json(self) -> dict[str, Any]:
         return {"grid": self.grid, "grid_dir": self.grid_dir, "orchestrator": self.holder,
-                "eta_s": self.eta_s, "pools": self.pools(),
+                "eta_s": self.eta_s, "pools": self.pools(), **cost_json(self.trials),
                 "trials": [t.to_json() for t in self.trials]}
 
 
@@ -85,7 +89,8 @@ def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
         paths = TrialPaths(grid_dir, spec.trial_id)
         rec = records.load_state(paths, spec.trial_id)
         view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
-                         state=rec.state.value, attempts=rec.attempts)
+                         state=rec.state.value, attempts=rec.attempts, cell=cell_label(spec),
+                         cost=trial_cost(records.load_attempts(paths), spec.steps))
         last = records.last_metrics(paths.metrics)
         if last is not None:
             view.step = last[0]
@@ -148,7 +153,7 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
     order = {"running": 0, "pending": 1, "failed": 2, "done": 3, "cancelled": 4}
     rows = sorted(view.trials, key=lambda t: (order.get(t.state, 9), t.pool, t.trial_id))
     table = Table()
-    for col in ("trial", "pool", "state", "step", "reward", "k3 KL", "att", "verdict / note"):
+    for col in ("trial", "pool", "state", "step", "reward", "k3 KL", "att", "cost", "verdict / note"):
         if col == "verdict / note":
             table.add_column(col, overflow="fold", ratio=1, min_width=28)
         else:
@@ -156,8 +161,9 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
     for t in rows[:max_rows]:
         table.add_row(t.trial_id, t.pool, t.state, f"{t.step}/{t.steps}", _fmt(t.reward, ".3f"),
                       _fmt(t.k3_kl, ".2e"), str(t.attempts),
+                      fmt_hours(t.cost.hours, t.cost.unit) if t.cost else "",
                       t.note[:100] or t.verdict or "")
-    parts: list[Any] = [pools, table]
+    parts: list[Any] = [pools, table, *cost_parts(view.trials)]
     if len(rows) > max_rows:
         parts.append(f"... {len(rows) - max_rows} more trials (ablate status --json lists all)")
     if view.holder:

@@ -28,7 +28,7 @@ class SearchSpace:
     def __init__(self, grid: GridSpec) -> None:
         self.grid = grid
         self.spec = grid.spec.search
-        self.seed = grid.spec.seeds[0]
+        self.seed = grid.spec.seed_values[0]
 
     def distributions(self) -> dict[str, Any]:
         import optuna.distributions as d

@@ -44,10 +44,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import _REGISTRY, backend_class
+from orchestrator.cost import total_metrics
 from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import ConcurrencyError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
@@ -134,6 +136,8 @@ class Submission:
         self.remote_store = is_remote(self.tracking_uri)
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
+        # Budgets and adaptive seeds (``_budget``); it knows every seed a cell may get.
+        self.planner = Planner(grid, self.grid_dir, trials, grid.pools.pools, add_seeds=rescue)
         self.started = 0.0
         # Filled by the stages, in order.
         self.prior: list[tuple[dict[str, Any], float | None]] = []  # search points run before
@@ -202,6 +206,7 @@ class Submission:
         if self.search is not None:
             self.trials, self.prior = search_records(self.grid_dir)
         records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
+        self.trials = self.planner.initial(self.trials)  # adaptive seeds: the first `min` of each cell
         self.todo, finished = _prepare_records(self.grid_dir, self.trials)
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
@@ -266,7 +271,7 @@ class Submission:
         gate = PoolGate(self.grid_dir, runnable, self.limits, self.max_parallel, search=self.search,
                         search_budget=budget, on_new_trial=self._remember,
                         extra_config=functools.partial(self._extra_config, warm_up),
-                        standby=self.standby, hold=self._hold_for_store,
+                        standby=self.standby, hold=self._hold_for_store, planner=self.planner,
                         routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)})
         for stored, value in self.prior:
             gate.tell_previous(stored, value)
@@ -344,8 +349,11 @@ class Submission:
             self.events.poll()
             self.events.summary(unless_unchanged=True)
         search = self.search is not None
-        summary = summarize(self.grid, self.grid_dir, trials_of(self.grid_dir, search, self.trials))
+        trials = trials_of(self.grid_dir, search, self.trials + self.planner.added)
+        summary = summarize(self.grid, self.grid_dir, trials)
         summary["rescued"] = [t.trial_id for t in rescued]
+        summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
+        parent.log_cost(total_metrics(summary["cost"]), cost_run_tags(summary))
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),

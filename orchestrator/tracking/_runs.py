@@ -22,6 +22,7 @@ from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.cost import cost_tags, trial_cost
 from orchestrator.exceptions import UserError
 from orchestrator.store import workspace
 from orchestrator.store.records import effective_ranges
@@ -143,7 +144,7 @@ class GridRun:
                 from mlflow.entities import Param
 
                 params = {"recipe": grid.spec.recipe, "backend": grid.backend, "steps": grid.spec.steps,
-                          "seeds": ",".join(map(str, grid.spec.seeds))}
+                          "seeds": ",".join(map(str, grid.spec.seed_values))}
                 mlc.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
                 save_trials_view(mlc, exp_id, [a.name for a in grid.axes])
                 close_orphaned_parents(mlc, exp_id, keep=run.info.run_id)
@@ -161,6 +162,20 @@ class GridRun:
 
     def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
         client(self.tracking_uri).log_artifacts(self.run_id, str(directory), artifact_path)
+
+    def log_cost(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
+        """The grid's cost (``orchestrator.cost.total_metrics``) and budget on the parent run;
+        never fails the submission (the trial files hold the same numbers)."""
+        from mlflow.entities import Metric
+
+        now = int(time.time() * 1000)
+        try:
+            with fail_fast(self.tracking_uri):
+                client(self.tracking_uri).log_batch(
+                    self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
+                    tags=_tags(tags))
+        except Exception as exc:  # noqa: BLE001 - the cost is on disk too (ablate status)
+            log.warning("could not log the grid's cost to run %s: %s", self.run_id, exc)
 
     def end(self, status: str = "FINISHED") -> None:
         with fail_fast(self.tracking_uri):
@@ -332,6 +347,10 @@ class TrialRun:
             tags["resumed_from"] = f"attempt {prev.number} on {prev.pool} at step {attempts[-1].start_step - 1}"
         self.outbox.add_artifact("attempts.json", {"trial_id": self.trial.trial_id,
                                                    "attempts": [a.to_json() for a in attempts]})
+        # Attempts carry their pool's rate; the run's pool covers attempts recorded before that.
+        pool = getattr(self, "pool", None)  # a deferred run (``_deferred``) has none
+        tags.update(cost_tags(trial_cost(attempts, self.trial.steps,
+                                         pools={pool.name: pool} if pool is not None else None)))
         self.set_tags(tags)
 
     def set_verdict(self, verdict: Verdict) -> None:

@@ -1,0 +1,187 @@
+"""Cost and declared comparisons in ``ablate compare``.
+
+- ``cost.csv``: accelerator-hours (and the hours lost to retries, saved by early stop) per trial,
+  per cell (seeds summed) and per grid, one row each, in each pool unit (GPU-hours and the
+  simulator's CPU-hours are never summed together).
+- ``comparisons.csv``: for each comparison the grid declares (``compare: {axis, baseline}``),
+  every cell against its baseline cell: the difference of the target with its interval
+  (``orchestrator.intervals``: Newcombe for collapse rates, Welch for final reward), whether it
+  is decided (the interval excludes 0), and for an undecided one the expected further seeds and
+  accelerator-hours to decide it (``orchestrator.seeds.seeds_to_decide``).
+
+Both also go into ``summary.md``/``summary.html`` and a few lines on the terminal.
+"""
+from __future__ import annotations
+
+import csv
+import html
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+from typing import Any
+
+from orchestrator.compare._data import TrialResult
+from orchestrator.cost import fmt_hours, total
+from orchestrator.grid import axis_label
+from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
+from orchestrator.seeds import CellKey, Outcome, comparisons, mean_hours, seeds_to_decide
+
+
+def _cell(r: TrialResult, axis_names: Sequence[str]) -> CellKey:
+    return tuple((a, r.axes.get(a, "")) for a in axis_names)
+
+
+def _label(cell: CellKey) -> str:
+    return ", ".join(f"{k}={v}" for k, v in cell) or "(all)"
+
+
+def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out: Path) -> dict[str, Any]:
+    """Write ``cost.csv``; returns the per-cell and grid totals."""
+    cells: dict[str, list[TrialResult]] = {}
+    for r in results:
+        label = _label(_cell(r, axis_names)) + (f" (derived from {r.derived_from})" if r.derived_from else "")
+        cells.setdefault(label, []).append(r)
+    by_cell = {label: total(r.cost for r in members) for label, members in cells.items()}
+    grid = total(r.cost for r in results)
+    with open(out / "cost.csv", "w", newline="") as fh:
+        w = csv.writer(fh)
+        w.writerow(["level", "cell", "trial_id", "seed", "unit", "accelerator_hours", "retry_hours",
+                    "early_stop_saved_hours", "trials"])
+        for label, members in sorted(cells.items()):
+            for r in members:
+                if r.cost is not None:
+                    c = r.cost
+                    w.writerow(["trial", label, r.trial_id, r.seed, c.unit, f"{c.hours:.6g}",
+                                f"{c.retry_hours:.6g}", f"{c.saved_hours:.6g}", 1])
+        for level, rows in (("cell", sorted(by_cell.items())), ("grid", [("", grid)])):
+            for label, units in rows:
+                for unit, t in units.items():
+                    w.writerow([level, label, "", "", unit, f"{t['hours']:.6g}", f"{t['retry_hours']:.6g}",
+                                f"{t['saved_hours']:.6g}", int(t["trials"])])
+    return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None)}
+
+
+def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str],
+                       decls: Sequence[CompareDecl], adaptive: AdaptiveSeedsSpec | None,
+                       out: Path) -> list[dict[str, Any]]:
+    """Write ``comparisons.csv`` (when the grid declares comparisons); returns its rows."""
+    if not decls:
+        return []
+    cells: dict[CellKey, list[Outcome]] = {}
+    for r in results:
+        if r.derived_from:
+            continue
+        cells.setdefault(_cell(r, axis_names), []).append(
+            Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None))
+    spec = adaptive or AdaptiveSeedsSpec(min=1, max=10_000)
+    targets = [adaptive.target] if adaptive else ["collapse_rate", "final_reward"]
+    rows = []
+    for target in targets:
+        tspec = spec.model_copy(update={"target": target})
+        for c in comparisons(cells, decls, target, spec.level, label=axis_label):
+            a, b = cells[c.cell], cells[c.base_cell]
+            more = None if c.decided else seeds_to_decide(c, a, b, tspec)
+            per = mean_hours(a + b)
+            rows.append({"target": target, "axis": c.axis, "value": c.value, "baseline": c.baseline,
+                         "context": c.context, "seeds": len(a), "baseline_seeds": len(b),
+                         "difference": c.diff.estimate, "low": c.diff.low, "high": c.diff.high,
+                         "decided": c.decided, "more_seeds": more,
+                         "expected_hours": None if more is None or per is None else more * per,
+                         "unit": next((r.cost.unit for r in results if r.cost), "")})
+    with open(out / "comparisons.csv", "w", newline="") as fh:
+        w = csv.DictWriter(fh, fieldnames=list(rows[0]) if rows else ["target"])
+        w.writeheader()
+        w.writerows(rows)
+    return rows
+
+
+def _n(v: float | None, digits: int = 3) -> str:
+    return "–" if v is None or not math.isfinite(v) else f"{v:+.{digits}f}"
+
+
+def _more(row: dict[str, Any]) -> str:
+    if row["decided"]:
+        return ""
+    if row["more_seeds"] is None:
+        return "not decidable within max seeds at the observed difference"
+    hours = row["expected_hours"]
+    return f"~{row['more_seeds']} more seeds" + (f", ~{fmt_hours(hours, row['unit'])}" if hours is not None else "")
+
+
+def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float,
+             esc: Callable[[str], str]) -> list[str]:
+    """The cost and comparison sections of ``summary.md``."""
+    lines = ["## Cost", ""]
+    if not cost["traced"]:
+        return lines + ["No trial run carries its cost (runs logged before cost accounting).", ""]
+    lines += [("Accelerator-hours: wall time x the pool's accelerators per trial (GPU-h on GPU "
+               "pools, CPU-h on the simulator); `cost.csv` lists every trial."), "",
+              "| cell | trials | cost | lost to retries | saved by early stop |", "|---|---|---|---|---|"]
+    for label, units in sorted(cost["by_cell"].items()):
+        for unit, t in units.items():
+            lines.append(f"| {esc(label)} | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
+                         f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |")
+    for unit, t in cost["grid"].items():
+        lines.append(f"| **grid** | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
+                     f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |")
+    lines.append("")
+    if not comps:
+        return lines
+    lines += ["## Declared comparisons", "",
+              (f"Difference to the baseline cell with its {level:.0%} interval (collapse rate: Newcombe's "
+               "hybrid score interval from Wilson intervals; final reward: Welch t); decided when the "
+               "interval excludes 0."), "",
+              "| target | comparison | where | seeds | difference [interval] | decided | to decide |",
+              "|---|---|---|---|---|---|---|"]
+    for r in comps:
+        lines.append(f"| {r['target']} | {esc(r['axis'])}={esc(r['value'])} vs {esc(r['baseline'])} | "
+                     f"{esc(r['context'] or '–')} | {r['seeds']} vs {r['baseline_seeds']} | "
+                     f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}] | "
+                     f"{'yes' if r['decided'] else 'no'} | {_more(r)} |")
+    undecided = [r for r in comps if not r["decided"]]
+    hours = [r["expected_hours"] for r in undecided if r["expected_hours"] is not None]
+    lines += ["", f"Undecided: {len(undecided)} of {len(comps)} comparisons"
+              + (f"; expected cost to decide the {len(hours)} decidable within max seeds: "
+                 f"{fmt_hours(sum(hours), undecided[0]['unit'])}" if hours else "") + ".", ""]
+    return lines
+
+
+def terminal_lines(cost: dict[str, Any], comps: Sequence[dict[str, Any]]) -> list[str]:
+    """What ``ablate compare`` prints under its table."""
+    lines = ["cost: " + "; ".join(f"{fmt_hours(t['hours'], u)} over {int(t['trials'])} trials"
+                                  for u, t in cost["grid"].items())] if cost["grid"] else []
+    for r in comps:
+        state = "decided" if r["decided"] else "undecided" + (f" ({_more(r)})" if _more(r) else "")
+        lines.append(f"{r['target']}: {r['axis']}={r['value']} vs {r['baseline']} "
+                     f"({r['context'] or 'all'}): {_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}] "
+                     f"{state}")
+    return lines
+
+
+def html_section(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float) -> str:
+    """The same sections for ``summary.html``."""
+    esc = html.escape
+
+    def table(header: Sequence[str], rows: Sequence[Sequence[str]]) -> str:
+        return ("<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"
+                + "".join("<tr>" + "".join(f"<td>{esc(c)}</td>" for c in row) + "</tr>" for row in rows)
+                + "</table>")
+
+    parts = ["<h2>Cost</h2>"]
+    rows = [(label, str(int(t["trials"])), fmt_hours(t["hours"], u), fmt_hours(t["retry_hours"], u),
+             fmt_hours(t["saved_hours"], u))
+            for label, units in sorted(cost["by_cell"].items()) for u, t in units.items()]
+    rows += [("grid", str(int(t["trials"])), fmt_hours(t["hours"], u), fmt_hours(t["retry_hours"], u),
+              fmt_hours(t["saved_hours"], u)) for u, t in cost["grid"].items()]
+    parts.append(table(["cell", "trials", "cost", "lost to retries", "saved by early stop"], rows)
+                 if cost["traced"] else "<p>No trial run carries its cost.</p>")
+    if comps:
+        parts.append(f"<h2>Declared comparisons</h2><p>Difference to the baseline cell with its "
+                     f"{level:.0%} interval (Newcombe / Welch); decided when it excludes 0.</p>")
+        parts.append(table(["target", "comparison", "where", "seeds", "difference [interval]", "decided",
+                            "to decide"],
+                           [(r["target"], f"{r['axis']}={r['value']} vs {r['baseline']}", r["context"] or "–",
+                             f"{r['seeds']} vs {r['baseline_seeds']}",
+                             f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}]",
+                             "yes" if r["decided"] else "no", _more(r)) for r in comps]))
+    return "\n".join(parts)

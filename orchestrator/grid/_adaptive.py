@@ -1,0 +1,130 @@
+"""Semantic checks of the cost-related keys: ``seeds: {adaptive: ...}``, ``compare:`` and the
+accelerator-hour budget (``budget.gpu_hours``, ``budget.gpu_hours_per_pool``).
+
+The schema has already checked shapes (``min <= max``, ``0 < ci_width < 1``); what needs the
+axes, the collapse rules or the pool catalogue is checked here, at plan time, so a grid that
+could never run its adaptive plan or afford one trial is refused before anything starts.
+"""
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import TYPE_CHECKING
+
+from orchestrator.cost import fmt_hours, pool_rate
+from orchestrator.exceptions import did_you_mean
+from orchestrator.pools import PoolCatalog
+from orchestrator.schema import GridFile
+
+if TYPE_CHECKING:
+    from orchestrator.grid._load import GridSpec
+    from orchestrator.grid._validation import Axis, Checker
+    from orchestrator.trial import TrialSpec
+
+
+def check_cost_keys(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog,
+                    label: object) -> None:
+    """Adaptive seeds, declared comparisons and budgets of ``spec`` (``label``: axis_label)."""
+    _check_adaptive(spec, chk)
+    _check_compare(spec, axes, chk, label)
+    _check_budget(spec, axes, chk, catalog)
+
+
+def _check_adaptive(spec: GridFile, chk: Checker) -> None:
+    ad = spec.adaptive
+    if ad is None:
+        return
+    path = ("seeds", "adaptive", "target")
+    if spec.search is not None:
+        raise chk.err("adaptive seeds cannot be combined with 'search:' (a search picks its own "
+                      "points)", ("seeds", "adaptive"), fix="give 'seeds:' as a list")
+    rules = spec.collapse.rules
+    if ad.target == "collapse_rate" and rules == "none" and not spec.collapse.extra_rules:
+        raise chk.err("collapse_rate is not recorded by this grid (collapse.rules is 'none' and "
+                      "there are no extra_rules)", path, allowed=["final_reward"], got="collapse_rate",
+                      fix="use target: final_reward or turn the collapse rules on")
+
+
+def _check_compare(spec: GridFile, axes: Sequence[Axis], chk: Checker, label: object) -> None:
+    many = isinstance(spec.compare, list)
+    names = [a.name for a in axes]
+    for i, decl in enumerate(spec.comparisons):
+        base = ("compare", i) if many else ("compare",)
+        axis = next((a for a in axes if a.name == decl.axis), None)
+        if axis is None:
+            raise chk.err(f"{decl.axis!r} is not an axis of this grid", base + ("axis",),
+                          allowed=names, got=decl.axis)
+        wanted = label(decl.baseline)  # type: ignore[operator]
+        if wanted not in axis.labels:
+            raise chk.err(f"baseline {wanted!r} is not a value of axis {decl.axis!r}",
+                          base + ("baseline",), allowed=list(axis.labels), got=wanted)
+        if len(axis.labels) < 2:
+            raise chk.err(f"axis {decl.axis!r} has one value: nothing to compare", base + ("axis",))
+
+
+def _pools_of(spec: GridFile, axes: Sequence[Axis]) -> list[str]:
+    pools = [spec.pool] if spec.pool else []
+    for a in axes:
+        if a.kind == "pool":
+            pools += list(a.labels)
+    pools += [str(r["pool"]) for r in spec.include if isinstance(r.get("pool"), str)]
+    return list(dict.fromkeys(pools))
+
+
+def one_trial_hours(catalog: PoolCatalog, pool: str, steps: int) -> float | None:
+    """Planned cost of one trial on ``pool`` from its ``step_seconds`` (None: no estimate)."""
+    spec = catalog.pools.get(pool)
+    if spec is None or spec.step_seconds is None:
+        return None
+    n, _ = pool_rate(spec)
+    return steps * spec.step_seconds * n / 3600
+
+
+def _check_budget(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog) -> None:
+    budget = spec.budget
+    for pool in budget.gpu_hours_per_pool:
+        if pool not in catalog:
+            hint = did_you_mean(pool, catalog.names())
+            raise chk.err(f"unknown pool {pool!r}" + (f"; did you mean {hint!r}?" if hint else ""),
+                          ("budget", "gpu_hours_per_pool", pool), allowed=catalog.names())
+    costs = {p: one_trial_hours(catalog, p, spec.steps) for p in _pools_of(spec, axes)}
+    known = {p: c for p, c in costs.items() if c is not None}
+    if budget.gpu_hours is not None and known and len(known) == len(costs):
+        cheapest = min(known.values())
+        if budget.gpu_hours < cheapest:
+            pool = min(known, key=known.__getitem__)
+            raise chk.err(f"{budget.gpu_hours:g} h is below the cost of one trial of the cheapest "
+                          f"cell ({cheapest:.3g} h on {pool}: {spec.steps} steps x "
+                          f"{catalog.pools[pool].step_seconds:g} s)", ("budget", "gpu_hours"),
+                          fix=f"raise it to at least {cheapest:.3g} or shorten 'steps:'")
+    for pool, hours in budget.gpu_hours_per_pool.items():
+        one = costs.get(pool)
+        if one is not None and hours < one:
+            raise chk.err(f"{hours:g} h is below the cost of one trial on {pool} ({one:.3g} h)",
+                          ("budget", "gpu_hours_per_pool", pool), fix=f"raise it to at least {one:.3g}")
+
+
+def plan_lines(grid: GridSpec, trials: Sequence[TrialSpec]) -> list[str]:
+    """What ``ablate plan`` says about adaptive seeds, the projected cost and the budget."""
+    spec, lines = grid.spec, []
+    ad = spec.adaptive
+    if ad is not None:
+        cells = {t.axes for t in trials if t.derived_from is None}
+        lines.append(f"adaptive seeds: starts with {min(ad.min, ad.max) * len(cells)} trials ({ad.min} "
+                     f"per cell), at most {len(trials)} ({ad.max} per cell); target {ad.target}, "
+                     f"ci_width {ad.ci_width:g} at {ad.level:.0%}")
+    hours: dict[str, float] = {}
+    for t in trials:
+        one = one_trial_hours(grid.pools, t.pool, t.steps)
+        if one is None:
+            hours = {}
+            break
+        unit = pool_rate(grid.pools.pools[t.pool])[1]
+        hours[unit] = hours.get(unit, 0.0) + one
+    if hours:
+        lines.append("projected cost of every trial (pools' step_seconds): "
+                     + ", ".join(fmt_hours(h, u) for u, h in hours.items()))
+    if spec.budget.gpu_hours is not None or spec.budget.gpu_hours_per_pool:
+        per = ", ".join(f"{p}={h:g}" for p, h in spec.budget.gpu_hours_per_pool.items())
+        lines.append("budget: " + (f"gpu_hours={spec.budget.gpu_hours:g}" if spec.budget.gpu_hours
+                                   is not None else "") + (f" per pool {per}" if per else ""))
+    return lines

@@ -1,0 +1,176 @@
+"""Adaptive seeds: where the next seed changes the answer most.
+
+A *cell* is one configuration (a grid trial's axis labels; the seed is not an axis). For the
+grid's target (``collapse_rate`` or ``final_reward``) each cell has an interval over its finished
+seeds (``orchestrator.intervals``: Wilson score / Student t), and each declared comparison
+(``compare: {axis, baseline}``) a difference with its interval (Newcombe / Welch), decided when
+it excludes 0.
+
+A cell needs another seed while it has fewer than ``max`` seeds and neither its interval is at
+most ``ci_width`` wide nor every comparison it takes part in is decided. Among those, cells of
+an undecided comparison come first, then the widest interval. (Ranking the cell in the most
+undecided comparisons first, so a shared baseline goes first, was measured too and did worse:
+``benchmarks/adaptive_seeds.py``, median cost ratio 66% against 60% over its seed orders.)
+Seeds are handed out in order (``0, 1, ...``), so the n-th seed of a cell is the trial a grid listing ``seeds: [0..n-1]``
+would run: same content-hashed id, nothing special for ``compare``, resume or MLflow.
+
+The functions here are pure (outcomes in, decisions out): the scheduler feeds them the trial
+files (``scheduler._budget``), ``ablate compare`` its MLflow runs, the benchmark recorded runs.
+"""
+from __future__ import annotations
+
+import dataclasses
+import math
+import statistics
+from collections.abc import Mapping, Sequence
+from statistics import NormalDist
+
+from orchestrator.intervals import (
+    NAN,
+    Interval,
+    mean_difference,
+    rate_difference,
+    t_interval,
+    wilson,
+)
+from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
+
+CellKey = tuple[tuple[str, str], ...]
+
+
+@dataclasses.dataclass(frozen=True)
+class Outcome:
+    """One finished trial of a cell: its verdict as collapsed or not (None: not judged, e.g. an
+    infra failure), its final reward (NaN if none) and its cost in accelerator-hours."""
+
+    seed: int
+    collapsed: bool | None
+    reward: float = math.nan
+    hours: float | None = None
+
+
+def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95) -> Interval:
+    """The cell's interval for ``target`` over its finished seeds."""
+    if target == "collapse_rate":
+        judged = [o.collapsed for o in outcomes if o.collapsed is not None]
+        return wilson(sum(judged), len(judged), level)
+    return t_interval([o.reward for o in outcomes], level)
+
+
+def difference(a: Sequence[Outcome], b: Sequence[Outcome], target: str, level: float = 0.95) -> Interval:
+    """Interval of (cell ``a`` minus cell ``b``) for ``target``."""
+    if target == "collapse_rate":
+        ja = [o.collapsed for o in a if o.collapsed is not None]
+        jb = [o.collapsed for o in b if o.collapsed is not None]
+        return rate_difference(sum(ja), len(ja), sum(jb), len(jb), level)
+    return mean_difference([o.reward for o in a], [o.reward for o in b], level)
+
+
+@dataclasses.dataclass(frozen=True)
+class Comparison:
+    """One declared comparison of one cell against its baseline cell (other axes equal)."""
+
+    axis: str
+    value: str
+    baseline: str
+    cell: CellKey
+    base_cell: CellKey
+    diff: Interval
+
+    @property
+    def decided(self) -> bool:
+        return self.diff.decided
+
+    @property
+    def context(self) -> str:
+        """The other axes' labels (what the two cells share)."""
+        return ", ".join(f"{k}={v}" for k, v in self.cell if k != self.axis)
+
+
+def _replace(cell: CellKey, axis: str, label: str) -> CellKey:
+    return tuple((k, label if k == axis else v) for k, v in cell)
+
+
+def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[CompareDecl],
+                target: str, level: float = 0.95, *, label: object = str) -> list[Comparison]:
+    """Every (cell, baseline cell) pair the declarations name, with its difference."""
+    out = []
+    for decl in decls:
+        base_label = label(decl.baseline)  # type: ignore[operator]
+        for cell in cells:
+            value = dict(cell).get(decl.axis)
+            if value is None or value == base_label:
+                continue
+            base = _replace(cell, decl.axis, base_label)
+            if base not in cells:
+                continue
+            out.append(Comparison(decl.axis, value, base_label, cell, base,
+                                  difference(cells[cell], cells[base], target, level)))
+    return out
+
+
+def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSpec,
+               comps: Sequence[Comparison], started: Mapping[CellKey, int]) -> list[CellKey]:
+    """Cells that should get another seed, most useful first (``started``: seeds a cell has
+    begun, finished or not; a cell with one still running, or whose comparison partner has one,
+    waits for that result)."""
+    involved: dict[CellKey, list[Comparison]] = {}
+    for c in comps:
+        involved.setdefault(c.cell, []).append(c)
+        involved.setdefault(c.base_cell, []).append(c)
+    def pending(cell: CellKey) -> bool:
+        return started.get(cell, len(cells[cell])) > len(cells[cell])
+
+    ranked = []
+    for cell, outcomes in cells.items():
+        n = started.get(cell, len(outcomes))
+        if n >= spec.max or pending(cell):
+            continue
+        mine = involved.get(cell, [])
+        if any(pending(c.base_cell if c.cell == cell else c.cell) for c in mine):
+            continue  # the other side's running seed may decide it: wait for its result
+        width = cell_interval(outcomes, spec.target, spec.level).width
+        undecided = any(not c.decided for c in mine)
+        settled = bool(mine) and not undecided
+        if n >= spec.min and (width <= spec.ci_width or settled):
+            continue
+        ranked.append((0 if undecided else 1, -width, cell))
+    ranked.sort(key=lambda r: (r[0], r[1]))
+    return [cell for _, _, cell in ranked]
+
+
+def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome],
+                    spec: AdaptiveSeedsSpec) -> int | None:
+    """Expected further seeds (both cells together) until ``comp``'s interval excludes 0, from a
+    normal approximation at the observed difference; None when the observed difference is 0 or
+    deciding would take more than ``max`` seeds per cell."""
+    d = comp.diff.estimate
+    if not math.isfinite(d) or d == 0:
+        return None
+    z = NormalDist().inv_cdf(0.5 + spec.level / 2)
+    if spec.target == "collapse_rate":
+        # Rates shrunk towards 1/2 (one pseudo-success and failure each) so 0/n has a variance.
+        def var(xs: Sequence[Outcome]) -> float:
+            judged = [o.collapsed for o in xs if o.collapsed is not None]
+            p = (sum(judged) + 1) / (len(judged) + 2)
+            return p * (1 - p)
+        v = var(a) + var(b)
+    else:
+        ra = [o.reward for o in a if math.isfinite(o.reward)]
+        rb = [o.reward for o in b if math.isfinite(o.reward)]
+        if len(ra) < 2 or len(rb) < 2:
+            return None
+        v = statistics.variance(ra) + statistics.variance(rb)
+    n = math.ceil(z * z * v / (d * d))  # per cell
+    if n > spec.max:
+        return None
+    return max(n - len(a), 0) + max(n - len(b), 0)
+
+
+def mean_hours(outcomes: Sequence[Outcome]) -> float | None:
+    hours = [o.hours for o in outcomes if o.hours is not None]
+    return statistics.fmean(hours) if hours else None
+
+
+__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "cell_interval", "comparisons", "difference",
+           "mean_hours", "needs_seed", "seeds_to_decide"]

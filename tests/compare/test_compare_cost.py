@@ -1,0 +1,87 @@
+"""``ablate compare``: the cost table and the declared comparisons with their intervals, on real
+MLflow runs (SQLite) whose attempts carry wall times and accelerator counts."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+import verdict_streams as V
+
+from orchestrator.compare import compare
+from orchestrator.grid import expand, load_grid
+from orchestrator.tracking import GridRun, TrialRun
+from orchestrator.trial import Attempt
+from orchestrator.verdict import VerdictEngine
+
+GRID = """
+name: cost-test
+recipe: sim/grpo_tiny
+backend: sim
+steps: 120
+seeds: [0, 1, 2]
+pool: sim-a100
+axes:
+  correction.is_level: [none, sequence]
+  train.lr: [5.0e-4, 1.0e-3]
+compare: {axis: correction.is_level, baseline: none}
+"""
+
+
+def _track(uri: str, parent: GridRun, grid, trial, buf: Path) -> None:
+    """is_level none collapses (explosion at step 80, stopped early), sequence stays healthy;
+    each attempt took 36 s per 10 steps on one CPU (0.01 CPU-h per 10 steps)."""
+    none = trial.axis_values["correction.is_level"] == "none"
+    stream = (V.explosion(n=120, seed=trial.seed, onset=80, eval_every=10) if none
+              else V.healthy(n=120, seed=trial.seed, eval_every=10))
+    engine = VerdictEngine(grid.spec.collapse, grid.spec.early_stop_spec, trial.steps)
+    last, stop = 0, None
+    for step, row in stream:
+        last, stop = step, engine.observe(step, row)
+        if stop:
+            break
+    tr = TrialRun(uri, parent.experiment_id, parent.run_id, trial, grid.pools.get(trial.pool),
+                  run_id=None, buffer_dir=buf / trial.trial_id)
+    tr.log([r for r in stream if r[0] <= last])
+    tr.log_attempts([Attempt(1, trial.pool, 1, last, "stopped_early" if stop else "completed",
+                             started_at=1000.0, ended_at=1000.0 + 3.6 * last, accelerators=1,
+                             unit="cpu_hours")])
+    tr.set_verdict(engine.verdict(last, "stopped" if stop else "completed", stop))
+    assert tr.end("FINISHED")
+
+
+def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Path, capsys) -> None:
+    gfile = isolated / "cost.yaml"
+    gfile.write_text(GRID)
+    grid = load_grid(gfile)
+    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
+    (isolated / ".ablate").mkdir(exist_ok=True)
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=isolated / ".ablate")
+    for t in expand(grid):
+        _track(uri, parent, grid, t, isolated / "buf")
+    parent.end()
+    out = compare(gfile, workdir=str(isolated / ".ablate"))
+    rows = list(csv.DictReader((out / "cost.csv").read_text().splitlines()))
+    trials = [r for r in rows if r["level"] == "trial"]
+    assert len(trials) == 12 and {r["unit"] for r in rows} == {"cpu_hours"}
+    healthy = [r for r in trials if "sequence" in r["cell"]]
+    assert all(float(r["accelerator_hours"]) == pytest.approx(0.12) for r in healthy)  # 120 steps
+    collapsed = [r for r in trials if "none" in r["cell"]]
+    assert all(float(r["early_stop_saved_hours"]) > 0 for r in collapsed)
+    [total] = [r for r in rows if r["level"] == "grid"]
+    assert int(total["trials"]) == 12
+    assert float(total["accelerator_hours"]) == pytest.approx(sum(float(r["accelerator_hours"]) for r in trials), rel=1e-4)
+    cells = [r for r in rows if r["level"] == "cell"]
+    assert len(cells) == 4 and all(int(r["trials"]) == 3 for r in cells)
+    comps = list(csv.DictReader((out / "comparisons.csv").read_text().splitlines()))
+    rate = [c for c in comps if c["target"] == "collapse_rate"]
+    # 0/3 collapsed vs 3/3: difference -1, Newcombe interval [-1, -0.206]: decided, per lr.
+    assert len(rate) == 2 and all(c["decided"] == "True" for c in rate)
+    assert {float(c["difference"]) for c in rate} == {-1.0}
+    assert all(float(c["high"]) == pytest.approx(-0.2063, abs=1e-3) for c in rate)
+    md = (out / "summary.md").read_text()
+    assert "## Cost" in md and "## Declared comparisons" in md and "Undecided:" in md
+    assert "Newcombe" in md and "| **grid** | 12 |" in md
+    assert "Declared comparisons" in (out / "summary.html").read_text()
+    printed = capsys.readouterr().out
+    assert "cost: " in printed and "collapse_rate: correction.is_level=sequence vs none" in printed

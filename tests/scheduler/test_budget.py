@@ -1,0 +1,112 @@
+"""Budgets and adaptive seeds end to end on a real local Ray cluster (the deterministic double
+of ``tests/doubles.py``: ``correction.is_level: none`` on sim-a100 collapses after step 8, every
+other cell stays healthy, so which comparison is decided is known in advance)."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import doubles
+import pytest
+from rayclusters import pool_cluster, write_grid
+from trialrecords import trials as read_trials
+
+from orchestrator import scheduler
+from orchestrator.cost import trial_cost
+from orchestrator.grid import expand, load_grid
+from orchestrator.store import TrialPaths, records
+from orchestrator.tracking import client
+
+TESTS = Path(__file__).resolve().parents[1]
+
+
+@pytest.fixture(scope="module")
+def cluster():
+    with pool_cluster([("sim-h100", 2), ("sim-a100", 2)], extra_paths=[TESTS],
+                      env={"ABLATE_DOUBLE_STEP_S": "0.05"}) as (c, _started):
+        yield c
+
+
+@pytest.fixture
+def setup(isolated: Path, cluster, monkeypatch: pytest.MonkeyPatch):
+    doubles.register(monkeypatch)
+    return isolated, cluster
+
+
+ADAPTIVE = """\
+compare: {axis: correction.is_level, baseline: token}
+"""
+
+
+@pytest.mark.slow
+def test_adaptive_seeds_stop_where_decided_and_grow_where_not(setup) -> None:
+    tmp, c = setup
+    path = write_grid(tmp / "g.yaml", "adapt", steps=40, seeds=[0], levels=["none", "token"],
+                      pools=["sim-a100", "sim-h100"], budget="{max_parallel: 4}", extra=ADAPTIVE,
+                      tiny=False)
+    text = path.read_text().replace(
+        "seeds: [0]", "seeds: {adaptive: {min: 2, max: 4, target: collapse_rate, ci_width: 0.3}}")
+    path.write_text(text)
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    trials = read_trials(Path(summary["grid_dir"]))
+    seeds: dict[tuple, list[int]] = {}
+    for t in trials.values():
+        seeds.setdefault(tuple(map(tuple, t["spec"]["axes"])), []).append(t["spec"]["seed"])
+    by_cell = {dict(k)["correction.is_level"] + "@" + dict(k)["pool"]: sorted(v) for k, v in seeds.items()}
+    # sim-a100: 2/2 collapsed vs 0/2 is decided (Newcombe interval above 0) at the first 2 seeds;
+    # sim-h100: 0/n vs 0/n never is, so both cells run to max.
+    assert by_cell == {"none@sim-a100": [0, 1], "token@sim-a100": [0, 1],
+                       "none@sim-h100": [0, 1, 2, 3], "token@sim-h100": [0, 1, 2, 3]}
+    # The added seeds are the trials an explicit `seeds: [0, 1, 2, 3]` would run (same ids).
+    path.write_text(text.replace("seeds: {adaptive: {min: 2, max: 4, target: collapse_rate, "
+                                 "ci_width: 0.3}}", "seeds: [0, 1, 2, 3]"))
+    assert set(trials) <= {t.trial_id for t in expand(load_grid(path))}
+    a = summary["adaptive"]
+    assert (a["decided"], a["comparisons"], len(a["added_seeds"])) == (1, 2, 4)
+    [u] = a["undecided"]
+    assert u["context"] == "pool=sim-h100" and u["more_seeds"] is None  # no difference seen
+    assert summary["states"] == {"done": 12}
+    # Every attempt carries its rate; the summary's cost is the sum of the trials' costs.
+    costs = [trial_cost(t["attempts"], 40) for t in trials.values()]
+    assert all(a.unit == "cpu_hours" and a.accelerators == 1 for t in trials.values() for a in t["attempts"])
+    assert summary["cost"]["cpu_hours"]["hours"] == pytest.approx(sum(x.hours for x in costs))
+    assert summary["cost"]["cpu_hours"]["trials"] == 12
+    collapsed = [x for t, x in zip(trials.values(), costs) if t["state"].verdict["kind"] == "collapsed"]
+    assert collapsed and all(x.saved_hours > 0 for x in collapsed)  # early stop saved steps
+    # MLflow: cost tags on every trial run, the grid's totals as metrics of the parent run.
+    mlc = client(summary["tracking_uri"])
+    for t in trials.values():
+        tags = mlc.get_run(t["state"].mlflow_run_id).data.tags
+        assert tags["cost.unit"] == "cpu_hours" and float(tags["cost.accelerator_hours"]) > 0
+    parent = mlc.get_run(summary["parent_run_id"]).data
+    assert parent.metrics["cost.cpu_hours"] == pytest.approx(summary["cost"]["cpu_hours"]["hours"])
+    assert parent.tags["adaptive.decided"] == "1/2" and parent.tags["adaptive.added_seeds"] == "4"
+
+
+@pytest.mark.slow
+def test_budget_skips_what_does_not_fit_and_a_larger_budget_continues(setup) -> None:
+    tmp, c = setup
+    path = write_grid(tmp / "g.yaml", "budget", steps=40, seeds=[0, 1, 2, 3, 4, 5], levels=["token"],
+                      pools=["sim-h100"], budget="{max_parallel: 1, gpu_hours: 0.0015}", tiny=False)
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    b = summary["budget"]
+    grid_dir = Path(summary["grid_dir"])
+    done = [t for t in records.trial_ids(grid_dir)
+            if records.load_state(TrialPaths(grid_dir, t), t).state.value == "done"]
+    assert b["started"] == len(done) >= 1 and len(b["skipped"]) == 6 - len(done) >= 1
+    assert b["to_finish_hours"] > 0
+    for tid in b["skipped"]:
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        assert rec.state.value == "pending" and "budget.gpu_hours=0.0015" in rec.pending_reason
+        assert not records.load_attempts(TrialPaths(grid_dir, tid))  # never started
+    spent = summary["cost"]["cpu_hours"]["hours"]
+    # Each start fitted its projection (measured step time of the trials before it): the grid
+    # may overrun only by one trial's misprojection, never by another whole trial.
+    per_trial = spent / len(done)
+    assert spent <= 0.0015 + per_trial
+    lines = scheduler.end_report(summary)
+    assert any("skipped for budget" in line and "submit again" in line for line in lines)
+    # A re-submit with a larger budget runs what was skipped, and nothing twice.
+    path.write_text(path.read_text().replace("gpu_hours: 0.0015", "gpu_hours: 1"))
+    again = scheduler.submit(str(path), address=c.address, progress=False)
+    assert again["states"] == {"done": 6} and again["budget"]["skipped"] == []
+    assert again["budget"]["started"] == 6 - len(done)

@@ -1,0 +1,57 @@
+"""Which cell gets the next adaptive seed, and what deciding a comparison would cost."""
+from __future__ import annotations
+
+import math
+
+from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
+from orchestrator.seeds import Outcome, comparisons, needs_seed, seeds_to_decide
+
+SPEC = AdaptiveSeedsSpec(min=2, max=6, target="collapse_rate", ci_width=0.4)
+DECL = [CompareDecl(axis="corr", baseline="none")]
+
+
+def _cell(corr: str, pool: str) -> tuple:
+    return (("corr", corr), ("pool", pool))
+
+
+def _outs(*collapsed: bool, hours: float = 1.0) -> list[Outcome]:
+    return [Outcome(i, c, math.nan, hours) for i, c in enumerate(collapsed)]
+
+
+def test_decided_comparisons_stop_and_undecided_ones_come_first() -> None:
+    cells = {_cell("none", "a"): _outs(True, True), _cell("tis", "a"): _outs(False, False),
+             _cell("none", "b"): _outs(True, False), _cell("tis", "b"): _outs(False, False),
+             _cell("solo", "c"): _outs(True, False)}  # in no comparison: width only
+    comps = comparisons(cells, DECL, "collapse_rate")
+    assert {(c.context, c.decided) for c in comps} == {("pool=a", True), ("pool=b", False)}
+    order = needs_seed(cells, SPEC, comps, {k: len(v) for k, v in cells.items()})
+    # pool a is decided at 2 seeds each; pool b's two cells first, then the wide solo cell.
+    assert order[:2] == [_cell("none", "b"), _cell("tis", "b")] or order[:2] == [_cell("tis", "b"), _cell("none", "b")]
+    assert order[2:] == [_cell("solo", "c")]
+
+
+def test_a_running_seed_holds_its_cell_and_its_comparison_partner() -> None:
+    cells = {_cell("none", "b"): _outs(True, False), _cell("tis", "b"): _outs(False, False)}
+    comps = comparisons(cells, DECL, "collapse_rate")
+    started = {_cell("none", "b"): 3, _cell("tis", "b"): 2}  # seed 2 of none@b still runs
+    assert needs_seed(cells, SPEC, comps, started) == []
+
+
+def test_cells_stop_at_max_or_at_the_width() -> None:
+    narrow = AdaptiveSeedsSpec(min=2, max=4, target="final_reward", ci_width=0.1)
+    cells = {(("x", "1"),): [Outcome(i, False, 0.50 + 0.001 * i) for i in range(3)],
+             (("x", "2"),): [Outcome(i, False, r) for i, r in enumerate([0.2, 0.8, 0.5, 0.1])]}
+    assert needs_seed(cells, narrow, [], {k: len(v) for k, v in cells.items()}) == []
+
+
+def test_seeds_to_decide_grows_as_the_difference_shrinks() -> None:
+    cells = {_cell("none", "b"): _outs(True, False, True, False), _cell("tis", "b"): _outs(False, False, False, False)}
+    [comp] = comparisons(cells, DECL, "collapse_rate")
+    # 2/4 vs 0/4: shrunk variances 1/4 + 5/36, z^2 = 3.84, d = 0.5 -> 6 seeds per cell: 2 more each.
+    spec = AdaptiveSeedsSpec(min=2, max=40, target="collapse_rate", ci_width=0.3)
+    assert seeds_to_decide(comp, cells[comp.cell], cells[comp.base_cell], spec) == 4
+    five = AdaptiveSeedsSpec(min=2, max=5, target="collapse_rate", ci_width=0.3)
+    assert seeds_to_decide(comp, cells[comp.cell], cells[comp.base_cell], five) is None  # > max
+    same = {_cell("none", "b"): _outs(False, False), _cell("tis", "b"): _outs(False, False)}
+    [flat] = comparisons(same, DECL, "collapse_rate")
+    assert seeds_to_decide(flat, same[flat.cell], same[flat.base_cell], spec) is None  # no difference
