@@ -18,6 +18,7 @@ import base64
 import html
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -29,7 +30,7 @@ from orchestrator.compare._stats import cell_stats, fanova_importance, format_ce
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
 from orchestrator.numerics import environments
-from orchestrator.store import workspace
+from orchestrator.store import records, workspace
 from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
@@ -66,8 +67,12 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     if exp is None:
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
                         "fix: run `ablate submit` first or pass --tracking-uri")
-    results = load_results(mlc, exp.experiment_id, axis_names,
-                           grid_dir=workspace.grid_dir(grid.name, workdir))
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    results = load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir)
+    for problem in records.damaged_metrics(grid_dir) if (grid_dir / "trials").is_dir() else ():
+        # The tables come from MLflow; the trial's own record of its steps is what is damaged.
+        print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
+              "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)
     if not results:
         raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
     judge_missing(results, grid.spec.collapse, grid.spec.steps)

@@ -38,6 +38,7 @@ class TrialView:
     verdict: str | None = None
     note: str = ""  # pending reason, verdict reason or error
     rate: float | None = None  # steps per second of the running attempt
+    problem: str = ""  # what is wrong with its metrics file (``ablate status`` checks)
 
     def to_json(self) -> dict[str, Any]:
         return dataclasses.asdict(self)
@@ -75,8 +76,10 @@ def _rate(paths: TrialPaths, step: int) -> float | None:
     return done / elapsed if done > 0 and elapsed > 0 else None
 
 
-def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
-    """Read the grid's trial files into a view (a trial without state.json is pending)."""
+def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False) -> GridView:
+    """Read the grid's trial files into a view (a trial without state.json is pending). With
+    ``check`` (``ablate status``), every file of a trial that is not running is read whole: a
+    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` is the trial's ``problem``."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
@@ -100,6 +103,11 @@ def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
             view.note = rec.error or view.note
         elif rec.state.value == "running":
             view.rate = _rate(paths, view.step)
+        if check and rec.state is not TrialState.RUNNING:
+            records.load_attempts(paths)
+            view.problem = records.check_metrics(paths.metrics, rec.last_step).describe()
+            if view.problem:
+                view.note = "metrics.jsonl damaged (see below)"
         trials.append(view)
     name = grid_name or grid_dir.name
     return GridView(name, str(grid_dir), trials, active_holder(grid_dir), _eta(trials))

@@ -37,9 +37,10 @@ import functools
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -50,6 +51,7 @@ from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
+from orchestrator.scheduler._repair import repair_metrics
 from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
@@ -137,6 +139,7 @@ class Submission:
         self.placements: dict[str, Placement] = {}
         self.limits: dict[str, int] = {}  # pool -> trials it runs at once
         self.standby: dict[str, int] = {}  # pool -> trials staged beyond its limit (_gate)
+        self.repaired: list[str] = []  # damaged metrics files repaired before the run
 
     def run(self, address: str | None) -> dict[str, Any]:
         """Run the trials to the end on Ray (``address``, or an embedded cluster); the summary."""
@@ -195,12 +198,20 @@ class Submission:
         if self.search is not None:
             self.trials, self.prior = search_records(self.grid_dir)
         records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
-        self.todo, finished = _prepare_records(self.grid_dir, self.trials)
+        self.todo, finished = _prepare_records(self.grid_dir, self.trials, self._repair)
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
         self.already = len(finished) + len(self.prior)
         self.trial_pool = {t.trial_id: t.pool for t in self.todo}
         self.routes = self._routes(self.todo)
+
+    def _repair(self, paths: TrialPaths, rec: records.TrialRecord) -> None:
+        """A damaged metrics file repaired (``_repair``), and said."""
+        note = repair_metrics(paths, rec, tracking_uri=self.tracking_uri,
+                              checkpoint=self.grid.spec.checkpoint)
+        if note is not None:
+            self.repaired.append(note)
+            print(f"repaired: {note}", file=sys.stderr, flush=True)
 
     def _routes(self, trials: list[TrialSpec]) -> dict[str, str]:
         """The pool each trial's next attempt runs on (a resume request may move it)."""
@@ -335,6 +346,7 @@ class Submission:
         search = self.search is not None
         summary = summarize(self.grid, self.grid_dir, trials_of(self.grid_dir, search, self.trials))
         summary["rescued"] = [t.trial_id for t in rescued]
+        summary["repaired"] = self.repaired
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),
@@ -347,9 +359,12 @@ class Submission:
 # --------------------------------------------------------------------------- stages' helpers
 
 
-def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], list[str]]:
-    """Write the spec of each trial and reset trials left RUNNING by a dead orchestrator.
-    Returns the trials to run and the finished ones (whose outboxes the sender still sends)."""
+def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
+                     repair: Callable[[TrialPaths, records.TrialRecord], None] | None = None,
+                     ) -> tuple[list[TrialSpec], list[str]]:
+    """Write the spec of each trial, check its files (``repair`` its metrics file) and reset
+    trials left RUNNING by a dead orchestrator. Returns the trials to run and the finished ones
+    (whose outboxes the sender still sends)."""
     todo, finished = [], []
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
@@ -359,10 +374,12 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[Tria
             continue
         with _quiet_trial(paths, t.trial_id):
             rec = records.load_state(paths, t.trial_id)
+            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
+            if repair is not None:
+                repair(paths, rec)  # may reopen a finished trial to recompute what its file lost
             if rec.state.is_finished():
                 finished.append(t.trial_id)
                 continue
-            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
             if rec.state is TrialState.RUNNING or rec.pending_reason:
                 if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
                     rec.state = transition(rec.state, TrialState.PENDING)
