@@ -40,7 +40,7 @@ def submit_body(args: argparse.Namespace) -> int:
     summary = submit(
         args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
         workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
-        progress=not args.no_progress and not args.json,
+        progress=not args.no_progress and not args.json, name=args.name, extend=args.extend,
     )
     if args.json:
         json.dump(summary, sys.stdout, default=str)
@@ -66,7 +66,7 @@ def compare_body(args: argparse.Namespace) -> int:
     from orchestrator.compare import compare  # deferred: --help stays fast
 
     out = compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
-                  tracking_uri=args.tracking_uri, workdir=args.workdir)
+                  tracking_uri=args.tracking_uri, workdir=args.workdir, name=args.name)
     print(f"results written to {out}")
     print(f"MLflow store: {workspace.tracking_uri(args.tracking_uri, args.workdir)} "
           f"(browse it with `ablate ui {Path(out).name if args.out is None else args.grid}`)")
@@ -79,7 +79,8 @@ def resume_body(args: argparse.Namespace) -> int:
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
     out = resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
                  start=args.from_, sets=parse_assignments(args.set), workdir=args.workdir,
-                 tracking_uri=args.tracking_uri, address=args.address, derive=args.derive)
+                 tracking_uri=args.tracking_uri, address=args.address, derive=args.derive,
+                 name=args.name)
     for r in out["resumed"]:
         verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
@@ -132,6 +133,10 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--no-progress", action="store_true", help="no live progress table")
     s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
     s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
+    s.add_argument("--name", help="run the grid under this name instead of its `name:`")
+    s.add_argument("--extend", action="store_true",
+                   help="add this grid's trials to an existing grid of the same name that has "
+                        "other trials (other steps, axes, ...)")
     _common(s)
     s.set_defaults(func=submit_body)
 
@@ -153,6 +158,7 @@ def add_commands(sub: Any) -> None:
     cmp_.add_argument("--rows", help="axis for table rows (default: the first axis)")
     cmp_.add_argument("--cols", help="axis for table columns (default: pool)")
     cmp_.add_argument("--out", help="output directory (default results/<grid>)")
+    cmp_.add_argument("--name", help="the grid as submitted with `ablate submit --name NAME`")
     _common(cmp_)
     cmp_.set_defaults(func=compare_body)
 
@@ -171,6 +177,7 @@ def add_commands(sub: Any) -> None:
                    help="run the continuation as a new derived trial and keep the old one as it "
                         "ended (implied by --set); e.g. a collapsed run and its rescue side by side")
     r.add_argument("--address", help="existing Ray cluster")
+    r.add_argument("--name", help="the grid as submitted with `ablate submit --name NAME`")
     _common(r)
     r.set_defaults(func=resume_body)
 

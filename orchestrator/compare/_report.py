@@ -30,6 +30,7 @@ from orchestrator.compare._stats import cell_stats, fanova_importance, format_ce
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
 from orchestrator.numerics import environments
+from orchestrator.scheduler import renamed
 from orchestrator.store import records, workspace
 from orchestrator.tracking import ROLE_TAG, client
 
@@ -56,9 +57,10 @@ def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[
 
 def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None = None,
             out_dir: str | Path | None = None, tracking_uri: str | None = None,
-            workdir: str | Path | None = None) -> Path:
-    """Write ``results/<grid>/`` for the grid's tracked trials; returns the directory."""
-    grid = load_grid(grid_path)
+            workdir: str | Path | None = None, name: str | None = None) -> Path:
+    """Write ``results/<grid>/`` for the grid's tracked trials (``name``: the grid as submitted
+    under another name); returns the directory."""
+    grid = renamed(load_grid(grid_path), name)
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
     uri = workspace.tracking_uri(tracking_uri, workdir)

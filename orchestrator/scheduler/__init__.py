@@ -7,7 +7,8 @@ pool; and the grid's automatic rescue), ``status_command`` and ``cancel``.
 from __future__ import annotations
 
 from orchestrator.scheduler._control import cancel, status_command
+from orchestrator.scheduler._identity import renamed
 from orchestrator.scheduler._resume import resume
 from orchestrator.scheduler._submission import run_trials, submit
 
-__all__ = ["cancel", "resume", "run_trials", "status_command", "submit"]
+__all__ = ["cancel", "renamed", "resume", "run_trials", "status_command", "submit"]

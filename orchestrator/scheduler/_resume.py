@@ -41,6 +41,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
+from orchestrator.scheduler._identity import renamed
 from orchestrator.scheduler._repair import missing_before, repair_metrics
 from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
 from orchestrator.scheduler._submission import run_trials, submission_id
@@ -55,7 +56,8 @@ if TYPE_CHECKING:
 def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
-           local: bool = False, progress: bool = True, derive: bool = False) -> dict[str, Any]:
+           local: bool = False, progress: bool = True, derive: bool = False,
+           name: str | None = None) -> dict[str, Any]:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
 
     ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
@@ -65,7 +67,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
     ``ConcurrencyError`` when the grid is running.
     """
-    grid = load_grid(grid_path)
+    grid = renamed(load_grid(grid_path), name)  # `--name`: the grid as submitted under it
     grid_dir = workspace.grid_dir(grid.name, workdir)
     if not (grid_dir / "trials").is_dir():
         raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "

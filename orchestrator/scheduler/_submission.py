@@ -49,6 +49,7 @@ from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import ConcurrencyError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._identity import check_identity, renamed
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_metrics
@@ -67,13 +68,16 @@ log = logging.getLogger(__name__)
 def submit(grid_path: str, *, backend: str | None = None, address: str | None = None,
            tracking_uri: str | None = None, workdir: str | None = None,
            max_parallel: int | None = None, force: bool = False, progress: bool = True,
-           ray_tmp: str | None = None) -> dict[str, Any]:
+           ray_tmp: str | None = None, name: str | None = None,
+           extend: bool = False) -> dict[str, Any]:
     """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
+    ``name`` runs it under another name; ``extend`` adds its trials to an existing grid of that
+    name that has other trials (``_identity``).
 
     Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
     ``UserError`` for a bad grid, both before anything starts.
     """
-    grid = load_grid(grid_path, backend=backend)
+    grid = renamed(load_grid(grid_path, backend=backend), name)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
@@ -82,6 +86,9 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     lease = GridLease(grid_dir, grid.name)
     lease.acquire(submission)
     try:
+        note = check_identity(grid, grid_dir, trials, extend=extend)
+        if note is not None:
+            print(note, file=sys.stderr, flush=True)
         return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
                           max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
                           rescue=True).run(address)
