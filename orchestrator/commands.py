@@ -27,6 +27,16 @@ def _from_step(text: str) -> str | int:
     return step
 
 
+def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
+    """The environment a command needs, checked before it does anything: the workdir (a
+    directory, writable if the command writes) and the tracking store (a URI that can work)."""
+    workspace.check_workdir(args.workdir, write=write)
+    if hasattr(args, "tracking_uri"):
+        from orchestrator.tracking import check_store  # deferred: --help stays fast
+
+        check_store(workspace.tracking_uri(args.tracking_uri, args.workdir))
+
+
 # --------------------------------------------------------------------------- bodies
 
 
@@ -35,6 +45,7 @@ def submit_body(args: argparse.Namespace) -> int:
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+    _preflight(args)
     from orchestrator.scheduler import submit  # deferred: --help stays fast
 
     summary = submit(
@@ -49,12 +60,14 @@ def submit_body(args: argparse.Namespace) -> int:
 
 
 def status_body(args: argparse.Namespace) -> int:
+    _preflight(args, write=False)
     from orchestrator.scheduler import status_command  # deferred: --help stays fast
 
     return int(status_command(args.grid, workdir=args.workdir, as_json=args.json) or 0)
 
 
 def cancel_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.scheduler import cancel  # deferred: --help stays fast
 
     n = cancel(args.grid, trials=args.trial, pool=args.pool, workdir=args.workdir)
@@ -63,6 +76,7 @@ def cancel_body(args: argparse.Namespace) -> int:
 
 
 def compare_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.compare import compare  # deferred: --help stays fast
 
     out = compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
@@ -74,6 +88,7 @@ def compare_body(args: argparse.Namespace) -> int:
 
 
 def resume_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.scheduler import resume  # deferred: --help stays fast
 
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
@@ -90,6 +105,7 @@ def resume_body(args: argparse.Namespace) -> int:
 
 
 def ui_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.tracking import ui  # deferred: --help stays fast
 
     return int(ui(grid=args.grid, port=args.port, tracking_uri=args.tracking_uri,
@@ -97,6 +113,7 @@ def ui_body(args: argparse.Namespace) -> int:
 
 
 def run_trial_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.run import run_single  # deferred: --help stays fast
 
     result = run_single(args.grid, args.trial, workdir=args.workdir,

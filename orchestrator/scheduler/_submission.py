@@ -33,6 +33,7 @@ module without starting anything.
 from __future__ import annotations
 
 import contextlib
+import errno
 import functools
 import logging
 import os
@@ -49,6 +50,7 @@ from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import ConcurrencyError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._faults import fault_of, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
@@ -57,7 +59,7 @@ from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
-from orchestrator.tracking import Sender, client, is_remote
+from orchestrator.tracking import Sender, check_store, client, is_remote
 from orchestrator.trial import TrialSpec, TrialState, transition
 
 if TYPE_CHECKING:
@@ -81,19 +83,22 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
+    workspace.check_workdir(workdir)  # a bad workdir or store: one line, before anything starts
+    check_store(workspace.tracking_uri(tracking_uri, workdir))
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
-    lease.acquire(submission)
-    try:
-        note = check_identity(grid, grid_dir, trials, extend=extend)
-        if note is not None:
-            print(note, file=sys.stderr, flush=True)
-        return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
-                          max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                          rescue=True).run(address)
-    finally:
-        lease.release()
+    with stop_on_full_disk(grid_dir, trials):
+        lease.acquire(submission)
+        try:
+            note = check_identity(grid, grid_dir, trials, extend=extend)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
+            return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
+                              max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
+                              rescue=True).run(address)
+        finally:
+            lease.release()
 
 
 def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,
@@ -155,14 +160,18 @@ class Submission:
         self.started = time.time()
         self.sender.start()
         ok = False
-        try:
-            summary = self._stages(address)
-            ok = True
-            return summary
-        finally:
-            self.sender.close()
-            if not ok and self.sender.parent is not None:
-                self.sender.parent.end("FAILED")
+        with stop_on_full_disk(self.grid_dir, self.trials):
+            try:
+                summary = self._stages(address)
+                ok = True
+                return summary
+            finally:
+                self.sender.close()
+                if not ok and self.sender.parent is not None:
+                    try:
+                        self.sender.parent.end("FAILED")
+                    except Exception as exc:  # noqa: BLE001 - the store may be what failed
+                        log.warning("parent run not closed: %s", exc)
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -282,7 +291,8 @@ class Submission:
         for stored, value in self.prior:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
-                        on_trial_over=self.sender.send, abort=lambda: self.sender.error)
+                        on_trial_over=self.sender.send,
+                        abort=lambda: self.sender.error or _fault_error(gate))
         _stop_credential_propagation()
         try:
             with _tune_env(self.max_parallel + sum(self.standby.values())):
@@ -290,10 +300,15 @@ class Submission:
         except Exception:
             if self.sender.error is not None:  # the store is unreachable: the callback stopped Tune
                 raise self.sender.error from None
+            if fault_of(gate.results) is not None:  # a trial hit a full disk: the callback stopped Tune
+                raise _fault_error(gate) from None
             raise
         finally:
             live.stop()
             _drop_tune_pickles(self.grid_dir / "tune" / name)
+        fault = _fault_error(gate)
+        if fault is not None:  # the fit ended before the callback saw it
+            raise fault
         self.sender.drain()  # run ids in state.json before anything below reads them
         _mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
@@ -364,6 +379,12 @@ class Submission:
 
 
 # --------------------------------------------------------------------------- stages' helpers
+
+
+def _fault_error(gate: Any) -> OSError | None:
+    """A trial's reported full disk (``_trainable``) as the error that stops the submission."""
+    fault = fault_of(gate.results)
+    return None if fault is None else OSError(errno.ENOSPC, fault)
 
 
 def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
