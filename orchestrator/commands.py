@@ -200,7 +200,8 @@ def add_commands(sub: Any) -> None:
 
     u = sub.add_parser("ui", help="start the MLflow UI on loopback for the grid's store")
     u.add_argument("grid", nargs="?")
-    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--port", type=int,
+                   help="port on 127.0.0.1 (default 5000, or a free one if 5000 is taken)")
     _common(u)
     u.set_defaults(func=ui_body)
 
