@@ -21,8 +21,7 @@ import logging
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.store import CheckpointStore, ResumeRequest, TrialPaths, records
-from orchestrator.tracking import client
-from orchestrator.tracking._store import fail_fast, sanitize_key
+from orchestrator.tracking import client, fail_fast, sanitize_key
 from orchestrator.trial import TrialState, transition
 
 if TYPE_CHECKING:
