@@ -7,6 +7,7 @@ Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
       mlartifacts/              its artifact store
       <grid>/
         grid.json               the validated grid (file path, digest) of the last submission
+        identity.json           what the grid's name stands for: its trial-defining fields and trial ids
         recipe.json             the composed recipe the trials were built from
         lease.json              which orchestrator process owns the grid right now
         tune/                   Ray Tune experiment directory (for restore)
