@@ -12,6 +12,7 @@ submitting again continues the grid.
 from __future__ import annotations
 
 import contextlib
+import errno
 import os
 from collections.abc import Iterable, Iterator, Mapping
 from pathlib import Path
@@ -38,9 +39,11 @@ def is_disk_full(exc: BaseException) -> bool:
     return False
 
 
-def fault_of(results: Mapping[str, Mapping[str, Any]]) -> str | None:
-    """The first fault a trial reported (``_trainable``), or None."""
-    return next((str(r["fault"]) for r in results.values() if r.get("fault")), None)
+def fault_error(results: Mapping[str, Mapping[str, Any]]) -> OSError | None:
+    """The first full disk a trial reported (``_trainable``), as the error that stops the
+    submission, or None."""
+    fault = next((str(r["fault"]) for r in results.values() if r.get("fault")), None)
+    return None if fault is None else OSError(errno.ENOSPC, fault)
 
 
 def tree_size(root: Path) -> int:

@@ -17,17 +17,33 @@ Every repair is said (one line per trial, on stderr, and in the submission's sum
 """
 from __future__ import annotations
 
+import json
 import logging
+import sys
+import tempfile
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.store import CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.tracking import client, fail_fast, sanitize_key
-from orchestrator.trial import TrialState, transition
+from orchestrator.trial import Attempt, TrialState, transition
 
 if TYPE_CHECKING:
     from orchestrator.schema import CheckpointSpec
 
 log = logging.getLogger(__name__)
+
+
+def repair_trial(paths: TrialPaths, rec: records.TrialRecord, *, tracking_uri: str,
+                 checkpoint: CheckpointSpec) -> list[str]:
+    """``ablate submit``'s repairs of one trial that is not running (its lost attempts list,
+    its metrics file), each said on stderr; returns what was done."""
+    notes = [n for n in (restore_attempts(paths, rec, tracking_uri=tracking_uri),
+                         repair_metrics(paths, rec, tracking_uri=tracking_uri, checkpoint=checkpoint))
+             if n is not None]
+    for note in notes:
+        print(f"repaired: {note}", file=sys.stderr, flush=True)
+    return notes
 
 
 def repair_metrics(paths: TrialPaths, rec: records.TrialRecord, *, tracking_uri: str,
@@ -52,6 +68,25 @@ def repair_metrics(paths: TrialPaths, rec: records.TrialRecord, *, tracking_uri:
         else:
             done.append("MLflow does not hold the missing steps")
     return f"trial {rec.trial_id}: {check.describe()}; " + ", ".join(done)
+
+
+def restore_attempts(paths: TrialPaths, rec: records.TrialRecord, *, tracking_uri: str) -> str | None:
+    """A trial that had attempts but lost its ``attempts.json`` (deleted as the corrupt-file
+    message says) gets it back from its MLflow run's ``attempts.json`` artifact, if the run has
+    one; returns what was done, or None."""
+    if paths.attempts.exists() or rec.attempts == 0 or rec.mlflow_run_id is None:
+        return None
+    try:
+        with fail_fast(tracking_uri), tempfile.TemporaryDirectory() as tmp:
+            local = client(tracking_uri).download_artifacts(rec.mlflow_run_id, "attempts.json", tmp)
+            data = json.loads(Path(local).read_text())
+            attempts = [Attempt.from_json(a) for a in data["attempts"]]
+    except Exception as exc:  # noqa: BLE001 - no artifact, or the store is down: nothing to restore
+        log.info("trial %s: attempts.json not restored: %s", rec.trial_id, exc)
+        return None
+    records.save_attempts(paths, attempts)
+    return (f"trial {rec.trial_id}: {paths.attempts} was missing; restored its {len(attempts)} "
+            f"attempt(s) from MLflow run {rec.mlflow_run_id}")
 
 
 def _from_mlflow(paths: TrialPaths, rec: records.TrialRecord, have: int,

@@ -33,7 +33,6 @@ module without starting anything.
 from __future__ import annotations
 
 import contextlib
-import errno
 import functools
 import logging
 import os
@@ -50,11 +49,11 @@ from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import ConcurrencyError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
-from orchestrator.scheduler._faults import fault_of, stop_on_full_disk
+from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
-from orchestrator.scheduler._repair import repair_metrics
+from orchestrator.scheduler._repair import repair_trial
 from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
@@ -222,12 +221,9 @@ class Submission:
         self.routes = self._routes(self.todo)
 
     def _repair(self, paths: TrialPaths, rec: records.TrialRecord) -> None:
-        """A damaged metrics file repaired (``_repair``), and said."""
-        note = repair_metrics(paths, rec, tracking_uri=self.tracking_uri,
-                              checkpoint=self.grid.spec.checkpoint)
-        if note is not None:
-            self.repaired.append(note)
-            print(f"repaired: {note}", file=sys.stderr, flush=True)
+        """A trial's damaged files repaired before it is judged (``_repair``), and said."""
+        self.repaired += repair_trial(paths, rec, tracking_uri=self.tracking_uri,
+                                      checkpoint=self.grid.spec.checkpoint)
 
     def _routes(self, trials: list[TrialSpec]) -> dict[str, str]:
         """The pool each trial's next attempt runs on (a resume request may move it)."""
@@ -292,7 +288,7 @@ class Submission:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
                         on_trial_over=self.sender.send,
-                        abort=lambda: self.sender.error or _fault_error(gate))
+                        abort=lambda: self.sender.error or fault_error(gate.results))
         _stop_credential_propagation()
         try:
             with _tune_env(self.max_parallel + sum(self.standby.values())):
@@ -300,15 +296,14 @@ class Submission:
         except Exception:
             if self.sender.error is not None:  # the store is unreachable: the callback stopped Tune
                 raise self.sender.error from None
-            if fault_of(gate.results) is not None:  # a trial hit a full disk: the callback stopped Tune
-                raise _fault_error(gate) from None
+            if fault_error(gate.results) is not None:  # a trial's disk is full: the callback stopped Tune
+                raise fault_error(gate.results) from None
             raise
         finally:
             live.stop()
             _drop_tune_pickles(self.grid_dir / "tune" / name)
-        fault = _fault_error(gate)
-        if fault is not None:  # the fit ended before the callback saw it
-            raise fault
+        if fault_error(gate.results) is not None:  # the fit ended before the callback saw it
+            raise fault_error(gate.results)
         self.sender.drain()  # run ids in state.json before anything below reads them
         _mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
@@ -379,12 +374,6 @@ class Submission:
 
 
 # --------------------------------------------------------------------------- stages' helpers
-
-
-def _fault_error(gate: Any) -> OSError | None:
-    """A trial's reported full disk (``_trainable``) as the error that stops the submission."""
-    fault = fault_of(gate.results)
-    return None if fault is None else OSError(errno.ENOSPC, fault)
 
 
 def _prepare_records(grid_dir: Path, trials: list[TrialSpec],

@@ -165,3 +165,19 @@ def test_submit_repairs_short_metrics_from_mlflow_or_by_resuming_from_a_checkpoi
     assert after[a]["state"].mlflow_run_id == run_a
     assert main(["status", "torn"]) == 0
     assert "warning" not in capsys.readouterr().err
+
+    # A corrupt attempts.json of the finished trial: named with its fix; the fix loses nothing.
+    attempts = after[b]["paths"].attempts
+    attempts.write_text(attempts.read_text()[:50])
+    assert main(["status", "torn"]) == 2
+    err = capsys.readouterr().err
+    assert err.startswith(f"error: {attempts}: corrupt JSON state file") and "fix: delete it" in err
+    assert main(["submit", str(path), "--address", c.address, "--no-progress"]) == 2
+    assert capsys.readouterr().err.startswith(f"error: {attempts}: corrupt JSON state file")
+    attempts.unlink()
+    assert main(["submit", str(path), "--address", c.address, "--no-progress"]) == 0
+    said = [x for x in capsys.readouterr().err.splitlines() if x.startswith("repaired: ")]
+    run_b = after[b]["state"].mlflow_run_id
+    assert said == [f"repaired: trial {b}: {attempts} was missing; restored its 2 attempt(s) "
+                    + f"from MLflow run {run_b}"]
+    assert records.load_attempts(after[b]["paths"]) == after[b]["attempts"]
