@@ -139,6 +139,19 @@ def test_submit_repairs_short_metrics_from_mlflow_or_by_resuming_from_a_checkpoi
     _drop_mlflow_steps_after(uri, run_b, 9)
     capsys.readouterr()
 
+    # compare (its tables come from MLflow) says which trial's own record is damaged
+    assert main(["compare", str(path), "--out", str(isolated / "results")]) == 0
+    warned = [x for x in capsys.readouterr().err.splitlines() if x.startswith("warning: ")]
+    assert len(warned) == 2 and all("holds steps 1-11 of the 20" in x for x in warned), warned
+    # resume past the hole MLflow cannot fill is refused; nothing ran
+    assert main(["resume", str(path), "--trial", b, "--pool", "sim-h100", "--from", "15",
+                 "--address", c.address]) == 2
+    err = capsys.readouterr().err
+    refused = [x for x in err.splitlines() if x.startswith("error: ")]
+    assert refused and refused[0].startswith(f"error: trial {b}: cannot resume from step 15: "), err
+    assert "fix: `--from` a checkpoint at or before step 11" in refused[0]
+    assert len(H.trials(grid_dir)[b]["attempts"]) == 1
+
     assert main(["submit", str(path), "--address", c.address, "--no-progress"]) == 0
     _out, err = capsys.readouterr()
     said = [line for line in err.splitlines() if line.startswith("repaired: ")]
