@@ -79,7 +79,8 @@ def _rate(paths: TrialPaths, step: int) -> float | None:
 def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False) -> GridView:
     """Read the grid's trial files into a view (a trial without state.json is pending). With
     ``check`` (``ablate status``), every file of a trial that is not running is read whole: a
-    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` is the trial's ``problem``."""
+    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` of a finished trial is its
+    ``problem`` (``ablate submit`` repairs it)."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
@@ -105,6 +106,7 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
             view.rate = _rate(paths, view.step)
         if check and rec.state is not TrialState.RUNNING:
             records.load_attempts(paths)
+        if check and rec.state.is_finished():  # an unfinished one may be mid-rewind right now
             view.problem = records.check_metrics(paths.metrics, rec.last_step).describe()
             if view.problem:
                 view.note = "metrics.jsonl damaged (see below)"

@@ -242,13 +242,13 @@ def repair_torn(path: Path) -> int:
 
 
 def damaged_metrics(grid_dir: Path) -> list[str]:
-    """What is wrong with the metrics files of a grid's trials that are not running, one line
-    each (for the readers that only report: ``ablate compare``)."""
+    """What is wrong with the metrics files of a grid's finished trials, one line each (for the
+    readers that only report: ``ablate compare``; an unfinished trial may be mid-rewind)."""
     out = []
     for tid in trial_ids(grid_dir):
         paths = TrialPaths(grid_dir, tid)
         rec = load_state(paths, tid)
-        if rec.state is not TrialState.RUNNING:
+        if rec.state.is_finished():
             problem = check_metrics(paths.metrics, rec.last_step).describe()
             if problem:
                 out.append(f"trial {tid}: {problem}")
