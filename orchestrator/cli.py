@@ -34,7 +34,8 @@ def _console() -> Any:
 
 
 def plan_command(args: argparse.Namespace) -> int:
-    grid = load_grid(args.grid, backend=args.backend)
+    grid = load_grid(args.grid, backend=args.backend,
+                     limit_trials=not (args.force or args.show_recipe))
     if args.show_recipe:
         for key, value in flatten(grid.recipe_config):
             print(f"{key} = {json.dumps(value)}")

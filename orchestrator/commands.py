@@ -11,6 +11,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator.exceptions import UserError
 from orchestrator.recipes import parse_assignments
 from orchestrator.store import workspace
 
@@ -46,17 +47,39 @@ def submit_body(args: argparse.Namespace) -> int:
 
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
     _preflight(args)
-    from orchestrator.scheduler import submit  # deferred: --help stays fast
+    from orchestrator.scheduler import EventPrinter, submit  # deferred: --help stays fast
 
+    mode = _output_mode(args, sys.stdout.isatty())
+    printer = EventPrinter(mode) if mode in EventPrinter.MODES else None
+    if args.summary_every <= 0:
+        raise UserError(f"--summary-every {args.summary_every}: must be > 0 seconds")
     summary = submit(
         args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
         workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
-        progress=not args.no_progress and not args.json, name=args.name, extend=args.extend,
+        progress=mode == "live", events=printer, summary_every_s=args.summary_every,
+        name=args.name, extend=args.extend,
     )
-    if args.json:
+    if printer is not None:
+        printer.summary(summary)
+    elif args.json:
         json.dump(summary, sys.stdout, default=str)
         sys.stdout.write("\n")
     return 0
+
+
+def _output_mode(args: argparse.Namespace, tty: bool) -> str:
+    """What ``ablate submit`` prints: ``json`` events, ``quiet``, the ``summary`` JSON only
+    (``--json``), the ``live`` table on a terminal, event ``lines`` off one, or ``none``
+    (``--no-progress`` on a terminal)."""
+    if args.json_events:
+        return "json"
+    if args.quiet:
+        return "quiet"
+    if args.json:
+        return "summary"
+    if not tty:
+        return "lines"
+    return "none" if args.no_progress else "live"
 
 
 def status_body(args: argparse.Namespace) -> int:
@@ -146,8 +169,17 @@ def add_commands(sub: Any) -> None:
     s.add_argument("--address", help="existing Ray cluster (default: $RAY_ADDRESS or a local one)")
     s.add_argument("--max-parallel", type=int, help="override budget.max_parallel")
     s.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
-    s.add_argument("--json", action="store_true", help="print a JSON summary, no live table")
-    s.add_argument("--no-progress", action="store_true", help="no live progress table")
+    out = s.add_mutually_exclusive_group()
+    out.add_argument("--json", action="store_true", help="print a JSON summary, no live table")
+    out.add_argument("--json-events", action="store_true",
+                     help="print one JSON object per trial event, pool summary and the final "
+                          "summary, a line each (for scripts)")
+    out.add_argument("--quiet", action="store_true",
+                     help="print only the final summary and failed trials")
+    s.add_argument("--no-progress", action="store_true",
+                   help="no live progress table (on a terminal)")
+    s.add_argument("--summary-every", type=float, default=30.0, metavar="SECONDS",
+                   help="off a terminal: a summary line per pool this often (default 30)")
     s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
     s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
     s.add_argument("--name", help="run the grid under this name instead of its `name:`")

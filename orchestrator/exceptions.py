@@ -7,7 +7,20 @@ without a traceback. Anything else is an internal error and keeps its traceback.
 from __future__ import annotations
 
 import difflib
+import re
 from collections.abc import Iterable, Sequence
+
+MAX_WORD = 120  # a value echoed in a message (a key, a path, a label) is cut to this many chars
+MAX_MESSAGE = 2000
+_LONG_WORD = re.compile(rf"\S{{{MAX_WORD + 1},}}")
+
+
+def clip(message: str) -> str:
+    """One line, of bounded length: a 100k-character key in a grid must not become a 200 KB
+    error. Each over-long word keeps its start and says how long it was."""
+    text = _LONG_WORD.sub(lambda m: f"{m.group()[:MAX_WORD - 20]}...[{len(m.group())} chars]",
+                          " ".join(str(message).split()))
+    return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 20] + " ...[cut]"
 
 
 class OrchestratorError(Exception):
@@ -20,8 +33,9 @@ class UserError(OrchestratorError, ValueError):
     exit_code = 2
 
     def __init__(self, message: str) -> None:
-        # One line, always: a newline smuggled in by a value must not split the message.
-        super().__init__(" ".join(str(message).split()))
+        # One line, always: a newline smuggled in by a value must not split the message; and
+        # short: a value the user gave is echoed, and may be huge.
+        super().__init__(clip(message))
 
 
 class GridError(UserError):
@@ -53,7 +67,8 @@ class GridError(UserError):
             if len(allowed) > 20:
                 shown += ", ..."
             text += f"; allowed: {shown}"
-        hint = did_you_mean(got, allowed) if allowed is not None and got is not None else None
+        hint = (did_you_mean(got, allowed) if allowed is not None and got is not None
+                and len(str(got)) <= 200 else None)
         if hint:
             text += f"; did you mean {hint!r}?"
         if fix:

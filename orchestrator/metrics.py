@@ -64,3 +64,31 @@ def bucket_count_name(lo: float, hi: float) -> str:
 TIME_PER_STEP = "perf/time_per_step"
 TIME_GEN = "timing_s/gen"
 TIME_UPDATE = "timing_s/update_actor"
+
+
+# --------------------------------------------------------------------------- who reports what
+
+# Namespaces of the metrics verl's file logger writes; the verl backend passes every one of them
+# through (``backends/verl_run.normalise``), plus the shared names above.
+VERL_NAMESPACES = (
+    "actor/", "critic/", "rollout_corr/", "training/", "response_length/", "prompt_length/",
+    "response/", "global_seqlen/", "timing_s/", "timing_per_token_ms/", "perf/", "val-core/",
+    "val-aux/", "num_turns/", "tool_call_counts/", "health/", "eval/",
+)
+
+
+def vocabulary() -> frozenset[str]:
+    """Every metric name defined here, the per-bucket mismatch names included."""
+    names = {v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
+    for lo, hi in PROB_BUCKETS:
+        names |= {bucket_name(lo, hi), bucket_count_name(lo, hi)}
+    return frozenset(names)
+
+
+def reported(name: str, backend: str) -> bool:
+    """Whether ``backend`` can ever report metric ``name`` (``*``: any). The simulator reports
+    names of this vocabulary only; verl (and k8s, which runs verl) also anything under one of
+    verl's namespaces. A collapse rule on another name could never fire."""
+    if name == "*" or name in vocabulary():
+        return True
+    return backend in ("verl", "k8s") and name.startswith(VERL_NAMESPACES)

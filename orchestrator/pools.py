@@ -7,15 +7,19 @@ The built-in catalogue is ``orchestrator/pools.yaml``; a grid may add or replace
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 from typing import Any, Literal
 
-import yaml
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
 
 from orchestrator.exceptions import GridError
+from orchestrator.safeyaml import load_yaml
 
 BUILTIN_CATALOG = Path(__file__).with_name("pools.yaml")
+# A pool name becomes Kubernetes labels and names, Ray resource names and command arguments:
+# an RFC 1123 label (what Kubernetes accepts as a name and a label value).
+POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
 
 class Toleration(BaseModel):
@@ -37,7 +41,8 @@ class PoolSpec(BaseModel):
     kind: Literal["sim", "gpu", "cpu"]
     accelerator: str
     description: str = ""
-    capacity: int = Field(2, ge=0, le=4096)  # concurrent trials this pool hosts
+    # Concurrent trials this pool hosts; 0 would leave its trials waiting for ever.
+    capacity: int = Field(2, ge=1, le=4096)
     # Simulator numerics (kind: sim). Interpreted and validated by the sim backend.
     sim_profile: dict[str, Any] = Field(default_factory=dict)
     # Cluster placement (kind: gpu).
@@ -55,6 +60,14 @@ class PoolSpec(BaseModel):
     # They replace recipe values of the same key; engine flags of the grid replace them.
     verl_overrides: dict[str, Any] = Field(default_factory=dict)
     verl_env: dict[str, str | None] = Field(default_factory=dict)
+
+    @field_validator("capacity", mode="before")
+    @classmethod
+    def _hosts_something(cls, value: object) -> object:
+        if isinstance(value, int) and not isinstance(value, bool) and value < 1:
+            raise ValueError(f"capacity {value}: a pool must host at least one trial at a time "
+                             "(its trials would wait for ever); allowed 1..4096")
+        return value
 
     @property
     def ray_resource(self) -> str:
@@ -92,24 +105,40 @@ class PoolCatalog:
 
 
 def _parse_catalog(path: Path) -> PoolCatalog:
-    try:
-        raw = yaml.safe_load(path.read_text(encoding="utf-8"))
-    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
-        raise GridError(f"cannot read pool catalogue ({type(exc).__name__})", file=str(path),
-                        fix="give a UTF-8 YAML file with a top-level 'pools:' mapping") from None
-    if not isinstance(raw, dict) or not isinstance(raw.get("pools"), dict) or set(raw) != {"pools"}:
-        raise GridError("a pool catalogue is a mapping with one key 'pools:'", file=str(path),
-                        key="pools", fix="see orchestrator/pools.yaml for the format")
+    file = str(path)
+    # A regular file under the byte cap, no bombs, decimal numbers; merge keys share settings.
+    raw, lines = load_yaml(path, merge=True)
+    if not isinstance(raw.get("pools"), dict) or set(raw) != {"pools"}:
+        raise GridError("a pool catalogue is a mapping with one key 'pools:'", file=file,
+                        line=1, key="pools", fix="see orchestrator/pools.yaml for the format")
     pools: dict[str, PoolSpec] = {}
     for name, body in raw["pools"].items():
+        line = lines.get(("pools", name))
+        if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
+            raise GridError(f"pool name {_clip(name)} is not a DNS-style name (lower-case "
+                            "letters, digits and '-', 1-63 characters, a letter or digit at both "
+                            "ends): it becomes Kubernetes labels, Ray resources and command "
+                            "arguments", file=file, line=line, key="pools",
+                            fix="rename the pool, e.g. my-pool-a100")
+        if body is not None and not isinstance(body, dict):
+            raise GridError(f"a pool is a mapping of settings, got {type(body).__name__}",
+                            file=file, line=line, key=f"pools.{name}")
         try:
-            pools[str(name)] = PoolSpec(name=str(name), **(body or {}))
-        except (ValidationError, TypeError) as exc:
-            detail = exc.errors()[0] if isinstance(exc, ValidationError) else {"msg": str(exc)}
-            loc = ".".join(str(p) for p in detail.get("loc", ()))
-            raise GridError(detail["msg"], file=str(path),
-                            key=f"pools.{name}" + (f".{loc}" if loc else "")) from None
-    return PoolCatalog(pools, str(path))
+            pools[name] = PoolSpec(name=name, **(body or {}))
+        except ValidationError as exc:
+            detail = exc.errors()[0]
+            loc = tuple(detail.get("loc", ()))
+            got = f" (got {_clip(detail['input'])})" if loc and "input" in detail else ""
+            msg = detail["msg"].removeprefix("Value error, ")
+            raise GridError(msg + ("" if "Value error" in detail["msg"] else got), file=file,
+                            line=lines.get(("pools", name, *loc[:1]), line),
+                            key=f"pools.{name}" + "".join(f".{p}" for p in loc)) from None
+    return PoolCatalog(pools, file)
+
+
+def _clip(value: object) -> str:
+    text = repr(value)
+    return text if len(text) <= 60 else text[:57] + "..."
 
 
 @functools.lru_cache(maxsize=8)

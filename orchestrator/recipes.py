@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import GridError, UserError
+from orchestrator.safeyaml import load_yaml, loads
 
 REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
 
@@ -63,10 +64,12 @@ def _compose(root: str, name: str) -> str:
 def compose_recipe(name: str, *, root: Path, file: str | None = None,
                    line: int | None = None) -> dict[str, Any]:
     """The composed recipe as a plain dict (a fresh copy each call)."""
-    if ".." in name.split("/") or not (root / f"{name}.yaml").is_file():
+    path = root / f"{name}.yaml"
+    if ".." in name.split("/") or not os.path.lexists(path):
         raise GridError(f"unknown recipe {name!r} (looked in {root})", file=file, line=line,
                         key="recipe", allowed=available(root), got=name,
                         fix="name a file under recipes/ without the .yaml suffix")
+    _check_files(path, root)
     try:
         text = _compose(str(root), name)
     except Exception as exc:  # noqa: BLE001 - any Hydra/OmegaConf failure is a recipe error
@@ -82,6 +85,23 @@ def compose_recipe(name: str, *, root: Path, file: str | None = None,
     if not isinstance(data, dict):
         raise GridError(f"recipe {name!r} is not a mapping", file=file, line=line, key="recipe")
     return data
+
+
+def _check_files(path: Path, root: Path) -> None:
+    """Read the recipe and the files its ``defaults:`` list names with the safe reader before
+    Hydra does: a regular file under the size cap, no bombs, decimal numbers (Hydra's YAML 1.1
+    would read ``1:30`` as 90)."""
+    data, _ = load_yaml(path)
+    for entry in data.get("defaults") or []:
+        names = [entry] if isinstance(entry, str) else (
+            [f"{k}/{v}" for k, v in entry.items() if isinstance(v, str)]
+            if isinstance(entry, dict) else [])
+        for ref in names:
+            ref = ref.lstrip("/").removeprefix("override ")
+            for candidate in (path.parent / f"{ref}.yaml", root / f"{ref}.yaml"):
+                if ref != "_self_" and ".." not in ref.split("/") and os.path.lexists(candidate):
+                    load_yaml(candidate)
+                    break
 
 
 def digest(config: Mapping[str, Any]) -> str:
@@ -113,20 +133,18 @@ def apply_overrides(base: Mapping[str, Any], overrides: Mapping[str, Any]) -> di
 def parse_assignments(items: list[str] | None) -> dict[str, Any]:
     """``KEY=VALUE`` command-line pairs; VALUE is YAML (``true``, ``[0.5, 2.0]``, ``sequence``).
 
-    YAML 1.1 reads ``2e-3`` (no dot) as a string; a value that Python reads as a float is taken
-    as a float, so ``--set train.lr=2e-3`` means what it says.
+    Read like a grid file (``orchestrator.safeyaml``): ``2e-3`` is a float, and YAML 1.1 number
+    spellings (``1:30``, ``010``, ``0x10``, ``1_000``) are refused, not reinterpreted.
     """
-    import yaml
-
     out: dict[str, Any] = {}
     for item in items or []:
         key, sep, text = item.partition("=")
         if not sep or not key.strip():
             raise UserError(f"--set {item!r}: expected KEY=VALUE, e.g. correction.is_level=sequence")
         try:
-            value = yaml.safe_load(text)
-        except yaml.YAMLError:
-            raise UserError(f"--set {item!r}: the value is not valid YAML") from None
+            value, _ = loads(text, file=f"--set {key.strip()}")
+        except GridError as exc:
+            raise UserError(str(exc)) from None
         if isinstance(value, str):
             try:
                 value = float(value) if value.strip().lower() not in ("nan", "inf", "-inf", "+inf",

@@ -17,8 +17,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator.store import TrialPaths, read_json
+from orchestrator.store import TrialPaths, active_holder, read_json, records
 from orchestrator.store.records import iter_metrics
+from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
 CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM)
@@ -183,3 +184,48 @@ def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> 
         v = judge(history, collapse, total_steps=steps, outcome=outcome)
         r.verdict, r.verdict_step = v.kind.value, v.step
         r.verdict_reason = v.reason + " (judged by compare from the curves)"
+
+
+@dataclasses.dataclass(frozen=True)
+class Unfinished:
+    """The trials of a grid that have not finished, by their records on disk."""
+
+    running: int
+    queued: int
+    active: bool  # a submission is running the grid now
+
+    def __bool__(self) -> bool:
+        return self.running + self.queued > 0
+
+    def describe(self) -> str:
+        n = self.running + self.queued
+        trials = f"{n} trial{'' if n == 1 else 's'}"
+        counts = f"{self.running} running, {self.queued} queued"
+        if self.active:
+            return f"{trials} still running ({counts})"
+        return (f"{trials} unfinished ({counts}) and no submission runs them; `ablate submit` "
+                "continues them")
+
+
+def split_unfinished(results: Sequence[TrialResult],
+                     grid_dir: Path | None) -> tuple[list[TrialResult], Unfinished]:
+    """The results of finished trials, and what is still to come. A trial's record on disk
+    decides; a run the workdir does not know (compare on another machine) counts as finished
+    unless MLflow still has it RUNNING without a verdict."""
+    states: dict[str, TrialState] = {}
+    if grid_dir is not None and Path(grid_dir).is_dir():
+        for tid in records.trial_ids(grid_dir):
+            states[tid] = records.load_state(TrialPaths(grid_dir, tid), tid).state
+    done = []
+    for r in results:
+        state = states.get(r.trial_id)
+        if state is None and r.status == "RUNNING" and r.verdict is None:
+            state = TrialState.RUNNING
+        if state is None or state.is_finished():
+            done.append(r)
+        else:
+            states.setdefault(r.trial_id, state)
+    running = sum(s is TrialState.RUNNING for s in states.values())
+    queued = sum(s is TrialState.PENDING for s in states.values())
+    active = grid_dir is not None and active_holder(Path(grid_dir)) is not None
+    return done, Unfinished(running, queued, active)

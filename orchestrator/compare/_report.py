@@ -23,9 +23,10 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import markdown as md
 from orchestrator import metrics as M
 from orchestrator.compare import _plots as P
-from orchestrator.compare._data import TrialResult, judge_missing, load_results
+from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
@@ -70,7 +71,11 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
                         "fix: run `ablate submit` first or pass --tracking-uri")
     grid_dir = workspace.grid_dir(grid.name, workdir)
-    results = load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir)
+    results, unfinished = split_unfinished(
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir), grid_dir)
+    if not results and unfinished:
+        raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
+                        f"fix: wait for the first to finish (`ablate status {grid.name}`)")
     for problem in records.damaged_metrics(grid_dir) if (grid_dir / "trials").is_dir() else ():
         # The tables come from MLflow; the trial's own record of its steps is what is damaged.
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
@@ -80,15 +85,21 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)
-    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri)
+    report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name, store=uri,
+                          unfinished=unfinished.describe() if unfinished else None)
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
+    if unfinished:
+        print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
+              f"{unfinished.describe()}: run `ablate compare` again when they end")
     return out
 
 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
-                 cols: str | None, out: Path, *, grid_name: str, store: str) -> dict[str, Any]:
-    """Tables, plots and importance for ``results``; returns what the terminal table needs."""
+                 cols: str | None, out: Path, *, grid_name: str, store: str,
+                 unfinished: str | None = None) -> dict[str, Any]:
+    """Tables, plots and importance for ``results``; returns what the terminal table needs.
+    ``unfinished`` says which trials are not in it yet (a grid still running)."""
     derived = any(r.derived_from for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
@@ -112,6 +123,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results)}
+    if unfinished:
+        report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
     (out / "summary.html").write_text(render_html(report))
     return report
@@ -175,10 +188,6 @@ def _write_importance(effects: Sequence[dict[str, Any]], importance: dict[str, d
     pd.DataFrame(rows).to_csv(out / "importance.csv", index=False)
 
 
-def _esc_md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
-
-
 def _table(report: dict[str, Any], fmt: Any) -> tuple[list[str], list[list[str]]]:
     """Header and body of the pivot table with cells rendered by ``fmt(stats)``."""
     cols = sorted({c["col"] for c in report["cells"]})
@@ -201,28 +210,36 @@ def _verdict_counts(results: Sequence[TrialResult]) -> str:
 def render_markdown(report: dict[str, Any]) -> str:
     res = report["results"]
     header, body = _table(report, format_cell)
-    lines = [f"# Grid `{report['grid']}`: comparison", "",
-             f"{len(res)} trials from `{report['store']}`; verdicts: {_verdict_counts(res)}.",
-             (f"Cells: final and peak `{report['reward_metric']}` (mean ± 95% CI over seeds), "
-              "collapsed/judged trials @ median collapse step, max k3 KL."), "",
+    # Every user-given string (labels, pools, reasons, the store) goes through md.text/md.code.
+    lines = [f"# Grid {md.code(report['grid'])}: comparison", "",
+             (f"{len(res)} trials from {md.code(report['store'])}; verdicts: "
+              f"{md.text(_verdict_counts(res))}."),
+             (f"Cells: final and peak {md.code(report['reward_metric'])} (mean ± 95% CI over "
+              "seeds), collapsed/judged trials @ median collapse step, max k3 KL."), "",
              *environment_lines(report), "",
-             "| " + " | ".join(_esc_md(h) for h in header) + " |",
+             "| " + " | ".join(md.text(h) for h in header) + " |",
              "|" + "---|" * len(header)]
-    lines += ["| " + " | ".join(_esc_md(x) if i < len(report["rows"]) else x for i, x in enumerate(r)) + " |"
+    # The row labels are the user's; the cells are ours (format_cell's <br> line breaks).
+    n = len(report["rows"])
+    lines += ["| " + " | ".join(md.text(x) if i < n else x for i, x in enumerate(r)) + " |"
               for r in body]
+    if report.get("unfinished"):  # under the title: these are partial results
+        lines.insert(3, f"**Partial: {_esc_md(report['unfinished'])}; compare again when they end.**")
     lines += ["", "## Axis importance", "",
               "| axis | target | main effect (spread of means) | fANOVA importance |", "|---|---|---|---|"]
     for e in report["effects"]:
         target = "collapsed" if e["target"] == "collapse_rate" else e["target"]
         imp = report["importance"].get(target, {}).get(e["axis"])
-        lines.append(f"| {_esc_md(e['axis'])} | {e['target']} | {_num(e['effect'])} | "
+        lines.append(f"| {md.text(e['axis'])} | {md.text(e['target'])} | {_num(e['effect'])} | "
                      f"{'–' if imp is None else f'{imp:.3f}'} |")
     lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
               "|---|---|---|---|---|---|---|"]
     for r in res:
-        lines.append(f"| {r.trial_id} | {r.run_id[:8]} | {r.seed} | {_esc_md(r.pool)} | {r.verdict or '?'} | "
-                     f"{'' if r.verdict_step is None else r.verdict_step} | {_esc_md(r.verdict_reason[:160])} |")
-    lines += ["", "## Plots", ""] + [f"![{p.stem}]({p.name})" for p in report["plots"]]
+        lines.append(f"| {md.text(r.trial_id)} | {md.text(r.run_id[:8])} | {r.seed} | "
+                     f"{md.text(r.pool)} | {md.text(r.verdict or '?')} | "
+                     f"{'' if r.verdict_step is None else r.verdict_step} | "
+                     f"{md.text(r.verdict_reason[:160])} |")
+    lines += ["", "## Plots", ""] + [f"![{md.text(p.stem)}](<{p.name}>)" for p in report["plots"]]
     return "\n".join(lines) + "\n"
 
 
@@ -235,10 +252,10 @@ def environment_lines(report: dict[str, Any]) -> list[str]:
         return []
     if len(envs) == 1:
         (n, text), = envs.values()
-        return [f"Numeric environment ({n} trials): {_esc_md(text)}."]
+        return [f"Numeric environment ({n} trials): {md.text(text)}."]
     lines = [(f"**Warning: the trials ran under {len(envs)} different numeric environments**; "
               "numbers that differ between them may differ by the machine, not by the axes:")]
-    lines += [f"- `{fp}` ({n} trials): {_esc_md(text)}" for fp, (n, text) in envs.items()]
+    lines += [f"- {md.code(fp)} ({n} trials): {md.text(text)}" for fp, (n, text) in envs.items()]
     return lines
 
 
@@ -265,6 +282,9 @@ def render_html(report: dict[str, Any]) -> str:
              *(f"<p>{esc(line.replace('**', '').replace('`', ''))}</p>"
                for line in environment_lines(report)),
              "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
+    if report.get("unfinished"):  # under the title: these are partial results
+        parts.insert(2, f"<p class='partial'><b>Partial: {esc(report['unfinished'])}; compare "
+                        "again when they end.</b></p>")
     for row in body:
         tds = [f"<td>{esc(x)}</td>" for x in row[:n_rows]]
         for st in row[n_rows:]:
@@ -333,6 +353,9 @@ def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
         # The run's description in the MLflow UI: the comparison at a glance next to the runs.
         note = (out / "summary.md").read_text()
         cut = note.find("\n## Trials")
-        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", (note[:cut] if cut > 0 else note)[:7000])
+        note = note[:cut] if cut > 0 else note
+        if len(note) > 7000:  # whole lines only: a cut never splits an escape or an entity
+            note = note[:7000].rsplit("\n", 1)[0]
+        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", note)
     except Exception as exc:  # noqa: BLE001 - the files on disk are the product; MLflow is a copy
         log.warning("could not log results to MLflow: %s", exc)

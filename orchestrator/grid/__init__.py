@@ -1,7 +1,8 @@
 """The grid language: a grid file in, content-hashed trials out.
 
-Owns the pipeline safe YAML (``_yamlsafe``) -> pydantic schema -> recipe compose -> semantic
-checks (``_validation``) -> frozen ``GridSpec`` (``_load``) -> ``expand`` (``_expansion``).
+Owns the pipeline safe YAML (``orchestrator.safeyaml``) -> pydantic schema -> recipe compose
+-> semantic checks (``_validation``) -> frozen ``GridSpec`` (``_load``) -> ``expand``
+(``_expansion``).
 Every user mistake is a one-line ``GridError``; nothing here starts a run or writes a file.
 """
 from __future__ import annotations
@@ -9,6 +10,6 @@ from __future__ import annotations
 from orchestrator.grid._expansion import derive_trial, expand, search_trial
 from orchestrator.grid._load import GridSpec, load_grid
 from orchestrator.grid._validation import Axis
-from orchestrator.grid._yamlsafe import load_yaml
+from orchestrator.safeyaml import load_yaml
 
 __all__ = ["Axis", "GridSpec", "derive_trial", "expand", "load_grid", "load_yaml", "search_trial"]

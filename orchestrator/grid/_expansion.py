@@ -71,22 +71,22 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
-        if rest:
-            self._value_check(tuple(rest), pool, context)
+        # Also without overrides: the recipe's own values must run (once per pool).
+        self._value_check(tuple(rest), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
         sim: values its trainer would reject), checked once per distinct set and pool."""
-        if (items, pool) in self.checked:
+        if ("values", items, pool) in self.checked:  # apart from _backend_check's keys
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
         problem = self.backend_cls.check_values(items, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        self.checked.add((items, pool))
+        self.checked.add(("values", items, pool))
 
     def _where(self, problem: str) -> tuple[str, ...]:
         """The grid key a backend's 'key: problem' message is about (for the line number)."""

@@ -10,18 +10,19 @@ from __future__ import annotations
 import dataclasses
 import json
 import math
+import os
 import typing
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import recipes
+from orchestrator import metrics, recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
-from orchestrator.grid._yamlsafe import LineMap, format_path
 from orchestrator.pools import PoolCatalog
+from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
 from orchestrator.trial import freeze
 
@@ -56,6 +57,11 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         loc = _trim_union_loc(loc, data)
         allowed, got, problem = _explain(err, data, loc)
+        if _SCALARS <= {e["type"] for e in exc.errors() if _trim_union_loc(tuple(
+                p for p in e["loc"] if not (isinstance(p, str) and "[" in p)), data) == loc}:
+            # Every member of the value union failed: say what shape the value has, not what the
+            # first member (bool) wanted.
+            allowed, got, problem = None, None, _shape(_at(data, loc))
         line = None
         for cut in range(len(loc), -1, -1):
             if loc[:cut] in lines:
@@ -63,6 +69,34 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
                 break
         raise GridError(problem, file=file, line=line, key=format_path(loc) or None,
                         allowed=allowed, got=got) from None
+
+
+_SCALARS = {"bool_type", "int_type", "float_type", "string_type"}
+
+
+def _at(data: Any, loc: tuple[Any, ...]) -> Any:
+    try:
+        for p in loc:
+            data = data[p]
+    except (KeyError, IndexError, TypeError):
+        return None
+    return data
+
+
+def _shape(value: Any) -> str:
+    """Why ``value`` is not a grid value (a scalar, a flat list or a flat mapping of scalars)."""
+    want = "a value is a scalar, a list of scalars or a mapping of scalars"
+    if isinstance(value, list):
+        inner = next((v for v in value if isinstance(v, (list, dict))), None)
+        if inner is not None:
+            what = "a list" if isinstance(inner, list) else "a mapping"
+            return f"{what} nested in a list is not a value ({want})"
+    if isinstance(value, dict):
+        inner = next((v for v in value.values() if isinstance(v, (list, dict))), None)
+        if inner is not None:
+            what = "a list" if isinstance(inner, list) else "a mapping"
+            return f"{what} nested in a mapping is not a value ({want})"
+    return f"{type(value).__name__} {_short(value)} is not a value ({want})"
 
 
 def _trim_union_loc(loc: tuple[Any, ...], data: Any) -> tuple[Any, ...]:
@@ -195,6 +229,8 @@ class Checker:
                     raise self.err(problem, path, allowed=allowed, got=value) from None
             return value
         default = self.leaves[key]
+        if isinstance(value, float) and not math.isfinite(value):
+            raise self.err(f"{value} is not a finite number", path, fix="give a finite value")
         if not _same_type(default, value):
             raise self.err(f"{_short(value)} has type {type(value).__name__}, expected "
                            f"{type(default).__name__} like the recipe default {_short(default)}",
@@ -257,6 +293,8 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     _check_pools(spec, axes, chk, catalog)
     _check_conflicts(axes, chk)
     _check_submission_wide(spec, axes, chk)
+    _check_metrics(spec, chk)
+    _check_store(spec, chk)
     excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
     includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
     if spec.search is not None:
@@ -326,6 +364,76 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
         if key in SUBMISSION_WIDE:
             raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,
                           fix="set it once under 'overrides:' (or submit two grids)")
+
+
+def _check_metrics(spec: GridFile, chk: Checker) -> None:
+    """Collapse and early-warning rules watch metrics the backend reports from ``min_step`` on;
+    a rule on a name it never reports, or starting after the last step, can never fire (a typo
+    would silently switch the rule off)."""
+    col = spec.collapse
+    rules = [("rules", i, r) for i, r in enumerate(col.rules if isinstance(col.rules, list) else [])]
+    rules += [("extra_rules", i, r) for i, r in enumerate(col.extra_rules)]
+    watched = [(("collapse", where, i), r.metric, r.min_step) for where, i, r in rules]
+    if isinstance(col.early_warning, BaseModel):
+        watched.append((("collapse", "early_warning"), col.early_warning.metric,
+                        col.early_warning.min_step))
+    for where, name, min_step in watched:
+        if min_step > spec.steps:
+            raise chk.err(f"min_step {min_step} is after the last step (steps: {spec.steps}): the "
+                          "rule could never fire", (*where, "min_step"),
+                          fix=f"set min_step to at most {spec.steps}")
+        path = (*where, "metric")
+        if not metrics.reported(name, spec.backend):
+            raise chk.err(f"no {spec.backend} trial ever reports metric {_short(name)}: the rule "
+                          "could never fire", path, allowed=sorted(metrics.vocabulary()), got=name,
+                          fix="name a metric of orchestrator/metrics.py")
+
+
+def _check_store(spec: GridFile, chk: Checker) -> None:
+    """``checkpoint.store``: an fsspec URL whose scheme exists (and, where trials run on this
+    machine, whose package is installed), or a local directory this process can write."""
+    store = spec.checkpoint.store
+    if store is None:
+        return
+    path = ("checkpoint", "store")
+    scheme, sep, rest = store.partition("://")
+    if sep and scheme != "file":
+        # deferred: fsspec (0.3 s) only for a grid that names a URL store
+        from fsspec.registry import get_filesystem_class, known_implementations, registry
+        known = sorted(set(known_implementations) | set(registry))
+        if scheme not in known:
+            raise chk.err(f"{_short(store)}: unknown URL scheme {scheme!r}", path,
+                          allowed=known, got=scheme, fix="use a local path or an fsspec URL")
+        if spec.backend != "k8s":  # k8s trials reach the store from the cluster, not from here
+            try:
+                get_filesystem_class(scheme)
+            except ImportError as exc:
+                raise chk.err(f"{_short(store)}: {scheme}:// needs a package this environment "
+                              f"lacks ({exc})", path, fix="install it or use a local path") from None
+        return
+    if spec.backend == "k8s":
+        return
+    problem = _unwritable(os.path.expanduser(rest if sep else store))
+    if problem:
+        raise chk.err(f"{_short(store)}: {problem}", path,
+                      fix="name a directory this user can write, or an fsspec URL")
+
+
+def _unwritable(target: str) -> str | None:
+    """Why checkpoints cannot be written under ``target`` (created on first use), or None."""
+    here = os.path.abspath(target)
+    while not os.path.lexists(here):
+        here = os.path.dirname(here)
+    if not os.path.isdir(here):
+        return f"{here} is not a directory"
+    if not os.access(here, os.W_OK | os.X_OK):
+        return f"{here} is not writable by this user"
+    st = os.statvfs(here)
+    if st.f_flag & os.ST_RDONLY:
+        return f"{here} is on a read-only file system"
+    if st.f_blocks == 0:
+        return f"{here} is on a virtual file system that stores no files"
+    return None
 
 
 def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: Checker) -> None:

@@ -70,7 +70,7 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     attempt), ``<out>/kueue.yaml``, ``<out>/control-rayjob.yaml``, ``<out>/index.json``.
     """
     settings = ClusterSettings.from_env()
-    grid = load_grid(grid_path, backend="k8s")
+    grid = load_grid(grid_path, backend="k8s", limit_trials=not force)
     trials = expand(grid, force=force)
     out = Path(out_dir or f"k8s-dry-run/{grid.name}")
     jobs_dir = out / "rayjobs"

@@ -2,13 +2,16 @@
 
 Owns ``submit`` (expand, place on pools, run, judge, summarise), ``run_trials`` (exactly the
 given trials), ``resume`` (finished trials continued from a checkpoint, possibly on another
-pool; and the grid's automatic rescue), ``status_command`` and ``cancel``.
+pool; and the grid's automatic rescue), ``status_command``, ``cancel`` and the trial events a
+submission reports off a terminal (``EventPrinter``).
 """
 from __future__ import annotations
 
 from orchestrator.scheduler._control import cancel, status_command
+from orchestrator.scheduler._events import EventPrinter, EventWatcher, PoolCounts, TrialEvent
 from orchestrator.scheduler._identity import renamed
 from orchestrator.scheduler._resume import resume
 from orchestrator.scheduler._submission import run_trials, submit
 
-__all__ = ["cancel", "renamed", "resume", "run_trials", "status_command", "submit"]
+__all__ = ["EventPrinter", "EventWatcher", "PoolCounts", "TrialEvent", "cancel", "renamed",
+           "resume", "run_trials", "status_command", "submit"]

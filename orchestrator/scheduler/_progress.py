@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator import metrics as names
+from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
 from orchestrator.trial import TrialSpec, TrialState
 
@@ -250,13 +251,17 @@ def _tune_callback(key: int) -> Any:
 
 
 class LiveView:
-    """Refreshes ``queue.json`` and the rich live table about once a second (from Tune's loop),
-    and tells the submission when a trial's attempts are over (``on_trial_over``)."""
+    """Refreshes ``queue.json``, the rich live table and the trial events about once a second
+    (from Tune's loop), and tells the submission when a trial's attempts are over (``on_trial_over``)."""
 
     def __init__(self, grid_dir: Path, grid_name: str, gate: Any, show: bool, *,
                  on_trial_over: Callable[[str], None] | None = None,
-                 abort: Callable[[], BaseException | None] | None = None) -> None:
+                 abort: Callable[[], BaseException | None] | None = None,
+                 events: EventWatcher | None = None) -> None:
         self.grid_dir, self.grid_name, self.gate = grid_dir, grid_name, gate
+        self.events = events  # trial events off a terminal (``_events``), polled on each tick
+        if events is not None:
+            events.poll()  # where the trials stand before the fit: only changes are events
         self.on_trial_over = on_trial_over
         self.abort = abort  # returns an error that should stop the submission, or None
         self._last = 0.0
@@ -276,6 +281,8 @@ class LiveView:
         self._last = now
         atomic_write_json(self.grid_dir / "queue.json", {"reasons": self.gate.reasons(),
                                                          "updated_at": time.time()})
+        if self.events is not None:
+            self.events.poll()
         if self.live is not None:
             self.live.update(render(collect(self.grid_dir, self.grid_name)))
 

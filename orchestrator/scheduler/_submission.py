@@ -49,6 +49,7 @@ from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import ConcurrencyError, UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
@@ -69,16 +70,19 @@ log = logging.getLogger(__name__)
 def submit(grid_path: str, *, backend: str | None = None, address: str | None = None,
            tracking_uri: str | None = None, workdir: str | None = None,
            max_parallel: int | None = None, force: bool = False, progress: bool = True,
-           ray_tmp: str | None = None, name: str | None = None,
+           ray_tmp: str | None = None, events: Sink | None = None,
+           summary_every_s: float = SUMMARY_EVERY_S, name: str | None = None,
            extend: bool = False) -> dict[str, Any]:
     """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
-    ``name`` runs it under another name; ``extend`` adds its trials to an existing grid of that
-    name that has other trials (``_identity``).
+    ``events`` receives each trial event and, every ``summary_every_s``, the counts per pool
+    (``_events``; what ``ablate submit`` prints off a terminal). ``name`` runs it under another
+    name; ``extend`` adds its trials to an existing grid of that name that has other trials
+    (``_identity``).
 
     Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
     ``UserError`` for a bad grid, both before anything starts.
     """
-    grid = renamed(load_grid(grid_path, backend=backend), name)
+    grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
@@ -95,7 +99,8 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
                 print(note, file=sys.stderr, flush=True)
             return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
                               max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                              rescue=True).run(address)
+                              rescue=True, events=events,
+                              summary_every_s=summary_every_s).run(address)
         finally:
             lease.release()
 
@@ -129,9 +134,12 @@ class Submission:
 
     def __init__(self, grid: GridSpec, trials: list[TrialSpec], submission: str, *,
                  tracking_uri: str | None, workdir: str | None, max_parallel: int | None,
-                 progress: bool, ray_tmp: str | None, rescue: bool) -> None:
+                 progress: bool, ray_tmp: str | None, rescue: bool, events: Sink | None = None,
+                 summary_every_s: float = SUMMARY_EVERY_S) -> None:
         self.grid, self.trials, self.submission = grid, trials, submission
         self.grid_dir = workspace.grid_dir(grid.name, workdir)
+        self.events = (EventWatcher(self.grid_dir, grid.name, events, summary_every_s=summary_every_s)
+                       if events is not None else None)
         self.tracking_uri = workspace.tracking_uri(tracking_uri, workdir)
         self.max_parallel = max_parallel or grid.spec.budget.max_parallel
         self.progress, self.ray_tmp = progress, ray_tmp
@@ -288,7 +296,8 @@ class Submission:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
                         on_trial_over=self.sender.send,
-                        abort=lambda: self.sender.error or fault_error(gate.results))
+                        abort=lambda: self.sender.error or fault_error(gate.results),
+                        events=self.events)
         _stop_credential_propagation()
         try:
             with _tune_env(self.max_parallel + sum(self.standby.values())):
@@ -360,6 +369,9 @@ class Submission:
         """The JSON-safe summary, once MLflow has everything; ends the parent run."""
         parent = self.sender.wait()
         self.sender.drain()
+        if self.events is not None:  # the failures `_mark_exhausted` wrote, then the last counts
+            self.events.poll()
+            self.events.summary(unless_unchanged=True)
         search = self.search is not None
         summary = summarize(self.grid, self.grid_dir, trials_of(self.grid_dir, search, self.trials))
         summary["rescued"] = [t.trial_id for t in rescued]

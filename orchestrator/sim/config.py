@@ -6,6 +6,7 @@ before any tensor is allocated, as a one-line UserError naming the key and the f
 from __future__ import annotations
 
 import dataclasses
+import os
 from collections.abc import Mapping
 from typing import Any
 
@@ -47,6 +48,75 @@ KNOB_TYPES = {
     "eval.every": _INT, "eval.prompts": _INT,
     "sim.reproducible": _BOOL,
 }
+
+
+# Ranges (inclusive; None: unbounded) of the knobs whose values outside them plan but cannot
+# run, or can never matter: a model without layers, a negative learning rate, evaluation every
+# 0 steps. Read at plan time, so ``ablate plan`` refuses them with the key and the range.
+RANGES: dict[str, tuple[float | None, float | None]] = {
+    "model.d_model": (1, 16_384), "model.n_layers": (1, 256), "model.n_heads": (1, 1024),
+    "model.d_ff": (1, 262_144), "model.n_experts": (1, 1024), "model.aux_loss_coef": (0, None),
+    "task.digits": (2, 64), "task.answer": (1, 1024), "task.response_len": (2, 4096),
+    "task.vocab": (24, 65_536), "task.max_step": (1, 10),  # == sim.task: 14 + 10 digit tokens
+    "train.prompts_per_step": (1, 65_536), "train.group_size": (2, 4096),
+    "train.ppo_epochs": (1, 1000), "train.kl_coef": (0, None), "train.weight_decay": (0, None),
+    "train.adam_beta1": (0, 0.999999), "train.adam_beta2": (0, 0.999999),
+    "eval.every": (1, None), "eval.prompts": (1, 65_536),
+}
+# Knobs that must be strictly positive (a zero learning rate, clip range or gradient clip
+# trains nothing or divides by zero).
+POSITIVE = ("train.lr", "train.clip_eps", "train.grad_clip")
+BYTES_PER_PARAM = 4 * 5  # fp32 weights, gradients, two Adam moments, the rollout engine's copy
+
+
+def _range_problem(key: str, value: Any) -> str | None:
+    if key in POSITIVE and not value > 0:
+        return f"must be > 0, got {value!r}"
+    lo, hi = RANGES.get(key, (None, None))
+    if (lo is not None and value < lo) or (hi is not None and value > hi):
+        shown = f"be in {lo:g}..{hi:g}" if hi is not None else f"be >= {lo:g}"
+        return f"must {shown}, got {value!r}"[:200]
+    return None
+
+
+def machine_cpus() -> int:
+    """CPUs this process may run on (its affinity mask, not the host's count)."""
+    try:
+        return len(os.sched_getaffinity(0))
+    except (AttributeError, OSError):
+        return os.cpu_count() or 1
+
+
+def machine_memory() -> int | None:
+    """Physical memory of this machine in bytes, or None where it cannot be read."""
+    try:
+        return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+    except (AttributeError, OSError, ValueError):
+        return None
+
+
+def memory_estimate(model: Mapping[str, Any], task: Mapping[str, Any],
+                    train: Mapping[str, Any]) -> tuple[int, int]:
+    """(parameters, bytes) of a trial's model: weights with their gradients, Adam state and the
+    rollout copy, plus the activations one training batch keeps for the backward pass. An
+    estimate from the config (``sim.model.init_params`` is the layout), made before any tensor
+    exists; the real peak is below it for the recipes in ``recipes/sim``."""
+    d, layers = model.get("d_model", 64), model.get("n_layers", 2)
+    vocab = task.get("vocab", 32)
+    seq = task.get("digits", 3) + 2 + task.get("response_len", 18)
+    if model.get("arch", "dense") == "moe":
+        experts = model.get("n_experts", 4)
+        hidden = model.get("expert_d_ff") or model.get("d_ff", 128)
+        ffn = experts * d + 2 * experts * hidden * d
+        act_ffn = model.get("top_k", 1) * hidden + experts
+    else:
+        ffn = 2 * model.get("d_ff", 128) * d
+        act_ffn = model.get("d_ff", 128)
+    params = 2 * vocab * d + seq * d + layers * (4 * d + 4 * d * d + ffn) + 2 * d
+    batch = train.get("prompts_per_step", 16) * train.get("group_size", 8)
+    heads = model.get("n_heads", 4)
+    activations = 4 * batch * seq * (layers * (12 * d + 2 * act_ffn + heads * seq) + 2 * vocab)
+    return params, params * BYTES_PER_PARAM + activations
 
 
 def _typed(key: str, value: Any) -> bool:
@@ -113,6 +183,11 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
         for key, value in body.items():
             _need(_typed(f"{name}.{key}", value), f"{name}.{key}",
                   f"must be {KNOB_TYPES.get(f'{name}.{key}')}, got {value!r}"[:200])
+    for name, body in (("model", model), ("task", task), ("train", train), ("eval", ev)):
+        for key, value in body.items():
+            if KNOB_TYPES.get(f"{name}.{key}") in (_INT, _FLOAT):
+                problem = _range_problem(f"{name}.{key}", value)
+                _need(problem is None, f"{name}.{key}", problem or "")
     _need(task.get("name", "progression") in TASK_NAMES, "task.name",
           f"must be one of {', '.join(TASK_NAMES)}, got {task.get('name')!r}"[:200])
     correction = _spec(CorrectionSpec, config.get("correction") or {}, "correction")
@@ -142,8 +217,19 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     mb = train.get("minibatches", 4)
     _need(g >= 2, "train.group_size", f"GRPO needs >= 2 samples per prompt, got {g}")
     _need(1 <= mb <= p * g, "train.minibatches", f"must be in 1..{p * g} (the batch), got {mb}")
+    answer = task.get("digits", 3) if task.get("name") == "reverse" else task.get("answer", 16)
+    _need(task.get("response_len", 18) >= answer + 1, "task.response_len",
+          f"must be >= {answer + 1} (the answer and EOS), got {task.get('response_len', 18)}")
     threads = train.pop("threads", 1)
-    _need(isinstance(threads, int) and threads >= 1, "train.threads", f"must be >= 1, got {threads}")
+    cpus = machine_cpus()
+    _need(isinstance(threads, int) and 1 <= threads <= cpus, "train.threads",
+          f"must be in 1..{cpus} (the CPUs this machine gives the process), got {threads}")
+    params, need = memory_estimate(model, task, train)
+    have = machine_memory()
+    _need(have is None or need <= have, "model.d_model",
+          f"a model of ~{params:.3g} parameters (d_model {model.get('d_model', 64)}, n_layers "
+          f"{model.get('n_layers', 2)}) needs ~{need / 2**30:.3g} GiB to train, more than this "
+          f"machine's {(have or 0) / 2**30:.3g} GiB; make it smaller")
     if "aux_loss_coef" in model:
         train["aux_loss_coef"] = model.pop("aux_loss_coef")
     if "every" in ev:

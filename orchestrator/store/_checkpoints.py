@@ -196,8 +196,11 @@ class CheckpointStore:
         """A local directory with the verified checkpoint of ``step``; ``CheckpointError`` if bad."""
         problem = self.verify(step) if self.is_local else self._fetch(step)
         if problem is not None:
-            have = self.steps()
-            hint = f"use one of steps {have}" if have else "start the trial afresh (--fresh)"
+            # Only checkpoints that verify (hashes too), never the broken one itself.
+            have = [s for s in self.steps() if s != step and (
+                self._problem(s, hashes=True) is None if self.is_local else self._fetch(s) is None)]
+            hint = (f"usable checkpoints: steps {have}" if have
+                    else "no other checkpoint verifies: start the trial afresh (--fresh)")
             raise CheckpointError(f"trial {self.trial_id}: checkpoint step {step} in {self.url}: "
                                   f"{problem}; {hint}")
         return self.root / step_dir_name(step)

@@ -58,7 +58,13 @@ def test_corrupt_and_missing_checkpoints_raise_one_line(tmp_path: Path) -> None:
         store.path(30)
     msg = str(exc.value)
     assert "\n" not in msg and "tabc" in msg and "step 30" in msg and "SHA-256" in msg
-    assert "use one of steps" in msg
+    # The hint names only the checkpoints that verify: not 30 (the corrupt one asked for).
+    assert msg.endswith("usable checkpoints: steps [10]"), msg
+    # Both 10 and 30 broken: no usable checkpoint is named, the way out is a fresh start.
+    (tmp_path / "ck" / step_dir_name(10) / "model.bin").write_bytes(b"\2" * 100)
+    with pytest.raises(CheckpointError, match=r"step 30 .*no other checkpoint verifies.*--fresh"):
+        store.path(30)
+    (tmp_path / "ck" / step_dir_name(10) / "model.bin").write_bytes(bytes([10]) * 100)
     with pytest.raises(CheckpointError, match="step 40 .*does not exist"):
         store.path(40)
     # latest() skips the corrupt newest one and falls back to the sound one.
