@@ -224,7 +224,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines += ["| " + " | ".join(md.text(x) if i < n else x for i, x in enumerate(r)) + " |"
               for r in body]
     if report.get("unfinished"):  # under the title: these are partial results
-        lines.insert(3, f"**Partial: {_esc_md(report['unfinished'])}; compare again when they end.**")
+        lines.insert(3, f"**Partial: {md.text(report['unfinished'])}; compare again when they end.**")
     lines += ["", "## Axis importance", "",
               "| axis | target | main effect (spread of means) | fANOVA importance |", "|---|---|---|---|"]
     for e in report["effects"]:
