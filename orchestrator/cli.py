@@ -5,6 +5,7 @@ Exit codes: 0 ok, 1 internal error (with traceback), 2 user error (one line, no 
 from __future__ import annotations
 
 import argparse
+import errno
 import json
 import sys
 from collections.abc import Sequence
@@ -167,6 +168,14 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except OSError as exc:
+        if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
+            raise
+        # The environment, not the program: a disk that filled up or turned read-only mid-way.
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"error: {where}{exc.strerror}; fix: free space (or pass --workdir on a writable "
+              "disk with room) and run the command again: finished work is kept", file=sys.stderr)
+        return 2
     except BrokenPipeError:  # `ablate plan ... | head`: the reader left; not an error
         sys.stderr.close()
         return 0

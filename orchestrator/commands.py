@@ -28,6 +28,16 @@ def _from_step(text: str) -> str | int:
     return step
 
 
+def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
+    """The environment a command needs, checked before it does anything: the workdir (a
+    directory, writable if the command writes) and the tracking store (a URI that can work)."""
+    workspace.check_workdir(args.workdir, write=write)
+    if hasattr(args, "tracking_uri"):
+        from orchestrator.tracking import check_store  # deferred: --help stays fast
+
+        check_store(workspace.tracking_uri(args.tracking_uri, args.workdir))
+
+
 # --------------------------------------------------------------------------- bodies
 
 
@@ -36,6 +46,7 @@ def submit_body(args: argparse.Namespace) -> int:
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+    _preflight(args)
     from orchestrator.scheduler import EventPrinter, submit  # deferred: --help stays fast
 
     mode = _output_mode(args, sys.stdout.isatty())
@@ -46,6 +57,7 @@ def submit_body(args: argparse.Namespace) -> int:
         args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
         workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
         progress=mode == "live", events=printer, summary_every_s=args.summary_every,
+        name=args.name, extend=args.extend,
     )
     if printer is not None:
         printer.summary(summary)
@@ -76,12 +88,14 @@ def _output_mode(args: argparse.Namespace, tty: bool) -> str:
 
 
 def status_body(args: argparse.Namespace) -> int:
+    _preflight(args, write=False)
     from orchestrator.scheduler import status_command  # deferred: --help stays fast
 
     return int(status_command(args.grid, workdir=args.workdir, as_json=args.json) or 0)
 
 
 def cancel_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.scheduler import cancel  # deferred: --help stays fast
 
     n = cancel(args.grid, trials=args.trial, pool=args.pool, workdir=args.workdir)
@@ -90,10 +104,11 @@ def cancel_body(args: argparse.Namespace) -> int:
 
 
 def compare_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.compare import compare  # deferred: --help stays fast
 
     out = compare(args.grid, rows=args.rows, cols=args.cols, out_dir=args.out,
-                  tracking_uri=args.tracking_uri, workdir=args.workdir)
+                  tracking_uri=args.tracking_uri, workdir=args.workdir, name=args.name)
     print(f"results written to {out}")
     print(f"MLflow store: {workspace.tracking_uri(args.tracking_uri, args.workdir)} "
           f"(browse it with `ablate ui {Path(out).name if args.out is None else args.grid}`)")
@@ -101,12 +116,14 @@ def compare_body(args: argparse.Namespace) -> int:
 
 
 def resume_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.scheduler import resume  # deferred: --help stays fast
 
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
     out = resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
                  start=args.from_, sets=parse_assignments(args.set), workdir=args.workdir,
-                 tracking_uri=args.tracking_uri, address=args.address, derive=args.derive)
+                 tracking_uri=args.tracking_uri, address=args.address, derive=args.derive,
+                 name=args.name)
     for r in out["resumed"]:
         verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
@@ -116,6 +133,7 @@ def resume_body(args: argparse.Namespace) -> int:
 
 
 def ui_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.tracking import ui  # deferred: --help stays fast
 
     return int(ui(grid=args.grid, port=args.port, tracking_uri=args.tracking_uri,
@@ -123,6 +141,7 @@ def ui_body(args: argparse.Namespace) -> int:
 
 
 def run_trial_body(args: argparse.Namespace) -> int:
+    _preflight(args)
     from orchestrator.run import run_single  # deferred: --help stays fast
 
     result = run_single(args.grid, args.trial, workdir=args.workdir,
@@ -168,6 +187,10 @@ def add_commands(sub: Any) -> None:
                    help="off a terminal: a summary line per pool this often (default 30)")
     s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
     s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
+    s.add_argument("--name", help="run the grid under this name instead of its `name:`")
+    s.add_argument("--extend", action="store_true",
+                   help="add this grid's trials to an existing grid of the same name that has "
+                        "other trials (other steps, axes, ...)")
     _common(s)
     s.set_defaults(func=submit_body)
 
@@ -189,6 +212,7 @@ def add_commands(sub: Any) -> None:
     cmp_.add_argument("--rows", help="axis for table rows (default: the first axis)")
     cmp_.add_argument("--cols", help="axis for table columns (default: pool)")
     cmp_.add_argument("--out", help="output directory (default results/<grid>)")
+    cmp_.add_argument("--name", help="the grid as submitted with `ablate submit --name NAME`")
     _common(cmp_)
     cmp_.set_defaults(func=compare_body)
 
@@ -207,12 +231,14 @@ def add_commands(sub: Any) -> None:
                    help="run the continuation as a new derived trial and keep the old one as it "
                         "ended (implied by --set); e.g. a collapsed run and its rescue side by side")
     r.add_argument("--address", help="existing Ray cluster")
+    r.add_argument("--name", help="the grid as submitted with `ablate submit --name NAME`")
     _common(r)
     r.set_defaults(func=resume_body)
 
     u = sub.add_parser("ui", help="start the MLflow UI on loopback for the grid's store")
     u.add_argument("grid", nargs="?")
-    u.add_argument("--port", type=int, default=5000)
+    u.add_argument("--port", type=int,
+                   help="port on 127.0.0.1 (default 5000, or a free one if 5000 is taken)")
     _common(u)
     u.set_defaults(func=ui_body)
 

@@ -105,6 +105,11 @@ class InfraFailure(OrchestratorError):
     """A process, node or store failed under a trial: retried from its last checkpoint."""
 
 
+class DiskFullError(UserError):
+    """The disk (or quota) under the workdir or the tracking store filled up: the submission
+    stopped cleanly; freeing space and submitting again resumes every trial."""
+
+
 def no_such_trial(trial_id: str, known: Iterable[str], *, where: str, see: str,
                   scope: str = "") -> UserError:
     """``{where}: no trial 'ID'{scope}; did you mean 'X'?`` (or ``; {see}`` without a close id):

@@ -21,6 +21,7 @@ import base64
 import html
 import logging
 import math
+import sys
 from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
@@ -35,8 +36,9 @@ from orchestrator.compare._stats import cell_stats, fanova_importance, format_ce
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
 from orchestrator.numerics import environments
+from orchestrator.scheduler import renamed
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.store import workspace
+from orchestrator.store import records, workspace
 from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
@@ -62,9 +64,10 @@ def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[
 
 def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None = None,
             out_dir: str | Path | None = None, tracking_uri: str | None = None,
-            workdir: str | Path | None = None) -> Path:
-    """Write ``results/<grid>/`` for the grid's tracked trials; returns the directory."""
-    grid = load_grid(grid_path)
+            workdir: str | Path | None = None, name: str | None = None) -> Path:
+    """Write ``results/<grid>/`` for the grid's tracked trials (``name``: the grid as submitted
+    under another name); returns the directory."""
+    grid = renamed(load_grid(grid_path), name)
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
     uri = workspace.tracking_uri(tracking_uri, workdir)
@@ -79,6 +82,10 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
+    for problem in records.damaged_metrics(grid_dir) if (grid_dir / "trials").is_dir() else ():
+        # The tables come from MLflow; the trial's own record of its steps is what is damaged.
+        print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
+              "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)
     if not results:
         raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
     judge_missing(results, grid.spec.collapse, grid.spec.steps)

@@ -425,7 +425,6 @@ class AttemptRun:
     def fail(self, exc: BaseException, *, retriable: bool) -> None:
         """Record a failed attempt. Retriable failures go back to PENDING for Tune to retry."""
         reason = f"{type(exc).__name__}: {exc}"[:1000]
-        self._end_attempt("infra_failure" if retriable else "error", reason)
         self.record.error = reason
         self.record.last_step = self.last_step
         if retriable:
@@ -433,7 +432,15 @@ class AttemptRun:
         else:
             self.record.state = transition(self.record.state, TrialState.FAILED)
             self.record.verdict = self.engine.verdict(self.last_step, "infra_failure", reason).to_json()
-        records.save_state(self.paths, self.record)
+        try:
+            self._end_attempt("infra_failure" if retriable else "error", reason)
+            records.save_state(self.paths, self.record)
+        except OSError as write_error:
+            # A full disk takes the record too; the next submission closes this attempt as an
+            # infra failure (its outcome is missing) and resumes from the last checkpoint.
+            log.warning("trial %s: failure not recorded (%s): %s", self.job.trial.trial_id,
+                        write_error, reason)
+            return
         if self.tracker is not None:
             try:
                 self.tracker.log_attempts(self.attempts)

@@ -41,7 +41,7 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
                             "start one with `ablate submit GRID_FILE`")
     else:
         dirs = [_resolve_grid_dir(grid, workdir)]
-    views = [collect(d) for d in dirs]
+    views = [collect(d, check=True) for d in dirs]
     if as_json:
         json.dump([v.to_json() for v in views] if grid is None else views[0].to_json(), sys.stdout,
                   default=str)
@@ -54,6 +54,11 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
         console.print(render(v))
         if v.holder is None and any(t.state in ("running", "pending") for t in v.trials):
             console.print("no orchestrator is running this grid: `ablate submit` it again to resume")
+        for t in v.trials:
+            if t.problem:
+                print(f"warning: trial {t.trial_id}: {t.problem}; fix: `ablate submit` the grid "
+                      "again (it restores the steps from MLflow, or recomputes them from a "
+                      "checkpoint)", file=sys.stderr)
     return 0
 
 

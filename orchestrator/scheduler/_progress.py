@@ -43,6 +43,7 @@ class TrialView:
     rate: float | None = None  # steps per second of the running attempt
     cost: TrialCost | None = None  # accelerator-hours so far (orchestrator.cost)
     cell: str = ""  # the trial's axis labels (its cell: what seeds are aggregated over)
+    problem: str = ""  # what is wrong with its metrics file (``ablate status`` checks)
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cost": self.cost.to_json() if self.cost else None}
@@ -80,8 +81,11 @@ def _rate(paths: TrialPaths, step: int) -> float | None:
     return done / elapsed if done > 0 and elapsed > 0 else None
 
 
-def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
-    """Read the grid's trial files into a view (a trial without state.json is pending)."""
+def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False) -> GridView:
+    """Read the grid's trial files into a view (a trial without state.json is pending). With
+    ``check`` (``ablate status``), every file of a trial that is not running is read whole: a
+    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` of a finished trial is its
+    ``problem`` (``ablate submit`` repairs it)."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
@@ -106,6 +110,12 @@ def collect(grid_dir: Path, grid_name: str | None = None) -> GridView:
             view.note = rec.error or view.note
         elif rec.state.value == "running":
             view.rate = _rate(paths, view.step)
+        if check and rec.state is not TrialState.RUNNING:
+            records.load_attempts(paths)
+        if check and rec.state.is_finished():  # an unfinished one may be mid-rewind right now
+            view.problem = records.check_metrics(paths.metrics, rec.last_step).describe()
+            if view.problem:
+                view.note = "metrics.jsonl damaged (see below)"
         trials.append(view)
     name = grid_name or grid_dir.name
     return GridView(name, str(grid_dir), trials, active_holder(grid_dir), _eta(trials))

@@ -33,6 +33,7 @@ literal same run.
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -40,7 +41,9 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
-from orchestrator.scheduler._rescue import apply, plan, select_trials
+from orchestrator.scheduler._identity import renamed
+from orchestrator.scheduler._repair import missing_before, repair_metrics
+from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
 from orchestrator.scheduler._submission import run_trials, submission_id
 from orchestrator.store import GridLease, TrialPaths, records, workspace
 from orchestrator.tracking import parent_run
@@ -53,7 +56,8 @@ if TYPE_CHECKING:
 def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str] = (),
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
-           local: bool = False, progress: bool = True, derive: bool = False) -> dict[str, Any]:
+           local: bool = False, progress: bool = True, derive: bool = False,
+           name: str | None = None) -> dict[str, Any]:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
 
     ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
@@ -63,7 +67,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
     ``ConcurrencyError`` when the grid is running.
     """
-    grid = load_grid(grid_path)
+    grid = renamed(load_grid(grid_path), name)  # `--name`: the grid as submitted under it
     grid_dir = workspace.grid_dir(grid.name, workdir)
     if not (grid_dir / "trials").is_dir():
         raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "
@@ -75,6 +79,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
         parents = select_trials(grid_dir, select=select, trial_ids=trial_ids)
         plans = plan(grid, grid_dir, parents, pool=pool, start=start, sets=dict(sets or {}),
                      reason="ablate resume", derive=derive)
+        _check_histories(grid, grid_dir, plans, workspace.tracking_uri(tracking_uri, workdir))
         trials = apply(grid, grid_dir, plans)
         summary: dict[str, Any] = {}
         if local:
@@ -91,6 +96,24 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     return {"grid": grid.name, "submission": submission, "results": results, "summary": summary,
             "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
                          "from_step": p.start, "derived": p.derived} for p in plans]}
+
+
+def _check_histories(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], uri: str) -> None:
+    """A resume keeps the parent's metrics up to its start step: a damaged file is repaired from
+    MLflow first, and a resume that would keep a hole is refused (``_repair``)."""
+    for p in plans:
+        paths = TrialPaths(grid_dir, p.parent.trial_id)
+        rec = records.load_state(paths, p.parent.trial_id)
+        note = repair_metrics(paths, rec, tracking_uri=uri, checkpoint=grid.spec.checkpoint,
+                              reopen=False)
+        if note is not None:
+            print(f"repaired: {note}", file=sys.stderr, flush=True)
+        problem = missing_before(paths, rec, p.start)
+        if problem is not None:
+            have = records.check_metrics(paths.metrics, rec.last_step).good_through
+            raise UserError(f"trial {p.parent.trial_id}: cannot resume from step {p.start}: "
+                            f"{problem}; fix: `--from` a checkpoint at or before step {have}, or "
+                            f"`ablate submit` the grid first (it recomputes the missing steps)")
 
 
 def _run_local(grid: GridSpec, trials: Sequence[TrialSpec], grid_dir: Path, submission: str,

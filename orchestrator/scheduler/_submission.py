@@ -37,9 +37,10 @@ import functools
 import logging
 import os
 import socket
+import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -51,13 +52,16 @@ from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
+from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
+from orchestrator.scheduler._identity import check_identity, renamed
 from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
+from orchestrator.scheduler._repair import repair_trial
 from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
-from orchestrator.tracking import Sender, client, is_remote
+from orchestrator.tracking import Sender, check_store, client, is_remote
 from orchestrator.trial import TrialSpec, TrialState, transition
 
 if TYPE_CHECKING:
@@ -69,28 +73,38 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
            tracking_uri: str | None = None, workdir: str | None = None,
            max_parallel: int | None = None, force: bool = False, progress: bool = True,
            ray_tmp: str | None = None, events: Sink | None = None,
-           summary_every_s: float = SUMMARY_EVERY_S) -> dict[str, Any]:
+           summary_every_s: float = SUMMARY_EVERY_S, name: str | None = None,
+           extend: bool = False) -> dict[str, Any]:
     """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
     ``events`` receives each trial event and, every ``summary_every_s``, the counts per pool
-    (``_events``; what ``ablate submit`` prints off a terminal).
+    (``_events``; what ``ablate submit`` prints off a terminal). ``name`` runs it under another
+    name; ``extend`` adds its trials to an existing grid of that name that has other trials
+    (``_identity``).
 
     Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
     ``UserError`` for a bad grid, both before anything starts.
     """
-    grid = load_grid(grid_path, backend=backend, limit_trials=not force)
+    grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
+    workspace.check_workdir(workdir)  # a bad workdir or store: one line, before anything starts
+    check_store(workspace.tracking_uri(tracking_uri, workdir))
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
-    lease.acquire(submission)
-    try:
-        return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
-                          max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                          rescue=True, events=events, summary_every_s=summary_every_s).run(address)
-    finally:
-        lease.release()
+    with stop_on_full_disk(grid_dir, trials):
+        lease.acquire(submission)
+        try:
+            note = check_identity(grid, grid_dir, trials, extend=extend)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
+            return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
+                              max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
+                              rescue=True, events=events,
+                              summary_every_s=summary_every_s).run(address)
+        finally:
+            lease.release()
 
 
 def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,
@@ -148,6 +162,7 @@ class Submission:
         self.placements: dict[str, Placement] = {}
         self.limits: dict[str, int] = {}  # pool -> trials it runs at once
         self.standby: dict[str, int] = {}  # pool -> trials staged beyond its limit (_gate)
+        self.repaired: list[str] = []  # damaged metrics files repaired before the run
 
     def run(self, address: str | None) -> dict[str, Any]:
         """Run the trials to the end on Ray (``address``, or an embedded cluster); the summary."""
@@ -156,14 +171,18 @@ class Submission:
         self.started = time.time()
         self.sender.start()
         ok = False
-        try:
-            summary = self._stages(address)
-            ok = True
-            return summary
-        finally:
-            self.sender.close()
-            if not ok and self.sender.parent is not None:
-                self.sender.parent.end("FAILED")
+        with stop_on_full_disk(self.grid_dir, self.trials):
+            try:
+                summary = self._stages(address)
+                ok = True
+                return summary
+            finally:
+                self.sender.close()
+                if not ok and self.sender.parent is not None:
+                    try:
+                        self.sender.parent.end("FAILED")
+                    except Exception as exc:  # noqa: BLE001 - the store may be what failed
+                        log.warning("parent run not closed: %s", exc)
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -207,12 +226,17 @@ class Submission:
             self.trials, self.prior = search_records(self.grid_dir)
         records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
         self.trials = self.planner.initial(self.trials)  # adaptive seeds: the first `min` of each cell
-        self.todo, finished = _prepare_records(self.grid_dir, self.trials)
+        self.todo, finished = _prepare_records(self.grid_dir, self.trials, self._repair)
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
         self.already = len(finished) + len(self.prior)
         self.trial_pool = {t.trial_id: t.pool for t in self.todo}
         self.routes = self._routes(self.todo)
+
+    def _repair(self, paths: TrialPaths, rec: records.TrialRecord) -> None:
+        """A trial's damaged files repaired before it is judged (``_repair``), and said."""
+        self.repaired += repair_trial(paths, rec, tracking_uri=self.tracking_uri,
+                                      checkpoint=self.grid.spec.checkpoint)
 
     def _routes(self, trials: list[TrialSpec]) -> dict[str, str]:
         """The pool each trial's next attempt runs on (a resume request may move it)."""
@@ -276,7 +300,8 @@ class Submission:
         for stored, value in self.prior:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
-                        on_trial_over=self.sender.send, abort=lambda: self.sender.error,
+                        on_trial_over=self.sender.send,
+                        abort=lambda: self.sender.error or fault_error(gate.results),
                         events=self.events)
         _stop_credential_propagation()
         try:
@@ -285,10 +310,14 @@ class Submission:
         except Exception:
             if self.sender.error is not None:  # the store is unreachable: the callback stopped Tune
                 raise self.sender.error from None
+            if fault_error(gate.results) is not None:  # a trial's disk is full: the callback stopped Tune
+                raise fault_error(gate.results) from None
             raise
         finally:
             live.stop()
             _drop_tune_pickles(self.grid_dir / "tune" / name)
+        if fault_error(gate.results) is not None:  # the fit ended before the callback saw it
+            raise fault_error(gate.results)
         self.sender.drain()  # run ids in state.json before anything below reads them
         _mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
@@ -354,6 +383,7 @@ class Submission:
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
         parent.log_cost(total_metrics(summary["cost"]), cost_run_tags(summary))
+        summary["repaired"] = self.repaired
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),
@@ -366,9 +396,12 @@ class Submission:
 # --------------------------------------------------------------------------- stages' helpers
 
 
-def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[TrialSpec], list[str]]:
-    """Write the spec of each trial and reset trials left RUNNING by a dead orchestrator.
-    Returns the trials to run and the finished ones (whose outboxes the sender still sends)."""
+def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
+                     repair: Callable[[TrialPaths, records.TrialRecord], None] | None = None,
+                     ) -> tuple[list[TrialSpec], list[str]]:
+    """Write the spec of each trial, check its files (``repair`` its metrics file) and reset
+    trials left RUNNING by a dead orchestrator. Returns the trials to run and the finished ones
+    (whose outboxes the sender still sends)."""
     todo, finished = [], []
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
@@ -378,10 +411,12 @@ def _prepare_records(grid_dir: Path, trials: list[TrialSpec]) -> tuple[list[Tria
             continue
         with _quiet_trial(paths, t.trial_id):
             rec = records.load_state(paths, t.trial_id)
+            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
+            if repair is not None:
+                repair(paths, rec)  # may reopen a finished trial to recompute what its file lost
             if rec.state.is_finished():
                 finished.append(t.trial_id)
                 continue
-            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
             if rec.state is TrialState.RUNNING or rec.pending_reason:
                 if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
                     rec.state = transition(rec.state, TrialState.PENDING)

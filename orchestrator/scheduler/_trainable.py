@@ -22,6 +22,7 @@ from orchestrator.recipes import apply_overrides
 from orchestrator.run import AttemptJob, run_attempt
 from orchestrator.scheduler._search import objective_value
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
+from orchestrator.store.workspace import DISK_FULL
 from orchestrator.tracking import TrackingTarget
 from orchestrator.trial import TrialSpec
 
@@ -72,7 +73,14 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
                      early_stop=gctx.early_stop, submission=gctx.submission,
                      tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
                      backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True)
-    result = run_attempt(job)
+    try:
+        result = run_attempt(job)
+    except OSError as exc:
+        if exc.errno not in DISK_FULL:
+            raise
+        # Not for Tune to retry onto the same full disk: the submission stops (``_faults``).
+        tune.report({"trial_id": trial.trial_id, "state": "pending", "fault": f"disk full: {exc}"})
+        return
     report = {"trial_id": trial.trial_id, "state": result.get("state"),
               "last_step": result.get("last_step"), "node": result.get("node"),
               "verdict": (result.get("verdict") or {}).get("kind")}

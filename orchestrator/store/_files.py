@@ -95,7 +95,8 @@ _FIXES = {
     "state.json": "delete it and submit the grid again; the trial resumes from its last verified "
                   "checkpoint and keeps its MLflow run",
     "attempts.json": "delete it and submit the grid again; metrics and checkpoints are kept, the "
-                     "trial's list of earlier attempts is lost",
+                     "trial's list of attempts comes back from its MLflow run if the run has it "
+                     "(else it is lost)",
     "result.json": "delete it; `ablate status` and `ablate compare` read the trial's state instead",
     "spec.json": "delete the trial directory's spec.json and submit the grid again; it is "
                  "rewritten from the grid file",

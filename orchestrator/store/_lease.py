@@ -66,9 +66,13 @@ class GridLease:
         if self._lock is None:
             return
         info = holder_info(self.grid_dir) or {}
-        atomic_write_json(self.info_path, {**info, "active": False, "ended_at": time.time()})
-        self._lock.release()
-        self._lock = None
+        try:
+            atomic_write_json(self.info_path, {**info, "active": False, "ended_at": time.time()})
+        except OSError:  # a full disk: no holder info at all says "free" too
+            self.info_path.unlink(missing_ok=True)
+        finally:
+            self._lock.release()
+            self._lock = None
 
 
 def holder_info(grid_dir: Path) -> dict[str, Any] | None:

@@ -149,16 +149,18 @@ def save_attempts(paths: TrialPaths, attempts: Iterable[Attempt]) -> None:
 
 
 def iter_metrics(path: Path) -> Iterator[tuple[int, dict[str, float]]]:
-    """(step, metrics) rows; a torn last line (writer killed mid-line) is skipped."""
+    """(step, metrics) rows; a torn line (writer killed mid-line) is skipped (``check_metrics``
+    says whether there was one)."""
     if not path.exists():
         return
     with open(path) as fh:
         for line in fh:
             try:
                 row = json.loads(line)
-            except json.JSONDecodeError:
+                step, values = int(row["step"]), {k: float(v) for k, v in row["metrics"].items()}
+            except (ValueError, KeyError, TypeError, AttributeError):
                 continue
-            yield int(row["step"]), {k: float(v) for k, v in row["metrics"].items()}
+            yield step, values
 
 
 def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]]:
@@ -172,6 +174,85 @@ def truncate_metrics(path: Path, upto: int) -> list[tuple[int, dict[str, float]]
     if dropped or not path.exists() or not _ends_with_newline(path):  # a torn line goes too
         write_metrics(path, rows)
     return rows
+
+
+@dataclasses.dataclass(frozen=True)
+class MetricsCheck:
+    """What a trial's ``metrics.jsonl`` holds against what its ``state.json`` says it should:
+    ``good`` complete rows (steps 1..``good_through`` in order), ``bad_lines`` that are not rows
+    (a torn last line when the writer was killed mid-line), ``expected`` steps per the record."""
+
+    path: Path
+    good_through: int
+    bad_lines: int
+    torn_tail: bool  # the file does not end with a newline (cut mid-line)
+    expected: int
+
+    @property
+    def torn(self) -> bool:
+        return self.torn_tail or self.bad_lines > 0
+
+    @property
+    def missing(self) -> int:
+        return max(self.expected - self.good_through, 0)
+
+    @property
+    def ok(self) -> bool:
+        return not self.torn and not self.missing
+
+    def describe(self) -> str:
+        """One phrase: what is wrong with the file (empty when nothing is)."""
+        parts = []
+        if self.torn:
+            parts.append(f"{self.bad_lines or 1} torn or unreadable line(s)")
+        if self.missing:
+            parts.append(f"holds steps 1-{self.good_through} of the {self.expected} its state "
+                         f"records ({self.missing} missing)")
+        return f"{self.path}: " + " and ".join(parts) if parts else ""
+
+
+def check_metrics(path: Path, expected: int) -> MetricsCheck:
+    """Read a metrics file whole and compare it with the ``expected`` last step: every line must
+    be a row, the steps must run 1, 2, ... without a gap (a file cut short, or a lost middle,
+    shows as missing steps)."""
+    good = bad = 0
+    torn_tail = False
+    if path.exists():
+        torn_tail = not _ends_with_newline(path)
+        with open(path, "rb") as fh:
+            for raw in fh:
+                try:
+                    row = json.loads(raw)
+                    step = int(row["step"])
+                    dict(row["metrics"])
+                except (ValueError, KeyError, TypeError):
+                    bad += 1
+                    continue
+                if step == good + 1:
+                    good = step
+    return MetricsCheck(Path(path), good, bad, torn_tail, expected)
+
+
+def repair_torn(path: Path) -> int:
+    """Drop unreadable lines (a torn last line) from a metrics file atomically; returns the
+    number of complete rows kept."""
+    rows = list(iter_metrics(path))
+    write_metrics(path, rows)
+    return len(rows)
+
+
+def damaged_metrics(grid_dir: Path) -> list[str]:
+    """What is wrong with the metrics files of a grid's finished trials, one line each (for the
+    readers that only report: ``ablate compare``; an unfinished trial may be mid-rewind)."""
+    out = []
+    for tid in trial_ids(grid_dir):
+        paths = TrialPaths(grid_dir, tid)
+        rec = load_state(paths, tid)
+        if rec.state.is_finished():
+            problem = check_metrics(paths.metrics, rec.last_step).describe()
+            if problem:
+                out.append(f"trial {tid}: {problem}")
+    return out
 
 
 def _ends_with_newline(path: Path) -> bool:

@@ -7,6 +7,7 @@ Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
       mlartifacts/              its artifact store
       <grid>/
         grid.json               the validated grid (file path, digest) of the last submission
+        identity.json           what the grid's name stands for: its trial-defining fields and trial ids
         recipe.json             the composed recipe the trials were built from
         lease.json              which orchestrator process owns the grid right now
         tune/                   Ray Tune experiment directory (for restore)
@@ -14,8 +15,13 @@ Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
 """
 from __future__ import annotations
 
+import errno
 import os
+import shutil
+import tempfile
 from pathlib import Path
+
+from orchestrator.exceptions import UserError
 
 DEFAULT_WORKDIR = ".ablate"
 
@@ -63,3 +69,50 @@ def display_uri(uri: str, root: str | os.PathLike[str] | None = None) -> str:
         scheme, rest = uri.split("://", 1)
         return f"{scheme}://***@{rest.split('@', 1)[1]}"
     return uri
+
+
+def check_workdir(path: str | os.PathLike[str] | None = None, *, write: bool = True) -> Path:
+    """The workdir, checked once before a command does anything: a directory (or one that can
+    be created), writable when the command writes. A one-line ``UserError`` otherwise."""
+    root = workdir(path)
+    probe = root
+    while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
+        probe = probe.parent  # the nearest existing ancestor: where the workdir would be made
+    if not probe.is_dir():
+        what = "does not exist" if probe.is_symlink() else "is not a directory"
+        where = "the workdir" if probe == root else f"{probe} (on the way to the workdir)"
+        raise UserError(f"workdir {root}: {where} {what}; fix: pass --workdir DIR (or set "
+                        f"$ABLATE_WORKDIR) to a directory, or move {probe} away")
+    if write:
+        try:  # creating a file is the one test that holds for root and read-only mounts alike
+            with tempfile.TemporaryFile(dir=probe):
+                pass
+        except OSError as exc:
+            raise UserError(f"workdir {root}: {probe} is not writable ({exc.strerror}); fix: "
+                            f"pass --workdir DIR (or set $ABLATE_WORKDIR) to a writable "
+                            f"directory") from None
+    return root
+
+
+# What a full disk is (the device, or the user's quota).
+DISK_FULL = (errno.ENOSPC, errno.EDQUOT)
+
+
+def free_bytes(path: Path) -> int | None:
+    """Free bytes on the file system of ``path`` (or its nearest existing ancestor)."""
+    probe = Path(path)
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    try:
+        return shutil.disk_usage(probe).free
+    except OSError:
+        return None
+
+
+def human(n: float) -> str:
+    """Bytes for people: ``12.3 MB``."""
+    for unit in ("B", "KB", "MB", "GB"):
+        if n < 1024:
+            return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
+        n /= 1024
+    return f"{n:.1f} TB"

@@ -16,10 +16,18 @@ from orchestrator.tracking._runs import (
     supersede,
 )
 from orchestrator.tracking._sender import Sender, send_trial
-from orchestrator.tracking._store import ROLE_TAG, client, is_remote, use_wal
+from orchestrator.tracking._store import (
+    ROLE_TAG,
+    check_store,
+    client,
+    fail_fast,
+    is_remote,
+    sanitize_key,
+    use_wal,
+)
 from orchestrator.tracking._ui import ui
 from orchestrator.tracking._views import save_trials_view
 
-__all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "client",
-           "drain", "is_remote", "parent_run", "save_trials_view", "send_trial", "supersede", "ui",
-           "use_wal"]
+__all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "check_store",
+           "client", "drain", "fail_fast", "is_remote", "parent_run", "sanitize_key",
+           "save_trials_view", "send_trial", "supersede", "ui", "use_wal"]

@@ -141,6 +141,8 @@ class Sender:
         while (tid := self._queue.get()) is not None:
             try:
                 send_trial(self.grid, self.grid_dir, tid, self.target)
+            except OSError as exc:  # e.g. a full disk: the submission stops with one line
+                log.warning("trial %s: MLflow outbox not sent: %s", tid, exc)
             except Exception:  # the outbox keeps it; the next submission sends it
                 log.exception("trial %s: MLflow outbox not sent", tid)
             finally:

@@ -11,13 +11,18 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import os
 import re
+import sqlite3
+import tempfile
 import threading
 from collections.abc import Iterator
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
+from urllib.parse import urlparse
 
 from orchestrator.environment import scoped_environ
+from orchestrator.exceptions import UserError
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -57,8 +62,6 @@ def use_wal(tracking_uri: str) -> str | None:
     and database, in WAL mode only the log, equally durable (``synchronous`` stays FULL); readers
     (``ablate ui``) no longer block writers. Best effort: a store held open elsewhere stays as is.
     """
-    import sqlite3
-
     if not tracking_uri.startswith("sqlite:///"):
         return None
     path = tracking_uri.removeprefix("sqlite:///").split("?", 1)[0]
@@ -97,3 +100,88 @@ def is_permanent(exc: Exception) -> bool:
     if isinstance(exc, MlflowException):
         return exc.error_code in ("INVALID_PARAMETER_VALUE", "RESOURCE_DOES_NOT_EXIST", "BAD_REQUEST")
     return False
+
+
+_DATABASES = ("postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
+
+
+def check_store(uri: str) -> None:
+    """A tracking URI that can work, checked before anything starts (``UserError``, one line):
+    a known scheme, a server URL with a host, a ``file:`` store in a writable place, a
+    ``sqlite:`` file that can be created or opened as a database. A server that is down is not
+    an error here (metrics wait on disk until it is back)."""
+
+    def bad(problem: str, fix: str) -> Exception:
+        return UserError(f"tracking URI {uri[:200]!r}: {problem}; fix: {fix}")
+
+    fix = ("pass --tracking-uri (or $MLFLOW_TRACKING_URI) as http(s)://HOST:PORT, "
+           "sqlite:///PATH/mlflow.db or file:///DIR")
+    parsed = urlparse(uri)
+    scheme = parsed.scheme.lower()
+    if scheme in ("http", "https"):
+        if not parsed.hostname:
+            raise bad("no host in the server URL", fix)
+        try:
+            parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+        except ValueError:
+            raise bad("the port is not a number", fix) from None
+        return
+    if scheme == "sqlite":
+        if not uri.startswith("sqlite:///"):
+            raise bad("a SQLite URI has three slashes before the path", "sqlite:///PATH/mlflow.db")
+        path = uri.removeprefix("sqlite:///").split("?", 1)[0]
+        if path in ("", ":memory:"):
+            raise bad("no database file", "sqlite:///PATH/mlflow.db")
+        _check_sqlite(Path(path), bad)
+        return
+    if scheme in ("file", "") and (scheme or uri.startswith(("/", "."))):
+        _check_dir(Path(parsed.path if scheme else uri), bad)
+        return
+    if scheme in _DATABASES or scheme.split("+", 1)[0] in _DATABASES:
+        return  # a database server: the first connection tells
+    raise bad(f"unknown scheme {scheme + ':' if scheme else '(none)'}", fix)
+
+
+def _writable_place(path: Path) -> tuple[Path, str | None]:
+    """The nearest existing ancestor of ``path`` and what stops writing there (or None)."""
+    probe = path
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        return probe, f"{probe} is not a directory"
+    try:  # creating a file is the one test that holds for root, /proc and read-only mounts
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        return probe, f"{probe} is not writable ({exc.strerror})"
+    return probe, None
+
+
+def _check_dir(path: Path, bad: Any) -> None:
+    if path.exists() and not path.is_dir():
+        raise bad(f"{path} is not a directory", "point it at a directory for the file store")
+    _probe, problem = _writable_place(path)
+    if problem is not None:
+        raise bad(problem, "put the store in a writable directory")
+
+
+def _check_sqlite(path: Path, bad: Any) -> None:
+    """The database file opens (and is one), or its directory lets it be created."""
+    if path.is_dir():
+        raise bad(f"{path} is a directory, not a database file", "name a file: sqlite:///DIR/mlflow.db")
+    if not path.exists():
+        _probe, problem = _writable_place(path.parent)
+        if problem is not None:
+            raise bad(f"cannot create {path}: {problem}", "put the database in a writable directory")
+        return
+    _probe, problem = _writable_place(path.parent)
+    if problem is None and not os.access(path, os.W_OK):
+        problem = f"{path} is read-only"
+    if problem is not None:  # SQLite writes its journal beside the file, even to read
+        raise bad(f"cannot write {path}: {problem}", "put the database in a writable directory")
+    try:
+        with contextlib.closing(sqlite3.connect(f"file:{path}?mode=ro", uri=True, timeout=5)) as db:
+            db.execute("PRAGMA schema_version").fetchone()
+    except sqlite3.Error as exc:
+        raise bad(f"{path} cannot be opened as a SQLite database ({exc})",
+                  "point it at an MLflow database, or at a new file") from None

@@ -5,8 +5,10 @@ from __future__ import annotations
 
 import os
 import signal
+import socket
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 from orchestrator.exceptions import UserError
@@ -15,10 +17,17 @@ from orchestrator.store import workspace
 from orchestrator.tracking._store import client, is_remote
 from orchestrator.tracking._views import save_trials_view
 
+DEFAULT_PORT = 5000
 
-def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = None,
+
+def ui(grid: str | None = None, port: int | None = None, tracking_uri: str | None = None,
        workdir: str | None = None) -> int:
-    """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL."""
+    """Serve the MLflow UI on 127.0.0.1 for the grid's store until interrupted; prints the URL.
+
+    A ``port`` that is taken is refused (it would print the URL of somebody else's server);
+    without one, 5000 or else a free port is used, and said. The server (``mlflow server``
+    and its gunicorn workers) runs in its own process group, which SIGINT or SIGTERM to this
+    process takes down whole."""
     uri = workspace.tracking_uri(tracking_uri, workdir)
     name = _grid_name(grid) if grid else None
     suffix = ""
@@ -36,20 +45,83 @@ def ui(grid: str | None = None, port: int = 5000, tracking_uri: str | None = Non
         if exp is None:
             raise UserError(f"grid {name!r} has no MLflow experiment in {uri}; fix: submit it first")
         suffix = f"#/experiments/{exp.experiment_id}/runs?viewStateShareKey={save_trials_view(mlc, exp.experiment_id)}"
+    port = pick_port(port)
     cmd = server_command(uri, port, workspace.artifact_root(workdir))
     print(f"MLflow UI for {uri}: http://127.0.0.1:{port}/{suffix}  (Ctrl-C to stop)", flush=True)
-    proc = subprocess.Popen(cmd, env=server_env())
+    proc = subprocess.Popen(cmd, env=server_env(), start_new_session=True)
+    previous = signal.signal(signal.SIGTERM, _interrupt)
     try:
         return proc.wait()
     except KeyboardInterrupt:
-        # The terminal's Ctrl-C reached the server too; SIGINT is gunicorn's quick shutdown.
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=15)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait(timeout=15)
         return 0
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+        stop_group(proc)
+
+
+def _interrupt(signum: int, frame: object) -> None:
+    raise KeyboardInterrupt  # SIGTERM ends `ablate ui` the way Ctrl-C does
+
+
+def port_free(port: int) -> bool:
+    """Nobody listens on 127.0.0.1:``port`` (and we may bind it)."""
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds it
+        try:
+            sock.bind(("127.0.0.1", port))
+        except OSError:
+            return False
+    return True
+
+
+def pick_port(port: int | None) -> int:
+    """``port`` if free (``UserError`` if taken); without one, 5000 or a free port (said)."""
+    if port is not None:
+        if not 1 <= port <= 65535:
+            raise UserError(f"--port {port}: not a TCP port; allowed: 1-65535")
+        if not port_free(port):
+            raise UserError(f"--port {port}: 127.0.0.1:{port} is already in use by another "
+                            f"server; fix: stop it, or pass another --port (or none, to get a "
+                            f"free one)")
+        return port
+    if port_free(DEFAULT_PORT):
+        return DEFAULT_PORT
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        free = int(sock.getsockname()[1])
+    print(f"port {DEFAULT_PORT} is in use; serving on port {free} instead", flush=True)
+    return free
+
+
+def stop_group(proc: subprocess.Popen, timeout: float = 15) -> None:
+    """Take down the server's whole process group (gunicorn's master and workers): SIGINT,
+    gunicorn's quick shutdown, then SIGKILL for whatever is left after ``timeout``."""
+    try:
+        pgid = os.getpgid(proc.pid)
+    except ProcessLookupError:
+        pgid = proc.pid  # the leader is gone; its workers may not be
+    for sig, wait in ((signal.SIGINT, timeout), (signal.SIGKILL, timeout)):
+        try:
+            os.killpg(pgid, sig)
+        except ProcessLookupError:
+            break
+        deadline = time.monotonic() + wait
+        while time.monotonic() < deadline:
+            proc.poll()
+            if not _group_alive(pgid):
+                return
+            time.sleep(0.1)
+    proc.poll()
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 def server_env() -> dict[str, str]:

@@ -5,6 +5,7 @@ files in the grid's directory instead of environment variables:
 
 * ``PacedDouble``: the double with the per-step sleep of ``<grid_dir>/double_step_s`` (if the
   file exists), to keep a grid running long enough for another command to meet it.
+* ``MetricsDiskFullBackend``: the write of step 10's metrics fails once per trial with ENOSPC.
 * ``DiskFullBackend``: the first checkpoint save at step 10 of each trial writes half of its
   state file and then fails with ``OSError(ENOSPC)``, as a full disk does mid-write; a marker
   file ``enospc`` in the trial's directory makes it happen once per trial.
@@ -63,3 +64,27 @@ class _DiskFullContext:
 class DiskFullBackend(DoubleBackend):
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
         return super().run(trial, config, _DiskFullContext(ctx))
+
+
+class _MetricsDiskFullContext:
+    """``log_metrics`` of step ``DISKFULL_STEP`` fails once per trial with ENOSPC, as the
+    append to ``metrics.jsonl`` does when the disk fills (marker ``enospc-metrics``)."""
+
+    def __init__(self, ctx: Any) -> None:
+        self._ctx = ctx
+        self._marker = _trial_root(ctx) / "enospc-metrics"
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(self._ctx, name)
+
+    def log_metrics(self, step: int, metrics: Mapping[str, float]) -> None:
+        if step == DISKFULL_STEP and not self._marker.exists():
+            self._marker.write_text(str(step))
+            path = _trial_root(self._ctx) / "metrics.jsonl"
+            raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+        self._ctx.log_metrics(step, metrics)
+
+
+class MetricsDiskFullBackend(DoubleBackend):
+    def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
+        return super().run(trial, config, _MetricsDiskFullContext(ctx))

@@ -1,0 +1,113 @@
+"""A grid's identity: what a name in the workdir (and its MLflow experiment) stands for.
+
+Two different grids submitted under one name would otherwise merge silently: one experiment
+holding 20- and 30-step trials side by side, tables pooling them. The first submission records
+the fields that define the grid's trials in ``<grid>/identity.json`` (backend, recipe and its
+digest, steps, seeds, pools, axes, overrides, exclude/include, search) with the trial ids it
+expanded to. A later submission under the same name runs when
+
+* its fields are the same (a re-submit, which resumes), or
+* it keeps every trial the grid had and only adds some (more seeds, more axis values, an
+  include: the growth the README documents, since trial ids are content hashes); or
+* ``--extend`` says to add its trials to the existing grid anyway;
+
+and is refused otherwise with the differences and the two ways out (a new name, ``--extend``).
+Budgets, retries, collapse rules and checkpoints do not define trials and may change freely.
+"""
+from __future__ import annotations
+
+import dataclasses
+import json
+import re
+from collections.abc import Sequence
+from pathlib import Path
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.exceptions import UserError
+from orchestrator.schema import NAME_PATTERN
+from orchestrator.store import atomic_write_json, read_json
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
+    from orchestrator.trial import TrialSpec
+
+IDENTITY = "identity.json"
+FIELDS = ("backend", "recipe", "steps", "seeds", "pool", "pool_catalog", "axes", "overrides",
+          "exclude", "include", "search")
+
+
+def renamed(grid: GridSpec, name: str | None) -> GridSpec:
+    """``grid`` under another name (``--name``): its own workdir directory and experiment."""
+    if name is None or name == grid.name:
+        return grid
+    if not re.fullmatch(NAME_PATTERN, name):
+        raise UserError(f"--name {name[:60]!r}: not a grid name; allowed: lower-case letters, "
+                        "digits and '-', 1-40 characters, starting and ending with a letter or "
+                        "digit (a DNS-style name)")
+    return dataclasses.replace(grid, spec=grid.spec.model_copy(update={"name": name}))
+
+
+def fields(grid: GridSpec) -> dict[str, Any]:
+    """The trial-defining fields of a grid as JSON (the user's own spelling, for messages)."""
+    data = grid.spec.model_dump(mode="json")
+    out = {k: data.get(k) for k in FIELDS}
+    out["recipe_digest"] = grid.recipe_digest
+    return json.loads(json.dumps(out, sort_keys=True, default=str))
+
+
+def _short(value: Any) -> str:
+    text = json.dumps(value, sort_keys=True, default=str) if value is not None else "none"
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
+    """``key: old -> new`` for each field that differs (axes one by one)."""
+    out = []
+    for key in sorted(set(old) | set(new)):
+        a, b = old.get(key), new.get(key)
+        if a == b:
+            continue
+        if key == "axes" and isinstance(a, dict) and isinstance(b, dict):
+            for axis in sorted(set(a) | set(b)):
+                if axis not in b:
+                    out.append(f"axes.{axis}: removed")
+                elif axis not in a:
+                    out.append(f"axes.{axis}: added {_short(b[axis])}")
+                elif a[axis] != b[axis]:
+                    out.append(f"axes.{axis}: {_short(a[axis])} -> {_short(b[axis])}")
+        elif key == "recipe_digest":
+            if old.get("recipe") == new.get("recipe"):
+                out.append("recipe: its contents changed")
+        else:
+            out.append(f"{key}: {_short(a)} -> {_short(b)}")
+    return out
+
+
+def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], *,
+                   extend: bool = False) -> str | None:
+    """Refuse a grid that is not the one ``grid_dir`` holds (``UserError`` with the differences
+    and the fix), else record it; returns a note when the grid grew (or was extended)."""
+    path = Path(grid_dir) / IDENTITY
+    new = fields(grid)
+    ids = sorted(t.trial_id for t in trials)
+    if not path.exists():
+        atomic_write_json(path, {"fields": new, "trials": ids})
+        return None
+    stored = read_json(path)
+    old, known = stored.get("fields") or {}, list(stored.get("trials") or [])
+    if old == new:
+        return None
+    diff = differences(old, new)
+    added = sorted(set(ids) - set(known))
+    grows = grid.spec.search is None and set(known) <= set(ids)
+    if not (grows or extend):
+        raise UserError(
+            f"{grid.file}: grid {grid.name!r} already ran in {grid_dir.parent} with other trials "
+            f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); fix: submit it under a "
+            f"new name (`--name NEW`, or `name:` in the file), or add its trials to the existing "
+            f"grid with `--extend`")
+    atomic_write_json(path, {"fields": new, "trials": sorted(set(known) | set(ids))})
+    if grows and not added:
+        return None  # the same trials, spelt differently (e.g. seeds in another order)
+    how = "grows" if grows else "extended (--extend)"
+    return f"grid {grid.name} {how}: {'; '.join(diff[:6])}; {len(added)} new trial(s)"
