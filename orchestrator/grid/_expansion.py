@@ -71,22 +71,29 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
-        if rest:
-            self._value_check(tuple(rest), pool, context)
+        self._value_check(tuple(rest), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
-        sim: values its trainer would reject), checked once per distinct set and pool."""
-        if (items, pool) in self.checked:
+        sim: values its trainer would reject), and the whole config it refuses on that pool
+        (verl: a model too large for a cpu pool), checked once per distinct set and pool."""
+        if ("values", items, pool) in self.checked:  # apart from _backend_check's section keys
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
-        problem = self.backend_cls.check_values(items, config, self.grid.pools.pools[pool])
+        spec = self.grid.pools.pools[pool]
+        problem = self.backend_cls.check_values(items, config, spec) if items else None
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        self.checked.add((items, pool))
+        problem = self.backend_cls.check_config(config, spec)
+        if problem:  # it names its own fix
+            where = self._where(problem) if any(k == problem.split(":", 1)[0] for k, _ in items) \
+                else ("pool",) if self.grid.spec.pool else ("axes", "pool")
+            raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
+                                  f"{problem}", *where)
+        self.checked.add(("values", items, pool))
 
     def _where(self, problem: str) -> tuple[str, ...]:
         """The grid key a backend's 'key: problem' message is about (for the line number)."""

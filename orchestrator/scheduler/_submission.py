@@ -75,6 +75,8 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
+    # Before anything is written (the grid's directory, its lease).
+    backend_class(grid.backend).require(_pools_used(grid, trials), where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
@@ -85,6 +87,15 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
                           rescue=True).run(address)
     finally:
         lease.release()
+
+
+def _pools_used(grid: GridSpec, trials: list[TrialSpec]) -> list[PoolSpec]:
+    """The pools the trials (or, for a search, the grid's pool setting) run on."""
+    names = {t.pool for t in trials}
+    if not trials:
+        names = {grid.spec.pool} if grid.spec.pool else set(
+            next((a.labels for a in grid.axes if a.kind == "pool"), ()))
+    return [grid.pools.get(n) for n in sorted(names)]
 
 
 def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,
