@@ -89,8 +89,10 @@ class _Resolver:
                                   f"{problem}", *self._where(problem), fix="change the value")
         problem = self.backend_cls.check_config(config, spec)
         if problem:  # it names its own fix
-            where = self._where(problem) if any(k == problem.split(":", 1)[0] for k, _ in items) \
-                else ("pool",) if self.grid.spec.pool else ("axes", "pool")
+            # The line of the grid key it is about if the grid sets it, else of the pool.
+            grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
+            pool_key = ("pool",) if self.grid.spec.pool else ("axes", "pool")
+            where = self._where(problem) if grid_sets_it else pool_key
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *where)
         self.checked.add(("values", items, pool))

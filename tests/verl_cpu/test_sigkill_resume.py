@@ -28,6 +28,8 @@ REPO = Path(__file__).resolve().parents[2]
 STEPS = 4
 CHECKPOINT = "step-00000002"
 TIMEOUT_S = 900
+# Ray's own agents (children of the raylet): they exit on their own once the raylet is gone.
+RAY_DAEMONS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
 
 
 def _env(tmp: Path) -> dict[str, str]:
@@ -38,15 +40,19 @@ def _env(tmp: Path) -> dict[str, str]:
     return env
 
 
-def _job_processes(trial_id: str) -> list[int]:
-    """Processes of a verl job of this trial (the job's environment names the trial)."""
-    out = []
+def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
+    """Processes of a verl job of this trial (the job's environment names the trial), with
+    their command lines; ``heavy``: only the driver and Ray's workers (verl's actors)."""
+    out = {}
     for proc in psutil.process_iter():
         try:
             if proc.environ().get("ABLATE_TRIAL_ID") == trial_id:
-                out.append(proc.pid)
+                out[proc.pid] = " ".join(proc.cmdline())[:120]
         except psutil.Error:
             continue
+    if heavy:
+        out = {p: c for p, c in out.items() if "verl.trainer.main_ppo" in c
+               or (c.startswith("ray::") and c.split()[0] not in RAY_DAEMONS)}
     return out
 
 
@@ -82,11 +88,13 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
     root = trials / tid
     state = json.loads((root / "state.json").read_text())
     assert state["state"] == "running", state  # killed mid-trial, not after it
-    # The job dies with its launcher instead of running on as an orphan.
+    # The job dies with its launcher instead of training on as an orphan next to the resumed
+    # attempt: its driver and Ray workers at once; Ray's daemons (agents, log monitor) end on
+    # their own when they lose the job's raylet and GCS (checked at the end).
     deadline = time.monotonic() + 60
-    while _job_processes(tid) and time.monotonic() < deadline:
+    while _job_processes(tid, heavy=True) and time.monotonic() < deadline:
         time.sleep(0.5)
-    assert _job_processes(tid) == [], "the verl job outlived the killed submit"
+    assert _job_processes(tid, heavy=True) == {}, "the verl job outlived the killed submit"
 
     second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=TIMEOUT_S, check=False)
@@ -112,3 +120,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
         history = client.get_metric_history(run_id, name)
         assert sorted(m.step for m in history) == list(range(1, STEPS + 1)), (name, history)
     assert client.get_run(run_id).data.tags.get("verdict"), "no verdict on the resumed run"
+    deadline = time.monotonic() + 120
+    while _job_processes(tid) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _job_processes(tid) == {}, "processes of the killed job are still there"
