@@ -14,7 +14,9 @@ own ``timing_s/step`` over steps >= 2, wall time (launch to exit of the launched
 the peak RSS summed over every process of the run (this process is a child subreaper, so Ray's
 detached daemons are counted and reaped too). The ratio ablate/bare of the medians is the
 headline (goal: wall <= 1.10). verl runs one job at a time here: check ``free -g`` first
-(~6 GB per job).
+(~6 GB per job). No ``numerics.ensure_pinned()``: that pins the simulator's numerics; a verl
+job's threads and numerics come from the pool's ``verl_env`` in both launches alike. The
+figures move with the machine's load (``machine.loadavg_*`` in the JSON): quote them with it.
 
     .venv/bin/python benchmarks/verl_cpu.py [--steps 5] [--repeat 2] [--json results/benchmarks/verl_cpu.json]
 
