@@ -57,6 +57,7 @@ def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
 
 
 @pytest.mark.slow
+@pytest.mark.timeout(1200)  # two verl start-ups: ~6 minutes measured on a heavily loaded machine
 def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path: Path) -> None:
     grid = tmp_path / "verl_kill.yaml"
     grid.write_text(textwrap.dedent(f"""\
