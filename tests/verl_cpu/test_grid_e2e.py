@@ -116,7 +116,7 @@ def test_checkpoints_land_in_each_trials_store(submitted) -> None:
 # Ray actors running verl's classes (the driver is main_ppo); TransferQueue's actors are not
 # verl processes and never import it.
 VERL_PROCESSES = ("verl.trainer.main_ppo", "TaskRunner", "WorkerDict", "CpuRolloutServer",
-                  "AgentLoopWorker", "RewardLoop")
+                  "AgentLoopWorker", "RewardLoop", "GlobalRequestLoadBalancer")
 
 
 @pytest.mark.slow
@@ -135,7 +135,7 @@ def test_evidence_kept_plugin_in_every_verl_process_weights_change_at_every_sync
                  .splitlines() if ln.strip()]
         loaded = {rec["pid"] for rec in loads}
         assert all(rec["platform_selected"] for rec in loads), loads
-        assert len(verl_pids) >= 4, job["processes"]  # driver, task runner, trainer, server
+        assert len(verl_pids) >= 5, job["processes"]  # driver, task runner, trainer, server, router
         assert verl_pids <= loaded, (sorted(verl_pids - loaded), job["processes"])
         syncs = sorted((json.loads(ln) for ln in (logs / "weight_sync.attempt1.jsonl")
                         .read_text().splitlines() if ln.strip()), key=lambda r: r["wall_time"])

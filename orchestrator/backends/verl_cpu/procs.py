@@ -100,7 +100,9 @@ class RssSampler:
                 try:
                     total += proc.memory_info().rss
                     count += 1
-                    self.titles[proc.pid] = " ".join(proc.cmdline())[:120]
+                    title = " ".join(proc.cmdline())[:120]
+                    if title or proc.pid not in self.titles:  # an exiting process has none
+                        self.titles[proc.pid] = title
                 except psutil.Error:
                     continue
             if total > self.peak.rss_bytes:
