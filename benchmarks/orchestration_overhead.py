@@ -47,7 +47,7 @@ class TrivialBackend(Backend):
 
     name = "sim"
     version = "bench-1"
-    pool_kind = "sim"
+    pool_kinds = ("sim",)
 
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> AttemptResult:
         step_s = float(os.environ["BENCH_STEP_S"])

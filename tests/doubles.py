@@ -32,7 +32,7 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, R
 class DoubleBackend(Backend):
     name = "double"
     version = "1"
-    pool_kind = "sim"
+    pool_kinds = ("sim",)
 
     def run(self, trial: Any, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         (ctx.workdir / "pid").write_text(str(os.getpid()))

@@ -41,7 +41,8 @@ class RunContext(Protocol):
     trial: TrialSpec
     pool: PoolSpec
     attempt: int
-    workdir: Path  # scratch space of this attempt
+    workdir: Path  # scratch space of this attempt (removed when the trial ends)
+    log_dir: Path  # kept with the trial: logs and evidence of the backend's job, per attempt
     checkpoint_every: int
     resume_step: int | None  # step of the checkpoint to start from, or None for a fresh start
 
@@ -63,11 +64,13 @@ class RunContext(Protocol):
 
 
 class Backend(abc.ABC):
-    """Runs attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kind``."""
+    """Runs attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kinds``."""
 
     name: ClassVar[str]
     version: ClassVar[str]  # part of every trial id: bump it when results would change
-    pool_kind: ClassVar[str]  # "sim" or "gpu"
+    # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this backend runs on, its
+    # main kind first. Grid validation and `ablate resume --pool` read it; nothing restates it.
+    pool_kinds: ClassVar[tuple[str, ...]]
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
@@ -80,6 +83,19 @@ class Backend(abc.ABC):
         """Plan-time refusal of recipe-leaf values a grid sets (``items``; ``config`` is the
         whole resolved config): a reason ``"key: problem"``, or None. By default none."""
         return None
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Plan-time refusal of a trial's whole resolved config on ``pool`` (verl: a model too
+        large for a cpu pool's memory): a reason ``"key: problem; fix: ..."``, or None."""
+        return None
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """Raise ``BackendUnavailableError`` (one line starting with ``where``, e.g. the grid
+        file and key, then what to install) if this machine cannot launch trials on ``pools``.
+        ``ablate submit``, ``resume`` and ``run-trial`` call it before anything starts. By
+        default every machine can."""
 
     @classmethod
     def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:

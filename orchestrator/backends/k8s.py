@@ -45,7 +45,7 @@ class K8sBackend(Backend):
 
     name: ClassVar[str] = "k8s"
     version: ClassVar[str] = VerlBackend.version  # same job => same trial ids as backend verl
-    pool_kind: ClassVar[str] = "gpu"
+    pool_kinds: ClassVar[tuple[str, ...]] = ("gpu",)
     poll_seconds: ClassVar[float] = 15.0
 
     def __init__(

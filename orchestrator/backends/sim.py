@@ -28,7 +28,7 @@ class SimBackend(Backend):
     name: ClassVar[str] = "sim"
     # sim-2: low-precision GEMMs computed explicitly and CPU numerics pinned (numbers changed).
     version: ClassVar[str] = "sim-2"
-    pool_kind: ClassVar[str] = "sim"
+    pool_kinds: ClassVar[tuple[str, ...]] = ("sim",)
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:

@@ -18,8 +18,9 @@ from typing import Any, ClassVar
 from orchestrator.backends import verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
+from orchestrator.backends.verl_memory import check_memory
 from orchestrator.backends.verl_preflight import preflight
-from orchestrator.backends.verl_run import run_attempt
+from orchestrator.backends.verl_run import require_cpu_verl, run_attempt
 from orchestrator.backends.verl_topology import config_value, world_size
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
@@ -40,7 +41,6 @@ class VerlBackend(Backend):
 
     name: ClassVar[str] = "verl"
     version: ClassVar[str] = "verl-0.9.1"
-    pool_kind: ClassVar[str] = "gpu"
     pool_kinds: ClassVar[tuple[str, ...]] = ("gpu", "cpu")
 
     # ----------------------------------------------------------------------- plan time
@@ -60,6 +60,17 @@ class VerlBackend(Backend):
             if problem:
                 return f"{key}: {problem}"
         return None
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Plan time: a model too large for a cpu pool's memory (``verl_memory``)."""
+        return check_memory(config, pool)
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """cpu pools run verl here: verl and TransferQueue must be importable on this machine
+        (gpu pools are checked where the trial runs, which may be another node)."""
+        require_cpu_verl(pools, where=where)
 
     @classmethod
     def overrides(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,

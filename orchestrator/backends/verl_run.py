@@ -8,6 +8,7 @@ verl's checkpoints (``global_step_N`` + ``latest_checkpointed_iteration.txt``) a
 """
 from __future__ import annotations
 
+import importlib.util
 import json
 import math
 import os
@@ -17,7 +18,7 @@ import subprocess
 import sys
 import time
 import uuid
-from collections.abc import Mapping
+from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any
 
@@ -39,6 +40,7 @@ TRACKER = "latest_checkpointed_iteration.txt"
 # bypass: the actor's loss); the job dies, and running it again would die the same way.
 EMPTY_BATCH_ERRORS = ("must contain at least one valid token", "Expected at least one valid token")
 RS_MASKED = "rollout_corr/rollout_rs_masked_fraction"  # bypass: actor/rollout_corr/..., mapped
+CPU_MODULES = ("verl", "transfer_queue")  # what a cpu pool's job imports on this machine
 
 
 # --------------------------------------------------------------------------- metric names
@@ -157,20 +159,41 @@ def prepare_resume(ctx: RunContext, ckpt_dir: Path) -> str | None:
 # --------------------------------------------------------------------------- the attempt
 
 
-def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: int) -> None:
-    import importlib.util
+def missing_modules(names: tuple[str, ...]) -> list[str]:
+    """Which of the modules ``names`` this interpreter cannot import (found without importing)."""
+    out = []
+    for name in names:
+        try:
+            found = importlib.util.find_spec(name) is not None
+        except (ImportError, ValueError):
+            found = False
+        if not found:
+            out.append(name)
+    return out
 
+
+def require_cpu_verl(pools: Iterable[PoolSpec], *, where: str = "") -> None:
+    """A cpu pool runs verl in this machine's processes: refuse one line early if it is absent."""
+    names = sorted({p.name for p in pools if p.kind == "cpu"})
+    if not names:
+        return
+    # verl 0.9.1 imports TransferQueue without declaring it (pyproject's verl extra does).
+    missing = missing_modules(CPU_MODULES)
+    if missing:
+        raise BackendUnavailableError(
+            f"{where}{': ' if where else ''}cpu pool(s) {', '.join(names)} run verl on this machine, and {', '.join(missing)} "
+            "cannot be imported here; fix: pip install -e '.[verl]' (pinned: pip install -c "
+            "tests/constraints.txt -e '.[verl]')")
+
+
+def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: int) -> None:
     if pool.kind == "cpu":
-        # verl 0.9.1 imports TransferQueue without declaring it (pyproject's verl extra does).
-        missing = [m for m in ("verl", "transfer_queue") if importlib.util.find_spec(m) is None]
-        if missing:
-            raise BackendUnavailableError(f"trial {trial.trial_id} on cpu pool {pool.name} needs "
-                                          f"{', '.join(missing)}: pip install -e '.[verl]'")
+        require_cpu_verl([pool])
         if nodes > 1:
             raise BackendUnavailableError(f"cpu pool {pool.name}: one node only (trainer.nnodes "
                                           f"is {nodes})")
         return
-    missing = [m for m in ("verl", "sglang") if importlib.util.find_spec(m) is None]
+    missing = missing_modules(("verl", "sglang"))
     if missing:
         raise BackendUnavailableError(f"trial {trial.trial_id} needs {', '.join(missing)} on "
                                       "this machine: pip install -e '.[gpu]' on a GPU node")
@@ -223,9 +246,11 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
         else:
             env[key] = value
     # Evidence from inside the job (cpu pools): which processes loaded the plugin, and every
-    # weight sync the rollout servers received.
-    env[LOAD_LOG_ENV] = str(work / f"plugin_loads.attempt{ctx.attempt}.jsonl")
-    env[SYNC_LOG_ENV] = str(work / f"weight_sync.attempt{ctx.attempt}.jsonl")
+    # weight sync the rollout servers received. Kept with the trial, like the job's log.
+    logs = Path(ctx.log_dir)
+    logs.mkdir(parents=True, exist_ok=True)
+    env[LOAD_LOG_ENV] = str(logs / f"plugin_loads.attempt{ctx.attempt}.jsonl")
+    env[SYNC_LOG_ENV] = str(logs / f"weight_sync.attempt{ctx.attempt}.jsonl")
     # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     # Ray's daemons detach from the job's process group; as a subreaper this process inherits
@@ -233,12 +258,13 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     procs.become_subreaper()
     before = frozenset(p.pid for p in procs.descendants())
     started = time.monotonic()
-    log = work / f"verl.attempt{ctx.attempt}.log"
+    log = logs / f"verl.attempt{ctx.attempt}.log"
     try:
         with open(log, "ab") as out, procs.RssSampler() as sampler:
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
                                     stderr=subprocess.STDOUT,
-                                    start_new_session=True)  # its own process group, for stop
+                                    start_new_session=True,  # its own process group, for stop
+                                    preexec_fn=procs.die_with_parent())  # noqa: PLW1509
             try:
                 return _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0),
                               ckpt_dir, log)
@@ -246,7 +272,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 if proc.poll() is None:
                     terminate(proc)
                 reaped = procs.kill_tree(keep=before)
-                summary = write_job_summary(work / f"job.attempt{ctx.attempt}.json", proc,
+                summary = write_job_summary(logs / f"job.attempt{ctx.attempt}.json", proc,
                                             started, sampler, reaped)
                 ctx.describe_environment(job_facts(ctx.pool, summary))
     finally:
@@ -262,12 +288,15 @@ def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:
 
 def write_job_summary(path: Path, proc: subprocess.Popen[bytes], started: float, sampler: Any,
                       reaped: list[int]) -> dict[str, Any]:
-    """Wall time, peak RSS of every process of the job and what was reaped (for figures)."""
+    """Wall time, peak RSS of every process of the job and what was reaped (for figures); the
+    file also names each process the job ran (pid: last command line seen), the evidence the
+    plugin-load log is checked against."""
     summary = {"exit_code": proc.returncode, "wall_seconds": round(time.monotonic() - started, 1),
                "peak_rss_gb_all_processes": round(sampler.peak.rss_bytes / 2**30, 3),
                "processes_at_peak": sampler.peak.processes, "max_processes": sampler.peak_processes,
                "leftover_processes_reaped": len(reaped)}
-    path.write_text(json.dumps(summary, indent=2, sort_keys=True))
+    titles = {str(pid): title for pid, title in sorted(sampler.titles.items())}
+    path.write_text(json.dumps({**summary, "processes": titles}, indent=2, sort_keys=True))
     return summary
 
 

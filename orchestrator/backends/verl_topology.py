@@ -7,7 +7,7 @@ backend, the RayJob it renders for Kubernetes and ``ablate resume`` all ask this
 from __future__ import annotations
 
 import re
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -46,18 +46,35 @@ def checkpoint_world_size(step_dir: str | Path) -> int | None:
     return sizes.pop() if sizes else None
 
 
-def portability(saved_world_size: int, pool: PoolSpec,
-                config: Mapping[str, Any] | None = None) -> tuple[bool, str]:
-    """Can a checkpoint saved with ``saved_world_size`` GPUs resume on ``pool``? And what to do."""
+def portability(saved_world_size: int, pool: PoolSpec, config: Mapping[str, Any] | None = None,
+                others: Iterable[PoolSpec] = ()) -> tuple[bool, str]:
+    """Can a checkpoint saved with ``saved_world_size`` GPUs resume on ``pool``? And what to do.
+
+    ``others`` (the grid's pool catalog): the refusal names those of ``pool``'s kind that give
+    the checkpoint's world size, the first way out.
+    """
     target = world_size(pool, config)
     if target == saved_world_size:
         return True, (f"pool {pool.name!r} runs {target} GPUs like the checkpoint; the FSDP "
                       "shards load as they are (numerics change with the GPU type)")
+    same = [p.name for p in others
+            if p.kind == pool.kind and p.name != pool.name and _fits(p, config, saved_world_size)]
+    ways = [f"resume on a {pool.kind} pool with {saved_world_size} rank(s): {', '.join(same)}"
+            ] if same else []
+    if pool.kind != "cpu":  # cpu pools are one node: trainer.nnodes cannot change the count
+        ways.append("set trainer.nnodes so the GPU count matches")
+    ways.append("merge to Hugging Face weights (python -m verl.model_merger merge --backend fsdp "
+                "--local_dir <ckpt>/actor --target_dir <hf>) and start fresh from them, which "
+                "loses the optimizer, scheduler and data-loader state")
     return False, (f"verl shards are keyed by world size: the checkpoint has {saved_world_size}, "
-                   f"pool {pool.name!r} gives {target}; either set trainer.nnodes so the GPU count "
-                   "matches, or merge to Hugging Face weights (python -m verl.model_merger merge "
-                   "--backend fsdp --local_dir <ckpt>/actor --target_dir <hf>) and start fresh "
-                   "from them, which loses the optimizer, scheduler and data-loader state")
+                   f"pool {pool.name!r} gives {target}; fix: {'; or '.join(ways)}")
+
+
+def _fits(pool: PoolSpec, config: Mapping[str, Any] | None, world: int) -> bool:
+    try:
+        return world_size(pool, config) == world
+    except GridError:
+        return False
 
 
 def shard_names(world: int) -> Sequence[str]:

@@ -78,14 +78,24 @@ class _Resolver:
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
-        sim: values its trainer would reject), checked once per distinct set and pool."""
-        if ("values", items, pool) in self.checked:  # apart from _backend_check's keys
+        sim: values its trainer would reject), and the whole config it refuses on that pool
+        (verl: a model too large for a cpu pool), checked once per distinct set and pool."""
+        if ("values", items, pool) in self.checked:  # apart from _backend_check's section keys
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
-        problem = self.backend_cls.check_values(items, config, self.grid.pools.pools[pool])
+        spec = self.grid.pools.pools[pool]
+        problem = self.backend_cls.check_values(items, config, spec)
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
+        problem = self.backend_cls.check_config(config, spec)
+        if problem:  # it names its own fix
+            # The line of the grid key it is about if the grid sets it, else of the pool.
+            grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
+            pool_key = ("pool",) if self.grid.spec.pool else ("axes", "pool")
+            where = self._where(problem) if grid_sets_it else pool_key
+            raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
+                                  f"{problem}", *where)
         self.checked.add(("values", items, pool))
 
     def _where(self, problem: str) -> tuple[str, ...]:

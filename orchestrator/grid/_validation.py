@@ -18,6 +18,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import metrics, recipes
+from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
@@ -446,11 +447,6 @@ def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: Checker) -> Non
         seen.add(label)
 
 
-# Pool kinds each backend runs on (sim: the simulator's profiles; verl: GPU pools and this
-# machine's CPU; k8s: GPU node pools of a cluster).
-POOL_KINDS: dict[str, tuple[str, ...]] = {"sim": ("sim",), "verl": ("gpu", "cpu"), "k8s": ("gpu",)}
-
-
 def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog) -> None:
     has_axis = any(a.kind == "pool" for a in axes)
     if spec.pool is None and not has_axis:
@@ -461,7 +457,7 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: Po
             raise chk.err("both 'pool:' and a 'pool' axis are set", ("pool",), fix="keep one")
         catalog.get(spec.pool, file=chk.file, line=chk.lines.get(("pool",)))
     names = [spec.pool] if spec.pool else next(a.labels for a in axes if a.kind == "pool")
-    want = POOL_KINDS.get(spec.backend, ("gpu",))
+    want = backend_class(spec.backend).pool_kinds
     for i, n in enumerate(names):
         if catalog.pools[n].kind not in want:
             path = ("pool",) if spec.pool else ("axes", "pool", i)

@@ -80,6 +80,7 @@ class AttemptContext:
         self.pool = attempt.job.pool
         self.attempt = attempt.number
         self.workdir = attempt.scratch
+        self.log_dir = attempt.paths.root / "logs"
         self.checkpoint_every = attempt.job.checkpoint.every
         self.resume_step = attempt.resume_step
 

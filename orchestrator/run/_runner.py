@@ -104,6 +104,8 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
         raise no_such_trial(trial_id, trials, where=grid_path, scope=f" in grid {grid.name}",
                             see="see `ablate plan` for ids")
     trial = trials[trial_id]
+    backend_class(trial.backend).require([grid.pools.get(trial.pool)],  # before anything is written
+                                         where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     uri = workspace.tracking_uri(tracking_uri, workdir)
     with parent_run(grid, tracking_uri=uri, workdir=workspace.workdir(workdir)) as target:

@@ -135,13 +135,14 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
     """Check everything a resume needs and return what to do; writes nothing."""
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
     backend = backend_class(grid.backend)
-    kinds = getattr(backend, "pool_kinds", (backend.pool_kind,))
+    kinds = backend.pool_kinds
     if pool_spec.kind not in kinds:
         same = [n for n in grid.pools.names() if grid.pools.get(n).kind in kinds]
         raise UserError(f"--pool {pool}: a {pool_spec.kind} pool, but grid {grid.name} runs the "
                         f"{grid.backend} backend on {kinds[0]} pools"
                         f"{''.join(f' (or {k} pools)' for k in kinds[1:])}; use one of: "
                         f"{', '.join(same)}")
+    backend.require([pool_spec], where=f"--pool {pool}")
     out = []
     for parent in parents:
         paths = TrialPaths(grid_dir, parent.trial_id)
@@ -193,14 +194,14 @@ def _check_pool(grid: GridSpec, backend: type[Backend], trial: TrialSpec, pool: 
     problem = backend.check(corr, roll, pool)
     if problem:
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")
-    if backend.pool_kind != "gpu":
+    if pool.kind == "sim":
         return  # simulator checkpoints hold the whole state: portable to any sim pool
     saved = checkpoint_world_size(ckpt)
     if saved is None:
         raise CheckpointError(f"trial {trial.trial_id}: checkpoint {ckpt} has no verl "
                               "model_world_size_* shards; cannot check it fits pool "
                               f"{pool.name}; pick another step with --from")
-    ok, why = portability(saved, pool, config)
+    ok, why = portability(saved, pool, config, others=grid.pools.pools.values())
     if not ok:
         raise CheckpointError(f"trial {trial.trial_id}: not portable to pool {pool.name}: {why}")
 

@@ -90,6 +90,8 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
     workspace.check_workdir(workdir)  # a bad workdir or store: one line, before anything starts
     check_store(workspace.tracking_uri(tracking_uri, workdir))
+    # Before anything is written (the grid's directory, its lease).
+    backend_class(grid.backend).require(_pools_used(grid, trials), where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
@@ -105,6 +107,15 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
                               summary_every_s=summary_every_s).run(address)
         finally:
             lease.release()
+
+
+def _pools_used(grid: GridSpec, trials: list[TrialSpec]) -> list[PoolSpec]:
+    """The pools the trials (or, for a search, the grid's pool setting) run on."""
+    names = {t.pool for t in trials}
+    if not trials:
+        names = {grid.spec.pool} if grid.spec.pool else set(
+            next((a.labels for a in grid.axes if a.kind == "pool"), ()))
+    return [grid.pools.get(n) for n in sorted(names)]
 
 
 def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,

@@ -514,9 +514,9 @@ def test_backend_is_registered_and_delegates_check() -> None:
     from orchestrator.pools import load_catalog
 
     assert backend_class("k8s") is K8sBackend
-    assert (K8sBackend.name, K8sBackend.pool_kind, K8sBackend.version) == (
+    assert (K8sBackend.name, K8sBackend.pool_kinds, K8sBackend.version) == (
         "k8s",
-        "gpu",
+        ("gpu",),
         VerlBackend.version,
     )
     pools = load_catalog().pools

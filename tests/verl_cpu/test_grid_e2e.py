@@ -9,6 +9,7 @@ Needs ``pip install -e '.[verl]'`` (verl 0.9.1 + TransferQueue); no GPU, no netw
 """
 from __future__ import annotations
 
+import itertools
 import json
 import os
 import subprocess
@@ -112,6 +113,41 @@ def test_checkpoints_land_in_each_trials_store(submitted) -> None:
         assert (step / "actor" / "optim_world_size_1_rank_0.pt").is_file(), tid
 
 
+# Ray actors running verl's classes (the driver is main_ppo); TransferQueue's actors are not
+# verl processes and never import it.
+VERL_PROCESSES = ("verl.trainer.main_ppo", "TaskRunner", "WorkerDict", "CpuRolloutServer",
+                  "AgentLoopWorker", "RewardLoop", "GlobalRequestLoadBalancer")
+
+
+@pytest.mark.slow
+def test_evidence_kept_plugin_in_every_verl_process_weights_change_at_every_sync(
+        submitted) -> None:
+    """The trial's logs/ keeps what only the job can show: every verl process (named in the
+    job summary) loaded the cpu plugin with the platform selected, and the rollout server's
+    weights changed at every sync after the first (the trainer's update really arrived)."""
+    trials = submitted["workdir"] / "verl-cpu" / "trials"
+    for trial in trials.iterdir():
+        logs = trial / "logs"
+        job = json.loads((logs / "job.attempt1.json").read_text())
+        verl_pids = {int(pid) for pid, title in job["processes"].items()
+                     if any(name in title for name in VERL_PROCESSES)}
+        loads = [json.loads(ln) for ln in (logs / "plugin_loads.attempt1.jsonl").read_text()
+                 .splitlines() if ln.strip()]
+        loaded = {rec["pid"] for rec in loads}
+        assert all(rec["platform_selected"] for rec in loads), loads
+        assert len(verl_pids) >= 5, job["processes"]  # driver, task runner, trainer, server, router
+        assert verl_pids <= loaded, (sorted(verl_pids - loaded), job["processes"])
+        syncs = sorted((json.loads(ln) for ln in (logs / "weight_sync.attempt1.jsonl")
+                        .read_text().splitlines() if ln.strip()), key=lambda r: r["wall_time"])
+        assert len(syncs) >= 3, syncs  # one before each of the 3 steps' rollouts
+        assert syncs[0]["global_steps"] == 0  # the initial load: the weights the server has
+        for before, after in itertools.pairwise(syncs):
+            assert after["max_abs_change"] > 0 and after["fingerprint"] != before["fingerprint"]
+        assert all(s["n_tensors"] == syncs[0]["n_tensors"] > 0 for s in syncs), syncs
+        assert (logs / "verl.attempt1.log").stat().st_size > 0
+        assert not (trial / "work").exists()  # the scratch space is gone, the evidence is not
+
+
 @pytest.mark.slow
 def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitted) -> None:
     """verl 0.9.1 does not reshard: a ws1 checkpoint on the 2-rank cpu pool would fail inside
@@ -125,7 +161,9 @@ def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitte
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1, proc.stderr
     assert "the checkpoint has 1" in lines[0] and "gives 2" in lines[0], lines[0]
-    assert "trainer.nnodes" in lines[0] and "model_merger" in lines[0], lines[0]
+    # cpu pools are one node: the way out is a pool with the checkpoint's rank count.
+    assert "fix: resume on a cpu pool with 1 rank(s): cpu-fp32, cpu-bf16" in lines[0], lines[0]
+    assert "model_merger" in lines[0], lines[0]
     assert (trials / tid / "attempts.json").read_text() == before  # nothing started
 
 
@@ -169,13 +207,14 @@ def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
     logged: list[int] = []
     ctx = SimpleNamespace(
         trial=trial, pool=load_catalog().pools["cpu"], attempt=1, workdir=tmp_path / "work",
+        log_dir=tmp_path / "logs",
         checkpoint_every=2, resume_step=2, grid_dir=submitted["workdir"] / "verl-cpu",
         log_metrics=lambda step, m: logged.append(step), save_checkpoint=lambda *a: None,
         checkpoint_path=lambda step: store / f"step-{step:08d}", should_stop=lambda: None,
         describe_environment=lambda facts: None)
     with pytest.raises(InfraFailure, match="verl exited with code"):
         run_attempt(VerlBackend(), trial, grid.trial_config(trial), ctx)
-    log = (tmp_path / "work" / "verl.attempt1.log").read_text(errors="replace")
+    log = (tmp_path / "logs" / "verl.attempt1.log").read_text(errors="replace")
     missing = [ln for ln in log.splitlines() if "FileNotFoundError" in ln]
     assert any("model_world_size_2_rank_0.pt" in ln for ln in missing), log[-3000:]
     assert logged == []

@@ -11,13 +11,17 @@ same machine are untouched.
 from __future__ import annotations
 
 import ctypes
+import os
+import signal
 import threading
 import time
+from collections.abc import Callable
 from dataclasses import dataclass
 
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_SET_PDEATHSIG = 1
 
 
 def become_subreaper() -> bool:
@@ -27,6 +31,28 @@ def become_subreaper() -> bool:
         return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
     except (OSError, AttributeError):
         return False
+
+
+def die_with_parent() -> Callable[[], None] | None:
+    """A ``preexec_fn`` that makes the child get SIGKILL when this process dies (Linux), or None.
+
+    When the launcher is SIGKILLed (``ablate submit`` killed, its Ray worker gone), the job would
+    otherwise run on as an orphan next to the attempt that resumes it. Ray's own processes share
+    the fate of the job's driver, so ending the driver ends the job. The libc function is bound
+    here, before the fork: the child only calls it (nothing that could take a lock).
+    """
+    try:
+        prctl = ctypes.CDLL(None, use_errno=True).prctl
+    except (OSError, AttributeError):
+        return None
+    parent = os.getpid()
+
+    def preexec() -> None:
+        prctl(PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+        if os.getppid() != parent:  # the launcher died before the line above took effect
+            os._exit(1)
+
+    return preexec
 
 
 def descendants() -> list[psutil.Process]:
@@ -74,7 +100,9 @@ class RssSampler:
                 try:
                     total += proc.memory_info().rss
                     count += 1
-                    self.titles[proc.pid] = " ".join(proc.cmdline())[:120]
+                    title = " ".join(proc.cmdline())[:120]
+                    if title or proc.pid not in self.titles:  # an exiting process has none
+                        self.titles[proc.pid] = title
                 except psutil.Error:
                     continue
             if total > self.peak.rss_bytes:

@@ -1,0 +1,127 @@
+"""SIGKILL of ``ablate submit`` in the middle of a real verl trial on CPU, then a re-submit.
+
+One trial (cpu_tiny on cpu-fp32, 4 steps, a verl checkpoint every 2): the first submit is killed
+(its whole process group, SIGKILL) once verl's ``global_step_2`` is in the trial's checkpoint
+store. The verl job must not outlive it; the re-submit must resume from verl's own checkpoint
+(verl says so in its log: "Resuming from .../global_step_2"), run only steps 3-4, and leave
+MLflow with steps 1-4 exactly once; the attempt records say: infra failure, then completed. About
+2-3 minutes on a quiet 2-core machine (two verl start-ups). Needs ``pip install -e '.[verl]'``.
+"""
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import psutil
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+
+REPO = Path(__file__).resolve().parents[2]
+STEPS = 4
+CHECKPOINT = "step-00000002"
+TIMEOUT_S = 900
+# Ray's own agents (children of the raylet): they exit on their own once the raylet is gone.
+RAY_DAEMONS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
+
+
+def _env(tmp: Path) -> dict[str, str]:
+    env = {k: v for k, v in os.environ.items()
+           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "MLFLOW_RUN_ID")}
+    env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
+               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
+    return env
+
+
+def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
+    """Processes of a verl job of this trial (the job's environment names the trial), with
+    their command lines; ``heavy``: only the driver and Ray's workers (verl's actors)."""
+    out = {}
+    for proc in psutil.process_iter():
+        try:
+            if proc.environ().get("ABLATE_TRIAL_ID") == trial_id:
+                out[proc.pid] = " ".join(proc.cmdline())[:120]
+        except psutil.Error:
+            continue
+    if heavy:
+        out = {p: c for p, c in out.items() if "verl.trainer.main_ppo" in c
+               or (c.startswith("ray::") and c.split()[0] not in RAY_DAEMONS)}
+    return out
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(1200)  # two verl start-ups: ~6 minutes measured on a heavily loaded machine
+def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path: Path) -> None:
+    grid = tmp_path / "verl_kill.yaml"
+    grid.write_text(textwrap.dedent(f"""\
+        name: verl-kill
+        recipe: verl/cpu_tiny
+        backend: verl
+        steps: {STEPS}
+        seeds: [0]
+        pool: cpu-fp32
+        budget: {{max_parallel: 1}}
+        checkpoint: {{every: 2, keep: 2}}
+        """))
+    env = _env(tmp_path)
+    argv = [sys.executable, "-m", "orchestrator", "submit", str(grid)]
+    trials = tmp_path / "wd" / "verl-kill" / "trials"
+
+    first = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
+                             stderr=subprocess.DEVNULL, start_new_session=True)
+    t0 = time.monotonic()
+    try:
+        while not list(trials.glob(f"*/checkpoints/{CHECKPOINT}/actor/*.pt")):
+            assert first.poll() is None, "submit ended before the first checkpoint"
+            assert time.monotonic() - t0 < TIMEOUT_S, "no checkpoint in time"
+            time.sleep(0.2)
+    finally:
+        os.killpg(first.pid, signal.SIGKILL)
+        first.wait()
+    (tid,) = [p.name for p in trials.iterdir()]
+    root = trials / tid
+    state = json.loads((root / "state.json").read_text())
+    assert state["state"] == "running", state  # killed mid-trial, not after it
+    # The job dies with its launcher instead of training on as an orphan next to the resumed
+    # attempt: its driver and Ray workers at once; Ray's daemons (agents, log monitor) end on
+    # their own when they lose the job's raylet and GCS (checked at the end).
+    deadline = time.monotonic() + 60
+    while _job_processes(tid, heavy=True) and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _job_processes(tid, heavy=True) == {}, "the verl job outlived the killed submit"
+
+    second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
+                            timeout=TIMEOUT_S, check=False)
+    assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
+
+    attempts = json.loads((root / "attempts.json").read_text())["attempts"]
+    assert [a["outcome"] for a in attempts] == ["infra_failure", "completed"], attempts
+    assert (attempts[1]["resumed_from_step"], attempts[1]["start_step"],
+            attempts[1]["end_step"]) == (2, 3, STEPS), attempts
+    # verl itself loaded the checkpoint the orchestrator laid out as global_step_2.
+    log = (root / "logs" / "verl.attempt2.log").read_text(errors="replace")
+    assert any("Resuming from" in ln and "global_step_2" in ln for ln in log.splitlines()), \
+        log[-3000:]
+    steps = [json.loads(ln)["step"] for ln in (root / "metrics.jsonl").read_text().splitlines()
+             if ln.strip()]
+    assert steps == list(range(1, STEPS + 1)), steps
+
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'wd' / 'mlflow.db'}")
+    run_id = json.loads((root / "state.json").read_text())["mlflow_run_id"]
+    for name in ("critic/score/mean", "rollout_corr/k3_kl", "actor/grad_norm"):
+        history = client.get_metric_history(run_id, name)
+        assert sorted(m.step for m in history) == list(range(1, STEPS + 1)), (name, history)
+    assert client.get_run(run_id).data.tags.get("verdict"), "no verdict on the resumed run"
+    deadline = time.monotonic() + 120
+    while _job_processes(tid) and time.monotonic() < deadline:
+        time.sleep(1)
+    assert _job_processes(tid) == {}, "processes of the killed job are still there"
