@@ -326,7 +326,7 @@ def test_the_simulator_fails_an_attempt_whose_update_has_nothing_to_train_on(tmp
 
     over = {"correction.rs_filters": {"token_k1": "5_10"},  # pi_rollout/pi_train in [5, 10]
             "train.prompts_per_step": 2, "train.group_size": 2, "train.minibatches": 1,
-            "eval.every": 0}
+            "eval.every": 100}
     base = recipes.compose_recipe("sim/grpo_tiny", root=recipes.REPO_RECIPES)
     for section, model in (("correction", CorrectionSpec), ("rollout", RolloutSpec)):
         base[section] = {**model().model_dump(mode="json"), **(base.get(section) or {})}
