@@ -115,11 +115,12 @@ def total(costs: Iterable[TrialCost | None]) -> dict[str, dict[str, float]]:
 
 
 def fmt_hours(hours: float | None, unit: str) -> str:
-    """``1.25 GPU-h``; CPU-hours below one hour in CPU-seconds' scale stay readable."""
+    """``1.25 GPU-h``, ``0.00833 CPU-h``: always hours, three significant digits, so the figures
+    of one table share a unit and compare at a glance."""
     if hours is None:
         return ""
     label = UNIT_LABEL.get(unit, unit)
-    return f"{hours:.3g} {label}" if hours >= 0.01 else f"{hours * 3600:.0f} {label[:-2]}-s"
+    return f"{hours:.3g} {label}"
 
 
 def cost_tags(c: TrialCost | None) -> dict[str, str]:
