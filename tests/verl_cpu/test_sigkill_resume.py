@@ -2,9 +2,9 @@
 
 One trial (cpu_tiny on cpu-fp32, 8 steps, a verl checkpoint every 2): the first submit is killed
 (its whole process group, SIGKILL) once verl's ``global_step_2`` is in the trial's checkpoint
-store. The verl job must not outlive it by much: it dies with its launcher, the Ray worker, which
-Ray ends within seconds of losing its driver (so the first attempt may reach a later checkpoint
-than 2 first: 8 steps leave room for that; with 4 the job once finished before its worker went).
+store, and so is the Ray worker that launched the job (it can outlive its killed driver by
+seconds: in CI, long enough for verl to finish every step). The verl job must die with its
+launcher instead of training on as an orphan.
 The re-submit must resume from verl's own newest checkpoint (verl says so in its log: "Resuming
 from .../global_step_N"), run only the steps after it, and leave MLflow with steps 1-8 exactly
 once; the attempt records say: infra failure, then completed. About 2-3 minutes on a quiet 2-core
@@ -12,6 +12,7 @@ machine (two verl start-ups). Needs ``pip install -e '.[verl]'``.
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import signal
@@ -41,6 +42,19 @@ def _env(tmp: Path) -> dict[str, str]:
     env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
                PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
     return env
+
+
+def _launchers(trial_id: str) -> set[int]:
+    """The processes that started the trial's verl driver (its parents outside the job)."""
+    job = _job_processes(trial_id)
+    out = set()
+    for pid, cmd in job.items():
+        if "verl.trainer.main_ppo" in cmd:
+            with contextlib.suppress(psutil.Error):
+                parent = psutil.Process(pid).ppid()
+                if parent not in job:
+                    out.add(parent)
+    return out
 
 
 def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
@@ -85,10 +99,18 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
             assert first.poll() is None, "submit ended before the first checkpoint"
             assert time.monotonic() - t0 < TIMEOUT_S, "no checkpoint in time"
             time.sleep(0.2)
+        (tid,) = [p.name for p in trials.iterdir()]
+        launchers = _launchers(tid)
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    (tid,) = [p.name for p in trials.iterdir()]
+    # The submit's Ray worker that launched the job can outlive its killed driver by seconds
+    # (in one CI run, long enough for verl to finish every step, leaving nothing to resume):
+    # SIGKILL it too, as a crash of the whole machine would. The job must die with it.
+    assert launchers, "no process launched the verl job"
+    for pid in launchers:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
     root = trials / tid
     state = json.loads((root / "state.json").read_text())
     assert state["state"] == "running", state  # killed mid-trial, not after it
