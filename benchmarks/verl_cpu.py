@@ -117,7 +117,8 @@ def run_measured(argv: list[str], env: dict[str, str], cwd: Path, log: Path, wat
 
     before = frozenset(p.pid for p in procs.descendants())
     t0 = time.monotonic()
-    with open(log, "wb") as out, procs.RssSampler() as sampler:
+    # As a subreaper for the run, Ray's orphaned daemons come back to us: counted and reaped.
+    with procs.subreaper(), open(log, "wb") as out, procs.RssSampler() as sampler:
         watch = StepOneWatch(watch_root, watch_glob, t0)
         proc = subprocess.Popen(argv, cwd=cwd, env=env, stdout=out, stderr=subprocess.STDOUT,
                                 start_new_session=True)
@@ -201,7 +202,6 @@ def main() -> None:
     if args.steps < 3:
         ap.error("--steps must be >= 3 (step 1 is start-up; steps >= 2 give the step time)")
 
-    from orchestrator.backends.verl_cpu import procs
     from orchestrator.backends.verl_run import build_assets
     from orchestrator.grid import expand, load_grid
 
@@ -216,7 +216,6 @@ def main() -> None:
         config = dict(grid.trial_config(trial))
         pool = grid.pools.get(trial.pool)
         build_assets(config, str(workdir / "assets" / "verl_cpu"))  # once, outside the timing
-        procs.become_subreaper()  # Ray's orphaned daemons come back to us: counted and reaped
         base_env = {k: v for k, v in os.environ.items()
                     if k not in ("MLFLOW_RUN_ID", "RAY_ADDRESS", "MLFLOW_TRACKING_URI")}
         base_env["PYTHONPATH"] = os.pathsep.join(

@@ -253,14 +253,14 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     env[SYNC_LOG_ENV] = str(logs / f"weight_sync.attempt{ctx.attempt}.jsonl")
     # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
-    # Ray's daemons detach from the job's process group; as a subreaper this process inherits
-    # them when they are orphaned, so the reaping below finds everything the job started.
-    procs.become_subreaper()
-    before = frozenset(p.pid for p in procs.descendants())
-    started = time.monotonic()
+    # Ray's daemons detach from the job's process group; as a subreaper (for this attempt only)
+    # this process inherits them when they are orphaned, so the reaping below finds everything
+    # the job started, and the sampler reaps the dead ones at once (procs' docstring says why).
     log = logs / f"verl.attempt{ctx.attempt}.log"
     try:
-        with open(log, "ab") as out, procs.RssSampler() as sampler:
+        with procs.subreaper(), open(log, "ab") as out, procs.RssSampler() as sampler:
+            before = frozenset(p.pid for p in procs.descendants())
+            started = time.monotonic()
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
                                     stderr=subprocess.STDOUT,
                                     start_new_session=True,  # its own process group, for stop

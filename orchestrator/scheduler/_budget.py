@@ -86,6 +86,10 @@ class Planner:
         self.skipped: dict[str, float] = {}  # trial id -> projected hours it would have cost
         self.held: dict[str, str] = {}  # trial id -> why it waits (``PoolGate.reasons``)
         self.budget_out = False
+        # A ``search:`` ended by the budget: its points not started, each projected to cost
+        # ``search_point_hours`` (the last point's projection).
+        self.search_not_started = 0
+        self.search_point_hours = 0.0
         self._read_at = 0.0
 
     @property
@@ -197,6 +201,13 @@ class Planner:
         return (f"not started: budget: projected {fmt_hours(self.skipped.get(trial.trial_id), unit)} "
                 f"with {fmt_hours(spent, unit)} of {key}={limit:g} h spent; raise it and submit again")
 
+    def search_stopped(self, points_left: int, point_hours: float) -> None:
+        """The search asked for a point the budget cannot pay for; ``points_left`` of its
+        ``search.budget`` points will not start in this submission."""
+        self.budget_out = True
+        self.search_not_started = max(points_left, 1)
+        self.search_point_hours = point_hours
+
     def next_seed(self, queued: Iterable[TrialSpec]) -> TrialSpec | None:
         """The next adaptive seed to run (its spec written), or None (nothing needs one now)."""
         if self.adaptive is None or self.budget_out:
@@ -250,7 +261,10 @@ class Planner:
             out["budget"] = {"gpu_hours": self.spec.gpu_hours,
                              "gpu_hours_per_pool": dict(self.spec.gpu_hours_per_pool),
                              "spent": spent, "started": len(self.started),
-                             "skipped": sorted(by_trial), "to_finish_hours": sum(by_trial.values())}
+                             "skipped": sorted(by_trial),
+                             "search_points_not_started": self.search_not_started,
+                             "to_finish_hours": sum(by_trial.values())
+                             + self.search_not_started * self.search_point_hours}
         if self.adaptive is not None:
             out["adaptive"] = self._adaptive_summary()
         return out
@@ -312,10 +326,12 @@ def end_report(summary: Mapping[str, Any]) -> list[str]:
     b = summary.get("budget")
     if b:
         limit = f"budget.gpu_hours={b['gpu_hours']:g} h" if b["gpu_hours"] is not None else "per-pool budgets"
+        points = b.get("search_points_not_started", 0)
         lines.append(f"budget: {limit}; started {b['started']} trials this submission; "
                      f"{len(b['skipped'])} skipped for budget"
+                     + (f", {points} search point(s) not started" if points else "")
                      + (f", projected {b['to_finish_hours']:.3g} h to finish them (raise the budget "
-                        "and submit again)" if b["skipped"] else ""))
+                        "and submit again)" if b["skipped"] or points else ""))
     a = summary.get("adaptive")
     if a:
         met = sum(1 for c in a["cells"] if c["met"])

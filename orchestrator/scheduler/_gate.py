@@ -164,10 +164,7 @@ class PoolGate(Searcher):
         if self.inner is None or self.search is None:
             return None
         if self._held is not None:
-            if not self._room(self._held.pool):
-                return None
-            trial, self._held = self._held, None
-            return trial
+            return self._take_held()
         for _ in range(20):  # answer repeated points from storage, then ask again
             if self.search_left <= 0:
                 return None
@@ -184,14 +181,55 @@ class PoolGate(Searcher):
                 continue
             if len(self.inner_ids[trial.trial_id]) > 1:
                 continue  # the same point is already running: it answers both
+            if self._budget_ends_search(trial):
+                return None
             self.search_left -= 1
             if self.on_new_trial is not None:
                 self.on_new_trial(trial, stored)
-            if not self._room(trial.pool):
-                self._held = trial
-                return None
-            return trial
+            self._held = trial
+            return self._take_held()
         return None
+
+    def _take_held(self) -> TrialSpec | None:
+        """The held search point if its pool has room and the budget lets it start now (it
+        waits, like a queued trial, while running trials' projected cost would overrun; skipped,
+        it stays pending with the reason, for a re-submit, and the search ends)."""
+        trial = self._held
+        if trial is None or not self._room(trial.pool):
+            return None
+        if self.planner is not None:
+            verdict = self.planner.admit(trial, trial.pool, self.running.values())
+            if verdict is Admit.WAIT:
+                return None
+            if verdict is Admit.SKIP:
+                paths = TrialPaths(self.grid_dir, trial.trial_id)
+                rec = records.load_state(paths, trial.trial_id)
+                rec.pending_reason = self.planner.skip_reason(trial, trial.pool)
+                records.save_state(paths, rec)
+                self._end_search_for_budget(trial)
+                return None
+        self._held = None
+        return trial
+
+    def _budget_ends_search(self, trial: TrialSpec) -> bool:
+        """A new search point the accelerator-hour budget cannot pay for ends the search: it is
+        not recorded, and the points left are reported as not started for budget; a re-submit
+        with a larger budget asks for them again."""
+        if self.planner is None:
+            return False
+        if self.planner.admit(trial, trial.pool, self.running.values()) is not Admit.SKIP:
+            self.planner.started.discard(trial.trial_id)  # counted when it really starts
+            return False
+        self._end_search_for_budget(trial)
+        return True
+
+    def _end_search_for_budget(self, trial: TrialSpec) -> None:
+        assert self.planner is not None
+        self.planner.search_stopped(self.search_left + (self._held is trial),
+                                    self.planner.skipped.pop(trial.trial_id, 0.0))
+        self._held = None
+        self._answer(trial.trial_id, None, error=True)  # Optuna hears the point failed
+        self.search_left = 0
 
     def _answer(self, trial_id: str, objective: float | None, *, error: bool) -> None:
         if self.inner is None:

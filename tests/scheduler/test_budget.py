@@ -110,3 +110,43 @@ def test_budget_skips_what_does_not_fit_and_a_larger_budget_continues(setup) -> 
     again = scheduler.submit(str(path), address=c.address, progress=False)
     assert again["states"] == {"done": 6} and again["budget"]["skipped"] == []
     assert again["budget"]["started"] == 6 - len(done)
+
+
+SEARCH = """\
+overrides:
+  correction.is_bounds: [null, 2.0]
+search:
+  params:
+    correction.is_bounds[1]: {low: 1.5, high: 10.0}
+  budget: 6
+  objective: {metric: eval/reward/final, mode: max}
+"""
+
+
+@pytest.mark.slow
+def test_a_search_stops_at_the_budget_and_a_larger_budget_asks_for_the_rest(setup) -> None:
+    tmp, c = setup
+    path = write_grid(tmp / "g.yaml", "search-budget", steps=40, seeds=[0], levels=["token"],
+                      pools=["sim-h100"], budget="{max_parallel: 1, gpu_hours: 0.0015}",
+                      extra=SEARCH, tiny=False)
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    b, grid_dir = summary["budget"], Path(summary["grid_dir"])
+    states = {t: records.load_state(TrialPaths(grid_dir, t), t) for t in records.trial_ids(grid_dir)}
+    done = [t for t, rec in states.items() if rec.state.value == "done"]
+    # The points the budget could pay for ran; the search stopped at the first it could not.
+    assert 1 <= len(done) < 6 and b["search_points_not_started"] == 6 - len(done), (b, states)
+    assert b["to_finish_hours"] > 0
+    for tid, rec in states.items():  # a point recorded but held back stays pending, with why
+        if tid not in done:
+            assert rec.state.value == "pending" and "budget.gpu_hours=0.0015" in rec.pending_reason
+            assert not records.load_attempts(TrialPaths(grid_dir, tid))
+    spent = summary["cost"]["cpu_hours"]["hours"]
+    assert spent <= 0.0015 + spent / len(done)  # overrun by at most one misprojection
+    assert any(f"{6 - len(done)} search point(s) not started" in line and "submit again" in line
+               for line in scheduler.end_report(summary))
+    # A larger budget continues the search to its 6 points, running nothing twice.
+    path.write_text(path.read_text().replace("gpu_hours: 0.0015", "gpu_hours: 1"))
+    again = scheduler.submit(str(path), address=c.address, progress=False)
+    assert again["states"] == {"done": 6}, again["states"]
+    assert again["budget"]["search_points_not_started"] == 0
+    assert again["budget"]["started"] == 6 - len(done)

@@ -214,6 +214,10 @@ def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
         describe_environment=lambda facts: None)
     with pytest.raises(InfraFailure, match="verl exited with code"):
         run_attempt(VerlBackend(), trial, grid.trial_config(trial), ctx)
+    # The attempt made this process a subreaper for its job only (procs' docstring says why).
+    from orchestrator.backends.verl_cpu import procs
+
+    assert not procs.is_subreaper()
     log = (tmp_path / "logs" / "verl.attempt1.log").read_text(errors="replace")
     missing = [ln for ln in log.splitlines() if "FileNotFoundError" in ln]
     assert any("model_world_size_2_rank_0.pt" in ln for ln in missing), log[-3000:]

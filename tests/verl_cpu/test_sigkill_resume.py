@@ -2,9 +2,12 @@
 
 One trial (cpu_tiny on cpu-fp32, 8 steps, a verl checkpoint every 2): the first submit is killed
 (its whole process group, SIGKILL) once verl's ``global_step_2`` is in the trial's checkpoint
-store, and so is the Ray worker that launched the job (it can outlive its killed driver by
-seconds: in CI, long enough for verl to finish every step). The verl job must die with its
-launcher instead of training on as an orphan.
+store. Everything it started must die with it: the Ray worker that launched the job (it goes when
+the submit's raylet goes), and the verl job (its driver gets SIGKILL when its launcher dies, and
+Ray's processes follow their driver) -- instead of training on as orphans. Once this failed only
+in full-suite runs: an earlier test had left the pytest process a subreaper that never reaped, so
+dead raylets stayed zombies and Ray's workers, which probe their raylet's pid, ran on
+(``tests/verl_cpu/test_job_reaping.py``).
 The re-submit must resume from verl's own newest checkpoint (verl says so in its log: "Resuming
 from .../global_step_N"), run only the steps after it, and leave MLflow with steps 1-8 exactly
 once; the attempt records say: infra failure, then completed. About 2-3 minutes on a quiet 2-core
@@ -74,10 +77,6 @@ def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=False, reason=(
-    "known bug (issue 14 left open): in a full-suite CI run the verl job's Ray actors "
-    "(AgentLoopWorker, ...) outlived the killed submit and its launcher for over 60 s; isolated "
-    "runs pass (the job dies with its launcher and resumes from global_step_2)"))
 @pytest.mark.timeout(1200)  # two verl start-ups: ~6 minutes measured on a heavily loaded machine
 def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path: Path) -> None:
     grid = tmp_path / "verl_kill.yaml"
@@ -108,23 +107,23 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
-    # The submit's Ray worker that launched the job can outlive its killed driver by seconds
-    # (in one CI run, long enough for verl to finish every step, leaving nothing to resume):
-    # SIGKILL it too, as a crash of the whole machine would. The job must die with it.
     assert launchers, "no process launched the verl job"
-    for pid in launchers:
-        with contextlib.suppress(ProcessLookupError):
-            os.kill(pid, signal.SIGKILL)
     root = trials / tid
     state = json.loads((root / "state.json").read_text())
     assert state["state"] == "running", state  # killed mid-trial, not after it
-    # The job dies with its launcher instead of training on as an orphan next to the resumed
-    # attempt: its driver and Ray workers at once; Ray's daemons (agents, log monitor) end on
-    # their own when they lose the job's raylet and GCS (checked at the end).
+    # The submit's Ray worker that launched the job goes with the submit's raylet, and the job
+    # with its launcher, instead of training on as an orphan next to the resumed attempt: its
+    # driver and Ray workers; Ray's daemons (agents, log monitor) end on their own when they
+    # lose the job's raylet and GCS (checked at the end).
     deadline = time.monotonic() + 60
-    while _job_processes(tid, heavy=True) and time.monotonic() < deadline:
+    while (_job_processes(tid, heavy=True) or any(map(psutil.pid_exists, launchers))) \
+            and time.monotonic() < deadline:
         time.sleep(0.5)
+    assert not [p for p in launchers if psutil.pid_exists(p)], "the launcher outlived the submit"
     assert _job_processes(tid, heavy=True) == {}, "the verl job outlived the killed submit"
+    from orchestrator.backends.verl_cpu import procs
+
+    assert not procs.is_subreaper(), "an earlier test left this process a subreaper"
 
     second = subprocess.run(argv, cwd=tmp_path, env=env, capture_output=True, text=True,
                             timeout=TIMEOUT_S, check=False)

@@ -2,35 +2,63 @@
 
 Ray's daemons and workers detach from the job's process group, and when the driver exits they
 are re-parented away from the launcher, so neither ``killpg`` nor "children of the job" finds
-them all. The launcher therefore makes itself a *child subreaper* (Linux ``prctl``): orphaned
-descendants are re-parented to it instead of to init, and ``psutil.Process().children(
-recursive=True)`` is exactly "everything this job started". That set is what the RSS sampler
-sums and what :func:`kill_tree` ends -- by pid, never by name, so other users' Ray clusters on the
-same machine are untouched.
+them all. The launcher therefore makes itself a *child subreaper* (Linux ``prctl``) for the
+length of the job (:func:`subreaper`): orphaned descendants are re-parented to it instead of to
+init, and ``psutil.Process().children(recursive=True)`` is exactly "everything this job started".
+That set is what the RSS sampler sums and what :func:`kill_tree` ends -- by pid, never by name, so
+other users' Ray clusters on the same machine are untouched.
+
+A subreaper must also *reap*. Ray's workers decide that their raylet is gone by probing its pid,
+and a dead raylet that nobody reaps is a zombie, which still answers the probe: the workers then
+train on as orphans. So the sampler reaps every orphan that dies while the job runs, and the flag
+is dropped when the job ends; a process left a subreaper after its job (a long-lived Ray worker,
+a test session) would otherwise keep the zombies of every job killed below it later, and with
+them those jobs' workers.
 """
 from __future__ import annotations
 
+import contextlib
 import ctypes
 import os
 import signal
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 
 import psutil
 
 PR_SET_CHILD_SUBREAPER = 36
+PR_GET_CHILD_SUBREAPER = 37
 PR_SET_PDEATHSIG = 1
 
 
-def become_subreaper() -> bool:
-    """Make orphaned descendants re-parent to this process (Linux); False where unsupported."""
+def _prctl() -> Callable[..., int] | None:
     try:
-        libc = ctypes.CDLL(None, use_errno=True)
-        return libc.prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0
+        return ctypes.CDLL(None, use_errno=True).prctl
     except (OSError, AttributeError):
-        return False
+        return None
+
+
+def is_subreaper() -> bool:
+    """Whether orphaned descendants re-parent to this process (Linux)."""
+    prctl, flag = _prctl(), ctypes.c_int(0)
+    return bool(prctl and prctl(PR_GET_CHILD_SUBREAPER, ctypes.byref(flag), 0, 0, 0) == 0
+                and flag.value)
+
+
+@contextlib.contextmanager
+def subreaper() -> Iterator[bool]:
+    """Make orphaned descendants re-parent to this process while the block runs (Linux), then
+    restore what the process was before; yields False where unsupported."""
+    prctl = _prctl()
+    before = is_subreaper()
+    ok = bool(prctl and prctl(PR_SET_CHILD_SUBREAPER, 1, 0, 0, 0) == 0)
+    try:
+        yield ok
+    finally:
+        if ok and not before:
+            prctl(PR_SET_CHILD_SUBREAPER, 0, 0, 0, 0)
 
 
 def die_with_parent() -> Callable[[], None] | None:
@@ -41,9 +69,8 @@ def die_with_parent() -> Callable[[], None] | None:
     the fate of the job's driver, so ending the driver ends the job. The libc function is bound
     here, before the fork: the child only calls it (nothing that could take a lock).
     """
-    try:
-        prctl = ctypes.CDLL(None, use_errno=True).prctl
-    except (OSError, AttributeError):
+    prctl = _prctl()
+    if prctl is None:
         return None
     parent = os.getpid()
 
@@ -73,7 +100,10 @@ class RssSampler:
     """Samples the summed RSS of all descendants every ``interval`` seconds in a thread.
 
     It also keeps each descendant's latest command line (Ray renames its workers
-    ``ray::<ActorClass>``), so a run can say which process was which.
+    ``ray::<ActorClass>``), so a run can say which process was which, and reaps the orphans that
+    died (see the module's docstring): a zombie child of this process that was first seen with
+    another parent. A child this process started itself is never reaped here (its ``Popen``
+    waits for it).
     """
 
     def __init__(self, interval: float = 0.5) -> None:
@@ -81,6 +111,8 @@ class RssSampler:
         self.peak = Peak()
         self.peak_processes = 0
         self.titles: dict[int, str] = {}
+        self.reaped_orphans = 0
+        self._first_parent: dict[int, int] = {}
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._run, name="rss-sampler", daemon=True)
         self._t0 = time.monotonic()
@@ -93,11 +125,25 @@ class RssSampler:
         self._stop.set()
         self._thread.join(timeout=5)
 
+    def _reap(self, proc: psutil.Process, me: int) -> bool:
+        """Reap ``proc`` if it is a dead orphan re-parented to this process."""
+        parent = proc.ppid()
+        first = self._first_parent.setdefault(proc.pid, parent)
+        if parent != me or first == me or proc.status() != psutil.STATUS_ZOMBIE:
+            return False
+        with contextlib.suppress(ChildProcessError):
+            os.waitpid(proc.pid, os.WNOHANG)
+            self.reaped_orphans += 1
+        return True
+
     def _run(self) -> None:
+        me = os.getpid()
         while not self._stop.is_set():
             total, count = 0, 0
             for proc in descendants():
                 try:
+                    if self._reap(proc, me):
+                        continue
                     total += proc.memory_info().rss
                     count += 1
                     title = " ".join(proc.cmdline())[:120]
