@@ -117,13 +117,14 @@ def compare_body(args: argparse.Namespace) -> int:
 
 def resume_body(args: argparse.Namespace) -> int:
     _preflight(args)
-    from orchestrator.scheduler import resume  # deferred: --help stays fast
+    from orchestrator.scheduler import EventPrinter, resume  # deferred: --help stays fast
 
     select = "failed" if args.failed else "collapsed" if args.collapsed else None
+    tty = sys.stdout.isatty()  # a terminal gets the live table, a log one line per event
     out = resume(args.grid, select=select, trial_ids=args.trial or [], pool=args.pool,
                  start=args.from_, sets=parse_assignments(args.set), workdir=args.workdir,
                  tracking_uri=args.tracking_uri, address=args.address, derive=args.derive,
-                 name=args.name)
+                 name=args.name, progress=tty, events=None if tty else EventPrinter("lines"))
     for r in out["resumed"]:
         verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict

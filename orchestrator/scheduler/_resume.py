@@ -34,7 +34,7 @@ literal same run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -57,11 +57,12 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
            local: bool = False, progress: bool = True, derive: bool = False,
-           name: str | None = None) -> dict[str, Any]:
+           name: str | None = None, events: Callable[[Any], None] | None = None) -> dict[str, Any]:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
 
     ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
     parent as it ended, so both stay comparable (e.g. a collapsed run and its rescue on another pool).
+    ``events`` receives each trial event, as in ``submit``.
 
     Returns ``{"grid", "resumed": [...], "results": {trial id: result}}``. Raises a one-line
     ``UserError`` before anything changes when the input, the pool or a checkpoint is bad, and
@@ -86,7 +87,8 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
             _run_local(grid, trials, grid_dir, submission, tracking_uri, workdir)
         else:
             summary = run_trials(grid, trials, submission=submission, address=address,
-                                 tracking_uri=tracking_uri, workdir=workdir, progress=progress)
+                                 tracking_uri=tracking_uri, workdir=workdir, progress=progress,
+                                 events=events)
     finally:
         lease.release()
     results = {}

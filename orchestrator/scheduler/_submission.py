@@ -121,12 +121,13 @@ def _pools_used(grid: GridSpec, trials: list[TrialSpec]) -> list[PoolSpec]:
 def run_trials(grid: GridSpec, trials: list[TrialSpec], *, submission: str,
                address: str | None = None, tracking_uri: str | None = None,
                workdir: str | None = None, max_parallel: int | None = None,
-               progress: bool = True, ray_tmp: str | None = None) -> dict[str, Any]:
+               progress: bool = True, ray_tmp: str | None = None,
+               events: Sink | None = None) -> dict[str, Any]:
     """Run exactly ``trials`` of ``grid`` on Ray Tune (``ablate resume``, derived trials
     included); the caller holds the grid lease. No automatic rescue round."""
     return Submission(grid, list(trials), submission, tracking_uri=tracking_uri, workdir=workdir,
                       max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                      rescue=False).run(address)
+                      rescue=False, events=events).run(address)
 
 
 def submission_id(kind: str | None = None) -> str:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+import cliproc
 import pytest
+from rayclusters import write_grid
 
 from orchestrator.cli import main
 from orchestrator.exceptions import CheckpointError, UserError
@@ -362,3 +364,26 @@ def test_on_collapse_set_rescue_derives_a_trial_once_and_records_it(isolated: Pa
     crec = records.load_state(TrialPaths(grid_dir, child.trial_id), child.trial_id)
     assert crec.state.value == "pending" and crec.resume.reason.startswith("on_collapse rescue")
     assert auto_rescue(grid, grid_dir, [t.trial_id]) == []  # once
+
+
+@pytest.mark.slow
+def test_resume_off_a_terminal_prints_one_line_per_trial_event(tmp_path: Path) -> None:
+    """``ablate resume`` in a log (stdout not a terminal) says what happens as it happens, as
+    ``ablate submit`` does, then one line per resumed trial."""
+    path = write_grid(tmp_path / "g.yaml", "resume-events", steps=12, seeds=[0], levels=["none"],
+                      pools=["sim-a100"], budget="{max_parallel: 1}")
+    with cliproc.ablate_env(tmp_path) as env:
+        first = cliproc.run(["submit", str(path), "--quiet"], env, tmp_path, double=True)
+        assert first.returncode == 0, first.stderr
+        again = cliproc.run(["resume", str(path), "--collapsed", "--pool", "sim-h100"], env,
+                            tmp_path, double=True)
+    assert again.returncode == 0, again.stderr
+    lines = again.stdout.splitlines()
+    (tid,) = [p.name for p in (tmp_path / ".ablate" / "resume-events" / "trials").iterdir()]
+    started = [ln for ln in lines if " started " in f" {ln} " and tid in ln]
+    finished = [ln for ln in lines if " finished " in f" {ln} " and tid in ln]
+    assert len(started) == 1 and "sim-h100" in started[0] and "attempt 2" in started[0], lines
+    assert len(finished) == 1 and "verdict=healthy" in finished[0], lines
+    assert lines.index(started[0]) < lines.index(finished[0])
+    assert lines[-1].startswith(f"{tid}: resumed on sim-h100 from step ") and \
+        lines[-1].endswith("-> healthy"), lines

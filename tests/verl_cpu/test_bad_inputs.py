@@ -4,13 +4,13 @@ this machine, a checkpoint whose world size the target pool does not give."""
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 import sys
 import textwrap
 from pathlib import Path
 
 import pytest
+import verlcli
 
 from orchestrator.backends.verl_memory import (
     JOB_BASE_GB,
@@ -27,18 +27,10 @@ REPO = Path(__file__).resolve().parents[2]
 POOLS = load_catalog().pools
 
 
-def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "MLFLOW_RUN_ID")}
-    env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
-    return env
-
-
 def _ablate(args: list[str], tmp: Path, *, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh interpreter; ``prelude`` runs first (e.g. to make an import fail)."""
     code = f"{prelude}\nimport sys\nfrom orchestrator.cli import main\nsys.exit(main({args!r}))"
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp, env=_env(tmp),
+    return subprocess.run([sys.executable, "-c", code], cwd=tmp, env=verlcli.env(tmp),
                           capture_output=True, text=True, timeout=120, check=False)
 
 

@@ -11,14 +11,12 @@ from __future__ import annotations
 
 import itertools
 import json
-import os
-import subprocess
-import sys
 import textwrap
 from pathlib import Path
 from typing import Any
 
 import pytest
+import verlcli
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -29,28 +27,14 @@ SUBMIT_TIMEOUT_S = 1500
 VERL_METRICS = ("rollout_corr/k3_kl", "actor/grad_norm", "critic/score/mean")
 
 
-def _ablate(args: list[str], env: dict[str, str], cwd: Path,
-            timeout: float = 300) -> subprocess.CompletedProcess[str]:
-    return subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
-                          capture_output=True, text=True, timeout=timeout, check=False)
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "MLFLOW_RUN_ID")}
-    env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
-    return env
-
-
 @pytest.fixture(scope="module")
 def submitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
     tmp = tmp_path_factory.mktemp("verl_cpu_grid")
-    env = _env(tmp)
-    plan = _ablate(["plan", str(GRID), "--json"], env, tmp)
+    env = verlcli.env(tmp)
+    plan = verlcli.ablate(["plan", str(GRID), "--json"], env, tmp)
     assert plan.returncode == 0, plan.stderr
     trials = json.loads(plan.stdout)
-    proc = _ablate(["submit", str(GRID)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
+    proc = verlcli.ablate(["submit", str(GRID)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return {"tmp": tmp, "env": env, "trials": trials, "out": proc.stdout,
             "workdir": tmp / "wd", "uri": f"sqlite:///{tmp / 'wd' / 'mlflow.db'}"}
@@ -96,7 +80,7 @@ def test_pools_differ_only_by_the_rollout_dtype(submitted) -> None:
 @pytest.mark.slow
 def test_compare_writes_tables(submitted) -> None:
     out = submitted["tmp"] / "results"
-    proc = _ablate(["compare", str(GRID), "--out", str(out)], submitted["env"], submitted["tmp"])
+    proc = verlcli.ablate(["compare", str(GRID), "--out", str(out)], submitted["env"], submitted["tmp"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = {p.suffix for p in out.rglob("*") if p.is_file()}
     assert {".md", ".csv", ".html"} <= written, sorted(str(p) for p in out.rglob("*"))
@@ -155,7 +139,7 @@ def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitte
     trials = submitted["workdir"] / "verl-cpu" / "trials"
     tid = min(p.name for p in trials.iterdir())
     before = (trials / tid / "attempts.json").read_text()
-    proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
+    proc = verlcli.ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
                    submitted["env"], submitted["tmp"])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
@@ -173,7 +157,7 @@ def test_resume_on_another_cpu_pool_loads_verls_checkpoint(submitted) -> None:
     loads the checkpoint the orchestrator laid out, step 3 is recomputed with a bf16 rollout."""
     tid = next(t["trial_id"] for t in submitted["trials"]["trials"]
                if t["pool"] == "cpu-fp32" and t["axes"]["correction.is_level"] == "none")
-    proc = _ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
+    proc = verlcli.ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
                    submitted["env"], submitted["tmp"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"{tid}: resumed on cpu-bf16 from step 2" in proc.stdout
@@ -260,8 +244,8 @@ def _grid(tmp: Path, body: str) -> Path:
 def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path: Path, body: str,
                                                           needle: str) -> None:
     path = _grid(tmp_path, body)
-    env = _env(tmp_path)
-    proc = _ablate(["submit", str(path)], env, tmp_path, timeout=120)
+    env = verlcli.env(tmp_path)
+    proc = verlcli.ablate(["submit", str(path)], env, tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr

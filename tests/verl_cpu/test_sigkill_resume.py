@@ -27,6 +27,7 @@ from pathlib import Path
 
 import psutil
 import pytest
+import verlcli
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -37,14 +38,6 @@ CHECKPOINT = "step-00000002"
 TIMEOUT_S = 900
 # Ray's own agents (children of the raylet): they exit on their own once the raylet is gone.
 RAY_DAEMONS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
-
-
-def _env(tmp: Path) -> dict[str, str]:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("MLFLOW_TRACKING_URI", "RAY_ADDRESS", "MLFLOW_RUN_ID")}
-    env.update(ABLATE_WORKDIR=str(tmp / "wd"), ABLATE_RECIPES=str(REPO / "recipes"),
-               PYTHONPATH=os.pathsep.join(p for p in (str(REPO), env.get("PYTHONPATH")) if p))
-    return env
 
 
 def _launchers(trial_id: str) -> set[int]:
@@ -90,7 +83,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
         budget: {{max_parallel: 1}}
         checkpoint: {{every: 2, keep: 2}}
         """))
-    env = _env(tmp_path)
+    env = verlcli.env(tmp_path)
     argv = [sys.executable, "-m", "orchestrator", "submit", str(grid)]
     trials = tmp_path / "wd" / "verl-kill" / "trials"
 
