@@ -72,6 +72,7 @@ def _backend_details(grid: GridSpec, trials: Sequence[TrialSpec]) -> dict[str, l
 
 def _print_plan(grid: GridSpec, trials: Sequence[TrialSpec], details: dict[str, list[str]],
                 limit: int) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     console = _console()
@@ -85,7 +86,8 @@ def _print_plan(grid: GridSpec, trials: Sequence[TrialSpec], details: dict[str, 
     shown = trials if limit <= 0 else trials[:limit]
     for t in shown:
         axes = t.axis_values
-        table.add_row(t.trial_id, t.pool, str(t.seed), *[axes.get(n, "") for n in names])
+        # Labels are text, not rich markup ("[null, 2.0]" is no tag).
+        table.add_row(t.trial_id, t.pool, str(t.seed), *[escape(axes.get(n, "")) for n in names])
     console.print(table)
     for t in shown if details else ():
         # Plain lines, never wrapped or cut, so a list can be copied into a command line.

@@ -338,6 +338,7 @@ def render_html(report: dict[str, Any]) -> str:
 def print_table(report: dict[str, Any]) -> None:
     """A compact version of the pivot on the terminal (final reward ± CI, collapses)."""
     from rich.console import Console
+    from rich.markup import escape
     from rich.table import Table
 
     def short(s: dict[str, Any]) -> str:
@@ -347,11 +348,13 @@ def print_table(report: dict[str, Any]) -> None:
         return f"[red]{txt} ✗{coll}[/red]" if s["n_collapsed"] else f"{txt} ✓{coll}"
 
     header, body = _table(report, short)
-    table = Table(title=f"{report['grid']}: final reward (95% CI), collapsed/judged", title_justify="left")
-    for h in header:
-        table.add_column(h, overflow="fold")
+    table = Table(title=escape(f"{report['grid']}: final reward (95% CI), collapsed/judged"),
+                  title_justify="left")
+    for h in header:  # user-given labels are text, not rich markup ("[null, 2.0]" is no tag)
+        table.add_column(escape(h), overflow="fold")
+    labels = len(report["rows"])
     for row in body:
-        table.add_row(*row)
+        table.add_row(*(escape(c) for c in row[:labels]), *row[labels:])
     console = Console(soft_wrap=False)
     console.print(table)
     if "cost" in report:

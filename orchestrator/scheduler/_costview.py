@@ -32,6 +32,7 @@ def cost_json(trials: Sequence[Any]) -> dict[str, Any]:
 
 def cost_parts(trials: Sequence[Any]) -> list[Any]:
     """The per-cell cost table and the grid's total line (nothing before any attempt ran)."""
+    from rich.markup import escape  # deferred like every rich import of the status view
     from rich.table import Table  # deferred like every rich import of the status view
 
     grid = total(t.cost for t in trials)
@@ -43,7 +44,7 @@ def cost_parts(trials: Sequence[Any]) -> list[Any]:
     cells = sorted(_by_cell(trials).items())
     for cell, units in cells[:MAX_CELLS]:
         for unit, t in units.items():
-            table.add_row(cell, str(int(t["trials"])), fmt_hours(t["hours"], unit),
+            table.add_row(escape(cell), str(int(t["trials"])), fmt_hours(t["hours"], unit),
                           fmt_hours(t["retry_hours"], unit), fmt_hours(t["saved_hours"], unit))
     parts: list[Any] = [table]
     if len(cells) > MAX_CELLS:

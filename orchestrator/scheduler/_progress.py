@@ -152,6 +152,7 @@ def _fmt_eta(seconds: float | None) -> str:
 def render(view: GridView, *, max_rows: int = 40) -> Any:
     """A rich renderable: per-pool counts, then the trials (running first)."""
     from rich.console import Group
+    from rich.markup import escape
     from rich.table import Table
 
     pools = Table(title=f"{view.grid}: {len(view.trials)} trials, ETA {_fmt_eta(view.eta_s)}")
@@ -172,7 +173,7 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
         table.add_row(t.trial_id, t.pool, t.state, f"{t.step}/{t.steps}", _fmt(t.reward, ".3f"),
                       _fmt(t.k3_kl, ".2e"), str(t.attempts),
                       fmt_hours(t.cost.hours, t.cost.unit) if t.cost else "",
-                      t.note[:100] or t.verdict or "")
+                      escape(t.note[:100] or t.verdict or ""))
     parts: list[Any] = [pools, table, *cost_parts(view.trials)]
     if len(rows) > max_rows:
         parts.append(f"... {len(rows) - max_rows} more trials (ablate status --json lists all)")

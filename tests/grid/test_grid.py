@@ -148,6 +148,17 @@ def test_plan_json_lists_trials(isolated: Path, capsys: pytest.CaptureFixture[st
     assert not (isolated / ".ablate").exists()
 
 
+def test_plan_table_shows_labels_that_look_like_markup_verbatim(
+        isolated: Path, capsys: pytest.CaptureFixture[str], monkeypatch: pytest.MonkeyPatch) -> None:
+    """Rich reads "[null,2.0]" as a style tag; a label is text and must show as written."""
+    monkeypatch.setenv("COLUMNS", "200")
+    grid = GRID.replace("  correction.is_mode: [truncate, mask]\n",
+                        "  correction.is_bounds: [[0.999, 1.001], [null, 2.0]]\n")
+    assert main(["plan", str(write(isolated, grid))]) == 0
+    out = capsys.readouterr().out
+    assert "[null,2.0]" in out and "[0.999,1.001]" in out, out
+
+
 def test_repo_grids_plan(repo: Path, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
     for grid in sorted((repo / "grids").rglob("*.yaml")):
         assert main(["plan", str(grid), "--json"]) == 0, grid
