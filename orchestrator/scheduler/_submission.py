@@ -40,16 +40,17 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Callable, Iterator, Mapping
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import _REGISTRY, backend_class
 from orchestrator.cost import total_metrics
 from orchestrator.environment import scoped_environ
-from orchestrator.exceptions import ConcurrencyError, UserError
+from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
@@ -61,8 +62,8 @@ from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
-from orchestrator.tracking import Sender, check_store, client, is_remote
-from orchestrator.trial import TrialSpec, TrialState, transition
+from orchestrator.tracking import Sender, check_store, is_remote
+from orchestrator.trial import TrialSpec
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
@@ -238,7 +239,7 @@ class Submission:
             self.trials, self.prior = search_records(self.grid_dir)
         records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
         self.trials = self.planner.initial(self.trials)  # adaptive seeds: the first `min` of each cell
-        self.todo, finished = _prepare_records(self.grid_dir, self.trials, self._repair)
+        self.todo, finished = prepare_records(self.grid_dir, self.trials, self._repair)
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
         self.already = len(finished) + len(self.prior)
@@ -278,7 +279,7 @@ class Submission:
         self.placements = plan_placement(pools, embedded=embedded,
                                          cluster_resources=ray.cluster_resources(),
                                          node_labels=[n.get("Labels") or {} for n in nodes])
-        runnable = _park_unplaceable(self.grid_dir, self.todo, self.placements, self.routes)
+        runnable = park_unplaceable(self.grid_dir, self.todo, self.placements, self.routes)
         budget = self.grid.spec.budget
         self.limits = {p: min(pl.capacity, budget.per_pool.get(p, pl.capacity))
                        for p, pl in self.placements.items()}
@@ -331,7 +332,7 @@ class Submission:
         if fault_error(gate.results) is not None:  # the fit ended before the callback saw it
             raise fault_error(gate.results)
         self.sender.drain()  # run ids in state.json before anything below reads them
-        _mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
+        mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
 
     def _tuner(self, gctx: GridContext, gate: Any, live: LiveView, name: str) -> Any:
@@ -378,7 +379,7 @@ class Submission:
         rescued = auto_rescue(self.grid, self.grid_dir, [t.trial_id for t in self.trials])
         if rescued:
             again = self._routes(rescued)
-            self._fit(gctx, _park_unplaceable(self.grid_dir, rescued, self.placements, again),
+            self._fit(gctx, park_unplaceable(self.grid_dir, rescued, self.placements, again),
                       again, 0, self.submission + "-rescue")
         return rescued
 
@@ -386,7 +387,7 @@ class Submission:
         """The JSON-safe summary, once MLflow has everything; ends the parent run."""
         parent = self.sender.wait()
         self.sender.drain()
-        if self.events is not None:  # the failures `_mark_exhausted` wrote, then the last counts
+        if self.events is not None:  # the failures `mark_exhausted` wrote, then the last counts
             self.events.poll()
             self.events.summary(unless_unchanged=True)
         search = self.search is not None
@@ -406,60 +407,6 @@ class Submission:
 
 
 # --------------------------------------------------------------------------- stages' helpers
-
-
-def _prepare_records(grid_dir: Path, trials: list[TrialSpec],
-                     repair: Callable[[TrialPaths, records.TrialRecord], None] | None = None,
-                     ) -> tuple[list[TrialSpec], list[str]]:
-    """Write the spec of each trial, check its files (``repair`` its metrics file) and reset
-    trials left RUNNING by a dead orchestrator. Returns the trials to run and the finished ones
-    (whose outboxes the sender still sends)."""
-    todo, finished = [], []
-    for t in trials:
-        paths = TrialPaths(grid_dir, t.trial_id)
-        records.save_spec(paths, t)
-        if not paths.state.exists():  # a new trial: pending on its own pool, nothing to reset
-            todo.append(t)
-            continue
-        with _quiet_trial(paths, t.trial_id):
-            rec = records.load_state(paths, t.trial_id)
-            records.load_attempts(paths)  # a corrupt file stops the submit here, not in a Ray worker
-            if repair is not None:
-                repair(paths, rec)  # may reopen a finished trial to recompute what its file lost
-            if rec.state.is_finished():
-                finished.append(t.trial_id)
-                continue
-            if rec.state is TrialState.RUNNING or rec.pending_reason:
-                if rec.state is TrialState.RUNNING:  # its orchestrator died; the runner resumes it
-                    rec.state = transition(rec.state, TrialState.PENDING)
-                rec.pending_reason = None
-                rec.pool = rec.pool or t.pool
-                records.save_state(paths, rec)
-        todo.append(t)
-    return todo, finished
-
-
-ORPHAN_WAIT_S = 60.0  # how long a submission waits for a dead orchestrator's worker to go
-
-
-@contextlib.contextmanager
-def _quiet_trial(paths: TrialPaths, trial_id: str) -> Iterator[None]:
-    """Hold the trial's run lock while its files are read and reset. A worker of an orchestrator
-    that was just killed can still be finishing an attempt (Ray stops a dead driver's workers
-    within seconds): its last writes land before the state is judged, never after."""
-    from filelock import Timeout
-
-    lock = records.run_lock(paths)
-    try:
-        lock.acquire(timeout=ORPHAN_WAIT_S)
-    except Timeout:
-        raise ConcurrencyError(f"trial {trial_id} is still run by another process ({paths.run_lock} "
-                               f"held for {ORPHAN_WAIT_S:.0f} s); stop that process or wait for "
-                               f"it, then submit again") from None
-    try:
-        yield
-    finally:
-        lock.release()
 
 
 @contextlib.contextmanager
@@ -512,44 +459,3 @@ def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
 def _trial_name(trial: Any) -> str:
     """Tune's trial (and directory) name: our trial id, not the whole config."""
     return f"{trial.config.get('trial_id', 'trial')}-{trial.trial_id}"
-
-
-def _park_unplaceable(grid_dir: Path, todo: list[TrialSpec], placements: Mapping[str, Placement],
-                      routes: Mapping[str, str]) -> list[TrialSpec]:
-    """Trials whose pool has no capacity stay PENDING with the reason, instead of hanging Tune."""
-    runnable = []
-    for t in todo:
-        reason = placements[routes.get(t.trial_id, t.pool)].reason
-        if reason is None:
-            runnable.append(t)
-            continue
-        paths = TrialPaths(grid_dir, t.trial_id)
-        rec = records.load_state(paths, t.trial_id)
-        rec.pending_reason = "not started: " + reason
-        records.save_state(paths, rec)
-    return runnable
-
-
-def _mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> None:
-    """Trials Tune gave up on (retries.max infra failures) end FAILED with their last error,
-    on disk and in MLflow (their runs would otherwise stay RUNNING there)."""
-    for tid in trial_ids:
-        paths = TrialPaths(grid_dir, tid)
-        rec = records.load_state(paths, tid)
-        if rec.state.is_finished():
-            continue
-        attempts = records.load_attempts(paths)
-        reason = (attempts[-1].reason if attempts else None) or rec.error or "infra failure"
-        rec.state = transition(rec.state, TrialState.FAILED)
-        rec.error = f"retries exhausted after {len(attempts)} attempts: {reason}"
-        rec.verdict = {"kind": "infra_failure", "step": rec.last_step, "reason": rec.error}
-        records.save_state(paths, rec)
-        if rec.mlflow_run_id:
-            try:
-                mlc = client(tracking_uri)
-                for key, value in (("verdict", "infra_failure"), ("verdict.reason", rec.error[:4000]),
-                                   ("verdict.step", str(rec.last_step))):
-                    mlc.set_tag(rec.mlflow_run_id, key, value)
-                mlc.set_terminated(rec.mlflow_run_id, "FAILED")
-            except Exception as exc:  # noqa: BLE001 - the record on disk is what counts
-                log.warning("trial %s: MLflow not updated: %s", tid, exc)

@@ -225,7 +225,7 @@ def test_the_sender_waits_for_the_trials_run_lock(env) -> None:
 def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
     """A killed orchestrator's worker may still finish its attempt: the next submission waits for
     the run lock, so it sees the trial done (not running, to be reset and rerun)."""
-    from orchestrator.scheduler._submission import _prepare_records
+    from orchestrator.scheduler._bookkeeping import prepare_records
     from orchestrator.trial import TrialState
 
     _grid, trials, grid_dir, _job, _uri = env
@@ -243,7 +243,7 @@ def test_a_submission_judges_a_trial_after_its_old_worker_lets_go(env) -> None:
         records.save_state(paths, rec)
 
     _hold_briefly(paths.run_lock, then=finish)
-    todo, finished = _prepare_records(grid_dir, [t])
+    todo, finished = prepare_records(grid_dir, [t])
     assert finished == [t.trial_id] and todo == []
     assert records.load_state(paths, t.trial_id).state is TrialState.DONE
 
