@@ -21,7 +21,7 @@ from __future__ import annotations
 
 import logging
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -59,9 +59,20 @@ class K8sBackend(Backend):
         self._client = client
         self._sleep = sleep
 
+    # The job is VerlBackend's: the same plan-time checks and the same override list.
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         return VerlBackend.check(correction, rollout, pool)
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        return VerlBackend.check_values(items, config, pool)
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+        """``ablate plan --show-overrides``: the verl override list the trial's RayJob runs."""
+        return VerlBackend.describe(trial, config, pool)
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         settings = self._settings or ClusterSettings.from_env()

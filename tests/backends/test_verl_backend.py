@@ -403,14 +403,15 @@ def test_grid_values_are_inert_in_the_job_command_and_the_cfg_job_dry_run(
     assert not Path("/tmp/pwned").exists()
 
 
+@pytest.mark.parametrize("backend", ["verl", "k8s"])  # k8s runs the same verl job
 @pytest.mark.parametrize("value", ["${oc.env:HOME}", "a\\${x}", "nul\x00byte"])
 def test_values_verl_would_interpolate_are_rejected_at_plan_time(
-        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: Any) -> None:
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, value: Any, backend: str) -> None:
     """verl's main_ppo re-resolves its config in place: an escaped ${...} would come alive."""
     monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
     grid = tmp_path / "g.yaml"
     key = "data.train_files"
-    grid.write_text(json.dumps({"name": "i", "recipe": "verl/qwen3_4b_dapo", "backend": "verl",
+    grid.write_text(json.dumps({"name": "i", "recipe": "verl/qwen3_4b_dapo", "backend": backend,
                                 "steps": 3, "pool": "h100", "overrides": {key: value}}))
     with pytest.raises(GridError, match="interpolation|NUL") as err:
         expand(load_grid(grid))

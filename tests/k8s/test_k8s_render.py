@@ -161,6 +161,22 @@ def test_the_job_is_the_verl_job(gpu_grid: str) -> None:
     )
 
 
+def test_plan_shows_the_verl_overrides_each_rayjob_runs(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    """``ablate plan --backend k8s --show-overrides``: the job's verl override list, as for verl."""
+    from orchestrator.cli import main
+
+    monkeypatch.setenv("ABLATE_WORKDIR", str(tmp_path))
+    grid_file = str(REPO / GPU_GRIDS[0])
+    shown = []
+    for backend in ("verl", "k8s"):
+        assert main(["plan", grid_file, "--backend", backend, "--show-overrides", "--limit", "1"]) == 0
+        out = capsys.readouterr().out
+        shown.append([ln.strip() for ln in out.splitlines() if ln.startswith("  ") and "=" in ln])
+    assert shown[0] == shown[1] and any(
+        ln.startswith("algorithm.rollout_correction.") for ln in shown[1]), shown
+
+
 def test_run_id_and_resume_path_reach_the_job() -> None:
     grid, trials = loaded(GPU_GRIDS[0])
     t = trials[0]
