@@ -54,9 +54,14 @@ def pool_cluster(nodes: Sequence[tuple[str, int]], *, extra_paths: Sequence[Path
 
 
 def write_grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
-               levels: list[str], budget: str = "{max_parallel: 2}", extra: str = "",
-               axes: str = "", retries: int = 2, every: int = 5, tiny: bool = True) -> Path:
-    """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections)."""
+               levels: list[str], budget: str | None = "{max_parallel: 2}", extra: str = "",
+               axes: str = "", retries: int | None = 2, every: int = 5, keep: int | None = 2,
+               tiny: bool = True) -> Path:
+    """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections).
+    ``budget``, ``retries`` or ``keep`` None leaves its line out: the schema's default holds."""
+    ckpt = f"{{every: {every}}}" if keep is None else f"{{every: {every}, keep: {keep}}}"
+    retry = "" if retries is None else f"retries: {{max: {retries}}}\n"
+    cap = "" if budget is None else f"budget: {budget}\n"
     path.write_text(f"""\
 name: {name}
 recipe: sim/grpo_tiny
@@ -66,8 +71,6 @@ seeds: {seeds}
 axes:
   correction.is_level: {levels}
   pool: {pools}
-{axes}checkpoint: {{every: {every}, keep: 2}}
-retries: {{max: {retries}}}
-budget: {budget}
-{TINY if tiny else ""}{extra}""")
+{axes}checkpoint: {ckpt}
+{retry}{cap}{TINY if tiny else ""}{extra}""")
     return path
