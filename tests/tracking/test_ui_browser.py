@@ -15,12 +15,11 @@ import csv
 import os
 import shutil
 import time
-import urllib.request
 from pathlib import Path
 
 import cliproc
 import pytest
-from mlflow_server import free_port
+from mlflow_server import free_port, healthy
 from playwright.sync_api import expect
 from rayclusters import write_grid
 
@@ -88,13 +87,8 @@ def _serve_ui(root: Path, env: dict[str, str], port: int) -> tuple[object, str]:
         text = (root / "ui.log").read_text()
         if not url and "http://127.0.0.1:" in text:
             url = text.split("MLflow UI for ", 1)[1].split(": ", 1)[1].split()[0]
-        if url:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return proc, url
-            except OSError:
-                pass
+        if url and healthy(port):
+            return proc, url
         time.sleep(0.5)
     cliproc.stop(proc)
     raise AssertionError(f"ablate ui did not come up: {(root / 'ui.log').read_text()[-3000:]}")
