@@ -70,11 +70,13 @@ def submit_while(path: Path, address: str, watcher: Callable[[], object]) -> dic
 
 def write_grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
                levels: list[str], budget: str | None = "{max_parallel: 2}", extra: str = "",
-               axes: str = "", retries: int | None = 2, every: int = 5, keep: int | None = 2,
-               tiny: bool = True) -> Path:
+               axes: str = "", retries: int | None = 2, every: int | None = 5,
+               keep: int | None = 2, tiny: bool = True) -> Path:
     """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections).
-    ``budget``, ``retries`` or ``keep`` None leaves its line out: the schema's default holds."""
-    ckpt = f"{{every: {every}}}" if keep is None else f"{{every: {every}, keep: {keep}}}"
+    ``budget``, ``retries``, ``every`` (the checkpoint line) or ``keep`` None leaves it out:
+    the schema's default holds."""
+    ckpt = ("" if every is None else f"checkpoint: {{every: {every}}}\n" if keep is None
+            else f"checkpoint: {{every: {every}, keep: {keep}}}\n")
     retry = "" if retries is None else f"retries: {{max: {retries}}}\n"
     cap = "" if budget is None else f"budget: {budget}\n"
     path.write_text(f"""\
@@ -86,6 +88,5 @@ seeds: {seeds}
 axes:
   correction.is_level: {levels}
   pool: {pools}
-{axes}checkpoint: {ckpt}
-{retry}{cap}{TINY if tiny else ""}{extra}""")
+{axes}{ckpt}{retry}{cap}{TINY if tiny else ""}{extra}""")
     return path
