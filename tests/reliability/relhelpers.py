@@ -28,6 +28,7 @@ axes:
 
 
 def one_trial_grid(path: Path, name: str, *, steps: int) -> Path:
+    """``ONE_TRIAL`` written to ``path``."""
     path.write_text(ONE_TRIAL.format(name=name, steps=steps))
     return path
 
