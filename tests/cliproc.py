@@ -65,6 +65,14 @@ def start(args: Sequence[str], env: Mapping[str, str], cwd: Path, *, double: boo
                                 stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
 
 
+def start_piped(args: Sequence[str], cwd: Path) -> subprocess.Popen[str]:
+    """Start ``ablate args`` in its own session with this environment (no tracking URI) and its
+    stdout piped, for a test that reads what it prints first (``ablate ui``'s URL)."""
+    env = {k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"}
+    return subprocess.Popen(command(args), stdout=subprocess.PIPE, text=True,
+                            start_new_session=True, cwd=cwd, env=env)
+
+
 def stop(proc: subprocess.Popen[str], timeout: float = 60) -> None:
     """Interrupt a started command's process group (as Ctrl-C does) and wait for it."""
     if proc.poll() is not None:

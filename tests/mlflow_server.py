@@ -24,6 +24,25 @@ def free_port() -> int:
         return int(s.getsockname()[1])
 
 
+def healthy(port: int) -> bool:
+    """Whether an MLflow server (``mlflow server`` or ``ablate ui``'s) answers on ``port``."""
+    try:
+        with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
+            return r.status == 200
+    except OSError:
+        return False
+
+
+def wait_healthy(port: int, timeout: float = START_TIMEOUT_S) -> bool:
+    """Whether the server on ``port`` answers within ``timeout`` seconds."""
+    deadline = time.monotonic() + timeout
+    while not healthy(port):
+        if time.monotonic() >= deadline:
+            return False
+        time.sleep(0.5)
+    return True
+
+
 class MlflowServer:
     def __init__(self, root: Path, port: int | None = None) -> None:
         self.root = Path(root)
@@ -52,11 +71,7 @@ class MlflowServer:
         raise TimeoutError(f"mlflow server not ready on {self.uri} after {START_TIMEOUT_S} s")
 
     def healthy(self) -> bool:
-        try:
-            with urllib.request.urlopen(f"{self.uri}/health", timeout=2) as r:
-                return r.status == 200
-        except OSError:
-            return False
+        return healthy(self.port)
 
     def stop(self) -> None:
         if self.proc is None:

@@ -4,7 +4,8 @@
 (``(pool, capacity)``: the node advertises ``pool:<pool>`` x capacity and the label
 ``pool=<pool>``), with Ray's temp dir short (its socket paths have a length cap) and
 ``extra_paths`` on PYTHONPATH so Ray workers import the tests' doubles. Yields
-``(cluster, [node, ...])`` and restores the environment afterwards.
+``(cluster, [node, ...])`` and restores the environment afterwards. ``write_grid`` writes a sim
+grid for it; ``submit_while`` submits one while a watcher thread acts on it.
 """
 from __future__ import annotations
 
@@ -12,7 +13,8 @@ import contextlib
 import os
 import shutil
 import tempfile
-from collections.abc import Iterator, Sequence
+import threading
+from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -53,10 +55,30 @@ def pool_cluster(nodes: Sequence[tuple[str, int]], *, extra_paths: Sequence[Path
         shutil.rmtree(tmp, ignore_errors=True)
 
 
+def submit_while(path: Path, address: str, watcher: Callable[[], object]) -> dict[str, Any]:
+    """Submit the grid at ``path`` to the cluster at ``address`` while ``watcher`` runs in a
+    daemon thread (it acts on the running grid: kills a worker, cancels, removes a node); the
+    submission's summary, once the watcher had up to 5 s more to end."""
+    from orchestrator import scheduler
+
+    th = threading.Thread(target=watcher, daemon=True)
+    th.start()
+    summary = scheduler.submit(str(path), address=address, progress=False)
+    th.join(5)
+    return summary
+
+
 def write_grid(path: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
-               levels: list[str], budget: str = "{max_parallel: 2}", extra: str = "",
-               axes: str = "", retries: int = 2, every: int = 5, tiny: bool = True) -> Path:
-    """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections)."""
+               levels: list[str], budget: str | None = "{max_parallel: 2}", extra: str = "",
+               axes: str = "", retries: int | None = 2, every: int | None = 5,
+               keep: int | None = 2, tiny: bool = True) -> Path:
+    """A sim grid over IS levels x pools (``axes``: more axis lines; ``extra``: more sections).
+    ``budget``, ``retries``, ``every`` (the checkpoint line) or ``keep`` None leaves it out:
+    the schema's default holds."""
+    ckpt = ("" if every is None else f"checkpoint: {{every: {every}}}\n" if keep is None
+            else f"checkpoint: {{every: {every}, keep: {keep}}}\n")
+    retry = "" if retries is None else f"retries: {{max: {retries}}}\n"
+    cap = "" if budget is None else f"budget: {budget}\n"
     path.write_text(f"""\
 name: {name}
 recipe: sim/grpo_tiny
@@ -66,8 +88,5 @@ seeds: {seeds}
 axes:
   correction.is_level: {levels}
   pool: {pools}
-{axes}checkpoint: {{every: {every}, keep: 2}}
-retries: {{max: {retries}}}
-budget: {budget}
-{TINY if tiny else ""}{extra}""")
+{axes}{ckpt}{retry}{cap}{TINY if tiny else ""}{extra}""")
     return path

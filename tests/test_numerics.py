@@ -9,8 +9,9 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cliproc
 import pytest
-from rayclusters import TINY
+from rayclusters import write_grid
 from trialrecords import trials as read_trials
 
 from orchestrator import numerics, scheduler
@@ -22,19 +23,9 @@ REPO = Path(__file__).resolve().parent.parent
 GOLDEN = REPO / "tests" / "sim" / "golden" / "runs.json"
 
 
-def _grid(path: Path, name: str, extra_overrides: str = "") -> Path:
-    path.write_text(f"""\
-name: {name}
-recipe: sim/grpo_tiny
-backend: sim
-steps: 3
-seeds: [0]
-axes:
-  correction.is_level: [none, token]
-  pool: [sim-h100]
-checkpoint: {{every: 3, keep: 1}}
-{TINY}{extra_overrides}""")
-    return path
+def _grid(path: Path, name: str, extra_overrides: str = "", axes: str = "") -> Path:
+    return write_grid(path, name, steps=3, seeds=[0], levels=["none", "token"], pools=["sim-h100"],
+                      axes=axes, every=3, keep=1, retries=None, budget=None, extra=extra_overrides)
 
 
 def _env_of(trial: dict) -> dict[str, str]:
@@ -81,9 +72,9 @@ def test_workers_start_pinned_and_record_it_and_compare_warns_on_mixed_environme
 
 def test_an_opt_out_is_recorded_as_one(isolated: Path) -> None:
     path = _grid(isolated / "g.yaml", "optout", "  sim.reproducible: false\n")
-    trial_id = next(iter(json.loads(subprocess.run(
-        [sys.executable, "-m", "orchestrator", "plan", str(path), "--json"], check=True,
-        capture_output=True, text=True).stdout)["trials"]))["trial_id"]
+    plan = cliproc.run(["plan", str(path), "--json"], os.environ, isolated)
+    assert plan.returncode == 0, plan.stderr
+    trial_id = next(iter(json.loads(plan.stdout)["trials"]))["trial_id"]
     run_single(str(path), trial_id)
     (t,) = [t for tid, t in read_trials(isolated / ".ablate" / "optout").items() if tid == trial_id]
     env = _env_of(t)
@@ -92,11 +83,8 @@ def test_an_opt_out_is_recorded_as_one(isolated: Path) -> None:
 
 
 def test_sim_reproducible_cannot_vary_between_trials(isolated: Path) -> None:
-    path = _grid(isolated / "g.yaml", "vary")
-    path.write_text(path.read_text().replace("  pool: [sim-h100]\n",
-                                             "  pool: [sim-h100]\n  sim.reproducible: [true, false]\n"))
-    res = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(path)],
-                         check=False, capture_output=True, text=True)
+    path = _grid(isolated / "g.yaml", "vary", axes="  sim.reproducible: [true, false]\n")
+    res = cliproc.run(["plan", str(path)], os.environ, isolated)
     assert res.returncode == 2 and len(res.stderr.strip().splitlines()) == 1, res.stderr
     assert "sim.reproducible cannot vary between trials" in res.stderr
     assert "set it once under 'overrides:'" in res.stderr

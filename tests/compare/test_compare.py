@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pandas as pd
 import pytest
+import trackedruns
 import verdict_streams as V
 
 from orchestrator import manifest
@@ -14,10 +15,9 @@ from orchestrator import metrics as M
 from orchestrator.compare import compare, pick_axes
 from orchestrator.compare._stats import mean_ci
 from orchestrator.exceptions import UserError
-from orchestrator.grid import derive_trial, expand, load_grid
+from orchestrator.grid import derive_trial, expand
 from orchestrator.tracking import GridRun, TrialRun, client
 from orchestrator.trial import Attempt
-from orchestrator.verdict import VerdictEngine
 
 GRID = """
 name: cmp-test
@@ -51,20 +51,10 @@ def stream_for(trial, steps: int = 120) -> V.Stream:
 
 def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *,
           attempts: list[Attempt] | None = None, verdict: bool = True) -> TrialRun:
-    tr = TrialRun(uri, parent.experiment_id, parent.run_id, trial, grid.pools.get(trial.pool),
-                  run_id=None, buffer_dir=buf / trial.trial_id)
-    engine = VerdictEngine(grid.spec.collapse, grid.spec.early_stop_spec, trial.steps)
-    last, stop = 0, None
-    for step, row in stream:
-        last, stop = step, engine.observe(step, row)
-        if stop:
-            break
-    tr.log([r for r in stream if r[0] <= last])
-    tr.log_attempts(attempts or [Attempt(1, trial.pool, 1, last, "stopped" if stop else "completed")])
-    if verdict:
-        tr.set_verdict(engine.verdict(last, "stopped" if stop else "completed", stop))
-    assert tr.end("FINISHED")
-    return tr
+    def ran(last: int, stopped: bool) -> list[Attempt]:
+        return attempts or [Attempt(1, trial.pool, 1, last, "stopped" if stopped else "completed")]
+
+    return trackedruns.track(uri, parent, grid, trial, buf, stream, ran, verdict=verdict)
 
 
 @pytest.fixture(scope="module")
@@ -81,13 +71,8 @@ def populated(tmp_path_factory: pytest.TempPathFactory):
 
 
 def _populate(isolated: Path):
-    gfile = isolated / "cmp.yaml"
-    gfile.write_text(GRID)
-    grid = load_grid(gfile)
+    gfile, grid, uri, parent = trackedruns.open_grid(isolated, "cmp.yaml", GRID)
     trials = expand(grid)
-    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
-    (isolated / ".ablate").mkdir()
-    parent = GridRun.open(grid, tracking_uri=uri, workdir=isolated / ".ablate")
     runs = {}
     for t in trials:
         if t.pool == "sim-h100" and t.axis_values["correction.is_level"] == "none" and t.seed == 2:

@@ -6,13 +6,13 @@ import csv
 from pathlib import Path
 
 import pytest
+import trackedruns
 import verdict_streams as V
 
 from orchestrator.compare import compare
-from orchestrator.grid import expand, load_grid
-from orchestrator.tracking import GridRun, TrialRun
+from orchestrator.grid import expand
+from orchestrator.tracking import GridRun
 from orchestrator.trial import Attempt
-from orchestrator.verdict import VerdictEngine
 
 GRID = """
 name: cost-test
@@ -34,29 +34,17 @@ def _track(uri: str, parent: GridRun, grid, trial, buf: Path) -> None:
     none = trial.axis_values["correction.is_level"] == "none"
     stream = (V.explosion(n=120, seed=trial.seed, onset=80, eval_every=10) if none
               else V.healthy(n=120, seed=trial.seed, eval_every=10))
-    engine = VerdictEngine(grid.spec.collapse, grid.spec.early_stop_spec, trial.steps)
-    last, stop = 0, None
-    for step, row in stream:
-        last, stop = step, engine.observe(step, row)
-        if stop:
-            break
-    tr = TrialRun(uri, parent.experiment_id, parent.run_id, trial, grid.pools.get(trial.pool),
-                  run_id=None, buffer_dir=buf / trial.trial_id)
-    tr.log([r for r in stream if r[0] <= last])
-    tr.log_attempts([Attempt(1, trial.pool, 1, last, "stopped_early" if stop else "completed",
-                             started_at=1000.0, ended_at=1000.0 + 3.6 * last, accelerators=1,
-                             unit="cpu_hours")])
-    tr.set_verdict(engine.verdict(last, "stopped" if stop else "completed", stop))
-    assert tr.end("FINISHED")
+
+    def ran(last: int, stopped: bool) -> list[Attempt]:
+        return [Attempt(1, trial.pool, 1, last, "stopped_early" if stopped else "completed",
+                        started_at=1000.0, ended_at=1000.0 + 3.6 * last, accelerators=1,
+                        unit="cpu_hours")]
+
+    trackedruns.track(uri, parent, grid, trial, buf, stream, ran)
 
 
 def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Path, capsys) -> None:
-    gfile = isolated / "cost.yaml"
-    gfile.write_text(GRID)
-    grid = load_grid(gfile)
-    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
-    (isolated / ".ablate").mkdir(exist_ok=True)
-    parent = GridRun.open(grid, tracking_uri=uri, workdir=isolated / ".ablate")
+    gfile, grid, uri, parent = trackedruns.open_grid(isolated, "cost.yaml", GRID)
     for t in expand(grid):
         _track(uri, parent, grid, t, isolated / "buf")
     parent.end()

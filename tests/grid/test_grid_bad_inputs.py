@@ -2,10 +2,10 @@
 one line naming the file and the problem, no traceback, and nothing written to disk."""
 from __future__ import annotations
 
-import subprocess
-import sys
+import os
 from pathlib import Path
 
+import cliproc
 import pytest
 
 from orchestrator.cli import main
@@ -44,8 +44,7 @@ def test_bad_grid_rejected(path: Path, isolated: Path, capsys: pytest.CaptureFix
 
 @pytest.mark.parametrize("name", ["unknown_axis_value", "python_tag"])
 def test_cli_subprocess_exit_code_two(name: str, isolated: Path) -> None:
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(BAD / f"{name}.yaml")],
-                          capture_output=True, text=True, timeout=60, check=False)
+    proc = cliproc.run(["plan", str(BAD / f"{name}.yaml")], os.environ, isolated, timeout=60)
     assert proc.returncode == 2
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr
     assert not (isolated / ".ablate").exists()

@@ -3,11 +3,10 @@ with one short line, exit 2, quickly, without blocking and without writing anyth
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 import time
 from pathlib import Path
 
+import cliproc
 import pytest
 
 from orchestrator.cli import main
@@ -64,8 +63,7 @@ def test_fifo_anywhere_never_blocks(where: str, isolated: Path) -> None:
         os.mkfifo(isolated / "recipes" / "sim" / "piped.yaml")
         env["ABLATE_RECIPES"] = str(isolated / "recipes")
         grid.write_text(HEAD.replace("sim/grpo_tiny", "sim/piped"))
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(grid)],
-                          capture_output=True, text=True, timeout=120, check=False, env=env)
+    proc = cliproc.run(["plan", str(grid)], env, isolated, timeout=120)
     assert proc.returncode == 2, proc.stderr
     assert "is a FIFO (named pipe), not a regular file" in proc.stderr
     assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr

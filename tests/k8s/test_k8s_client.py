@@ -223,35 +223,20 @@ def _pod(name: str, role: str, rj: str, created: str) -> dict:
     }
 
 
+def _event(name: str, about: str, kind: str, reason: str, message: str, at: str) -> dict:
+    return {"metadata": {"name": name}, "involvedObject": {"name": about}, "type": kind,
+            "reason": reason, "message": message, "lastTimestamp": at}
+
+
 def test_failure_reason_has_status_warnings_and_log_tail(client, server) -> None:
     _, job = _job()
     name = job["metadata"]["name"]
     client.create(job)
     server.events = [
-        {
-            "metadata": {"name": "e1"},
-            "involvedObject": {"name": name},
-            "type": "Normal",
-            "reason": "Created",
-            "message": "created cluster",
-            "lastTimestamp": "2026-01-01T00:00:00Z",
-        },
-        {
-            "metadata": {"name": "e3"},
-            "involvedObject": {"name": name},
-            "type": "Warning",
-            "reason": "BackOff",
-            "message": "restarting\nfailed container",
-            "lastTimestamp": "2026-01-01T00:02:00Z",
-        },
-        {
-            "metadata": {"name": "e2"},
-            "involvedObject": {"name": name},
-            "type": "Warning",
-            "reason": "FailedScheduling",
-            "message": "0/3 nodes",
-            "lastTimestamp": "2026-01-01T00:01:00Z",
-        },
+        _event("e1", name, "Normal", "Created", "created cluster", "2026-01-01T00:00:00Z"),
+        _event("e3", name, "Warning", "BackOff", "restarting\nfailed container",
+               "2026-01-01T00:02:00Z"),
+        _event("e2", name, "Warning", "FailedScheduling", "0/3 nodes", "2026-01-01T00:01:00Z"),
     ]
     server.pods = [
         _pod("sub-old", "submitter", name, "2026-01-01T00:00:00Z"),

@@ -10,7 +10,36 @@ from typing import Any
 from rayclusters import write_grid  # noqa: F401  (re-exported for the suite)
 from trialrecords import mlflow_steps, trials
 
-from orchestrator.store import records
+from orchestrator.grid import expand, load_grid
+from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.trial import TrialSpec
+
+# One sim trial on sim-h100 with the recipe's own config (a grid for hand-written trial files,
+# or for commands refused before anything runs).
+ONE_TRIAL = """\
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: {steps}
+seeds: [0]
+axes:
+  pool: [sim-h100]
+"""
+
+
+def one_trial_grid(path: Path, name: str, *, steps: int) -> Path:
+    """``ONE_TRIAL`` written to ``path``."""
+    path.write_text(ONE_TRIAL.format(name=name, steps=steps))
+    return path
+
+
+def saved_trial(root: Path, name: str, *, steps: int) -> tuple[TrialSpec, TrialPaths]:
+    """The one trial of ``root/g.yaml`` (``one_trial_grid``) with its spec saved in the
+    workdir, nothing run: the spec and the trial's paths, for a test to write the rest."""
+    (t,) = expand(load_grid(one_trial_grid(root / "g.yaml", name, steps=steps)))
+    paths = TrialPaths(workspace.grid_dir(name), t.trial_id)
+    records.save_spec(paths, t)
+    return t, paths
 
 
 def total_steps(grid_dir: Path) -> int:

@@ -11,25 +11,14 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+import relhelpers as H
 
 from orchestrator.cli import main
-
-GRID = """\
-name: envgrid
-recipe: sim/grpo_tiny
-backend: sim
-steps: 4
-seeds: [0]
-axes:
-  pool: [sim-h100]
-"""
 
 
 @pytest.fixture
 def grid_file(isolated: Path) -> str:
-    path = isolated / "g.yaml"
-    path.write_text(GRID)
-    return str(path)
+    return str(H.one_trial_grid(isolated / "g.yaml", "envgrid", steps=4))
 
 
 def _commands(grid: str) -> list[list[str]]:

@@ -179,8 +179,8 @@ def test_full_disk_during_a_checkpoint_stops_the_submission_and_the_next_resumes
         levels=["token"],
         pools=["sim-h100", "sim-a100"],
         tiny=False,
+        keep=10,  # step 5 stays to be checked
     )
-    path.write_text(path.read_text().replace("keep: 2", "keep: 10"))  # step 5 stays to be checked
     # Each trial's disk fills once: the submission that meets it stops (not retried onto the
     # same full disk) with one line; the next one goes on.
     stops = []

@@ -5,11 +5,10 @@ timeout well above what it needs)."""
 from __future__ import annotations
 
 import os
-import subprocess
-import sys
 from collections.abc import Callable
 from pathlib import Path
 
+import cliproc
 import pytest
 
 HEAD = "name: hostile\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 20\npool: sim-h100\n"
@@ -70,9 +69,7 @@ def test_hostile_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
     make, expect = CASES[case]
     grid = make(tmp_path)
     env = {**os.environ, "ABLATE_WORKDIR": str(tmp_path / ".ablate")}
-    proc = subprocess.run([sys.executable, "-m", "orchestrator", "plan", str(grid)],
-                          capture_output=True, text=True, timeout=120, check=False, cwd=tmp_path,
-                          env=env)
+    proc = cliproc.run(["plan", str(grid)], env, tmp_path, timeout=120)
     assert proc.returncode == 2, (proc.returncode, proc.stderr[-2000:])
     assert proc.stdout == "" and "Traceback" not in proc.stderr
     assert proc.stderr.count("\n") == 1 and len(proc.stderr) < 1000, proc.stderr[:2000]

@@ -16,19 +16,8 @@ import pytest
 import relhelpers as H
 
 from orchestrator.cli import main
-from orchestrator.grid import expand, load_grid
-from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.store import TrialPaths, records
 from orchestrator.trial import Attempt, TrialState
-
-GRID = """\
-name: shapes
-recipe: sim/grpo_tiny
-backend: sim
-steps: 30
-seeds: [0]
-axes:
-  pool: [sim-h100]
-"""
 
 
 def _rows(n: int) -> list[tuple[int, dict[str, float]]]:
@@ -38,11 +27,7 @@ def _rows(n: int) -> list[tuple[int, dict[str, float]]]:
 @pytest.fixture
 def finished(isolated: Path) -> TrialPaths:
     """A trial that finished 30 steps, written by hand."""
-    path = isolated / "g.yaml"
-    path.write_text(GRID)
-    (t,) = expand(load_grid(path))
-    paths = TrialPaths(workspace.grid_dir("shapes"), t.trial_id)
-    records.save_spec(paths, t)
+    t, paths = H.saved_trial(isolated, "shapes", steps=30)
     records.write_metrics(paths.metrics, _rows(30))
     records.save_attempts(paths, [Attempt(number=1, pool="sim-h100", start_step=1, end_step=30,
                                           outcome="completed")])

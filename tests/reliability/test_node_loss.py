@@ -11,16 +11,13 @@ trial must not notice. Own module: the test changes its cluster.
 from __future__ import annotations
 
 import json
-import threading
 import time
 from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 import relhelpers as H
-from rayclusters import pool_cluster
-
-from orchestrator import scheduler
+from rayclusters import pool_cluster, submit_while
 
 HERE = Path(__file__).resolve().parent
 TESTS = HERE.parent
@@ -74,10 +71,7 @@ def test_node_lost_mid_trial_is_retried_on_another_node_exactly_once(
                     return
             time.sleep(0.05)
 
-    th = threading.Thread(target=remove_a_busy_node, daemon=True)
-    th.start()
-    summary = scheduler.submit(str(path), address=c.address, progress=False)
-    th.join(5)
+    summary = submit_while(path, c.address, remove_a_busy_node)
     assert lost, "no node was removed"
     assert summary["states"] == {"done": 2} and summary["verdicts"] == {"healthy": 2}, summary
     counts = H.check_exactly_once(

@@ -12,13 +12,9 @@ MLflow is also read through its API (params, tags, metric names, artifacts of ev
 from __future__ import annotations
 
 import json
-import os
-import shutil
-import subprocess
-import sys
-import tempfile
 from pathlib import Path
 
+import cliproc
 import pytest
 
 SECRETS = {
@@ -80,54 +76,21 @@ def _scan_tree(root: Path) -> list[str]:
 def leaks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
     """Run a tiny grid with the secrets set; the hits of each scan (empty: nothing leaked)."""
     root = tmp_path_factory.mktemp("secrets")
-    ray_tmp = Path(tempfile.mkdtemp(prefix="rs", dir="/tmp"))
-    env = {
-        **os.environ,
-        **SECRETS,
-        "RAY_TMPDIR": str(ray_tmp),
-        "ABLATE_WORKDIR": str(root / ".ablate"),
-    }
-    for k in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "ABLATE_RECIPES"):  # the package's own recipes
-        env.pop(k, None)
     (root / "g.yaml").write_text(GRID)
-    py = [sys.executable, "-m", "orchestrator"]
-    try:
-        submit = subprocess.run(
-            [*py, "submit", "g.yaml", "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=root,
-            timeout=400,
-            check=False,
-        )
+    with cliproc.ablate_env(root, SECRETS) as env:
+        ray_tmp = Path(env["RAY_TMPDIR"])
+        submit = cliproc.run(["submit", "g.yaml", "--json"], env, root, timeout=400)
         assert submit.returncode == 0, submit.stderr[-3000:]
         summary = json.loads(submit.stdout.strip().splitlines()[-1])
         assert summary["states"] == {"done": 2}, summary["failed"]
-        status = subprocess.run(
-            [*py, "status", "secrets", "--json"],
-            capture_output=True,
-            text=True,
-            env=env,
-            cwd=root,
-            timeout=120,
-            check=False,
-        )
+        status = cliproc.run(["status", "secrets", "--json"], env, root, timeout=120)
         # A tracking URI and a Ray address with credentials in them: `ablate env` redacts both.
         env_uri = {
             **env,
             "MLFLOW_TRACKING_URI": f"http://u:{SECRETS['MLFLOW_TRACKING_PASSWORD']}@h:1",
             "RAY_ADDRESS": f"ray://u:{SECRETS['AWS_SECRET_ACCESS_KEY']}@h:10001",
         }
-        envcmd = subprocess.run(
-            [*py, "env", "--json"],
-            capture_output=True,
-            text=True,
-            env=env_uri,
-            cwd=root,
-            timeout=120,
-            check=False,
-        )
+        envcmd = cliproc.run(["env", "--json"], env_uri, root, timeout=120)
         assert status.returncode == 0 and envcmd.returncode == 0, status.stderr + envcmd.stderr
         captured = {
             "submit": submit.stdout + submit.stderr,
@@ -151,8 +114,6 @@ def leaks(tmp_path_factory: pytest.TempPathFactory) -> dict[str, list[str]]:
         assert files > 50  # the scans saw the stores and the logs, not an empty tree
         print(f"secrets: {len(SECRETS)} values, {files} files scanned: {out}")
         return out
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
 
 
 @pytest.mark.slow

@@ -12,29 +12,15 @@ import json
 from pathlib import Path
 
 import pytest
+import relhelpers as H
 
 from orchestrator.cli import main
-from orchestrator.grid import expand, load_grid
-from orchestrator.store import TrialPaths, records, workspace
-
-GRID = """\
-name: shapes
-recipe: sim/grpo_tiny
-backend: sim
-steps: 4
-seeds: [0]
-axes:
-  pool: [sim-h100]
-"""
+from orchestrator.store import TrialPaths, records
 
 
 @pytest.fixture
 def trial_dir(isolated: Path) -> TrialPaths:
-    path = isolated / "g.yaml"
-    path.write_text(GRID)
-    (t,) = expand(load_grid(path))
-    paths = TrialPaths(workspace.grid_dir("shapes"), t.trial_id)
-    records.save_spec(paths, t)
+    t, paths = H.saved_trial(isolated, "shapes", steps=4)
     records.save_state(paths, records.TrialRecord(trial_id=t.trial_id))
     return paths
 

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import doubles
 import pytest
+from rayclusters import write_grid
 from trialrecords import mlflow_steps
 
 from orchestrator.exceptions import CheckpointError, InfraFailure
@@ -17,19 +18,6 @@ from orchestrator.grid import expand, load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import TrackingTarget
-
-GRID = """\
-name: runner-test
-recipe: sim/grpo_tiny
-backend: sim
-steps: 20
-seeds: [0]
-axes:
-  correction.is_level: [none, token]
-  pool: [sim-h100, sim-a100]
-checkpoint: {every: 5, keep: 2}
-early_stop: {margin: 0}
-"""
 
 
 @pytest.fixture(scope="module")
@@ -42,8 +30,9 @@ def mlflow_uri(tmp_path_factory: pytest.TempPathFactory) -> str:
 def env(isolated: Path, monkeypatch: pytest.MonkeyPatch, mlflow_uri: str):
     doubles.register(monkeypatch)
     monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.005")
-    path = isolated / "grid.yaml"
-    path.write_text(GRID)
+    path = write_grid(isolated / "grid.yaml", "runner-test", steps=20, seeds=[0],
+                      levels=["none", "token"], pools=["sim-h100", "sim-a100"], budget=None,
+                      retries=None, tiny=False, extra="early_stop: {margin: 0}\n")
     grid = load_grid(path)
     trials = {(t.axis_values["correction.is_level"], t.pool): t for t in expand(grid)}
     from orchestrator.tracking import GridRun

@@ -13,40 +13,22 @@ from pathlib import Path
 
 import cliproc
 import pytest
+from rayclusters import write_grid
 
 from orchestrator.store import TrialPaths, records
 
-TINY = """\
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  train.minibatches: 1
-  eval.every: 5
-  eval.prompts: 16
-  model.d_model: 32
-  model.n_layers: 1
-  model.d_ff: 64
-"""
-# The double: `none` on sim-a100 collapses; lr 0.0666 fails every attempt; with
-# ABLATE_DOUBLE_FAIL_ONCE every other trial fails its first attempt at step 7 (one retry).
-DOUBLE_GRID = """\
-name: {name}
-recipe: sim/grpo_tiny
-backend: sim
-steps: 20
-seeds: [0]
-axes:
-  correction.is_level: [none, token]
-  train.lr: [0.003, 0.0666]
-  pool: [sim-a100]
-checkpoint: {{every: 5}}
-retries: {{max: 1}}
-budget: {{max_parallel: 2}}
-"""
 TRIAL_FIELDS = {"event", "time", "grid", "trial_id", "pool", "label", "axes", "seed", "step",
                 "steps", "attempt", "verdict", "reason", "reward"}
 POOL_FIELDS = {"event", "time", "grid", "pool", "running", "queued", "done", "failed",
                "cancelled", "collapsed", "verdicts"}
+
+
+def _double_grid(root: Path, name: str) -> None:
+    # The double: `none` on sim-a100 collapses; lr 0.0666 fails every attempt; with
+    # ABLATE_DOUBLE_FAIL_ONCE every other trial fails its first attempt at step 7 (one retry).
+    write_grid(root / "g.yaml", name, steps=20, seeds=[0], levels=["none", "token"],
+               pools=["sim-a100"], axes="  train.lr: [0.003, 0.0666]\n", keep=None, retries=1,
+               tiny=False)
 
 
 def _specs(root: Path, grid: str) -> dict[str, dict]:
@@ -58,18 +40,8 @@ def _specs(root: Path, grid: str) -> dict[str, dict]:
 
 @pytest.mark.slow
 def test_piped_submit_prints_a_line_per_trial_event_and_pool_summaries(tmp_path: Path) -> None:
-    (tmp_path / "g.yaml").write_text(f"""\
-name: piped
-recipe: sim/grpo_tiny
-backend: sim
-steps: 20
-seeds: [0]
-axes:
-  correction.is_level: [none, token]
-  pool: [sim-h100, sim-a100]
-checkpoint: {{every: 5}}
-budget: {{max_parallel: 2}}
-{TINY}""")
+    write_grid(tmp_path / "g.yaml", "piped", steps=20, seeds=[0], levels=["none", "token"],
+               pools=["sim-h100", "sim-a100"], keep=None, retries=None)
     with cliproc.ablate_env(tmp_path) as env:
         proc = cliproc.run(["submit", "g.yaml", "--summary-every", "1"], env, tmp_path)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -108,7 +80,7 @@ def double_env(tmp_path: Path):
 
 @pytest.mark.slow
 def test_json_events_one_object_per_line_with_stable_fields(tmp_path: Path, double_env) -> None:
-    (tmp_path / "g.yaml").write_text(DOUBLE_GRID.format(name="jsonev"))
+    _double_grid(tmp_path, "jsonev")
     proc = cliproc.run(["submit", "g.yaml", "--json-events", "--summary-every", "1"], double_env,
                        tmp_path, double=True)
     assert proc.returncode == 0, proc.stderr[-3000:]
@@ -150,7 +122,7 @@ def test_json_events_one_object_per_line_with_stable_fields(tmp_path: Path, doub
 @pytest.mark.slow
 def test_quiet_prints_the_final_summary_and_failed_trials_only(tmp_path: Path,
                                                                double_env) -> None:
-    (tmp_path / "g.yaml").write_text(DOUBLE_GRID.format(name="quiet"))
+    _double_grid(tmp_path, "quiet")
     proc = cliproc.run(["submit", "g.yaml", "--quiet", "--summary-every", "1"], double_env,
                        tmp_path, double=True)
     assert proc.returncode == 0, proc.stderr[-3000:]

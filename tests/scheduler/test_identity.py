@@ -7,6 +7,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from rayclusters import write_grid
 
 from orchestrator.cli import main
 from orchestrator.exceptions import UserError
@@ -15,23 +16,12 @@ from orchestrator.scheduler import renamed
 from orchestrator.scheduler._identity import check_identity
 from orchestrator.store import workspace
 
-BASE = """\
-name: ident
-recipe: sim/grpo_tiny
-backend: sim
-steps: {steps}
-seeds: {seeds}
-axes:
-  correction.is_level: {levels}
-  pool: [sim-h100]
-budget: {{max_parallel: {par}}}
-"""
 
-
-def _grid(tmp: Path, file: str = "g.yaml", *, steps: int = 20, seeds: str = "[0]",
-          levels: str = "[token]", par: int = 2):
-    path = tmp / file
-    path.write_text(BASE.format(steps=steps, seeds=seeds, levels=levels, par=par))
+def _grid(tmp: Path, file: str = "g.yaml", *, steps: int = 20, seeds: list[int] | None = None,
+          levels: list[str] | None = None, par: int = 2):
+    path = write_grid(tmp / file, "ident", steps=steps, seeds=seeds or [0],
+                      levels=levels or ["token"], pools=["sim-h100"],
+                      budget=f"{{max_parallel: {par}}}", retries=None, every=None, tiny=False)
     grid = load_grid(path)
     return grid, expand(grid)
 
@@ -48,17 +38,17 @@ def test_same_grid_and_budget_changes_pass_silently(isolated: Path) -> None:
 
 def test_growth_by_seeds_or_axis_values_is_the_documented_behaviour(isolated: Path) -> None:
     _check(*_grid(isolated))
-    note = _check(*_grid(isolated, seeds="[0, 1]"))
+    note = _check(*_grid(isolated, seeds=[0, 1]))
     assert note == "grid ident grows: seeds: [0] -> [0, 1]; 1 new trial(s)"
-    note = _check(*_grid(isolated, seeds="[0, 1]", levels="[token, sequence]"))
+    note = _check(*_grid(isolated, seeds=[0, 1], levels=["token", "sequence"]))
     assert note is not None and "axes.correction.is_level: [\"token\"] -> [\"token\", \"sequence\"]" in note
     assert note.endswith("; 2 new trial(s)")
 
 
 @pytest.mark.parametrize(("change", "shown"), [
     ({"steps": 30}, "steps: 20 -> 30"),
-    ({"levels": "[sequence]"}, 'axes.correction.is_level: ["token"] -> ["sequence"]'),
-    ({"seeds": "[1]"}, "seeds: [0] -> [1]"),
+    ({"levels": ["sequence"]}, 'axes.correction.is_level: ["token"] -> ["sequence"]'),
+    ({"seeds": [1]}, "seeds: [0] -> [1]"),
 ])
 def test_another_grid_under_the_name_is_refused_with_the_difference(
     isolated: Path, change: dict, shown: str

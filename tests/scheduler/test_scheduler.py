@@ -13,13 +13,12 @@ import os
 import signal
 import subprocess
 import sys
-import threading
 import time
 from pathlib import Path
 
 import doubles
 import pytest
-from rayclusters import pool_cluster, write_grid
+from rayclusters import pool_cluster, submit_while, write_grid
 from trialrecords import mlflow_steps
 from trialrecords import trials as read_trials
 
@@ -231,10 +230,7 @@ def test_killed_worker_is_retried_from_checkpoint_collapse_is_not(setup) -> None
                     return
             time.sleep(0.02)
 
-    th = threading.Thread(target=killer, daemon=True)
-    th.start()
-    summary = scheduler.submit(str(path), address=c.address, progress=False)
-    th.join(5)
+    summary = submit_while(path, c.address, killer)
     assert killed, "the worker was never killed"
     trials = read_trials(grid_dir)
     victim = trials[killed["trial"]]
@@ -273,10 +269,7 @@ def test_cancel_a_pool_of_a_running_grid(setup, double) -> None:
                 return
             time.sleep(0.1)
 
-    th = threading.Thread(target=canceller, daemon=True)
-    th.start()
-    summary = scheduler.submit(str(path), address=c.address, progress=False)
-    th.join(5)
+    summary = submit_while(path, c.address, canceller)
     assert asked["n"] == 2
     trials = read_trials(grid_dir)
     for t in trials.values():

@@ -307,9 +307,9 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
     """`ablate ui` on a store with one grid: URL printed with the experiment, server answers."""
     import re
     import signal
-    import urllib.request
 
-    from mlflow_server import free_port
+    import cliproc
+    from mlflow_server import free_port, wait_healthy
 
     grid, _ = quickstart
     work = tmp_path / ".ablate"
@@ -319,25 +319,15 @@ def test_ui_serves_the_grid_store_on_loopback(quickstart, tmp_path: Path) -> Non
     parent.end()
     port = free_port()
     grid_file = str(Path(__file__).resolve().parents[2] / "grids" / "quickstart.yaml")
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", grid_file, "--port", str(port),
-                             "--workdir", str(work)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=Path(__file__).resolve().parents[2],
-                            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    proc = cliproc.start_piped(["ui", grid_file, "--port", str(port), "--workdir", str(work)],
+                               Path(__file__).resolve().parents[2])
     try:
         line = proc.stdout.readline()  # type: ignore[union-attr]
         assert f"http://127.0.0.1:{port}/#/experiments/{parent.experiment_id}/runs?viewStateShareKey=" in line
         view = client(uri).get_experiment(parent.experiment_id).tags["mlflow.sharedViewState.ablate-trials"]
         assert "params.`correction`" in view and "tags.`verdict`" in view
         assert re.search(r"sqlite:///\S+mlflow\.db", line)
-        deadline = time.monotonic() + 90
-        ok = False
-        while time.monotonic() < deadline and not ok:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    ok = r.status == 200
-            except OSError:
-                time.sleep(0.5)
-        assert ok
+        assert wait_healthy(port)
     finally:
         os.killpg(proc.pid, signal.SIGINT)
         proc.wait(timeout=30)

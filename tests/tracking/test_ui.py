@@ -8,15 +8,12 @@ import contextlib
 import os
 import signal
 import socket
-import subprocess
-import sys
-import time
-import urllib.request
 from collections.abc import Iterator
 from pathlib import Path
 
+import cliproc
 import pytest
-from mlflow_server import free_port
+from mlflow_server import free_port, wait_healthy
 
 from orchestrator.cli import main
 from orchestrator.exceptions import UserError
@@ -88,21 +85,11 @@ def test_a_signal_to_ablate_ui_takes_the_whole_server_group_down(tmp_path: Path,
 
     client(f"sqlite:///{work / 'mlflow.db'}").search_experiments()  # creates the store
     port = free_port()
-    proc = subprocess.Popen([sys.executable, "-m", "orchestrator", "ui", "--port", str(port),
-                             "--workdir", str(work)], stdout=subprocess.PIPE, text=True,
-                            start_new_session=True, cwd=REPO,
-                            env={k: v for k, v in os.environ.items() if k != "MLFLOW_TRACKING_URI"})
+    proc = cliproc.start_piped(["ui", "--port", str(port), "--workdir", str(work)], REPO)
     server = None
     try:
         assert f"http://127.0.0.1:{port}/" in proc.stdout.readline()  # type: ignore[union-attr]
-        deadline, ok = time.monotonic() + 90, False
-        while time.monotonic() < deadline and not ok:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    ok = r.status == 200
-            except OSError:
-                time.sleep(0.5)
-        assert ok
+        assert wait_healthy(port)
         (server,) = _children(proc.pid)
         group = _group(os.getpgid(server))
         assert os.getpgid(server) != os.getpgid(proc.pid)  # the server has a group of its own

@@ -15,36 +15,15 @@ import csv
 import os
 import shutil
 import time
-import urllib.request
 from pathlib import Path
 
 import cliproc
 import pytest
-from mlflow_server import free_port
+from mlflow_server import free_port, healthy
 from playwright.sync_api import expect
+from rayclusters import write_grid
 
 CHROMIUM = os.environ.get("ABLATE_CHROMIUM") or shutil.which("chromium") or ""
-GRID = """\
-name: browser
-recipe: sim/grpo_tiny
-backend: sim
-steps: 20
-seeds: [0]
-axes:
-  correction.is_level: [none, token]
-  pool: [sim-h100, sim-a100]
-checkpoint: {every: 10}
-budget: {max_parallel: 2}
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  train.minibatches: 1
-  eval.every: 5
-  eval.prompts: 16
-  model.d_model: 32
-  model.n_layers: 1
-  model.d_ff: 64
-"""
 # Every cell of the runs table by row index and column id (ag-grid splits a row into a pinned
 # and a scrolling part; both carry the row index).
 CELLS_JS = """() => {
@@ -67,7 +46,8 @@ pytestmark = pytest.mark.skipif(not CHROMIUM or not Path(CHROMIUM).exists(),
 def finished(tmp_path_factory: pytest.TempPathFactory):
     """The grid submitted and compared; yields (root, env, trials by id from trials.csv)."""
     root = tmp_path_factory.mktemp("browser")
-    (root / "g.yaml").write_text(GRID)
+    write_grid(root / "g.yaml", "browser", steps=20, seeds=[0], levels=["none", "token"],
+               pools=["sim-h100", "sim-a100"], every=10, keep=None, retries=None)
     with cliproc.ablate_env(root) as env:
         submit = cliproc.run(["submit", "g.yaml", "--quiet"], env, root)
         assert submit.returncode == 0, submit.stderr[-3000:]
@@ -107,13 +87,8 @@ def _serve_ui(root: Path, env: dict[str, str], port: int) -> tuple[object, str]:
         text = (root / "ui.log").read_text()
         if not url and "http://127.0.0.1:" in text:
             url = text.split("MLflow UI for ", 1)[1].split(": ", 1)[1].split()[0]
-        if url:
-            try:
-                with urllib.request.urlopen(f"http://127.0.0.1:{port}/health", timeout=2) as r:
-                    if r.status == 200:
-                        return proc, url
-            except OSError:
-                pass
+        if url and healthy(port):
+            return proc, url
         time.sleep(0.5)
     cliproc.stop(proc)
     raise AssertionError(f"ablate ui did not come up: {(root / 'ui.log').read_text()[-3000:]}")
