@@ -8,6 +8,7 @@ verl's checkpoints (``global_step_N`` + ``latest_checkpointed_iteration.txt``) a
 """
 from __future__ import annotations
 
+import contextlib
 import importlib.util
 import json
 import math
@@ -349,7 +350,8 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
         if stop_reason or empty:
             terminate(proc)
             continue
-        time.sleep(POLL_SECONDS)
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(timeout=POLL_SECONDS)  # returns at once when the job ends
     last = tail.last_logged
     if empty:
         return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last, reason=_join(empty, warning))
