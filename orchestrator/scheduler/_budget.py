@@ -205,7 +205,7 @@ class Planner:
         """The search asked for a point the budget cannot pay for; ``points_left`` of its
         ``search.budget`` points will not start in this submission."""
         self.budget_out = True
-        self.search_not_started = max(points_left, 1)
+        self.search_not_started = points_left
         self.search_point_hours = point_hours
 
     def next_seed(self, queued: Iterable[TrialSpec]) -> TrialSpec | None:

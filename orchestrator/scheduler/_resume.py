@@ -34,13 +34,14 @@ literal same run.
 from __future__ import annotations
 
 import sys
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
+from orchestrator.scheduler._events import Sink
 from orchestrator.scheduler._identity import renamed
 from orchestrator.scheduler._repair import missing_before, repair_metrics
 from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
@@ -57,7 +58,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
            local: bool = False, progress: bool = True, derive: bool = False,
-           name: str | None = None, events: Callable[[Any], None] | None = None) -> dict[str, Any]:
+           name: str | None = None, events: Sink | None = None) -> dict[str, Any]:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
 
     ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
