@@ -147,11 +147,13 @@ def _cost(cells: Mapping[tuple, Sequence[Any]]) -> float:
 
 def replay(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> dict[str, Any]:
     """Both arms on one seed order."""
+    from orchestrator.seeds import cell_text
+
     ad = grid.spec.adaptive
     truth = decisions(cells, grid)
     adaptive, n_trials = adaptive_arm(cells, grid)
     a = {**score(decisions(adaptive, grid), truth), "trials": n_trials, "cost_h": _cost(adaptive),
-         "seeds_per_cell": {_label(k): len(v) for k, v in adaptive.items()}}
+         "seeds_per_cell": {cell_text(k): len(v) for k, v in adaptive.items()}}
     fixed = []
     for n in range(ad.min, ad.max + 1):
         run = {k: list(v[:n]) for k, v in cells.items()}
@@ -162,10 +164,6 @@ def replay(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> dict[str, Any]:
     return {"adaptive": a, "fixed": fixed, "fixed_at_adaptive_cost": same_cost,
             "fixed_to_match": enough,
             "cost_ratio": a["cost_h"] / enough["cost_h"] if enough else None}
-
-
-def _label(cell: tuple) -> str:
-    return ", ".join(f"{k}={v}" for k, v in cell)
 
 
 def rotated(cells: Mapping[tuple, Sequence[Any]], r: int) -> dict[tuple, list[Any]]:
@@ -211,7 +209,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from orchestrator.grid import axis_label, load_grid
-    from orchestrator.seeds import comparisons
+    from orchestrator.seeds import cell_text, comparisons
 
     grid = load_grid(args.grid)
     ad = grid.spec.adaptive
@@ -228,7 +226,7 @@ def main() -> None:
         "ci_width": ad.ci_width, "level": ad.level, "cost_unit": "cpu_hours (trial process CPU time)",
         "ground_truth": {"comparisons": len(comps), "decided": sum(c.decided for c in comps),
                          "cost_h": _cost(cells),
-                         "rows": [{"comparison": f"{_label(c.cell)} vs {c.baseline}", "difference": c.diff.estimate,
+                         "rows": [{"comparison": f"{cell_text(c.cell)} vs {c.baseline}", "difference": c.diff.estimate,
                                    "low": c.diff.low, "high": c.diff.high, "decided": c.decided} for c in comps]},
         "seed_order": main_order,
         "rotations": {"n": len(rots),

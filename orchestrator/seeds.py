@@ -49,6 +49,11 @@ class Outcome:
     hours: float | None = None
 
 
+def cell_text(cell: CellKey) -> str:
+    """A cell as its axis labels, ``axis=value, ...`` (``(all)`` for a grid without axes)."""
+    return ", ".join(f"{k}={v}" for k, v in cell) or "(all)"
+
+
 def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95) -> Interval:
     """The cell's interval for ``target`` over its finished seeds."""
     if target == "collapse_rate":
@@ -172,5 +177,5 @@ def mean_hours(outcomes: Sequence[Outcome]) -> float | None:
     return statistics.fmean(hours) if hours else None
 
 
-__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "cell_interval", "comparisons", "difference",
-           "mean_hours", "needs_seed", "seeds_to_decide"]
+__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "cell_interval", "cell_text", "comparisons",
+           "difference", "mean_hours", "needs_seed", "seeds_to_decide"]

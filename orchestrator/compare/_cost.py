@@ -24,22 +24,25 @@ from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
 from orchestrator.grid import axis_label
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.seeds import CellKey, Outcome, comparisons, mean_hours, seeds_to_decide
+from orchestrator.seeds import (
+    CellKey,
+    Outcome,
+    cell_text,
+    comparisons,
+    mean_hours,
+    seeds_to_decide,
+)
 
 
 def _cell(r: TrialResult, axis_names: Sequence[str]) -> CellKey:
     return tuple((a, r.axes.get(a, "")) for a in axis_names)
 
 
-def _label(cell: CellKey) -> str:
-    return ", ".join(f"{k}={v}" for k, v in cell) or "(all)"
-
-
 def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out: Path) -> dict[str, Any]:
     """Write ``cost.csv``; returns the per-cell and grid totals."""
     cells: dict[str, list[TrialResult]] = {}
     for r in results:
-        label = _label(_cell(r, axis_names)) + (f" (derived from {r.derived_from})" if r.derived_from else "")
+        label = cell_text(_cell(r, axis_names)) + (f" (derived from {r.derived_from})" if r.derived_from else "")
         cells.setdefault(label, []).append(r)
     by_cell = {label: total(r.cost for r in members) for label, members in cells.items()}
     grid = total(r.cost for r in results)

@@ -34,6 +34,7 @@ from orchestrator.seeds import (
     CellKey,
     Outcome,
     cell_interval,
+    cell_text,
     comparisons,
     mean_hours,
     needs_seed,
@@ -277,7 +278,7 @@ class Planner:
         rows = []
         for cell, outs in cells.items():
             iv = cell_interval(outs, ad.target, ad.level)
-            rows.append({"cell": _cell_label(cell), "seeds": len(outs), "estimate": _num(iv.estimate),
+            rows.append({"cell": cell_text(cell), "seeds": len(outs), "estimate": _num(iv.estimate),
                          "low": _num(iv.low), "high": _num(iv.high),
                          "met": iv.width <= ad.ci_width, "at_max": started[cell] >= ad.max})
         undecided = []
@@ -298,10 +299,6 @@ class Planner:
 
 def _num(v: float) -> float | None:
     return v if math.isfinite(v) else None
-
-
-def _cell_label(cell: CellKey) -> str:
-    return ", ".join(f"{k}={v}" for k, v in cell) or "(all)"
 
 
 def _outcome(spec: TrialSpec, rec: records.TrialRecord, paths: TrialPaths,
