@@ -30,13 +30,14 @@ _DOUBLE_MAIN = (
 @contextmanager
 def ablate_env(root: Path, extra: Mapping[str, str] | None = None) -> Iterator[dict[str, str]]:
     """The environment of ``ablate`` run in ``root``: workdir ``root/.ablate``, the repo's
-    recipes, a short private Ray temp dir (removed afterwards), no tracking URI or Ray address."""
+    recipes, a short private Ray temp dir (removed afterwards), no tracking URI, Ray address or
+    MLflow run inherited from the test session."""
     ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")
     path = os.pathsep.join(filter(None, [str(REPO), str(TESTS), os.environ.get("PYTHONPATH")]))
     env = {**os.environ, "ABLATE_WORKDIR": str(root / ".ablate"),
            "ABLATE_RECIPES": str(REPO / "recipes"), "RAY_TMPDIR": ray_tmp, "PYTHONPATH": path,
            "COLUMNS": "200", **(extra or {})}
-    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI"):
+    for key in ("RAY_ADDRESS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"):
         env.pop(key, None)
     try:
         yield env

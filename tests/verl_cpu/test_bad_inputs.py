@@ -9,8 +9,8 @@ import sys
 import textwrap
 from pathlib import Path
 
+import cliproc
 import pytest
-import verlcli
 
 from orchestrator.backends.verl_memory import (
     JOB_BASE_GB,
@@ -30,8 +30,9 @@ POOLS = load_catalog().pools
 def _ablate(args: list[str], tmp: Path, *, prelude: str = "") -> subprocess.CompletedProcess[str]:
     """The CLI in a fresh interpreter; ``prelude`` runs first (e.g. to make an import fail)."""
     code = f"{prelude}\nimport sys\nfrom orchestrator.cli import main\nsys.exit(main({args!r}))"
-    return subprocess.run([sys.executable, "-c", code], cwd=tmp, env=verlcli.env(tmp),
-                          capture_output=True, text=True, timeout=120, check=False)
+    with cliproc.ablate_env(tmp) as env:
+        return subprocess.run([sys.executable, "-c", code], cwd=tmp, env=env,
+                              capture_output=True, text=True, timeout=120, check=False)
 
 
 def _one_line(proc: subprocess.CompletedProcess[str]) -> str:
@@ -68,7 +69,7 @@ def test_a_model_too_large_for_a_cpu_pool_is_refused_before_anything_starts(
     assert line.startswith(f"error: {path}:5: pool: "), line  # the file, the line of `pool:`
     assert "actor_rollout_ref.model.path" in line and "4e+09 parameters" in line, line
     assert "more than this machine's RAM" in line and "fix: a smaller model" in line, line
-    assert not (tmp_path / "wd").exists()  # nothing started, nothing recorded
+    assert not (tmp_path / ".ablate").exists()  # nothing started, nothing recorded
 
 
 def test_the_estimate_matches_the_measured_tiny_jobs_and_the_tiny_recipe_passes() -> None:
@@ -121,7 +122,7 @@ def test_verl_missing_is_one_line_naming_the_install(tmp_path: Path, command: st
     line = _one_line(_ablate(args, tmp_path, prelude=NO_VERL))
     assert f"{grid}: pool: " in line and "cpu-fp32" in line, line
     assert "verl cannot be imported" in line and "pip install -e '.[verl]'" in line, line
-    assert not (tmp_path / "wd").exists()  # no grid directory, lease, MLflow store or Ray
+    assert not (tmp_path / ".ablate").exists()  # no grid directory, lease, MLflow store or Ray
 
 
 def test_verl_present_passes_the_same_check() -> None:

@@ -12,11 +12,12 @@ from __future__ import annotations
 import itertools
 import json
 import textwrap
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
+import cliproc
 import pytest
-import verlcli
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -28,16 +29,17 @@ VERL_METRICS = ("rollout_corr/k3_kl", "actor/grad_norm", "critic/score/mean")
 
 
 @pytest.fixture(scope="module")
-def submitted(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Any]:
+def submitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     tmp = tmp_path_factory.mktemp("verl_cpu_grid")
-    env = verlcli.env(tmp)
-    plan = verlcli.ablate(["plan", str(GRID), "--json"], env, tmp)
-    assert plan.returncode == 0, plan.stderr
-    trials = json.loads(plan.stdout)
-    proc = verlcli.ablate(["submit", str(GRID)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return {"tmp": tmp, "env": env, "trials": trials, "out": proc.stdout,
-            "workdir": tmp / "wd", "uri": f"sqlite:///{tmp / 'wd' / 'mlflow.db'}"}
+    with cliproc.ablate_env(tmp) as env:
+        plan = cliproc.run(["plan", str(GRID), "--json"], env, tmp)
+        assert plan.returncode == 0, plan.stderr
+        trials = json.loads(plan.stdout)
+        proc = cliproc.run(["submit", str(GRID)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        wd = tmp / ".ablate"
+        yield {"tmp": tmp, "env": env, "trials": trials, "out": proc.stdout,
+               "workdir": wd, "uri": f"sqlite:///{wd / 'mlflow.db'}"}
 
 
 def _mlflow_runs(submitted: dict[str, Any]) -> list[Any]:
@@ -80,7 +82,7 @@ def test_pools_differ_only_by_the_rollout_dtype(submitted) -> None:
 @pytest.mark.slow
 def test_compare_writes_tables(submitted) -> None:
     out = submitted["tmp"] / "results"
-    proc = verlcli.ablate(["compare", str(GRID), "--out", str(out)], submitted["env"], submitted["tmp"])
+    proc = cliproc.run(["compare", str(GRID), "--out", str(out)], submitted["env"], submitted["tmp"])
     assert proc.returncode == 0, proc.stderr[-2000:]
     written = {p.suffix for p in out.rglob("*") if p.is_file()}
     assert {".md", ".csv", ".html"} <= written, sorted(str(p) for p in out.rglob("*"))
@@ -139,7 +141,7 @@ def test_ws1_checkpoint_resumed_on_two_ranks_is_refused_by_the_precheck(submitte
     trials = submitted["workdir"] / "verl-cpu" / "trials"
     tid = min(p.name for p in trials.iterdir())
     before = (trials / tid / "attempts.json").read_text()
-    proc = verlcli.ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
+    proc = cliproc.run(["resume", str(GRID), "--trial", tid, "--pool", "cpu", "--from", "latest"],
                    submitted["env"], submitted["tmp"])
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
@@ -157,7 +159,7 @@ def test_resume_on_another_cpu_pool_loads_verls_checkpoint(submitted) -> None:
     loads the checkpoint the orchestrator laid out, step 3 is recomputed with a bf16 rollout."""
     tid = next(t["trial_id"] for t in submitted["trials"]["trials"]
                if t["pool"] == "cpu-fp32" and t["axes"]["correction.is_level"] == "none")
-    proc = verlcli.ablate(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
+    proc = cliproc.run(["resume", str(GRID), "--trial", tid, "--pool", "cpu-bf16", "--from", "2"],
                    submitted["env"], submitted["tmp"], timeout=900)
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     assert f"{tid}: resumed on cpu-bf16 from step 2" in proc.stdout
@@ -241,15 +243,14 @@ def _grid(tmp: Path, body: str) -> Path:
      pool: sim-h100
      """, "pool 'sim-h100' is a sim pool"),
 ])
-def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path: Path, body: str,
-                                                          needle: str) -> None:
+def test_bad_input_is_one_line_exit_2_and_starts_nothing(tmp_path: Path, cli_env: dict[str, str],
+                                                          body: str, needle: str) -> None:
     path = _grid(tmp_path, body)
-    env = verlcli.env(tmp_path)
-    proc = verlcli.ablate(["submit", str(path)], env, tmp_path, timeout=120)
+    proc = cliproc.run(["submit", str(path)], cli_env, tmp_path, timeout=120)
     assert proc.returncode == 2, proc.stdout + proc.stderr
     lines = [ln for ln in proc.stderr.strip().splitlines() if ln.strip()]
     assert len(lines) == 1 and needle in lines[0], proc.stderr
     assert "Traceback" not in proc.stderr
-    wd = tmp_path / "wd"
+    wd = tmp_path / ".ablate"
     assert not wd.exists() or not any((wd / n).exists() for n in ("bad-fa3", "bad-sim-on-cpu",
                                                                   "bad-verl-on-sim"))

@@ -27,7 +27,6 @@ from pathlib import Path
 
 import psutil
 import pytest
-import verlcli
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -71,7 +70,8 @@ def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # two verl start-ups: ~6 minutes measured on a heavily loaded machine
-def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path: Path) -> None:
+def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
     grid = tmp_path / "verl_kill.yaml"
     grid.write_text(textwrap.dedent(f"""\
         name: verl-kill
@@ -83,9 +83,9 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
         budget: {{max_parallel: 1}}
         checkpoint: {{every: 2, keep: 2}}
         """))
-    env = verlcli.env(tmp_path)
+    env = cli_env
     argv = [sys.executable, "-m", "orchestrator", "submit", str(grid)]
-    trials = tmp_path / "wd" / "verl-kill" / "trials"
+    trials = tmp_path / ".ablate" / "verl-kill" / "trials"
 
     first = subprocess.Popen(argv, cwd=tmp_path, env=env, stdout=subprocess.DEVNULL,
                              stderr=subprocess.DEVNULL, start_new_session=True)
@@ -138,7 +138,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(tmp_path:
 
     from mlflow.tracking import MlflowClient
 
-    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'wd' / 'mlflow.db'}")
+    client = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / '.ablate' / 'mlflow.db'}")
     run_id = json.loads((root / "state.json").read_text())["mlflow_run_id"]
     for name in ("critic/score/mean", "rollout_corr/k3_kl", "actor/grad_norm"):
         history = client.get_metric_history(run_id, name)

@@ -13,8 +13,8 @@ import json
 import textwrap
 from pathlib import Path
 
+import cliproc
 import pytest
-import verlcli
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
@@ -24,7 +24,8 @@ TIMEOUT_S = 900
 
 @pytest.mark.slow
 @pytest.mark.timeout(1500)
-def test_a_two_rank_trial_saves_a_shard_per_rank_and_resumes_from_them(tmp_path: Path) -> None:
+def test_a_two_rank_trial_saves_a_shard_per_rank_and_resumes_from_them(
+        tmp_path: Path, cli_env: dict[str, str]) -> None:
     grid = tmp_path / "verl_ws2.yaml"
     grid.write_text(textwrap.dedent("""\
         name: verl-ws2
@@ -36,10 +37,9 @@ def test_a_two_rank_trial_saves_a_shard_per_rank_and_resumes_from_them(tmp_path:
         budget: {max_parallel: 1}
         checkpoint: {every: 2, keep: 2}
         """))
-    env = verlcli.env(tmp_path)
-    first = verlcli.ablate(["submit", str(grid)], env, tmp_path, timeout=TIMEOUT_S)
+    first = cliproc.run(["submit", str(grid)], cli_env, tmp_path, timeout=TIMEOUT_S)
     assert first.returncode == 0, first.stdout[-2000:] + first.stderr[-2000:]
-    (root,) = (tmp_path / "wd" / "verl-ws2" / "trials").iterdir()
+    (root,) = (tmp_path / ".ablate" / "verl-ws2" / "trials").iterdir()
     assert json.loads((root / "state.json").read_text())["state"] == "done"
     shards = sorted(p.name for p in (root / "checkpoints" / "step-00000002" / "actor").glob("*.pt"))
     assert [s for s in shards if s.startswith("model_")] == [
@@ -48,8 +48,8 @@ def test_a_two_rank_trial_saves_a_shard_per_rank_and_resumes_from_them(tmp_path:
     ranks = [t for t in job["processes"].values() if t.startswith("ray::WorkerDict")]
     assert len(ranks) == 2, job["processes"]  # one trainer process per rank
 
-    second = verlcli.ablate(["resume", str(grid), "--trial", root.name, "--pool", "cpu",
-                             "--from", "2"], env, tmp_path, timeout=TIMEOUT_S)
+    second = cliproc.run(["resume", str(grid), "--trial", root.name, "--pool", "cpu",
+                          "--from", "2"], cli_env, tmp_path, timeout=TIMEOUT_S)
     assert second.returncode == 0, second.stdout[-2000:] + second.stderr[-2000:]
     attempts = json.loads((root / "attempts.json").read_text())["attempts"]
     assert [(a["pool"], a["start_step"], a["end_step"], a["outcome"]) for a in attempts] == [
