@@ -1,5 +1,6 @@
 """What the docs quote exists: every ``orchestrator`` name, import, ``python -m`` module and
-``orchestrator/`` path in the README files and ARCHITECTURE.md resolves against the package."""
+``orchestrator/`` path in the README files, ARCHITECTURE.md and the site's pages (``docs/``)
+resolves against the package. The site itself is checked in ``tests/test_docs_site.py``."""
 from __future__ import annotations
 
 import importlib
@@ -11,7 +12,8 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 DOCS = ["README.md", "ARCHITECTURE.md", "k8s/README.md", "recipes/verl/README.md",
-        "orchestrator/sim/README.md"]
+        "orchestrator/sim/README.md",
+        *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
 FROM_IMPORT = re.compile(r"from (orchestrator(?:\.\w+)*) import ([\w, ]+)")
 DOTTED = re.compile(r"(?<![\w/.-])orchestrator(?:\.\w+)+")
 RUN_MODULE = re.compile(r"python -m (orchestrator(?:\.\w+)*)")
@@ -81,18 +83,23 @@ def test_architecture_names_and_packages_match_the_tree() -> None:
     assert listed == packages
 
 
-def _readme_section(title: str) -> str:
-    text = (REPO / "README.md").read_text()
-    start = text.index(f"\n## {title}\n")
-    end = text.find("\n## ", start + 1)
-    return text[start:end if end != -1 else len(text)]
-
-
-def test_the_readme_grid_section_documents_every_top_level_key() -> None:
-    """Every top-level key of the grid schema appears in README's "Grid files" as ``key:``, in
-    its example or its text, so no grid feature goes undocumented where users look."""
+def test_the_grid_walkthrough_documents_every_top_level_key() -> None:
+    """Every top-level key of the grid schema appears in "Writing grids" as ``key:``, in its
+    examples or its text, so no grid feature is missing where users learn the format (the
+    generated reference lists every key anyway: tests/test_docs_site.py)."""
     from orchestrator.schema import GridFile
 
-    section = _readme_section("Grid files")
-    missing = [k for k in GridFile.model_fields if not re.search(rf"(?<![\w.]){re.escape(k)}:", section)]
-    assert missing == [], f"README.md 'Grid files' does not mention {missing}; document them there"
+    page = (REPO / "docs/grids.md").read_text()
+    missing = [k for k in GridFile.model_fields if not re.search(rf"(?<![\w.]){re.escape(k)}:", page)]
+    assert missing == [], f"docs/grids.md does not mention {missing}; document them there"
+
+
+def test_the_readme_is_the_front_page() -> None:
+    """The README stays a front page (at most 250 lines) with the two commands CI and users
+    run, and links only to pages that exist or are listed as coming (see README's table)."""
+    text = (REPO / "README.md").read_text()
+    assert len(text.splitlines()) <= 250
+    for marker in ("<!-- quickstart-command -->", "<!-- test-command -->"):
+        block = text.split(marker, 1)[1].split("```", 2)[1]
+        assert block.startswith("bash\n") and "pip install" in block
+    assert "'.[test,verl,k8s,docs]'" in text.split("<!-- test-command -->", 1)[1].split("```", 2)[1]

@@ -9,11 +9,16 @@ from __future__ import annotations
 from pathlib import Path
 
 import yaml
+from modeldoc import (
+    cell,
+    constraints_text,
+    default_text,
+    field_text,
+    model_text,
+    nested_models,
+    type_text,
+)
 from pydantic import BaseModel
-
-from modeldoc import (cell, constraints_text, default_text, field_text, model_text,
-                      nested_models, type_text)
-
 
 MEANINGS = Path(__file__).with_name("grid_keys.yaml")
 

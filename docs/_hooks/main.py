@@ -137,7 +137,7 @@ def _repo_file(rel: str) -> Path:
 
 def nth_table(text: str, n: int, rel: str) -> str:
     """The n-th (1-based) Markdown table of ``text``."""
-    tables = re.findall(r"(?:^\|.*\|[ \t]*\n)+", text + "\n", flags=re.M)
+    tables = re.findall(r"(?:^\|.*\|[ \t]*\n)+", text + "\n", flags=re.MULTILINE)
     if not 1 <= n <= len(tables):
         raise DocsError(f"{rel} has {len(tables)} tables, not {n}")
     return tables[n - 1].rstrip("\n")

@@ -23,7 +23,6 @@ from typing import Any
 
 from pydantic import BaseModel
 from pydantic.fields import FieldInfo
-from pydantic_core import PydanticUndefined
 
 
 @cache
@@ -63,7 +62,7 @@ def docstring_table(module_name: str) -> dict[str, str]:
     """``key -> meaning`` from a reStructuredText simple table in a module's docstring."""
     doc = inspect.getdoc(sys.modules[module_name]) or ""
     rows: dict[str, str] = {}
-    blocks = re.split(r"^=+(?:[ \t]+=+)+[ \t]*$", doc, flags=re.M)
+    blocks = re.split(r"^=+(?:[ \t]+=+)+[ \t]*$", doc, flags=re.MULTILINE)
     # A simple table is: rule, header, rule, rows, rule; the rows are the third block.
     if len(blocks) >= 4:
         for line in blocks[2].strip("\n").splitlines():
@@ -160,10 +159,9 @@ def type_text(annotation: Any, link: typing.Callable[[type[BaseModel]], str]) ->
         return "value"
     if _scalars(annotation):
         return "scalar"
-    if _is_union(annotation) and not [a for a in args if not _scalar(a) and not _value(a)]:
-        # e.g. Value | None: a value
-        if any(_value(a) for a in args):
-            return "value"
+    if (_is_union(annotation) and any(_value(a) for a in args)
+            and all(_scalar(a) or _value(a) for a in args)):
+        return "value"  # e.g. Value | None
     if origin is typing.Literal:
         return " | ".join(f"`{'null' if a is None else a}`" for a in args)
     if _is_union(annotation):

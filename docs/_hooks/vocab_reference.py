@@ -19,9 +19,8 @@ from pathlib import Path
 from typing import Any
 
 import yaml
-from pydantic import BaseModel, ValidationError
-
 from modeldoc import cell, default_text, field_text, model_text, rst, type_text
+from pydantic import BaseModel, ValidationError
 
 # (column, backend, pool, recipe): one probe per way a value can be run.
 PROBES = (
@@ -148,7 +147,7 @@ def candidate_values(model: type[BaseModel], name: str,
         origin = typing.get_origin(annotation)
         if origin is typing.Literal:
             literal.extend(typing.get_args(annotation))
-        elif origin in (typing.Union, getattr(__import__("types"), "UnionType")):
+        elif origin in (typing.Union, __import__("types").UnionType):
             for a in typing.get_args(annotation):
                 walk(a)
         elif annotation is bool:
