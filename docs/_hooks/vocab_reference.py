@@ -38,6 +38,7 @@ class Outcome:
     refused: str | None = None
     same: bool = False  # the same trial as the probe's default one
     changes: tuple[str, ...] = ()
+    unchanged: str = "accepted"  # what to say when it is accepted and nothing listed changes
 
     def text(self) -> str:
         if self.refused is not None:
@@ -45,7 +46,7 @@ class Outcome:
         if self.same:
             return "no effect here (the same trial as the default)"
         if not self.changes:
-            return "accepted; nothing changes on this pool (it already computes so)"
+            return self.unchanged
         return "<br>".join(f"`{c}`" for c in self.changes)
 
 
@@ -91,11 +92,15 @@ class Probe:
         if trial_id == base[1]:
             return Outcome(same=True)
         if self.backend == "sim":
-            return Outcome(changes=tuple(_sim_changes(base[3], extra, section)))
+            if section != "rollout":
+                return Outcome(unchanged="accepted: computed by the simulator")
+            return Outcome(changes=tuple(_sim_changes(base[3], extra, section)),
+                           unchanged="accepted; this pool's engine already computes so")
         # Lines that carry the trial id (run name, checkpoint directory) change with any value.
         seen = {line.replace(base[1], "") for line in base[2]}
         return Outcome(changes=tuple(line for line in lines
-                                     if line.replace(trial_id, "") not in seen))
+                                     if line.replace(trial_id, "") not in seen),
+                       unchanged="accepted; the override list is unchanged (the pool sets it)")
 
 
 def _sim_changes(base: Any, probe: Any, section: str) -> list[str]:
