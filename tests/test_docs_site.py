@@ -17,9 +17,19 @@ import pytest
 
 REPO = Path(__file__).resolve().parents[1]
 HOOKS = REPO / "docs" / "_hooks"
-sys.path.insert(0, str(HOOKS))
+sys.path.insert(0, str(HOOKS))  # the generators, as MkDocs loads them
 
-import main as hooks
+
+def _load_hooks() -> Any:
+    """docs/_hooks/main.py, the MkDocs hook module, under a name of its own."""
+    spec = importlib.util.spec_from_file_location("ablate_docs_hooks", HOOKS / "main.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+hooks = _load_hooks()
 
 PAGES = ["README.md", *sorted(p.relative_to(REPO).as_posix() for p in (REPO / "docs").glob("*.md"))]
 FENCE = re.compile(r"^```bash\n(.*?)^```", re.MULTILINE | re.DOTALL)
@@ -121,6 +131,9 @@ def test_every_documented_command_parses_and_its_grid_plans(page: str, command: 
 
     argv = shlex.split(command)[1:]
     parser = build_parser()
+    # Docs spell options in full: an abbreviation would hide a renamed flag (--collapse).
+    for sub in [parser, *_options_parsers(parser)]:
+        sub.allow_abbrev = False
     try:
         args = parser.parse_args(argv)
     except SystemExit as exc:
@@ -200,6 +213,11 @@ def test_the_vocabulary_page_covers_every_vocabulary_key_and_maps_to_verl() -> N
     assert "`algorithm.rollout_correction.rollout_rs='seq_mean_k1'`" in page
     assert "refused: verl 0.9.1 has no geometric IS weights" in page
     assert "`+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_fp32_lm_head=true`" in page
+
+
+def _options_parsers(parser: argparse.ArgumentParser) -> list[argparse.ArgumentParser]:
+    return [sub for action in parser._actions if isinstance(action, argparse._SubParsersAction)
+            for sub in action.choices.values()]
 
 
 def _options(parser: argparse.ArgumentParser) -> dict[str, list[str]]:

@@ -67,7 +67,7 @@ def render(root: type[BaseModel]) -> str:
         parts.append("| key | type | default | constraints | meaning |\n|---|---|---|---|---|")
         prefix = _prefix(paths[0])
         for name, info in model.model_fields.items():
-            typ = type_text(info.annotation, lambda m: f"[{m.__name__}](#{anchor(m)})")
+            typ = type_text(info.annotation, lambda m: f"[mapping](#{anchor(m)})")
             parts.append("| " + " | ".join(cell(c) for c in (
                 f"`{prefix}{name}`", typ, default_text(info), constraints_text(info),
                 field_text(model, name) or extra.get(prefix + name, ""))) + " |")

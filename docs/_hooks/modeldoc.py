@@ -195,6 +195,8 @@ def default_text(info: FieldInfo) -> str:
         return "(see its keys)"
     if value is None:
         return "`null`"
+    if value == "":
+        return '`""`'
     if isinstance(value, bool):
         return f"`{str(value).lower()}`"
     if isinstance(value, (list, tuple)):
