@@ -29,6 +29,25 @@ PROBES = (
     ("k8s (`h100`)", "k8s", "h100", "verl/qwen3_4b_dapo"),
     ("verl, cpu pool (`cpu-fp32`)", "verl", "cpu-fp32", "verl/cpu_tiny"),
 )
+
+
+def setups(sections: dict[str, type[BaseModel]]) -> list[tuple[str, str, str, str, dict[str, Any]]]:
+    """The probes, and on gpu pools one per rollout engine when the vocabulary names engines
+    (``rollout.engine``): the same flag maps to different keys per engine."""
+    engines: list[Any] = []
+    rollout = sections.get("rollout")
+    if rollout is not None and "engine" in rollout.model_fields:
+        engines = [v for v in candidate_values(rollout, "engine") if v is not None]
+    out = []
+    for title, backend, pool, recipe in PROBES:
+        if engines and backend in ("verl", "k8s") and not pool.startswith("cpu"):
+            out += [(title.replace(" (", f", {engine} ("), backend, pool, recipe,
+                     {"rollout.engine": engine}) for engine in engines]
+        else:
+            out.append((title, backend, pool, recipe, {}))
+    return out
+
+
 _REFUSAL = re.compile(r"cannot run \(fixed settings\): (.*?)(?:; fix: exclude this combination "
                       r"or change the value)?$")
 
@@ -53,9 +72,11 @@ class Outcome:
 class Probe:
     """Plans one-trial grids on one backend, pool and recipe."""
 
-    def __init__(self, backend: str, pool: str, recipe: str, workdir: Path) -> None:
+    def __init__(self, backend: str, pool: str, recipe: str, workdir: Path,
+                 fixed: dict[str, Any] | None = None) -> None:
         self.backend, self.pool, self.recipe = backend, pool, recipe
-        self.file = workdir / f"probe-{backend}-{pool}.yaml"
+        self.fixed = dict(fixed or {})
+        self.file = workdir / f"probe-{backend}-{pool}-{len(list(workdir.iterdir()))}.yaml"
         self.base = self._plan({})
         assert self.base[0] is None, f"probe {backend}/{pool} refuses its own default: {self.base[0]}"
 
@@ -66,7 +87,7 @@ class Probe:
 
         self.file.write_text(yaml.safe_dump({
             "name": "vocabulary", "recipe": self.recipe, "backend": self.backend, "steps": 1,
-            "pool": self.pool, "overrides": overrides}))
+            "pool": self.pool, "overrides": {**self.fixed, **overrides}}))
         try:
             grid = load_grid(self.file)
             trial = expand(grid)[0]
@@ -100,7 +121,7 @@ class Probe:
         seen = {line.replace(base[1], "") for line in base[2]}
         return Outcome(changes=tuple(line for line in lines
                                      if line.replace(trial_id, "") not in seen),
-                       unchanged="accepted; the override list is unchanged (the pool sets it)")
+                       unchanged="accepted; the override list is unchanged (the recipe or pool already sets it)")
 
 
 def _sim_changes(base: Any, probe: Any, section: str) -> list[str]:
@@ -217,7 +238,8 @@ def render(sections: dict[str, type[BaseModel]], meanings: dict[str, str],
     """One section per vocabulary, one table per key: each value and each probe's outcome."""
     parts: list[str] = []
     with tempfile.TemporaryDirectory() as tmp:
-        probes = [(title, Probe(b, p, r, Path(tmp))) for title, b, p, r in PROBES]
+        probes = [(title, Probe(b, p, r, Path(tmp), fixed))
+                  for title, b, p, r, fixed in setups(sections)]
         for section, model in sections.items():
             parts.append(f"## `{section}.*` {{#{section}}}\n")
             module_doc = inspect.getdoc(inspect.getmodule(model)) or ""
