@@ -79,17 +79,31 @@ def generated(name: str) -> str:
 
 
 def _states() -> str:
-    """The trial state machine, from ``orchestrator/trial.py`` (its one table of legal moves)."""
+    """The trial state machine, from ``orchestrator/trial.py`` (its one table of legal moves and
+    the comments written beside it)."""
+    import inspect
+
     from modeldoc import cell
 
     from orchestrator import trial
 
     comments = _enum_comments(trial.TrialState)
-    rows = ["| state | meaning | may move to |", "|---|---|---|"]
+    why: dict[str, list[str]] = {}
+    pending: list[str] = []
+    source = inspect.getsource(trial).split("_TRANSITIONS", 1)[1].split("\n}", 1)[0]
+    for line in source.splitlines():
+        text = line.strip()
+        if text.startswith("#"):
+            pending.append(text.lstrip("# "))
+        elif m := re.match(r"TrialState\.(\w+):", text):
+            why[m.group(1)] = pending
+            pending = []
+    rows = ["| state | meaning | may move to | why |", "|---|---|---|---|"]
     for state in trial.TrialState:
         moves = ", ".join(f"`{s.value}`" for s in trial.TrialState
                           if s in trial._TRANSITIONS[state])  # the one table of legal moves
-        rows.append(f"| `{state.value}` | {cell(comments.get(state.name, ''))} | {moves} |")
+        rows.append(f"| `{state.value}` | {cell(comments.get(state.name, ''))} | {moves} | "
+                    f"{cell(' '.join(why.get(state.name, [])))} |")
     return "\n".join(rows)
 
 
