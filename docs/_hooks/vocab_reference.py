@@ -13,6 +13,7 @@ from __future__ import annotations
 import inspect
 import re
 import tempfile
+import types
 import typing
 from dataclasses import dataclass
 from pathlib import Path
@@ -173,7 +174,7 @@ def candidate_values(model: type[BaseModel], name: str,
         origin = typing.get_origin(annotation)
         if origin is typing.Literal:
             literal.extend(typing.get_args(annotation))
-        elif origin in (typing.Union, __import__("types").UnionType):
+        elif origin in (typing.Union, types.UnionType):
             for a in typing.get_args(annotation):
                 walk(a)
         elif annotation is bool:
