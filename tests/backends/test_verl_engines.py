@@ -154,7 +154,7 @@ def _get(cfg: Any, dotted: str) -> Any:
 def test_every_engine_flag_value_composes_instantiates_and_dry_runs(base: Any) -> None:
     from orchestrator.backends.verl_preflight import check_composed, compose, verl_config_dir
 
-    grid, trial, config = base
+    _grid, trial, config = base
     pool = POOLS[trial.pool]
     composed = 0
     with verl_config_dir():
@@ -181,11 +181,11 @@ def test_a_bad_engine_kwarg_value_fails_in_the_preflight(base: Any) -> None:
     from orchestrator.backends.verl_preflight import preflight
     from orchestrator.exceptions import GridError
 
-    grid, trial, config = base
+    _grid, trial, config = base
     pool = POOLS[trial.pool]
     items = VerlBackend.overrides(trial, {**config, "rollout": {"engine": "vllm"}}, pool)
-    bad = items + ["+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config="
-                   "'{\"cudagraph_mode\": \"SOMETIMES\"}'"]
+    bad = items + [("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config="
+                    "'{\"cudagraph_mode\": \"SOMETIMES\"}'")]
     with pytest.raises(GridError, match="SOMETIMES"):
         preflight([bad])
     with pytest.raises(GridError, match="rejects the overrides"):
