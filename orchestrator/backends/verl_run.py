@@ -58,6 +58,9 @@ def normalise(data: Mapping[str, Any]) -> dict[str, float]:
     for key in list(out):
         if key.startswith("actor/rollout_corr/"):
             out.setdefault(key.removeprefix("actor/"), out[key])
+    for verl_name, shared in M.VERL_ALIASES.items():
+        if verl_name in out:
+            out.setdefault(shared, out[verl_name])
     reward = _eval_reward(out)
     if reward is not None:
         out[M.EVAL_REWARD] = reward
