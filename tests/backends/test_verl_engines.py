@@ -51,6 +51,17 @@ def test_every_flag_has_an_entry_in_every_engine_table() -> None:
                 assert text and (not isinstance(entry, verl_engines.Key) or entry.source)
 
 
+def test_the_docs_table_names_every_key_of_every_engine_table() -> None:
+    text = (REPO / "docs" / "engines.md").read_text()
+    for table in verl_engines.TABLES.values():
+        for flag, entries in table.items():
+            assert f"`rollout.{flag}" in text, flag
+            for entry in entries:
+                if isinstance(entry, verl_engines.Key):
+                    leaf = entry.key.rsplit(".", 1)[-1]
+                    assert leaf in text, (flag, entry.key)
+
+
 def test_refusals_name_the_nearest_setting() -> None:
     refused = [(e, f, v) for e, f, v in CASES
                if verl_engines.check_engine(RolloutSpec(engine=e, **{f: v}), e)]
