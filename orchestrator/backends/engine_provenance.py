@@ -15,6 +15,7 @@ neither: ``VERL_SIDE``).
 from __future__ import annotations
 
 import json
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -72,7 +73,15 @@ def text(value: Any) -> str:
         return "none"
     if isinstance(value, (dict, list)):
         return json.dumps(value, sort_keys=True)
-    return str(value).removeprefix("torch.").split(".")[-1].split(":")[0].strip("<>").lower()
+    if isinstance(value, (int, float)):
+        return repr(value)
+    name = str(value).strip("<>").split(":")[0].removeprefix("torch.")
+    if _ENUM.fullmatch(name):  # CUDAGraphMode.PIECEWISE, AttentionBackendEnum.FLASH_ATTN
+        name = name.rsplit(".", 1)[1]
+    return name.lower()
+
+
+_ENUM = re.compile(r"[A-Za-z_]\w*\.[A-Za-z_]\w*")
 
 
 def expected(rollout: RolloutSpec, table_engine: str, engine: str) -> dict[str, tuple[str, str]]:

@@ -130,3 +130,15 @@ def test_strict_turns_a_gap_into_a_reason_to_stop(tmp_path: Path) -> None:
     assert _engine_check({"rollout": {"dtype": "fp32"}}, "cpu", log)() is None  # warn only
     assert _engine_check({"rollout": {"dtype": "bf16", "provenance": "strict"}}, "cpu", log)() is None
     assert P.read_reports(tmp_path / "absent.jsonl") == []
+
+
+def test_settings_compare_as_text_whatever_type_the_engine_used() -> None:
+    import enum
+
+    class Mode(enum.Enum):
+        PIECEWISE = 1
+
+    assert [P.text(v) for v in (True, None, 0.7, -1, "torch.bfloat16", Mode.PIECEWISE,
+                                "AttentionBackendEnum.FLASH_ATTN", "fp8_e4m3", {"b": 1})] == [
+        "true", "none", "0.7", "-1", "bfloat16", "piecewise", "flash_attn", "fp8_e4m3",
+        '{"b": 1}']
