@@ -49,10 +49,19 @@ class VerlBackend(Backend):
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
-        explicit = (verl_engines.check_engine(rollout, rollout.engine)
-                    if rollout.engine is not None and pool.kind == "gpu" else None)
         return (verl_map.check_pool(pool) or verl_map.check_correction(correction)
-                or verl_map.check_rollout(rollout, pool) or explicit)
+                or verl_map.check_rollout(rollout, pool) or cls._engine_refusal(rollout, pool))
+
+    @staticmethod
+    def _engine_refusal(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """The engine's table refusal when ``rollout.engine`` is set; without it (the recipe's
+        engine, checked later by :meth:`check_engine`) what every engine refuses."""
+        if pool.kind != "gpu":
+            return None
+        if rollout.engine is not None:
+            return verl_engines.check_engine(rollout, rollout.engine)
+        refusals = [verl_engines.check_engine(rollout, e) for e in verl_engines.ENGINES]
+        return refusals[0] if all(refusals) else None
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,

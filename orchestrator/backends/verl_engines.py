@@ -82,10 +82,10 @@ _WEIGHT_LAG = Refused(
     "verl's sync trainer pushes weights to the engine every step; a lag needs verl's "
     "separate_async trainer (trainer.v1.*), which is not mapped", "rollout.weight_lag: 0 (or "
     "the sim backend)", values=tuple(range(1, 65)))
-_REDUCTION = Refused("no engine switch for the reduction order (a sim-backend emulation)",
+_REDUCTION = Refused("the engine has no switch for the reduction order (a sim-backend emulation)",
                      "drop rollout.reduction_order for verl", values=("reversed", "chunked"))
 _SEED_PER_REQUEST = Refused(
-    "verl 0.9.1's agent loop sends no per-request sampling seed", "drop "
+    "a per-request sampling seed is needed and verl 0.9.1's agent loop sends none", "drop "
     "rollout.sampling_seed_per_request for verl (the sim backend emulates it)", values=(True,))
 
 # ------------------------------------------------------------------------------- SGLang
