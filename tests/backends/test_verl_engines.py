@@ -207,3 +207,21 @@ def _correction() -> Any:
     from orchestrator.corrections import CorrectionSpec
 
     return CorrectionSpec()
+
+
+def test_plan_refuses_a_flag_the_installed_vllm_lacks_in_one_line(tmp_path: Path) -> None:
+    from cliproc import ablate_env, run
+
+    site = tmp_path / "site"
+    _fake_engine(site, "vllm", "0.18.0", {"config/model.py": "class ModelConfig: pass\n"})
+    grid = tmp_path / "g.yaml"
+    grid.write_text("name: eng\nbackend: verl\nrecipe: verl/qwen3_4b_dapo\nsteps: 2\npool: h100\n"
+                    "axes:\n  rollout.engine: [vllm]\n  rollout.lm_head_fp32: [true]\n")
+    with ablate_env(tmp_path) as env:
+        env["PYTHONPATH"] = f"{env['PYTHONPATH']}:{site}"
+        out = run(["plan", str(grid)], env, tmp_path)
+    assert out.returncode == 2 and "Traceback" not in out.stderr, out.stderr
+    (line,) = [ln for ln in out.stderr.splitlines() if ln.startswith("error:")]
+    assert "rollout.lm_head_fp32: the installed vllm 0.18.0 has no hf_overrides head_dtype" in line
+    assert "pip install -U vllm" in line
+    assert not (tmp_path / ".ablate").exists()  # nothing started, nothing written
