@@ -225,3 +225,19 @@ def test_plan_refuses_a_flag_the_installed_vllm_lacks_in_one_line(tmp_path: Path
     assert "rollout.lm_head_fp32: the installed vllm 0.18.0 has no hf_overrides head_dtype" in line
     assert "pip install -U vllm" in line
     assert not (tmp_path / ".ablate").exists()  # nothing started, nothing written
+
+
+def test_ablate_env_lists_the_engines_installed_here(tmp_path: Path,
+                                                     monkeypatch: pytest.MonkeyPatch) -> None:
+    from orchestrator import environment
+
+    site = tmp_path / "site"
+    _fake_engine(site, "vllm", "0.33.0", {})
+    monkeypatch.syspath_prepend(str(site))
+    import importlib
+
+    importlib.invalidate_caches()
+    info = environment.collect()
+    assert info["engine.vllm"] == "0.33.0"
+    assert info["engines_installed"].split(", ")[:2] == ["cpu", "vllm"]
+    assert "engine.sglang" in info
