@@ -132,7 +132,7 @@ def compare(rollout: RolloutSpec, reports: Iterable[EngineReport], *, table_engi
              "engine.reports": str(len(reports))}
     if reports:
         for key, value in sorted(reports[0].settings.items()):
-            facts[f"engine.{key}"] = value[:250]
+            facts[f"engine.ran.{key}"] = value[:250]
     unapplied, unconfirmed = [], []
     for flag, (setting, want) in expected(rollout, table_engine, engine).items():
         seen = {r.settings[setting] for r in reports if setting in r.settings}

@@ -37,6 +37,6 @@ def test_two_steps_per_engine_record_what_the_engine_ran_with(tmp_path: Any, eng
     assert env["engine.version"] not in ("unreported", "unknown")
     assert env["engine.unapplied"] == "none" and env["engine.unconfirmed"] == "none", env
     for setting, value in SHOWN[engine].items():
-        assert env[f"engine.{setting}"] == value, (setting, env)
+        assert env[f"engine.ran.{setting}"] == value, (setting, env)
     print(f"\n{engine}: " + ", ".join(f"{k}={v}" for k, v in sorted(env.items())
                                       if k.startswith("engine.")))

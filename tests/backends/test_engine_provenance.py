@@ -99,7 +99,7 @@ def test_requested_flags_against_the_report() -> None:
         "rollout.attention_backend (asked attention_backend=fa3, engine ran flashinfer)"]
     assert prov.unconfirmed == ["rollout.lm_head_fp32"]  # free_cache_engine is verl-side
     assert prov.facts["engine.name"] == "sglang" and prov.facts["engine.version"] == "0.5.12"
-    assert prov.facts["engine.disable_cuda_graph"] == "true"
+    assert prov.facts["engine.ran.disable_cuda_graph"] == "true"
     assert "did not apply rollout.chunked_prefill" in prov.warning()
     ok = P.compare(RolloutSpec(enforce_eager=True), [report], table_engine="sglang", engine="sglang")
     assert ok.warning() is None and ok.facts["engine.unapplied"] == "none"

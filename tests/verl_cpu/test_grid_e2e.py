@@ -77,11 +77,11 @@ def test_each_attempt_records_what_the_cpu_engine_ran_with(submitted) -> None:
     for run in children:
         tags = run.data.tags
         assert tags["engine.name"] == "cpu" and tags["engine.version"].startswith("rl-ablate-")
-        assert tags["engine.dtype"] == want[run.data.params["pool"]], tags
+        assert tags["engine.ran.dtype"] == want[run.data.params["pool"]], tags
         assert tags["engine.reports"] == "1" and tags["engine.unapplied"] == "none"
         trial_dir = submitted["workdir"] / "verl-cpu" / "trials" / tags["trial_id"]
-        (attempt,) = json.loads((trial_dir / "attempts.json").read_text())["attempts"]
-        assert attempt["environment"]["engine.dtype"] == tags["engine.dtype"]
+        attempt = json.loads((trial_dir / "attempts.json").read_text())["attempts"][0]
+        assert attempt["environment"]["engine.ran.dtype"] == tags["engine.ran.dtype"]
         assert attempt["environment"]["verl.rollout"] == "cpu"
 
 
