@@ -12,7 +12,9 @@ from typing import Any
 from orchestrator.store import workspace
 
 PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omegaconf", "pydantic",
-            "verl", "kubernetes", "sglang")
+            "verl", "kubernetes")
+# Rollout engines of gpu pools (pip install -e '.[gpu]' / '.[gpu-vllm]'); listed as engine.<name>.
+ENGINE_PACKAGES = {"sglang": "sglang", "vllm": "vllm"}
 
 
 @contextlib.contextmanager
@@ -62,6 +64,11 @@ def collect() -> dict[str, Any]:
     }
     for pkg in PACKAGES:
         info[pkg] = _version(pkg)
+    for engine, pkg in ENGINE_PACKAGES.items():
+        info[f"engine.{engine}"] = _version(pkg)
+    # cpu: rl-ablate's own CPU rollout engine (cpu pools), always present.
+    info["engines_installed"] = ", ".join(
+        ["cpu"] + [e for e, p in ENGINE_PACKAGES.items() if _version(p) != "not installed"])
     info["devices"] = _devices()
     info["workdir"] = str(workspace.workdir())
     info["mlflow_tracking_uri"] = _redact(workspace.tracking_uri())

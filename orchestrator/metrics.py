@@ -39,10 +39,28 @@ IS_FRAC_HIGH = "rollout_corr/rollout_is_ratio_fraction_high"
 IS_FRAC_LOW = "rollout_corr/rollout_is_ratio_fraction_low"
 IS_BATCH_NORM = "rollout_corr/rollout_is_batch_norm_factor"
 IS_MASKED_FRACTION = "rollout_corr/rollout_is_masked_fraction"  # mask mode (IcePop band)
+# verl's name for IcePop's masked share (rollout_corr_helper.py:621); the verl backend also
+# reports it as IS_MASKED_FRACTION (VERL_ALIASES), so rules and tables agree across backends.
+IS_OOB_RATIO = "rollout_corr/rollout_is_oob_ratio"
 RS_MASKED_FRACTION = "rollout_corr/rollout_rs_masked_fraction"
 RS_SEQ_MASKED_FRACTION = "rollout_corr/rollout_rs_seq_masked_fraction"
 VETO_FRACTION = "rollout_corr/rollout_veto_seq_fraction"
-PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"
+PROB_DIFF_MEAN = "training/rollout_probs_diff_mean"  # |p_rollout - p_trainer|, probability space
+# verl's debug metrics (verl/utils/debug/metrics.py:76-80), verl only.
+PROB_DIFF_MAX = "training/rollout_probs_diff_max"
+PROB_DIFF_STD = "training/rollout_probs_diff_std"
+PROB_PEARSON = "training/rollout_actor_probs_pearson_corr"
+
+# verl's rejection-sampling options (rollout_corr_helper.SUPPORTED_ROLLOUT_RS_OPTIONS); verl logs
+# each option's token and sequence masked fraction (rollout_corr_helper.py:403-404).
+RS_OPTIONS = ("token_k1", "token_k2", "token_k3", "seq_sum_k1", "seq_sum_k2", "seq_sum_k3",
+              "seq_mean_k1", "seq_mean_k2", "seq_mean_k3", "seq_max_k2", "seq_max_k3")
+
+
+def rs_option_names(option: str) -> tuple[str, str]:
+    """verl's (token, sequence) masked-fraction names of one rejection-sampling option."""
+    return (f"rollout_corr/rollout_rs_{option}_masked_fraction",
+            f"rollout_corr/rollout_rs_{option}_seq_masked_fraction")
 
 # Mismatch bucketed by the rollout probability of the sampled token (seed 000's finding).
 PROB_BUCKETS: tuple[tuple[float, float], ...] = (
@@ -77,18 +95,62 @@ VERL_NAMESPACES = (
 )
 
 
+# verl's name -> the shared name the verl backend also reports it under (verl_run.normalise).
+VERL_ALIASES = {IS_OOB_RATIO: IS_MASKED_FRACTION}
+
+
+def _bucket_names() -> frozenset[str]:
+    return frozenset(n for lo, hi in PROB_BUCKETS
+                     for n in (bucket_name(lo, hi), bucket_count_name(lo, hi)))
+
+
 def vocabulary() -> frozenset[str]:
-    """Every metric name defined here, the per-bucket mismatch names included."""
+    """Every metric name defined here: per-bucket mismatch and per-option RS names included."""
     names = {v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
-    for lo, hi in PROB_BUCKETS:
-        names |= {bucket_name(lo, hi), bucket_count_name(lo, hi)}
-    return frozenset(names)
+    names |= {n for opt in RS_OPTIONS for n in rs_option_names(opt)}
+    return frozenset(names | _bucket_names())
+
+
+def never_emitted(backend: str) -> frozenset[str]:
+    """Vocabulary names ``backend`` never reports. verl 0.9.1 has no TV, no veto (PR #4544), no
+    OPSM and no per-probability buckets (the simulator's); the simulator has none of verl's
+    debug metrics, its IcePop name or its per-option RS fractions."""
+    if backend in ("verl", "k8s"):
+        return frozenset({TV, VETO_FRACTION, OPSM_FRACTION}) | _bucket_names()
+    if backend == "sim":
+        return frozenset({IS_OOB_RATIO, PROB_DIFF_MAX, PROB_DIFF_STD, PROB_PEARSON}
+                         | {n for opt in RS_OPTIONS for n in rs_option_names(opt)})
+    return frozenset()
 
 
 def reported(name: str, backend: str) -> bool:
     """Whether ``backend`` can ever report metric ``name`` (``*``: any). The simulator reports
     names of this vocabulary only; verl (and k8s, which runs verl) also anything under one of
-    verl's namespaces. A collapse rule on another name could never fire."""
-    if name == "*" or name in vocabulary():
+    verl's namespaces; neither what :func:`never_emitted` lists. A collapse rule on another name
+    could never fire."""
+    if name == "*":
+        return True
+    if name in never_emitted(backend):
+        return False
+    if name in vocabulary():
         return True
     return backend in ("verl", "k8s") and name.startswith(VERL_NAMESPACES)
+
+
+# Our name -> (Miles' name, slime's name) for the same quantity, for users comparing runs of
+# those frameworks (research/engines-and-axes.md 2b; "" where the framework has none). Miles
+# logs k3 twice: train_rollout_kl (always, per-token clamp +-10) and mis_k3_kl (its mis.py).
+PEER_NAMES: dict[str, tuple[str, str]] = {
+    K3_KL: ("train/train_rollout_kl, train/mis_k3_kl", "train/mis_k3_kl"),
+    K1_KL: ("train/mis_kl", "train/mis_kl"),
+    TRAINING_PPL: ("train/mis_training_ppl", "train/mis_training_ppl"),
+    ROLLOUT_PPL: ("train/mis_rollout_ppl", "train/mis_rollout_ppl"),
+    LOG_PPL_DIFF: ("train/mis_log_ppl_diff", "train/mis_log_ppl_diff"),
+    CHI2_TOKEN: ("train/mis_chi2_token", "train/mis_chi2_token"),
+    CHI2_SEQ: ("train/mis_chi2_seq", "train/mis_chi2_seq"),
+    IS_BATCH_NORM: ("train/mis_batch_norm_factor", "train/mis_batch_norm_factor"),
+    OPSM_FRACTION: ("train/opsm_clipfrac", "train/opsm_clipfrac"),
+    # Miles / slime: mean |log pi_train - log mu| (log space); ours and verl's: |p - p'|.
+    PROB_DIFF_MEAN: ("train/train_rollout_logprob_abs_diff (log space)",
+                     "train/train_rollout_logprob_abs_diff (log space)"),
+}

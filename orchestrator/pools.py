@@ -56,6 +56,9 @@ class PoolSpec(BaseModel):
     kueue_flavor: str | None = None
     ray_accelerator_type: str | None = None
     image: str | None = None
+    # Trial image per rollout engine (k8s backend): {sglang: ..., vllm: ...}; ``image`` (then
+    # ABLATE_K8S_IMAGE) serves an engine not named here.
+    images: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
     cpus_per_node: int = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # What running verl on this pool's hardware needs (kind: cpu): Hydra overrides (verl's own

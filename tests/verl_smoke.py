@@ -53,7 +53,8 @@ def local_model() -> str:
     return path
 
 
-def prepare(tmp: Path, steps: int, accelerator: str, model: str = "/models/smoke") -> tuple[Any, Any]:
+def prepare(tmp: Path, steps: int, accelerator: str, model: str = "/models/smoke",
+            rollout: dict[str, Any] | None = None) -> tuple[Any, Any]:
     """The one-trial grid of the smoke run (also pre-flighted on CPU by the test suite)."""
     from orchestrator.grid import expand, load_grid
 
@@ -76,7 +77,7 @@ def prepare(tmp: Path, steps: int, accelerator: str, model: str = "/models/smoke
             "actor_rollout_ref.actor.ppo_max_token_len_per_gpu": 4096,
             "actor_rollout_ref.rollout.gpu_memory_utilization": 0.4,
             "trainer.val_before_train": False, "trainer.test_freq": -1,
-            "correction.is_level": "token"}}))
+            "correction.is_level": "token", **(rollout or {})}}))
     os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
     grid = load_grid(grid_file)
     (trial,) = expand(grid)
@@ -84,7 +85,7 @@ def prepare(tmp: Path, steps: int, accelerator: str, model: str = "/models/smoke
 
 
 def run_smoke(tmp: Path, steps: int = 3, accelerator: str | None = None,
-              timeout: float = 3600.0) -> dict[str, Any]:
+              timeout: float = 3600.0, rollout: dict[str, Any] | None = None) -> dict[str, Any]:
     """Run the smoke trial with ``ablate run-trial`` and collect what was recorded."""
     import mlflow
 
@@ -93,7 +94,7 @@ def run_smoke(tmp: Path, steps: int = 3, accelerator: str | None = None,
         import torch
 
         accelerator = torch.cuda.get_device_name(0)
-    grid, trial = prepare(tmp, steps, accelerator, model)
+    grid, trial = prepare(tmp, steps, accelerator, model, rollout)
     workdir = tmp / "ablate"
     argv = [sys.executable, "-m", "orchestrator", "run-trial", str(tmp / "smoke.yaml"),
             "--trial", trial.trial_id, "--workdir", str(workdir)]
@@ -118,4 +119,6 @@ def run_smoke(tmp: Path, steps: int = 3, accelerator: str | None = None,
                     (m.step, m.value) for m in client.get_metric_history(run.info.run_id, key))
     return {"returncode": proc.returncode, "stdout": proc.stdout, "stderr": proc.stderr,
             "trial_id": trial.trial_id, "steps": steps_seen, "state": state,
-            "mlflow": {k: sorted(v) for k, v in history.items()}, "trial_dir": trial_dir}
+            "mlflow": {k: sorted(v) for k, v in history.items()}, "trial_dir": trial_dir,
+            "attempts": (json.loads((trial_dir / "attempts.json").read_text())
+                         if (trial_dir / "attempts.json").is_file() else {})}

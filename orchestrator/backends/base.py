@@ -91,6 +91,13 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
+    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        """Plan-time refusal of engine flags once the trial's whole config is known (verl: the
+        rollout engine defaults to the recipe's), or None. By default none."""
+        return None
+
+    @classmethod
     def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
         """Raise ``BackendUnavailableError`` (one line starting with ``where``, e.g. the grid
         file and key, then what to install) if this machine cannot launch trials on ``pools``.

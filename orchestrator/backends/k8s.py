@@ -65,6 +65,11 @@ class K8sBackend(Backend):
         return VerlBackend.check(correction, rollout, pool)
 
     @classmethod
+    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        return VerlBackend.check_engine(rollout, config, pool)
+
+    @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
                      pool: PoolSpec) -> str | None:
         return VerlBackend.check_values(items, config, pool)

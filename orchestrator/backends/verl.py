@@ -1,5 +1,5 @@
 """The verl 0.9.1 backend: each trial is one GRPO job (``python -m verl.trainer.main_ppo``) with
-SGLang rollouts on a gpu pool, or with the CPU platform and rollout engine of
+SGLang or vLLM rollouts on a gpu pool (``rollout.engine``, tables in ``verl_engines.py``), or with the CPU platform and rollout engine of
 ``orchestrator/backends/verl_cpu`` on a cpu pool (what differs is the pool's ``verl_overrides``
 and ``verl_env``, not this code).
 
@@ -11,11 +11,12 @@ pre-flight against verl's own config system; ``run()`` (in ``verl_run.py``) runs
 """
 from __future__ import annotations
 
+import sys
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends import verl_map
+from orchestrator.backends import verl_engines, verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_memory import check_memory
@@ -49,7 +50,18 @@ class VerlBackend(Backend):
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
         return (verl_map.check_pool(pool) or verl_map.check_correction(correction)
-                or verl_map.check_rollout(rollout, pool))
+                or verl_map.check_rollout(rollout, pool) or cls._engine_refusal(rollout, pool))
+
+    @staticmethod
+    def _engine_refusal(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """The engine's table refusal when ``rollout.engine`` is set; without it (the recipe's
+        engine, checked later by :meth:`check_engine`) what every engine refuses."""
+        if pool.kind != "gpu":
+            return None
+        if rollout.engine is not None:
+            return verl_engines.check_engine(rollout, rollout.engine)
+        refusals = [verl_engines.check_engine(rollout, e) for e in verl_engines.ENGINES]
+        return refusals[0] if all(refusals) else None
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
@@ -67,6 +79,24 @@ class VerlBackend(Backend):
         return check_memory(config, pool)
 
     @classmethod
+    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        """Plan time, once the engine is known (``rollout.engine``, else the recipe's
+        ``actor_rollout_ref.rollout.name``): flags the engine's table refuses, and an installed
+        engine that lacks a requested feature. A missing engine package only warns (stderr):
+        the gpu pool's image has it."""
+        if pool.kind != "gpu":
+            return None
+        engine = verl_engines.engine_of(rollout, config)
+        problem = verl_engines.check_engine(rollout, str(engine))
+        if problem:
+            return problem
+        refusal, warning = verl_engines.check_installed(rollout, str(engine))
+        if warning:
+            _warn_once(warning)
+        return refusal
+
+    @classmethod
     def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
         """cpu pools run verl here: verl and TransferQueue must be importable on this machine
         (gpu pools are checked where the trial runs, which may be another node)."""
@@ -78,7 +108,7 @@ class VerlBackend(Backend):
                   save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
         """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
         correction, rollout = _sections(trial, config)
-        problem = cls.check(correction, rollout, pool)
+        problem = cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
         if problem:
             raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
                             key=trial.recipe)
@@ -130,8 +160,11 @@ class VerlBackend(Backend):
         # What the pool's hardware needs (cpu pools: platform, rollout engine, fake GPUs for Ray).
         for key, value in pool.verl_overrides.items():
             out[key.lstrip("+")] = verl_map.override(key, value)
-        # Engine flags set in the grid replace the recipe's value of the same key.
-        for item in verl_map.rollout_overrides(rollout) + verl_map.correction_overrides(correction):
+        # Engine flags set in the grid replace the recipe's value of the same key; cpu pools map
+        # rollout.dtype / temperature alone, with the keys both GPU engines share.
+        engine = verl_engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
+        engine_items = verl_engines.engine_overrides(rollout, str(engine))
+        for item in engine_items + verl_map.correction_overrides(correction):
             out[item.split("=", 1)[0].lstrip("+")] = item
         return list(out.values())
 
@@ -216,9 +249,11 @@ def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: Pool
     if config_value(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
         raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
                   "engine's log-probs there is no correction and no mismatch metric", "remove it")
-    if pool.kind == "gpu" and config_value(config, "actor_rollout_ref.rollout.name") != "sglang":
-        raise bad("actor_rollout_ref.rollout.name", "the verl backend runs SGLang rollouts on "
-                  "gpu pools", "set actor_rollout_ref.rollout.name: sglang")
+    name = config_value(config, "actor_rollout_ref.rollout.name")
+    if pool.kind == "gpu" and name not in verl_engines.ENGINES:
+        raise bad("actor_rollout_ref.rollout.name", f"the verl backend runs the rollout engines "
+                  f"{', '.join(verl_engines.ENGINES)} on gpu pools, not {name!r}",
+                  "set actor_rollout_ref.rollout.name: sglang or vllm (or rollout.engine)")
     bsz = config_value(config, "data.train_batch_size")
     mini = config_value(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
     world = world_size(pool, config)
@@ -234,6 +269,16 @@ def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: Pool
         raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
                   f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
                   "use 1, 2, 4 or 8")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    """A plan-time warning printed once per process (planning goes on)."""
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"warning: {text}", file=sys.stderr)
 
 
 def distinct(lists: Iterable[Sequence[str]]) -> list[list[str]]:

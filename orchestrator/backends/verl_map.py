@@ -22,7 +22,6 @@ from orchestrator.recipes import flatten
 
 RC = "algorithm.rollout_correction"
 ACTOR_LOSS = "actor_rollout_ref.actor.policy_loss"
-SGLANG = "+actor_rollout_ref.rollout.engine_kwargs.sglang"
 ROLLOUT = "actor_rollout_ref.rollout"
 
 # Keys the backend sets from the trial, the pool and the vocabularies; a recipe must not set them.
@@ -47,7 +46,6 @@ SECTIONS = ("correction", "rollout", "assets")
 # Compute capability by accelerator (FA3 needs Hopper 9.0; FP8 tensor cores need >= 8.9).
 COMPUTE_CAPABILITY = {"H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 8.9,
                       "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0, "A10": 8.6}
-VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 
@@ -210,35 +208,22 @@ def correction_refusal(c: CorrectionSpec) -> tuple[str, str] | None:
 
 
 def check_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
-    """Why SGLang under verl 0.9.1 cannot run these engine flags on ``pool``, or None."""
+    """Why verl 0.9.1 cannot run these engine flags on ``pool`` whatever the engine, or None.
+
+    What each engine can express is checked against its table (``verl_engines.check_engine``)
+    once the engine is known (``rollout.engine`` or the recipe's); here: the CPU engine of cpu
+    pools and what the pool's hardware cannot do.
+    """
     if pool.kind == "cpu":
         return check_cpu_rollout(r, pool)
-    if r.deterministic or r.sampling_seed_per_request:
-        return ("SGLang's deterministic / rl_on_policy_target mode samples every request with "
-                "seed 42 unless the request carries a sampling_seed, and verl 0.9.1's agent loop "
-                "sends none: all rollout.n samples of a prompt come out identical and every GRPO "
-                "advantage is 0 (research/verl-0.9.1.md section 4); fix: drop "
-                "rollout.deterministic / rollout.sampling_seed_per_request for verl (the sim "
-                "backend emulates true on-policy rollouts)")
-    if r.weight_lag:
-        return ("verl's sync trainer pushes weights to SGLang every step; a weight lag of "
-                f"{r.weight_lag} steps needs verl's separate_async trainer, which forces bypass "
-                "mode and is not mapped; fix: rollout.weight_lag: 0 (or use the sim backend)")
-    if r.reduction_order not in (None, "default"):
-        return (f"SGLang has no switch for reduction order {r.reduction_order!r} (a sim-backend "
-                "emulation); fix: drop rollout.reduction_order for verl")
     cc = COMPUTE_CAPABILITY.get(pool.accelerator)
     if r.attention_backend == "fa3" and cc is not None and cc < 9.0:
         return (f"FlashAttention-3 needs Hopper (compute capability 9.0); pool {pool.name!r} has "
                 f"{pool.accelerator} ({cc}); fix: rollout.attention_backend: flashinfer or triton")
     if "fp8" in (r.dtype, r.kv_cache_dtype) and cc is not None and cc < 8.9:
         return (f"FP8 needs compute capability >= 8.9; pool {pool.name!r} has {pool.accelerator} "
-                f"({cc}), where SGLang would fall back to a different kernel path; fix: exclude "
-                "fp8 on this pool")
-    if r.kv_cache_dtype not in (None, "fp8") and r.kv_cache_dtype != (r.dtype or "bf16"):
-        return (f"SGLang's kv_cache_dtype takes auto (= the rollout dtype, {r.dtype or 'bf16'}) or "
-                f"fp8; a {r.kv_cache_dtype} KV cache cannot be expressed; fix: "
-                f"rollout.kv_cache_dtype: {r.dtype or 'bf16'} or fp8")
+                f"({cc}), where the engine would fall back to a different kernel path; fix: "
+                "exclude fp8 on this pool")
     return None
 
 
@@ -260,10 +245,10 @@ def check_cpu_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
     if r.dtype is not None and r.dtype not in CPU_ROLLOUT_DTYPES:
         return (f"rollout.dtype: {r.dtype} on cpu pool {pool.name!r}: the CPU rollout engine "
                 f"computes in {' or '.join(CPU_ROLLOUT_DTYPES)}; fix: one of those, or a gpu pool")
-    gpu_only = [f"rollout.{k}: {v}" for k, v in r.non_default().items()
+    gpu_only = [f"rollout.{k}: {v}" for k, v in r.requested().items()
                 if k not in ("dtype", "temperature")]
     if gpu_only:
-        return (f"{', '.join(gpu_only)} is an SGLang/GPU engine flag, and cpu pool "
+        return (f"{', '.join(gpu_only)} is a GPU engine (SGLang/vLLM) flag, and cpu pool "
                 f"{pool.name!r} runs the CPU rollout engine, which has no such switch; fix: "
                 "drop it for cpu pools (exclude it) or use a gpu pool")
     return None
@@ -307,34 +292,6 @@ def correction_settings(c: CorrectionSpec) -> dict[str, Any]:
         "bypass_mode": c.policy == "bypass",
         "loss_type": c.loss_type,
     }
-
-
-def rollout_overrides(r: RolloutSpec) -> list[str]:
-    """Engine flags -> verl rollout keys and SGLang ``ServerArgs`` kwargs (call check first)."""
-    out: list[str] = []
-    if r.dtype == "fp8":
-        out.append(override(f"{ROLLOUT}.quantization", "fp8"))
-    elif r.dtype is not None:
-        out.append(override(f"{ROLLOUT}.dtype", VERL_DTYPE[r.dtype]))
-    if r.temperature is not None:
-        out.append(override(f"{ROLLOUT}.temperature", float(r.temperature)))
-    if r.enforce_eager is not None:
-        out.append(override(f"{ROLLOUT}.enforce_eager", r.enforce_eager))  # -> disable_cuda_graph
-    if r.free_cache_engine is not None:
-        out.append(override(f"{ROLLOUT}.free_cache_engine", r.free_cache_engine))
-    if r.lm_head_fp32 is not None:
-        out.append(override(f"{SGLANG}.enable_fp32_lm_head", r.lm_head_fp32))
-    if r.kv_cache_dtype is not None:
-        out.append(override(f"{SGLANG}.kv_cache_dtype",
-                            "fp8_e4m3" if r.kv_cache_dtype == "fp8" else "auto"))
-    if r.attention_backend is not None:
-        out.append(override(f"{SGLANG}.attention_backend", r.attention_backend))
-    if r.chunked_prefill is False:
-        # verl's own enable_chunked_prefill key is not passed to SGLang; -1 disables chunking.
-        out.append(override(f"{SGLANG}.chunked_prefill_size", -1))
-    if r.deterministic is False:
-        out.append(override(f"{SGLANG}.enable_deterministic_inference", False))
-    return out
 
 
 def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:

@@ -135,12 +135,45 @@ def _instantiate(cfg: Any) -> dict[str, Any]:
         actor = omega_conf_to_dataclass(cfg.actor_rollout_ref.actor)
         rollout = omega_conf_to_dataclass(cfg.actor_rollout_ref.rollout)
         validate_config(cfg, use_reference_policy=need_reference_policy(cfg), use_critic=False)
+    check_engine_kwargs(rollout)
     if not rollout.calculate_log_probs:
         raise GridError("actor_rollout_ref.rollout.calculate_log_probs is false: no correction "
                         "and no mismatch metrics without the engine's log-probs")
     _check_bypass(rc, actor)
     _dry_run(rc, actor)
     return {"algorithm": algo, "rollout_correction": rc, "actor": actor, "rollout": rollout}
+
+
+# vLLM's CUDA graph modes (vllm.config.compilation.CUDAGraphMode names).
+VLLM_CUDAGRAPH_MODES = ("NONE", "PIECEWISE", "FULL", "FULL_DECODE_ONLY", "FULL_AND_PIECEWISE")
+
+
+def check_engine_kwargs(rollout: Any) -> None:
+    """What verl does with ``engine_kwargs.<engine>`` before the engine sees it, done here: the
+    chosen engine's kwargs must be a mapping of plain values, and vLLM's ``compilation_config``
+    a JSON object verl can ``json.loads`` (vllm_async_server.py:307) with a known cudagraph_mode.
+    """
+    import json
+
+    from omegaconf import DictConfig, OmegaConf
+
+    kwargs = (rollout.engine_kwargs or {}).get(rollout.name) or {}
+    if isinstance(kwargs, DictConfig):
+        kwargs = OmegaConf.to_container(kwargs, resolve=True)
+    if not isinstance(kwargs, dict):
+        raise GridError(f"actor_rollout_ref.rollout.engine_kwargs.{rollout.name} is "
+                        f"{type(kwargs).__name__}, not a mapping")
+    text = kwargs.get("compilation_config")
+    if rollout.name == "vllm" and text is not None:
+        try:
+            compilation = json.loads(text) if isinstance(text, str) else dict(text)
+        except (ValueError, TypeError) as exc:
+            raise GridError(f"engine_kwargs.vllm.compilation_config {text!r} is not JSON: "
+                            f"{exc}") from None
+        mode = compilation.get("cudagraph_mode")
+        if mode is not None and mode not in VLLM_CUDAGRAPH_MODES:
+            raise GridError(f"engine_kwargs.vllm.compilation_config cudagraph_mode {mode!r}; "
+                            f"vLLM takes {', '.join(VLLM_CUDAGRAPH_MODES)}")
 
 
 def _check_bypass(rc: Any, actor: Any) -> None:

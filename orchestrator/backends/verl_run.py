@@ -9,6 +9,7 @@ verl's checkpoints (``global_step_N`` + ``latest_checkpointed_iteration.txt``) a
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import importlib.util
 import json
 import math
@@ -24,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.backends import engine_hook, engine_provenance
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_topology import world_size
@@ -58,6 +60,9 @@ def normalise(data: Mapping[str, Any]) -> dict[str, float]:
     for key in list(out):
         if key.startswith("actor/rollout_corr/"):
             out.setdefault(key.removeprefix("actor/"), out[key])
+    for verl_name, shared in M.VERL_ALIASES.items():
+        if verl_name in out:
+            out.setdefault(shared, out[verl_name])
     reward = _eval_reward(out)
     if reward is not None:
         out[M.EVAL_REWARD] = reward
@@ -252,6 +257,14 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     logs.mkdir(parents=True, exist_ok=True)
     env[LOAD_LOG_ENV] = str(logs / f"plugin_loads.attempt{ctx.attempt}.jsonl")
     env[SYNC_LOG_ENV] = str(logs / f"weight_sync.attempt{ctx.attempt}.jsonl")
+    # What the rollout engine really ran with (engine_provenance): the CPU engine reports itself;
+    # on GPU the hook reads SGLang's / vLLM's resolved settings in the server processes.
+    engine_log = logs / f"engine.attempt{ctx.attempt}.jsonl"
+    env[engine_hook.LOG_ENV] = str(engine_log)
+    if ctx.pool.kind == "gpu":
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
+            env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
+    check_engine = _engine_check(config, ctx.pool.kind, engine_log)
     # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
     # Ray's daemons detach from the job's process group; as a subreaper (for this attempt only)
@@ -267,17 +280,35 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                                     start_new_session=True,  # its own process group, for stop
                                     preexec_fn=procs.die_with_parent())  # noqa: PLW1509
             try:
-                return _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0),
-                              ckpt_dir, log)
+                result = _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0),
+                                ckpt_dir, log, check_engine)
             finally:
                 if proc.poll() is None:
                     terminate(proc)
                 reaped = procs.kill_tree(keep=before)
                 summary = write_job_summary(logs / f"job.attempt{ctx.attempt}.json", proc,
                                             started, sampler, reaped)
-                ctx.describe_environment(job_facts(ctx.pool, summary))
+                provenance, _ = engine_provenance.attempt_provenance(config, ctx.pool.kind,
+                                                                     engine_log)
+                facts = job_facts(ctx.pool, summary)
+                facts["verl.rollout"] = provenance.facts["engine.name"]
+                ctx.describe_environment({**facts, **provenance.facts})
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+    warning = provenance.warning()
+    if warning:
+        print(f"[{trial.trial_id}] {warning}", file=sys.stderr)
+    return dataclasses.replace(result, reason=_join(result.reason, warning))
+
+
+def _engine_check(config: Mapping[str, Any], pool_kind: str, engine_log: Path) -> Any:
+    """With ``rollout.provenance: strict``: a function the watcher calls once the first step is
+    in (the engine has started), which returns why the attempt must end, or None."""
+    def check() -> str | None:
+        provenance, strict = engine_provenance.attempt_provenance(config, pool_kind, engine_log)
+        problem = provenance.warning()
+        return f"rollout.provenance: strict and {problem}" if strict and problem else None
+    return check
 
 
 def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:
@@ -330,29 +361,36 @@ def empty_step(step: int, data: Mapping[str, float]) -> str | None:
 
 
 def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tail: MetricTail,
-           ckpt_dir: Path, log: Path) -> AttemptResult:
+           ckpt_dir: Path, log: Path, check_engine: Any = None) -> AttemptResult:
     saved = ctx.resume_step or 0
     zero_run, warning = 0, None
-    stop_reason = empty = None
+    stop_reason = empty = unapplied = None
     while True:
         finished = proc.poll() is not None
         for step, data in tail.poll():
+            if check_engine is not None:  # once: the engine has started by the first step
+                unapplied, check_engine = check_engine(), None
+            if unapplied:
+                break  # the step ran on an engine that ignored a flag: not recorded
             ctx.log_metrics(step, data)
             empty = empty or empty_step(step, data)
             zero_run = zero_run + 1 if data.get(ZERO_ADV_METRIC) == 1.0 else 0
             if zero_run >= ZERO_ADV_PATIENCE and warning is None:
                 warning = group_diversity_warning(step, data)
                 print(f"[{trial.trial_id}] {warning}", file=sys.stderr)
-        saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+        if not unapplied:
+            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
         if finished:
             break
         stop_reason = stop_reason or ctx.should_stop()
-        if stop_reason or empty:
+        if stop_reason or empty or unapplied:
             terminate(proc)
             continue
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=POLL_SECONDS)  # returns at once when the job ends
     last = tail.last_logged
+    if unapplied:
+        raise InfraFailure(unapplied)
     if empty:
         return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last, reason=_join(empty, warning))
     if stop_reason:

@@ -71,6 +71,7 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
+        self._engine_check(out, tuple(rest), pool, context)
         # Also without overrides: the recipe's own values must run (once per pool).
         self._value_check(tuple(rest), pool, context)
         out.extend(rest)
@@ -125,6 +126,25 @@ class _Resolver:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}",
                                   "axes", fix="exclude this combination or change the value")
+        self.checked.add(key)
+
+
+    def _engine_check(self, sections: list[tuple[str, Any]], rest: tuple[tuple[str, Any], ...],
+                      pool: str, context: Any) -> None:
+        """Engine flags against the trial's engine, which may come from the recipe."""
+        rollout_items = tuple(i for i in sections if i[0].startswith("rollout."))
+        key = ("engine", rollout_items, rest, pool)
+        if key in self.checked:
+            return
+        roll = RolloutSpec.model_validate(
+            {**self.section_base["rollout"],
+             **{k.split(".", 1)[1]: thaw(v) for k, v in rollout_items}})
+        config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in rest})
+        problem = self.backend_cls.check_engine(roll, config, self.grid.pools.pools[pool])
+        if problem:
+            raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
+                                  f"{problem}", "axes", fix="exclude this combination or change "
+                                  "the value")
         self.checked.add(key)
 
 

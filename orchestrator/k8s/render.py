@@ -25,7 +25,9 @@ from collections.abc import Mapping, Sequence
 from typing import Any
 
 from orchestrator.backends.verl import VerlBackend
+from orchestrator.backends.verl_engines import engine_of
 from orchestrator.backends.verl_topology import world_size
+from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, QUEUE_LABEL, ClusterSettings
@@ -242,14 +244,16 @@ def check_pool(pool: PoolSpec) -> PoolSpec:
     return pool
 
 
-def pool_image(pool: PoolSpec, settings: ClusterSettings) -> str:
-    """The image trial pods of ``pool`` run: the pool's own, else ``ABLATE_K8S_IMAGE``."""
+def pool_image(pool: PoolSpec, settings: ClusterSettings, engine: str = "sglang") -> str:
+    """The image trial pods of ``pool`` run for a trial on rollout ``engine``: the pool's
+    ``images[engine]``, else its ``image``, else ``ABLATE_K8S_IMAGE``."""
     where = f"pools.{pool.name}"
-    image = pool.image or settings.image
+    image = pool.images.get(engine) or pool.image or settings.image  # type: ignore[call-overload]
     if not image:
         raise UserError(
-            f"{where}.image: not set; fix: set image: (an image with verl[sglang]"
-            "==0.9.1 and Ray) in the pool catalogue or export ABLATE_K8S_IMAGE"
+            f"{where}.images.{engine}: not set; fix: set images: {{{engine}: <an image with "
+            f"verl[{engine}]==0.9.1 and Ray>}} (or image:) in the pool catalogue, or export "
+            "ABLATE_K8S_IMAGE"
         )
     if any(c.isspace() for c in image):
         raise UserError(
@@ -299,7 +303,8 @@ def render_rayjob(
             f"trial {trial.trial_id} is pinned to pool {trial.pool!r}, not "
             f"{pool.name!r}; fix: render it with its own pool"
         )
-    image = pool_image(check_pool(pool), settings)
+    rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
+    image = pool_image(check_pool(pool), settings, str(engine_of(rollout, config)))
     for p in fallback_pools:
         check_pool(p)
     _check_fallback(pool, fallback_pools, resume or resume_path is not None)

@@ -11,7 +11,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from orchestrator.engine import DTYPES, RolloutSpec
+from orchestrator.engine import DTYPES, ENGINE_ONLY_FLAGS, RolloutSpec
 from orchestrator.exceptions import UserError, did_you_mean
 
 Dtype = Literal["fp32", "bf16", "fp16", "fp8"]
@@ -19,7 +19,7 @@ Reduction = Literal["default", "reversed", "chunked"]
 
 # rollout.* flags that have no arithmetic counterpart in the simulator: refused, never ignored.
 UNSUPPORTED_FLAGS = ("enforce_eager", "free_cache_engine", "attention_backend",
-                     "sampling_seed_per_request")
+                     "sampling_seed_per_request", *ENGINE_ONLY_FLAGS)
 
 
 class SimProfile(BaseModel):

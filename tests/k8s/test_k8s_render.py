@@ -255,9 +255,37 @@ def test_missing_image_is_a_one_line_error() -> None:
         render_rayjob(
             t, grid.trial_config(t), grid.pools.pools[t.pool], settings=ClusterSettings()
         )
-    assert f"pools.{t.pool}.image: not set" in str(exc.value) and "ABLATE_K8S_IMAGE" in str(
+    assert f"pools.{t.pool}.images.sglang: not set" in str(exc.value) and "ABLATE_K8S_IMAGE" in str(
         exc.value
     )
+
+
+def test_each_engine_gets_its_pools_image() -> None:
+    """A pool names an image per rollout engine; the trial's engine (rollout.engine, else the
+    recipe's) picks it, in the RayJob's head, workers and submitter alike."""
+    from orchestrator.k8s.settings import ClusterSettings
+
+    grid, trials = loaded(GPU_GRIDS[0])
+    t = trials[0]
+    pool = grid.pools.pools[t.pool].model_copy(
+        update={"images": {"sglang": "reg/verl-sglang:0.9.1", "vllm": "reg/verl-vllm:0.9.1"}})
+    for engine in ("sglang", "vllm"):
+        config = {**grid.trial_config(t), "rollout": {"engine": engine}}
+        job = render_rayjob(t, config, pool, settings=ClusterSettings())
+        images = {c["image"] for c in _containers(job)}
+        assert images == {f"reg/verl-{engine}:0.9.1"}, images
+    only_sglang = pool.model_copy(update={"images": {"sglang": "reg/verl-sglang:0.9.1"}})
+    with pytest.raises(UserError, match=r"images\.vllm: not set"):
+        render_rayjob(t, {**grid.trial_config(t), "rollout": {"engine": "vllm"}}, only_sglang,
+                      settings=ClusterSettings())
+
+
+def _containers(job: dict) -> list[dict]:
+    spec = job["spec"]
+    cluster = spec["rayClusterSpec"]
+    templates = [cluster["headGroupSpec"]["template"], spec["submitterPodTemplate"],
+                 *(g["template"] for g in cluster.get("workerGroupSpecs", []))]
+    return [c for tpl in templates for c in tpl["spec"]["containers"]]
 
 
 @pytest.mark.parametrize(

@@ -68,6 +68,24 @@ def test_submit_logs_verl_metrics_and_verdicts_to_nested_mlflow_runs(submitted) 
 
 
 @pytest.mark.slow
+def test_each_attempt_records_what_the_cpu_engine_ran_with(submitted) -> None:
+    """Engine provenance from the engine itself: its report lands in attempts.json and in the
+    run's tags, and the dtype it loaded the model in is the pool's."""
+    _, runs = _mlflow_runs(submitted)
+    children = [r for r in runs if r.data.tags.get("mlflow.parentRunId")]
+    want = {"cpu-fp32": "float32", "cpu-bf16": "bfloat16"}
+    for run in children:
+        tags = run.data.tags
+        assert tags["engine.name"] == "cpu" and tags["engine.version"].startswith("rl-ablate-")
+        assert tags["engine.ran.dtype"] == want[run.data.params["pool"]], tags
+        assert tags["engine.reports"] == "1" and tags["engine.unapplied"] == "none"
+        trial_dir = submitted["workdir"] / "verl-cpu" / "trials" / tags["trial_id"]
+        attempt = json.loads((trial_dir / "attempts.json").read_text())["attempts"][0]
+        assert attempt["environment"]["engine.ran.dtype"] == tags["engine.ran.dtype"]
+        assert attempt["environment"]["verl.rollout"] == "cpu"
+
+
+@pytest.mark.slow
 def test_pools_differ_only_by_the_rollout_dtype(submitted) -> None:
     """fp32 trainer + fp32 CPU rollout: k3 = 0; bf16 rollout: a small real mismatch."""
     _, runs = _mlflow_runs(submitted)

@@ -54,3 +54,22 @@ def test_update_weights_changes_served_model(built, monkeypatch, tmp_path: Path)
     state.pop(next(iter(state)))
     with pytest.raises(KeyError):
         asyncio.run(server.update_weights(state, global_steps=4))
+
+
+@pytest.mark.parametrize(("dtype", "shown"), [("float32", "float32"), ("bfloat16", "bfloat16")])
+def test_the_cpu_engine_reports_what_it_loaded(built, monkeypatch, tmp_path: Path, dtype: str,
+                                               shown: str) -> None:
+    """Provenance of the CPU engine: the dtype of the loaded weights, not the requested one."""
+    from orchestrator.backends import engine_provenance as P
+    from orchestrator.engine import RolloutSpec
+
+    log = tmp_path / "engine.jsonl"
+    monkeypatch.setenv(P.LOG_ENV, str(log))
+    _server(built, dtype)
+    (report,) = P.read_reports(log)
+    assert report.name == "cpu" and report.version.startswith("rl-ablate-")
+    assert report.settings["dtype"] == shown and report.settings["attention_backend"] == "sdpa"
+    asked = RolloutSpec(dtype="fp32")
+    prov = P.compare(asked, [report], table_engine="sglang", engine="cpu")
+    assert prov.unapplied == ([] if shown == "float32" else
+                              ["rollout.dtype (asked dtype=float32, engine ran bfloat16)"])

@@ -18,6 +18,7 @@ from typing import Any
 
 import torch
 
+from orchestrator.backends import engine_hook
 from orchestrator.backends.verl_cpu.rollout import weights as weight_sync
 from orchestrator.backends.verl_cpu.rollout.decoding import SamplingParams, decode
 
@@ -65,6 +66,11 @@ class CpuRolloutServer:
                                  self.model_config.hf_config.max_position_embeddings)
         print(f"[cpu-rollout] replica {replica_rank}: {self.model_config.local_path} in {self.dtype}"
               f", attn={attn}, eos={sorted(self.eos_token_ids)}, pid={os.getpid()}", flush=True)
+        # Provenance: what this engine runs with, read from the loaded model itself.
+        engine_hook.report("cpu", _version(), {
+            "dtype": next(self.model.parameters()).dtype, "attention_backend": attn,
+            "max_model_len": self.max_model_len,
+            "torch_threads": torch.get_num_threads(), "replica": replica_rank})
 
     # ------------------------------------------------------------------ generation
 
@@ -154,6 +160,16 @@ class CpuRolloutServer:
 
     async def stop_profile(self) -> None:
         pass
+
+
+def _version() -> str:
+    """The CPU engine is rl-ablate's own: its version is the package's."""
+    from importlib.metadata import PackageNotFoundError, version
+
+    try:
+        return f"rl-ablate-{version('rl-ablate')}"
+    except PackageNotFoundError:
+        return "rl-ablate-source"
 
 
 def _eos_ids(model_config: Any) -> set[int]:

@@ -1,0 +1,58 @@
+"""Metric names per backend: what each one really emits, verl's aliases, peer frameworks' names."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+
+from orchestrator import metrics as M
+from orchestrator.backends.verl_run import normalise
+from orchestrator.exceptions import GridError
+from orchestrator.grid import load_grid
+
+
+def test_names_verl_never_emits_are_not_reported_for_verl_or_k8s() -> None:
+    for backend in ("verl", "k8s"):
+        for name in (M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.bucket_name(0.0, 1e-3)):
+            assert not M.reported(name, backend), (name, backend)
+        for name in (M.IS_OOB_RATIO, M.IS_MASKED_FRACTION, M.PROB_DIFF_MAX, M.PROB_DIFF_STD,
+                     M.PROB_PEARSON, *M.rs_option_names("seq_mean_k1"), M.K3_KL,
+                     "actor/some_new_metric"):
+            assert M.reported(name, backend), (name, backend)
+
+
+def test_the_simulator_reports_none_of_verls_own_names() -> None:
+    for name in (M.IS_OOB_RATIO, M.PROB_DIFF_STD, M.PROB_PEARSON, *M.rs_option_names("token_k1")):
+        assert not M.reported(name, "sim")
+    for name in (M.TV, M.VETO_FRACTION, M.IS_MASKED_FRACTION, M.bucket_name(0.1, 0.3)):
+        assert M.reported(name, "sim")
+
+
+def test_verl_icepop_share_is_reported_under_the_shared_name_too() -> None:
+    out = normalise({M.IS_OOB_RATIO: 0.125, "actor/rollout_corr/rollout_is_oob_ratio": 0.5})
+    assert out[M.IS_OOB_RATIO] == 0.125 and out[M.IS_MASKED_FRACTION] == 0.125
+    bypass = normalise({"actor/rollout_corr/rollout_is_oob_ratio": 0.5})  # bypass: actor prefix
+    assert bypass[M.IS_MASKED_FRACTION] == 0.5
+
+
+def test_peer_names_cover_known_vocabulary_names() -> None:
+    assert set(M.PEER_NAMES) <= M.vocabulary()
+    assert "train/train_rollout_kl" in M.PEER_NAMES[M.K3_KL][0]
+    assert "train_rollout_kl" not in M.PEER_NAMES[M.K3_KL][1]  # slime has no train_rollout_kl
+
+
+@pytest.mark.parametrize(("backend", "recipe", "pool", "metric"), [
+    ("verl", "verl/qwen3_4b_dapo", "h100", "rollout_corr/tv"),
+    ("k8s", "verl/qwen3_4b_dapo", "h100", "rollout_corr/rollout_veto_seq_fraction"),
+    ("sim", "sim/grpo_tiny", "sim-h100", "training/rollout_actor_probs_pearson_corr"),
+])
+def test_a_rule_on_a_name_the_backend_never_emits_is_refused(
+        tmp_path: Path, backend: str, recipe: str, pool: str, metric: str) -> None:
+    grid = tmp_path / "g.yaml"
+    grid.write_text(f"name: m\nbackend: {backend}\nrecipe: {recipe}\nsteps: 5\npool: {pool}\n"
+                    "axes:\n  correction.is_level: [none]\ncollapse:\n  extra_rules:\n"
+                    f"    - {{name: r, metric: {metric}, kind: above, threshold: 0.5}}\n")
+    with pytest.raises(GridError, match="could never fire"):
+        load_grid(grid)
+    grid.write_text(grid.read_text().replace(metric, M.K3_KL))
+    load_grid(grid)
