@@ -171,7 +171,7 @@ def add_commands(sub: Any) -> None:
     table, one block per command in ``ablate --help`` order, with no logic to split out."""
     s = sub.add_parser("submit", help="run a grid unattended (resumes if it ran before)")
     s.add_argument("grid")
-    s.add_argument("--backend", choices=["sim", "verl", "k8s"], help="override the grid's backend")
+    s.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
     s.add_argument("--address", help="existing Ray cluster (default: $RAY_ADDRESS or a local one)")
     s.add_argument("--max-parallel", type=int, help="override budget.max_parallel")
     s.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")

@@ -91,4 +91,4 @@ def reported(name: str, backend: str) -> bool:
     verl's namespaces. A collapse rule on another name could never fire."""
     if name == "*" or name in vocabulary():
         return True
-    return backend in ("verl", "k8s") and name.startswith(VERL_NAMESPACES)
+    return backend in ("verl", "k8s", "slurm") and name.startswith(VERL_NAMESPACES)
