@@ -71,6 +71,9 @@ class Backend(abc.ABC):
     # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this backend runs on, its
     # main kind first. Grid validation and `ablate resume --pool` read it; nothing restates it.
     pool_kinds: ClassVar[tuple[str, ...]]
+    # True where a trial computes outside Ray (a Slurm job) and its Tune trial only watches:
+    # the embedded local Ray then hosts any pool's watchers, up to the pool's capacity.
+    computes_elsewhere: ClassVar[bool] = False
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:

@@ -59,6 +59,7 @@ class SlurmBackend(Backend):
     version: ClassVar[str] = f"slurm-1+{SimBackend.version}+{VerlBackend.version}"
     pool_kinds: ClassVar[tuple[str, ...]] = ("sim", "cpu", "gpu")
     poll_seconds: ClassVar[float] = 1.0
+    computes_elsewhere: ClassVar[bool] = True
 
     def __init__(self, *, client: Any = None, sleep: Callable[[float], None] = time.sleep) -> None:
         self._client = client
@@ -81,7 +82,7 @@ class SlurmBackend(Backend):
 
     @classmethod
     def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
-        name = job_name(trial.trial_id, "<workdir>")
+        name = f"ablate-{trial.trial_id}-WORKDIR"
         return ([f"#SBATCH {o}" for o in sbatch_options(pool, name=name)]
                 + _inner(pool).describe(trial, config, pool))
 
@@ -114,10 +115,11 @@ class SlurmBackend(Backend):
         tmp.write_text(json.dumps(spec, default=list))
         os.replace(tmp, job_dir / JOB)
         script = job_dir / "job.sbatch"
-        options = sbatch_options(ctx.pool, name=name, output=str(job_dir / "slurm-%j.out"))
+        options = sbatch_options(ctx.pool, name=name)
         env = {**base_env(), **_inner(ctx.pool).worker_env(config)}
         script.write_text(job_script(options, worker_argv(job_dir), env=env, cwd=str(job_dir)))
-        job_id = client.submit(str(script), pool=ctx.pool.name)
+        job_id = client.submit(str(script), pool=ctx.pool.name,
+                               output=str(job_dir / "slurm-%j.out"))
         (job_dir / "job-id").write_text(job_id + "\n")
         follow = _Follow(client, job_id, job_dir, ctx, self._sleep, self.poll_seconds)
         try:

@@ -91,10 +91,11 @@ class SlurmClient:
 
     # ------------------------------------------------------------------ jobs
 
-    def submit(self, script: str, *, pool: str) -> str:
-        """sbatch ``script`` (its ``#SBATCH`` lines place it); returns the job id. A request the
-        cluster refuses (partition, account, qos, GRES) is a user error naming ``pool``."""
-        res = self._run(["sbatch", "--parsable", script], check=False)
+    def submit(self, script: str, *, pool: str, output: str) -> str:
+        """sbatch ``script`` (its ``#SBATCH`` lines place it), its log to ``output``; returns
+        the job id. A request the cluster refuses (partition, account, qos, GRES) is a user
+        error naming ``pool``."""
+        res = self._run(["sbatch", "--parsable", f"--output={output}", script], check=False)
         if res.returncode:
             raise refusal(pool, res.stderr)
         return res.stdout.strip().split(";")[0]

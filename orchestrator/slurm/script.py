@@ -25,13 +25,12 @@ def job_name(trial_id: str, grid_dir: str | Path) -> str:
     return f"ablate-{trial_id}-{where}"
 
 
-def sbatch_options(pool: PoolSpec, *, name: str, output: str | None = None) -> list[str]:
+def sbatch_options(pool: PoolSpec, *, name: str) -> list[str]:
     """The sbatch options that place one trial of ``pool``: its ``slurm:`` block, its node
-    count and, for a GPU pool without a ``gres``, one GPU per rank."""
+    count and, for a GPU pool without a ``gres``, its GPUs per node. (The job's log path goes
+    on sbatch's command line: a path with a space would not survive an ``#SBATCH`` line.)"""
     s = pool.slurm
     opts = [f"--job-name={name}", f"--nodes={pool.nodes}", "--ntasks-per-node=1"]
-    if output:
-        opts.append(f"--output={output}")
     if s is not None:
         for key, value in (("partition", s.partition), ("constraint", s.constraint),
                            ("gres", s.gres), ("account", s.account), ("qos", s.qos),

@@ -75,7 +75,8 @@ def main(argv: list[str]) -> int:
     spec = json.loads((job_dir / JOB).read_text())
     events = EventWriter(job_dir)
     restarts = int(os.environ.get("SLURM_RESTART_COUNT", "0") or 0)
-    events.write("start", job=os.environ.get("SLURM_JOB_ID"), node=socket.gethostname(),
+    events.write("start", job=os.environ.get("SLURM_JOB_ID"),
+                 node=os.environ.get("SLURMD_NODENAME") or socket.gethostname(),
                  restarts=restarts)
     if restarts:
         return 0  # see the module docstring: the orchestrator runs the retry

@@ -124,8 +124,17 @@ class Cluster:
         return res.stdout
 
     def set_node(self, node: str, state: str, reason: str = "test") -> None:
+        """``scontrol update nodename=NODE state=STATE``. ``resume`` of a node that is up
+        already (``ReturnToService=2`` brings a DOWN node back when its slurmd registers) is
+        not an error."""
         argv = ["scontrol", "update", f"nodename={node}", f"state={state}"]
-        self.run(argv + ([f"reason={reason}"] if state.lower() in ("down", "drain") else []))
+        if state.lower() in ("down", "drain"):
+            argv.append(f"reason={reason}")
+        res = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True,
+                             text=True, timeout=30)
+        if res.returncode and not (state.lower() == "resume"
+                                   and "Invalid node state" in res.stderr):
+            raise RuntimeError(f"{argv}: {res.stderr.strip()}")
 
     def stop(self, timeout: float = 20.0) -> None:
         """SIGTERM each daemon by pid (slurmd first), then SIGKILL what is left."""

@@ -1,0 +1,188 @@
+"""Trials as Slurm jobs on a real (single-machine) Slurm cluster: placement by partition and
+features, verdicts in MLflow, a node set down and a requeue retried from the last checkpoint,
+``ablate cancel``, and a SIGKILLed submission taken over by the next one.
+
+Each test is one submission of a small grid (sim trials of a few seconds), sharing the session's
+cluster (``conftest.slurm_cluster``).
+"""
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import pytest
+from slurmgrids import job_ids, write_grid
+
+import cliproc
+from orchestrator.metrics import TRAIN_REWARD
+from trialrecords import mlflow_steps, trials
+
+pytestmark = pytest.mark.slow
+
+METRIC = TRAIN_REWARD
+
+
+def _env(root: Path, cluster) -> dict[str, str]:  # noqa: ANN001 - tests/slurm/cluster.Cluster
+    with cliproc.ablate_env(root, cluster.env) as env:
+        return env
+
+
+def _wait(cond: Callable[[], object], timeout: float = 120.0, what: str = "") -> object:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        got = cond()
+        if got:
+            return got
+        time.sleep(0.3)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+def _committed(grid_dir: Path, trial: str) -> int:
+    try:
+        return trials(grid_dir)[trial]["state"].committed_step
+    except (KeyError, OSError, ValueError):
+        return 0
+
+
+def _tracking(root: Path) -> str:
+    return f"sqlite:///{root / '.ablate' / 'mlflow.db'}"
+
+
+def _check_steps_once(root: Path, grid_dir: Path, steps: int) -> None:
+    """metrics.jsonl and MLflow hold every step of every trial exactly once."""
+    for tid, t in trials(grid_dir).items():
+        assert t["steps"] == list(range(1, steps + 1)), tid
+        assert mlflow_steps(_tracking(root), t["state"].mlflow_run_id, METRIC) == t["steps"], tid
+
+
+def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+    grid = write_grid(tmp_path, "slurm-two", steps=6, pools=["slurm-h100", "slurm-a100"],
+                      seeds=[0], every=2)
+    env = _env(tmp_path, slurm_cluster)
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    grid_dir = tmp_path / ".ablate" / "slurm-two"
+    got = trials(grid_dir)
+    assert {t["state"].state.value for t in got.values()} == {"done"}
+    from mlflow.tracking import MlflowClient
+
+    client = MlflowClient(_tracking(tmp_path))
+    for tid, t in got.items():
+        (job,) = job_ids(t["paths"].root)
+        shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
+        node = {"slurm-h100": "n1", "slurm-a100": "n2"}[t["spec"]["pool"]]
+        assert f"NodeList={node} " in shown and "JobState=COMPLETED" in shown, shown
+        run = client.get_run(t["state"].mlflow_run_id)
+        assert run.data.tags["verdict"] == "healthy", tid
+        assert run.data.tags["slurm.job_id"] == job and run.data.tags["slurm.node"] == node
+    _check_steps_once(tmp_path, grid_dir, 6)
+
+
+def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+    """A node set DOWN under one trial's job (Slurm requeues it) and an `scontrol requeue` of
+    the other's: each is an infra failure, retried as a new job from the last checkpoint."""
+    steps = 60
+    grid = write_grid(tmp_path, "slurm-faults", steps=steps, pools=["slurm-h100", "slurm-a100"],
+                      seeds=[0], every=5)
+    env = _env(tmp_path, slurm_cluster)
+    grid_dir = tmp_path / ".ablate" / "slurm-faults"
+    proc = cliproc.start(["submit", str(grid)], env, tmp_path)
+    try:
+        ids = _wait(lambda: len(trials(grid_dir)) == 2 and trials(grid_dir), what="both trials")
+        by_pool = {t["spec"]["pool"]: tid for tid, t in ids.items()}
+        down, requeued = by_pool["slurm-h100"], by_pool["slurm-a100"]
+        _wait(lambda: _committed(grid_dir, down) >= 10 and _committed(grid_dir, requeued) >= 10,
+              what="a checkpoint of both trials")
+        slurm_cluster.set_node("n1", "down", "test: node lost")
+        job = job_ids(trials(grid_dir)[requeued]["paths"].root)[0]
+        slurm_cluster.run(["scontrol", "requeue", job])
+        # The orchestrator cancels the requeued jobs and submits new ones; n1 comes back.
+        _wait(lambda: len(job_ids(trials(grid_dir)[down]["paths"].root)) == 2, what="a new job")
+        slurm_cluster.set_node("n1", "resume")
+        assert proc.wait(timeout=300) == 0, (tmp_path / "ablate.log").read_text()
+    finally:
+        cliproc.stop(proc)
+        slurm_cluster.set_node("n1", "resume")
+    for tid, t in trials(grid_dir).items():
+        first, second = t["attempts"]
+        assert first.outcome == "infra_failure" and "requeued" in (first.reason or ""), first
+        assert 10 <= second.resumed_from_step < steps and second.resumed_from_step % 5 == 0, second
+        assert second.start_step == second.resumed_from_step + 1
+        assert t["state"].state.value == "done", tid
+    _check_steps_once(tmp_path, grid_dir, steps)
+
+
+def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+    grid = write_grid(tmp_path, "slurm-cancel", steps=400, pools=["slurm-a100"], seeds=[0],
+                      every=50)
+    env = _env(tmp_path, slurm_cluster)
+    grid_dir = tmp_path / ".ablate" / "slurm-cancel"
+    proc = cliproc.start(["submit", str(grid)], env, tmp_path)
+    try:
+        got = _wait(lambda: trials(grid_dir) and all(job_ids(t["paths"].root) and t["steps"]
+                                                     for t in trials(grid_dir).values())
+                    and trials(grid_dir), what="a running job")
+        (tid,) = got
+        res = cliproc.run(["cancel", str(grid), "--trial", tid], env, tmp_path)
+        assert res.returncode == 0, res.stderr
+        assert proc.wait(timeout=120) == 0
+    finally:
+        cliproc.stop(proc)
+    t = trials(grid_dir)[tid]
+    assert t["state"].state.value == "cancelled"
+    (job,) = job_ids(t["paths"].root)
+    _wait(lambda: "JobState=CANCELLED" in slurm_cluster.run(["scontrol", "-o", "show", "job", job]),
+          timeout=30, what="the job cancelled")
+    assert t["steps"][-1] < 400
+
+
+def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+    """SIGKILL the submission while its job runs: the job runs on; the next submission cancels
+    it before it submits the trial's next attempt (from the last checkpoint), so the trial never
+    runs twice at once and every step is recorded once."""
+    steps = 60
+    grid = write_grid(tmp_path, "slurm-kill", steps=steps, pools=["slurm-h100"], seeds=[0],
+                      every=5)
+    env = _env(tmp_path, slurm_cluster)
+    grid_dir = tmp_path / ".ablate" / "slurm-kill"
+    proc = cliproc.start(["submit", str(grid)], env, tmp_path)
+    try:
+        (tid,) = _wait(lambda: trials(grid_dir), what="the trial")
+        _wait(lambda: _committed(grid_dir, tid) >= 10, what="a checkpoint")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
+    finally:
+        cliproc.stop(proc)
+    (first_job,) = job_ids(trials(grid_dir)[tid]["paths"].root)
+    assert "JobState=RUNNING" in slurm_cluster.run(["scontrol", "-o", "show", "job", first_job])
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    shown = slurm_cluster.run(["scontrol", "-o", "show", "job", first_job])
+    assert "JobState=CANCELLED" in shown, shown
+    t = trials(grid_dir)[tid]
+    assert t["state"].state.value == "done"
+    assert len(job_ids(t["paths"].root)) == 2
+    _check_steps_once(tmp_path, grid_dir, steps)
+
+
+def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+    bad = ("  slurm-nope:\n    kind: sim\n    accelerator: x\n    sim_profile: {dtype: bf16}\n"
+           "    slurm: {partition: nope}\n"
+           "  slurm-nogres:\n    kind: sim\n    accelerator: x\n    sim_profile: {dtype: bf16}\n"
+           "    slurm: {partition: pa, gres: 'gpu:a100:1'}\n")
+    env = _env(tmp_path, slurm_cluster)
+    for pool, words in (("slurm-nope", ["slurm.partition 'nope'", "pa, pb"]),
+                        ("slurm-nogres", ["slurm.gres", "sinfo"])):
+        grid = write_grid(tmp_path, f"bad-{pool}", steps=2, pools=[pool], seeds=[0], every=1,
+                          extra_pools=bad)
+        for cmd in (["plan", str(grid)], ["submit", str(grid)]):
+            res = cliproc.run(cmd, env, tmp_path, timeout=120)
+            lines = res.stderr.strip().splitlines()
+            assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+            assert pool in lines[0] and all(w in lines[0] for w in words), lines[0]
+        assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
+    assert threading.active_count() >= 1
