@@ -29,7 +29,12 @@ from orchestrator.backends.sim import SimBackend
 from orchestrator.backends.verl import VerlBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.exceptions import BackendUnavailableError, CheckpointError, InfraFailure, UserError
+from orchestrator.exceptions import (
+    BackendUnavailableError,
+    CheckpointError,
+    InfraFailure,
+    UserError,
+)
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.events import EventReader

@@ -79,6 +79,7 @@ class SlurmClient:
     def _run(self, argv: Sequence[str], *, check: bool = True) -> subprocess.CompletedProcess:
         try:
             res = subprocess.run(list(argv), capture_output=True, text=True, timeout=self.timeout,
+                                 check=False,
                                  env=os.environ.copy(), stdin=subprocess.DEVNULL)
         except FileNotFoundError:
             raise BackendUnavailableError(f"slurm: {argv[0]} not found; {INSTALL}") from None

@@ -117,7 +117,7 @@ class Cluster:
         self.pids[label] = proc.pid
 
     def run(self, argv: list[str], *, check: bool = True) -> str:
-        res = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True,
+        res = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, check=False,
                              text=True, timeout=30)
         if check and res.returncode:
             raise RuntimeError(f"{argv}: {res.stderr.strip()}")
@@ -130,7 +130,7 @@ class Cluster:
         argv = ["scontrol", "update", f"nodename={node}", f"state={state}"]
         if state.lower() in ("down", "drain"):
             argv.append(f"reason={reason}")
-        res = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True,
+        res = subprocess.run(argv, env={**os.environ, **self.env}, capture_output=True, check=False,
                              text=True, timeout=30)
         if res.returncode and not (state.lower() == "resume"
                                    and "Invalid node state" in res.stderr):

@@ -13,7 +13,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cluster, slurmgrids
 
-import cluster  # noqa: E402
+import cluster
 
 
 @pytest.fixture(scope="session")

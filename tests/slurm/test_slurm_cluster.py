@@ -9,24 +9,23 @@ from __future__ import annotations
 
 import os
 import signal
-import threading
 import time
 from collections.abc import Callable
 from pathlib import Path
 
+import cliproc
 import pytest
 from slurmgrids import job_ids, write_grid
-
-import cliproc
-from orchestrator.metrics import TRAIN_REWARD
 from trialrecords import mlflow_steps, trials
+
+from orchestrator.metrics import TRAIN_REWARD
 
 pytestmark = pytest.mark.slow
 
 METRIC = TRAIN_REWARD
 
 
-def _env(root: Path, cluster) -> dict[str, str]:  # noqa: ANN001 - tests/slurm/cluster.Cluster
+def _env(root: Path, cluster) -> dict[str, str]:
     with cliproc.ablate_env(root, cluster.env) as env:
         return env
 
@@ -59,7 +58,7 @@ def _check_steps_once(root: Path, grid_dir: Path, steps: int) -> None:
         assert mlflow_steps(_tracking(root), t["state"].mlflow_run_id, METRIC) == t["steps"], tid
 
 
-def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:
     grid = write_grid(tmp_path, "slurm-two", steps=6, pools=["slurm-h100", "slurm-a100"],
                       seeds=[0], every=2)
     env = _env(tmp_path, slurm_cluster)
@@ -82,7 +81,7 @@ def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:  # noq
     _check_steps_once(tmp_path, grid_dir, 6)
 
 
-def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_cluster) -> None:
     """A node set DOWN under one trial's job (Slurm requeues it) and an `scontrol requeue` of
     the other's: each is an infra failure, retried as a new job from the last checkpoint."""
     steps = 60
@@ -116,7 +115,7 @@ def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_clus
     _check_steps_once(tmp_path, grid_dir, steps)
 
 
-def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:
     grid = write_grid(tmp_path, "slurm-cancel", steps=400, pools=["slurm-a100"], seeds=[0],
                       every=50)
     env = _env(tmp_path, slurm_cluster)
@@ -140,7 +139,7 @@ def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN0
     assert t["steps"][-1] < 400
 
 
-def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_cluster) -> None:
     """SIGKILL the submission while its job runs: the job runs on; the next submission cancels
     it before it submits the trial's next attempt (from the last checkpoint), so the trial never
     runs twice at once and every step is recorded once."""
@@ -169,7 +168,7 @@ def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_clu
     _check_steps_once(tmp_path, grid_dir, steps)
 
 
-def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluster) -> None:  # noqa: ANN001
+def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluster) -> None:
     bad = ("  slurm-nope:\n    kind: sim\n    accelerator: x\n    sim_profile: {dtype: bf16}\n"
            "    slurm: {partition: nope}\n"
            "  slurm-nogres:\n    kind: sim\n    accelerator: x\n    sim_profile: {dtype: bf16}\n"
@@ -185,4 +184,3 @@ def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluste
             assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
             assert pool in lines[0] and all(w in lines[0] for w in words), lines[0]
         assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
-    assert threading.active_count() >= 1
