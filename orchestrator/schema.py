@@ -210,6 +210,8 @@ class CompareDecl(Strict):
 
 class RetrySpec(Strict):
     max: StrictInt = Field(2, ge=0, le=100)
+    # Preemptions a trial survives on top of `max` (a busy cluster reclaims nodes often).
+    preemptions: StrictInt = Field(20, ge=0, le=10_000)
 
 
 class CheckpointSpec(Strict):

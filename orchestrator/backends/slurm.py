@@ -33,6 +33,7 @@ from orchestrator.exceptions import (
     BackendUnavailableError,
     CheckpointError,
     InfraFailure,
+    Preempted,
     UserError,
 )
 from orchestrator.pools import PoolSpec
@@ -168,9 +169,9 @@ class _Follow:
                 if self.end is not None:
                     return self._ended()
                 what = state.describe() if state else "unknown to squeue, scontrol and sacct"
-                kind = "preempted" if state and state.state in sc.PREEMPTION else "infra_failure"
-                raise InfraFailure(f"{kind}: Slurm job {self.job_id} ended after step "
-                                   f"{self.last}: {what}{self._log_tail()}")
+                error = (Preempted if state and state.state in sc.PREEMPTION else InfraFailure)
+                raise error(f"infra_failure: Slurm job {self.job_id} ended after step "
+                            f"{self.last}: {what}{self._log_tail()}")
             reason = self.ctx.should_stop()
             if reason:
                 (self.job_dir / STOP).touch()

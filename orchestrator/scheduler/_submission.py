@@ -294,7 +294,8 @@ class Submission:
         return GridContext(str(self.grid_dir), dict(grid.recipe_config), pools,
                            grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
                            self.tracking_uri, self.submission,
-                           {grid.backend: _REGISTRY[grid.backend]}, objective)
+                           {grid.backend: _REGISTRY[grid.backend]}, objective,
+                           grid.spec.retries.preemptions)
 
     def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],
              budget: int, name: str) -> Any:

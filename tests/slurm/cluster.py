@@ -3,7 +3,8 @@
 started and stopped by pid.
 
 Node ``n1`` is partition ``pa`` with feature ``fa`` and a typed GRES ``gpu:h100:1``; node ``n2``
-is partition ``pb`` with feature ``fb`` and ``gpu:a100:1``. The GPUs are empty placeholder files
+is partition ``pb`` with feature ``fb`` and ``gpu:a100:1``, and also partition ``urgent``,
+whose jobs preempt (cancel) the jobs of ``pb`` in their way. The GPUs are empty placeholder files
 (``gres.conf`` ``File=``): Slurm schedules them, nothing computes on them. ``auth/none`` and
 ``cred/none`` (both built into Debian's 22.05) replace munge, so no third daemon runs.
 ``JobCompType=jobcomp/filetxt`` records finished jobs without a database; there is no
@@ -76,6 +77,8 @@ class Cluster:
             # Finished jobs stay visible to `scontrol show job` for 10 minutes (no accounting).
             "MinJobAge=600", "KillWait=2", "SlurmdTimeout=30", "InactiveLimit=0",
             "MessageTimeout=10", "SlurmdParameters=config_overrides",
+            # A job in partition `urgent` (n2) cancels lower-tier jobs in its way (PREEMPTED).
+            "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
         ]
         gres = []
         for (name, (part, feature, gpu)), port in zip(NODES.items(), node_ports, strict=True):
@@ -86,8 +89,10 @@ class Cluster:
                          "State=UNKNOWN")
             gres.append(f"NodeName={name} Name=gpu Type={gpu} File={dev}")
         for name, (part, _, _) in NODES.items():
-            lines.append(f"PartitionName={part} Nodes={name} MaxTime=INFINITE State=UP"
-                         + (" Default=YES" if name == "n1" else ""))
+            lines.append(f"PartitionName={part} Nodes={name} MaxTime=INFINITE State=UP "
+                         "PriorityTier=1" + (" Default=YES" if name == "n1" else ""))
+        lines.append("PartitionName=urgent Nodes=n2 MaxTime=INFINITE State=UP PriorityTier=10 "
+                     "PreemptMode=OFF")
         self.conf.write_text("\n".join(lines) + "\n")
         (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
 

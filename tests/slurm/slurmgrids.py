@@ -21,13 +21,13 @@ POOLS = """pools:
 
 
 def write_grid(root: Path, name: str, *, steps: int, pools: list[str], seeds: list[int],
-               every: int, extra_pools: str = "") -> Path:
+               every: int, extra_pools: str = "", extra: str = "") -> Path:
     (root / "pools.yaml").write_text(POOLS + extra_pools)
     path = root / f"{name}.yaml"
     path.write_text(f"name: {name}\nrecipe: sim/grpo_tiny\nbackend: slurm\n"
                     f"pool_catalog: pools.yaml\nsteps: {steps}\nseeds: {seeds}\n"
                     f"axes:\n  pool: {pools}\ncheckpoint: {{every: {every}}}\n"
-                    "budget: {max_parallel: 2}\n")
+                    "budget: {max_parallel: 2}\n" + extra)
     return path
 
 

@@ -115,6 +115,30 @@ def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_clus
     _check_steps_once(tmp_path, grid_dir, steps)
 
 
+def test_preemption_does_not_use_up_retries(tmp_path: Path, slurm_cluster) -> None:
+    """A job of a higher-tier partition preempts the trial's job (PREEMPTED): the trial goes on
+    from its last checkpoint in a new job although `retries.max` is 0."""
+    steps = 60
+    grid = write_grid(tmp_path, "slurm-preempt", steps=steps, pools=["slurm-a100"], seeds=[0],
+                      every=5, extra="retries: {max: 0}\n")
+    env = _env(tmp_path, slurm_cluster)
+    grid_dir = tmp_path / ".ablate" / "slurm-preempt"
+    proc = cliproc.start(["submit", str(grid)], env, tmp_path)
+    try:
+        (tid,) = _wait(lambda: trials(grid_dir), what="the trial")
+        _wait(lambda: _committed(grid_dir, tid) >= 10, what="a checkpoint")
+        slurm_cluster.run(["sbatch", "-p", "urgent", "-c", "2", "-o", "/dev/null",
+                           "--wrap", "sleep 2"])
+        assert proc.wait(timeout=300) == 0, (tmp_path / "ablate.log").read_text()
+    finally:
+        cliproc.stop(proc)
+    t = trials(grid_dir)[tid]
+    first, second = t["attempts"]
+    assert "Preempted" in (first.reason or "") and "PREEMPTED" in first.reason, first
+    assert second.resumed_from_step >= 10 and t["state"].state.value == "done"
+    _check_steps_once(tmp_path, grid_dir, steps)
+
+
 def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:
     grid = write_grid(tmp_path, "slurm-cancel", steps=400, pools=["slurm-a100"], seeds=[0],
                       every=50)
