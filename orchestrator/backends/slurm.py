@@ -256,6 +256,10 @@ def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
         return (f"pool {pool.name}: no slurm: placement (partition, constraint or gres): its "
                 "trials could land on any node, and hardware is pinned; fix: add e.g. "
                 "slurm: {partition: gpu, gres: 'gpu:h100:8'} to the pool")
+    if pool.kind != "sim" and pool.nodes > 1:
+        return (f"pool {pool.name}: nodes {pool.nodes}: a verl trial in a Slurm job runs on "
+                "one node (Ray across the allocation's nodes is not built yet); fix: a 1-node "
+                "pool, or start Ray in your allocation and use `ablate submit --address`")
     if sc.missing_clients():
         return None if reachable_only else f"pool {pool.name}: no Slurm clients here"
     key = (pool.model_dump_json(), reachable_only)
@@ -272,7 +276,10 @@ def _ask_cluster(pool: PoolSpec, reachable_only: bool) -> str | None:
     try:
         facts = client.facts()
     except (sc.SlurmError, BackendUnavailableError) as exc:
-        return None if reachable_only else f"pool {pool.name}: Slurm is not reachable: {exc}"
+        detail = str(exc).removeprefix("infra_failure: ")
+        return None if reachable_only else (
+            f"pool {pool.name}: the Slurm cluster does not answer ({detail}); fix: point "
+            "SLURM_CONF at the cluster's slurm.conf and check that slurmctld is up (`sinfo`)")
     s = pool.slurm
     if s is not None and s.partition is not None and s.partition not in facts.partitions:
         return (f"pool {pool.name}: slurm.partition {s.partition!r}: the cluster has no such "

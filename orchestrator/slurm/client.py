@@ -158,10 +158,11 @@ def refusal(pool: str, stderr: str) -> UserError:
     low = text.lower()
     key, fix = "slurm", "check the pool's slurm: block against `sinfo` and `sacctmgr show assoc`"
     for word, k, f in (
-        ("partition", "partition", "name a partition `sinfo -s` lists"),
+        # account first: sbatch says "Invalid account or account/partition combination"
         ("account", "account", "name an account you belong to (`sacctmgr show assoc user=$USER`)"),
         ("qos", "qos", "name a QOS your association allows (`sacctmgr show assoc`)"),
         ("gres", "gres", "name a GRES a node of the partition has (`sinfo -o '%P %G'`)"),
+        ("partition", "partition", "name a partition `sinfo -s` lists"),
         ("node configuration is not available", "gres/constraint",
          "no node of the partition has the GRES and features asked for (`sinfo -o '%P %f %G'`)"),
         ("time limit", "time_limit", "ask for a time limit the partition allows (`sinfo -s`)"),

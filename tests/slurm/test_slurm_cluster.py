@@ -20,7 +20,7 @@ from trialrecords import mlflow_steps, trials
 
 from orchestrator.metrics import TRAIN_REWARD
 
-pytestmark = pytest.mark.slow
+pytestmark = [pytest.mark.slow, pytest.mark.slurm]
 
 METRIC = TRAIN_REWARD
 
