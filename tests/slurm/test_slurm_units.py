@@ -9,10 +9,10 @@ import subprocess
 import sys
 from pathlib import Path
 
+import cliproc
 import pytest
 from slurmgrids import write_grid
 
-import cliproc
 from orchestrator.exceptions import GridError
 from orchestrator.pools import PoolSpec, SlurmPlacement, load_catalog
 from orchestrator.slurm.client import refusal
@@ -60,11 +60,11 @@ def test_sbatch_options_of_a_gpu_pool() -> None:
 
 
 @pytest.mark.parametrize(("stderr", "key"), [
-    ("sbatch: error: Batch job submission failed: Invalid account or account/partition "
-     "combination specified", "slurm.account"),
+    (("sbatch: error: Batch job submission failed: Invalid account or account/partition "
+     "combination specified"), "slurm.account"),
     ("sbatch: error: Batch job submission failed: Invalid qos specification", "slurm.qos"),
-    ("sbatch: error: invalid partition specified: pz\nallocation failure: Invalid partition "
-     "name specified", "slurm.partition"),
+    (("sbatch: error: invalid partition specified: pz\nallocation failure: Invalid partition "
+     "name specified"), "slurm.partition"),
     ("allocation failure: Requested node configuration is not available", "slurm.gres/constraint"),
 ])
 def test_sbatch_refusal_names_pool_key_and_fix(stderr: str, key: str) -> None:
