@@ -208,3 +208,33 @@ def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluste
             assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
             assert pool in lines[0] and all(w in lines[0] for w in words), lines[0]
         assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
+
+
+def test_verl_cpu_trial_as_a_slurm_job(tmp_path: Path, slurm_cluster) -> None:
+    """A real verl job (the cpu-fp32 pool's, 2 steps) inside a Slurm job on partition pb: verl
+    starts its own Ray in the allocation; its metrics and checkpoint reach the trial's records
+    and MLflow through the job's events file."""
+    import yaml
+
+    from orchestrator.pools import load_catalog
+
+    body = load_catalog().pools["cpu-fp32"].model_dump(mode="json", exclude={"name"})
+    body["slurm"] = {"partition": "pb", "cpus_per_task": 2}
+    (tmp_path / "verl_pools.yaml").write_text(yaml.safe_dump({"pools": {"slurm-cpu": body}}))
+    grid = tmp_path / "slurm-verl.yaml"
+    grid.write_text("name: slurm-verl\nrecipe: verl/cpu_tiny\nbackend: slurm\n"
+                    "pool_catalog: verl_pools.yaml\nsteps: 2\nseeds: [0]\npool: slurm-cpu\n"
+                    "checkpoint: {every: 1, keep: 2}\n")
+    env = _env(tmp_path, slurm_cluster)
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=600)
+    assert res.returncode == 0, res.stdout + res.stderr
+    grid_dir = tmp_path / ".ablate" / "slurm-verl"
+    (t,) = trials(grid_dir).values()
+    assert t["state"].state.value == "done" and t["steps"] == [1, 2], t["state"]
+    (job,) = job_ids(t["paths"].root)
+    shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
+    assert "NodeList=n2 " in shown and "JobState=COMPLETED" in shown, shown
+    job_logs = t["paths"].root / "logs" / "slurm-attempt-1" / "logs"
+    assert (job_logs / "verl.attempt1.log").stat().st_size > 0
+    assert t["attempts"][0].environment["slurm.node"] == "n2"
+    _check_steps_once(tmp_path, grid_dir, 2)
