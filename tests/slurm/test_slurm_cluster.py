@@ -79,6 +79,17 @@ def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:
         assert run.data.tags["verdict"] == "healthy", tid
         assert run.data.tags["slurm.job_id"] == job and run.data.tags["slurm.node"] == node
     _check_steps_once(tmp_path, grid_dir, 6)
+    # `ablate resume --pool`: a new job on the other pool's partition, from the checkpoint.
+    (moved,) = [tid for tid, t in got.items() if t["spec"]["pool"] == "slurm-h100"]
+    res = cliproc.run(["resume", str(grid), "--trial", moved, "--pool", "slurm-a100",
+                       "--from", "4"], env, tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    t = trials(grid_dir)[moved]
+    first, second = t["attempts"]
+    assert (second.pool, second.resumed_from_step, second.end_step) == ("slurm-a100", 4, 6)
+    shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job_ids(t["paths"].root)[1]])
+    assert "NodeList=n2 " in shown and "Partition=pb " in shown, shown
+    _check_steps_once(tmp_path, grid_dir, 6)
 
 
 def test_node_down_and_requeue_resume_from_checkpoint(tmp_path: Path, slurm_cluster) -> None:
