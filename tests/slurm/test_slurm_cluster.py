@@ -85,7 +85,7 @@ def test_grid_over_two_partitions(tmp_path: Path, slurm_cluster) -> None:
                        "--from", "4"], env, tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     t = trials(grid_dir)[moved]
-    first, second = t["attempts"]
+    _, second = t["attempts"]
     assert (second.pool, second.resumed_from_step, second.end_step) == ("slurm-a100", 4, 6)
     shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job_ids(t["paths"].root)[1]])
     assert "NodeList=n2 " in shown and "Partition=pb " in shown, shown
