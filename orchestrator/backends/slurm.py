@@ -113,6 +113,9 @@ class SlurmBackend(Backend):
         job_dir.mkdir(parents=True)
         name = job_name(trial.trial_id, ctx.log_dir)
         _cancel_leftovers(client, name, self._sleep)
+        for old in Path(ctx.log_dir).glob("slurm-attempt-*"):  # copies a killed watch left
+            for sub in ("ckpt", "work"):
+                shutil.rmtree(old / sub, ignore_errors=True)
         spec = {"trial": trial.to_json(), "config": dict(config), "attempt": ctx.attempt,
                 "pool": ctx.pool.model_dump(mode="json"), "backend": list(inner_ref(ctx.pool)),
                 "checkpoint_every": ctx.checkpoint_every, "resume_step": ctx.resume_step,

@@ -192,7 +192,9 @@ def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_clu
     finally:
         cliproc.stop(proc)
     (first_job,) = job_ids(trials(grid_dir)[tid]["paths"].root)
-    assert "JobState=RUNNING" in slurm_cluster.run(["scontrol", "-o", "show", "job", first_job])
+    # Held where it is (SIGSTOP), so it cannot finish before the re-submission starts.
+    slurm_cluster.run(["scontrol", "suspend", first_job])
+    assert "JobState=SUSPENDED" in slurm_cluster.run(["scontrol", "-o", "show", "job", first_job])
     res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=300)
     assert res.returncode == 0, res.stdout + res.stderr
     shown = slurm_cluster.run(["scontrol", "-o", "show", "job", first_job])
