@@ -156,11 +156,16 @@ class _Follow:
         self.facts: dict[str, str] = {"slurm.job_id": job_id, "slurm.partition":
                                       (ctx.pool.slurm.partition or "") if ctx.pool.slurm else ""}
         self.end: dict[str, Any] | None = None
+        self._unknown_at: float | None = None
+        # How long a job may be unknown to squeue/scontrol/sacct before it counts as lost.
+        self.forget_s = 30.0
         ctx.describe_environment(self.facts)
 
     def run(self) -> AttemptResult:
         while True:
             state = self.client.state(self.job_id)
+            if state is not None:
+                self._unknown_at = None
             if state is not None and state.state != self.facts.get("slurm.state"):
                 # Where the job is (PENDING and why, RUNNING): attempts.json and MLflow tags.
                 self.facts["slurm.state"] = state.state
@@ -173,7 +178,9 @@ class _Follow:
                 raise InfraFailure(f"infra_failure: Slurm requeued job {self.job_id} after step "
                                    f"{self.last} ({state.describe()}); retried from the last "
                                    "checkpoint as a new job")
-            if state is None or state.finished:
+            if state is None and self._unknown_since(time.monotonic()) < self.forget_s:
+                pass  # a controller restarting, or a job that just ended and whose record lags
+            elif state is None or state.finished:
                 self._drain()
                 if self.end is not None:
                     return self._ended()
@@ -187,6 +194,12 @@ class _Follow:
                 self.client.cancel(self.job_id)
                 return AttemptResult(AttemptOutcome.STOPPED, self.last, reason)
             self.sleep(self.poll)
+
+    def _unknown_since(self, now: float) -> float:
+        """Seconds the job has been unknown to Slurm (0 when it was known at the last poll)."""
+        if self._unknown_at is None:
+            self._unknown_at = now
+        return now - self._unknown_at
 
     def _drain(self) -> None:
         for ev in self.events.poll():
