@@ -113,6 +113,12 @@ class Backend(abc.ABC):
         workers, and before an in-process trial imports anything heavy."""
         return {}
 
+    @classmethod
+    def abandon(cls, trial_id: str, log_dir: Path) -> None:
+        """Stop what this backend may have left running for a trial that no orchestrator runs
+        any more (``ablate cancel`` after a killed ``ablate submit``): e.g. its Slurm job. By
+        default a trial's work dies with the orchestrator's workers, so nothing."""
+
     @abc.abstractmethod
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""

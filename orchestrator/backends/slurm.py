@@ -104,6 +104,15 @@ class SlurmBackend(Backend):
             if problem:
                 raise UserError(f"{where}: {problem}")
 
+    @classmethod
+    def abandon(cls, trial_id: str, log_dir: Path) -> None:
+        """``scancel`` the trial's jobs still queued or running (a killed orchestrator's)."""
+        if sc.missing_clients():
+            return
+        client = sc.SlurmClient()
+        for job in client.jobs_named(job_name(trial_id, log_dir)):
+            client.cancel(job)
+
     # ------------------------------------------------------------------ one attempt
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:

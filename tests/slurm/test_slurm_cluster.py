@@ -47,6 +47,21 @@ def _committed(grid_dir: Path, trial: str) -> int:
         return 0
 
 
+def _unlocked(paths) -> bool:
+    """No process holds the trial's run lock (its watcher died with its orchestrator)."""
+    from filelock import Timeout
+
+    from orchestrator.store import records
+
+    lock = records.run_lock(paths)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        return False
+    lock.release()
+    return True
+
+
 def _tracking(root: Path) -> str:
     return f"sqlite:///{root / '.ablate' / 'mlflow.db'}"
 
@@ -151,27 +166,42 @@ def test_preemption_does_not_use_up_retries(tmp_path: Path, slurm_cluster) -> No
 
 
 def test_cancel_is_scancel(tmp_path: Path, slurm_cluster) -> None:
-    grid = write_grid(tmp_path, "slurm-cancel", steps=400, pools=["slurm-a100"], seeds=[0],
-                      every=50)
+    """`ablate cancel` of a trial the orchestrator runs, and of one whose orchestrator was
+    SIGKILLed: each trial ends cancelled and its job CANCELLED."""
+    grid = write_grid(tmp_path, "slurm-cancel", steps=2000, pools=["slurm-a100"], seeds=[0, 1],
+                      every=100)
     env = _env(tmp_path, slurm_cluster)
     grid_dir = tmp_path / ".ablate" / "slurm-cancel"
+
+    def running() -> dict:
+        got = trials(grid_dir)
+        return len(got) == 2 and all(job_ids(t["paths"].root) and t["steps"]
+                                     for t in got.values()) and got
+
     proc = cliproc.start(["submit", str(grid)], env, tmp_path)
     try:
-        got = _wait(lambda: trials(grid_dir) and all(job_ids(t["paths"].root) and t["steps"]
-                                                     for t in trials(grid_dir).values())
-                    and trials(grid_dir), what="a running job")
-        (tid,) = got
-        res = cliproc.run(["cancel", str(grid), "--trial", tid], env, tmp_path)
+        first, orphan = _wait(running, what="two running jobs")
+        res = cliproc.run(["cancel", str(grid), "--trial", first], env, tmp_path)
         assert res.returncode == 0, res.stderr
-        assert proc.wait(timeout=120) == 0
+        _wait(lambda: trials(grid_dir)[first]["state"].state.value == "cancelled", timeout=60,
+              what="the trial cancelled")
+        os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait(timeout=30)
     finally:
         cliproc.stop(proc)
-    t = trials(grid_dir)[tid]
-    assert t["state"].state.value == "cancelled"
-    (job,) = job_ids(t["paths"].root)
-    _wait(lambda: "JobState=CANCELLED" in slurm_cluster.run(["scontrol", "-o", "show", "job", job]),
-          timeout=30, what="the job cancelled")
-    assert t["steps"][-1] < 400
+    _wait(lambda: _unlocked(trials(grid_dir)[orphan]["paths"]), timeout=60,
+          what="the killed orchestrator's Ray worker gone")
+    (orphan_job,) = job_ids(trials(grid_dir)[orphan]["paths"].root)
+    assert "JobState=RUNNING" in slurm_cluster.run(["scontrol", "-o", "show", "job", orphan_job])
+    res = cliproc.run(["cancel", str(grid), "--trial", orphan], env, tmp_path)
+    assert res.returncode == 0, res.stderr
+    for tid in (first, orphan):
+        t = trials(grid_dir)[tid]
+        assert t["state"].state.value == "cancelled", tid
+        (job,) = job_ids(t["paths"].root)
+        _wait(lambda j=job: "JobState=CANCELLED" in slurm_cluster.run(
+            ["scontrol", "-o", "show", "job", j]), timeout=30, what=f"job {job} cancelled")
+        assert t["steps"][-1] < 2000
 
 
 def test_killed_submit_resubmitted_takes_over_its_jobs(tmp_path: Path, slurm_cluster) -> None:
