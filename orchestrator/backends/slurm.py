@@ -125,18 +125,7 @@ class SlurmBackend(Backend):
         for old in Path(ctx.log_dir).glob("slurm-attempt-*"):  # copies a killed watch left
             for sub in ("ckpt", "work"):
                 shutil.rmtree(old / sub, ignore_errors=True)
-        spec = {"trial": trial.to_json(), "config": dict(config), "attempt": ctx.attempt,
-                "pool": ctx.pool.model_dump(mode="json"), "backend": list(inner_ref(ctx.pool)),
-                "checkpoint_every": ctx.checkpoint_every, "resume_step": ctx.resume_step,
-                "resume_path": (str(ctx.checkpoint_path(ctx.resume_step))
-                                if ctx.resume_step else None)}
-        tmp = job_dir / (JOB + ".tmp")
-        tmp.write_text(json.dumps(spec, default=list))
-        os.replace(tmp, job_dir / JOB)
-        script = job_dir / "job.sbatch"
-        options = sbatch_options(ctx.pool, name=name)
-        env = {**base_env(), **_inner(ctx.pool).worker_env(config)}
-        script.write_text(job_script(options, worker_argv(job_dir), env=env, cwd=str(job_dir)))
+        script = _write_job(trial, config, ctx, job_dir, name)
         job_id = client.submit(str(script), pool=ctx.pool.name,
                                output=str(job_dir / "slurm-%j.out"))
         (job_dir / "job-id").write_text(job_id + "\n")
@@ -151,6 +140,24 @@ class SlurmBackend(Backend):
         finally:
             for sub in ("ckpt", "work"):  # the job's copies; events and logs stay as evidence
                 shutil.rmtree(job_dir / sub, ignore_errors=True)
+
+
+def _write_job(trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext, job_dir: Path,
+               name: str) -> Path:
+    """The attempt's ``job.json`` (all the job needs, as data) and its job script."""
+    spec = {"trial": trial.to_json(), "config": dict(config), "attempt": ctx.attempt,
+            "pool": ctx.pool.model_dump(mode="json"), "backend": list(inner_ref(ctx.pool)),
+            "checkpoint_every": ctx.checkpoint_every, "resume_step": ctx.resume_step,
+            "resume_path": (str(ctx.checkpoint_path(ctx.resume_step))
+                            if ctx.resume_step else None)}
+    tmp = job_dir / (JOB + ".tmp")
+    tmp.write_text(json.dumps(spec, default=list))
+    os.replace(tmp, job_dir / JOB)
+    script = job_dir / "job.sbatch"
+    env = {**base_env(), **_inner(ctx.pool).worker_env(config)}
+    script.write_text(job_script(sbatch_options(ctx.pool, name=name), worker_argv(job_dir),
+                                 env=env, cwd=str(job_dir)))
+    return script
 
 
 class _Follow:
