@@ -4,6 +4,7 @@ start (not root, Slurm not installed)."""
 from __future__ import annotations
 
 import os
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterator
@@ -29,6 +30,7 @@ def slurm_cluster() -> Iterator[cluster.Cluster]:
         yield c
     finally:
         c.stop()
+        shutil.rmtree(c.root, ignore_errors=True)
         if before is None:
             os.environ.pop("SLURM_CONF", None)
         else:
