@@ -142,7 +142,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="validate and expand a grid; print its trials (no side effects)")
     plan.add_argument("grid", help="grid file, e.g. grids/quickstart.yaml")
     plan.add_argument("--json", action="store_true", help='print {"trials": [...]} as JSON')
-    plan.add_argument("--backend", choices=["sim", "verl", "k8s"], help="override the grid's backend")
+    plan.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
     plan.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
     plan.add_argument("--limit", type=int, default=200, help="rows to print (0 = all)")
     plan.add_argument("--show-recipe", action="store_true",

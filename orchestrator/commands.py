@@ -43,6 +43,11 @@ def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
 
 def submit_body(args: argparse.Namespace) -> int:
     if args.dry_run:
+        if _backend_of(args) == "slurm":
+            from orchestrator.slurm.dryrun import dry_run as slurm_dry_run  # deferred, as below
+
+            return int(slurm_dry_run(args.grid, out_dir=args.out, force=args.force,
+                                     workdir=args.workdir) or 0)
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
@@ -70,6 +75,15 @@ def submit_body(args: argparse.Namespace) -> int:
         for line in end_report(summary):
             print(line)
     return 0
+
+
+def _backend_of(args: argparse.Namespace) -> str:
+    """The backend a submission would use: ``--backend``, else the grid file's."""
+    if args.backend:
+        return str(args.backend)
+    from orchestrator.grid import load_grid  # deferred: --help stays fast
+
+    return load_grid(args.grid).backend
 
 
 def _output_mode(args: argparse.Namespace, tty: bool) -> str:
@@ -171,7 +185,7 @@ def add_commands(sub: Any) -> None:
     table, one block per command in ``ablate --help`` order, with no logic to split out."""
     s = sub.add_parser("submit", help="run a grid unattended (resumes if it ran before)")
     s.add_argument("grid")
-    s.add_argument("--backend", choices=["sim", "verl", "k8s"], help="override the grid's backend")
+    s.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
     s.add_argument("--address", help="existing Ray cluster (default: $RAY_ADDRESS or a local one)")
     s.add_argument("--max-parallel", type=int, help="override budget.max_parallel")
     s.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
@@ -186,8 +200,8 @@ def add_commands(sub: Any) -> None:
                    help="no live progress table (on a terminal)")
     s.add_argument("--summary-every", type=float, default=30.0, metavar="SECONDS",
                    help="off a terminal: a summary line per pool this often (default 30)")
-    s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
-    s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
+    s.add_argument("--dry-run", action="store_true", help="k8s: write manifests; slurm: write job scripts; submit nothing")
+    s.add_argument("--out", help="--dry-run: directory for the manifests or job scripts")
     s.add_argument("--name", help="run the grid under this name instead of its `name:`")
     s.add_argument("--extend", action="store_true",
                    help="add this grid's trials to an existing grid of the same name that has "

@@ -105,6 +105,12 @@ class InfraFailure(OrchestratorError):
     """A process, node or store failed under a trial: retried from its last checkpoint."""
 
 
+class Preempted(InfraFailure):
+    """The cluster took the trial's resources for other work (a Slurm job PREEMPTED): retried
+    from the last checkpoint like any infra failure, but counted apart (``retries.preemptions``),
+    so preemption on a busy cluster does not use up ``retries.max``."""
+
+
 class DiskFullError(UserError):
     """The disk (or quota) under the workdir or the tracking store filled up: the submission
     stopped cleanly; freeing space and submitting again resumes every trial."""

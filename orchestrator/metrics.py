@@ -134,7 +134,7 @@ def reported(name: str, backend: str) -> bool:
         return False
     if name in vocabulary():
         return True
-    return backend in ("verl", "k8s") and name.startswith(VERL_NAMESPACES)
+    return backend in ("verl", "k8s", "slurm") and name.startswith(VERL_NAMESPACES)
 
 
 # Our name -> (Miles' name, slime's name) for the same quantity, for users comparing runs of

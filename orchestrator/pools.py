@@ -30,6 +30,37 @@ class Toleration(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+# What sbatch reads in an ``#SBATCH`` line: one token, no spaces, quotes or shell text.
+SLURM_TOKEN = r"^[A-Za-z0-9_.,:=+*/@%&|()\[\]!-]{1,200}$"
+SLURM_TIME = r"^(\d+|\d+:\d{2}(:\d{2})?|\d+-\d+(:\d{2}(:\d{2})?)?)$"
+
+
+class SlurmPlacement(BaseModel):
+    """Where a pool's trials run on a Slurm cluster (``backend: slurm``): the pool's hardware
+    as sbatch options. Each value becomes one ``#SBATCH --key=value`` line of the trial's job
+    script; ``extra`` holds further options verbatim (``--exclusive``, ``--mem=64G``)."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    partition: str | None = Field(None, pattern=SLURM_TOKEN)
+    constraint: str | None = Field(None, pattern=SLURM_TOKEN)  # node features, e.g. h100&ib
+    gres: str | None = Field(None, pattern=SLURM_TOKEN)  # per node, e.g. gpu:h100:8
+    account: str | None = Field(None, pattern=SLURM_TOKEN)
+    qos: str | None = Field(None, pattern=SLURM_TOKEN)
+    time_limit: str | None = Field(None, pattern=SLURM_TIME)  # minutes, H:MM:SS or D-HH:MM:SS
+    cpus_per_task: int | None = Field(None, ge=1, le=1024)
+    extra: tuple[str, ...] = ()
+
+    @field_validator("extra")
+    @classmethod
+    def _options(cls, value: tuple[str, ...]) -> tuple[str, ...]:
+        for opt in value:
+            if not re.fullmatch(r"--[a-z][a-z0-9-]*(=[^\s'\"`$;\\]{1,200})?", opt):
+                raise ValueError(f"extra option {opt!r} is not one '--name' or '--name=value' "
+                                 "token (no spaces, quotes or shell characters)")
+        return value
+
+
 class PoolSpec(BaseModel):
     """One hardware pool. ``kind: sim`` pools are numeric profiles of the CPU simulator;
     ``kind: cpu`` pools run real verl jobs on this machine's CPU (``gpus_per_node`` GPU-shaped
@@ -61,6 +92,8 @@ class PoolSpec(BaseModel):
     images: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
     cpus_per_node: int = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
+    # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.
+    slurm: SlurmPlacement | None = None
     # What running verl on this pool's hardware needs (kind: cpu): Hydra overrides (verl's own
     # dotted keys, "+" where verl's config lacks the key) and job environment (None: unset).
     # They replace recipe values of the same key; engine flags of the grid replace them.

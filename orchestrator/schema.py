@@ -25,7 +25,7 @@ from pydantic import (
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 RECIPE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(/[A-Za-z0-9_][A-Za-z0-9_-]*)*$"
 KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-BACKENDS = ("sim", "verl", "k8s")
+BACKENDS = ("sim", "verl", "k8s", "slurm")
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
 Value = Scalar | list[Scalar] | dict[StrictStr, Scalar]
@@ -210,6 +210,8 @@ class CompareDecl(Strict):
 
 class RetrySpec(Strict):
     max: StrictInt = Field(2, ge=0, le=100)
+    # Preemptions a trial survives on top of `max` (a busy cluster reclaims nodes often).
+    preemptions: StrictInt = Field(20, ge=0, le=10_000)
 
 
 class CheckpointSpec(Strict):
@@ -266,7 +268,7 @@ class GridFile(Strict):
     name: StrictStr = Field(pattern=NAME_PATTERN)
     description: StrictStr = ""
     recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
-    backend: Literal["sim", "verl", "k8s"] = "sim"
+    backend: Literal["sim", "verl", "k8s", "slurm"] = "sim"
     steps: StrictInt = Field(ge=1, le=10_000_000)
     seeds: Annotated[
         Annotated[SeedList, Tag("list")] | Annotated[SeedsSpec, Tag("adaptive")],

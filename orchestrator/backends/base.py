@@ -71,6 +71,9 @@ class Backend(abc.ABC):
     # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this backend runs on, its
     # main kind first. Grid validation and `ablate resume --pool` read it; nothing restates it.
     pool_kinds: ClassVar[tuple[str, ...]]
+    # True where a trial computes outside Ray (a Slurm job) and its Tune trial only watches:
+    # the embedded local Ray then hosts any pool's watchers, up to the pool's capacity.
+    computes_elsewhere: ClassVar[bool] = False
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
@@ -116,6 +119,12 @@ class Backend(abc.ABC):
         (None: unset), e.g. the simulator's pinned numerics. Applied before Ray starts its
         workers, and before an in-process trial imports anything heavy."""
         return {}
+
+    @classmethod
+    def abandon(cls, trial_id: str, log_dir: Path) -> None:
+        """Stop what this backend may have left running for a trial that no orchestrator runs
+        any more (``ablate cancel`` after a killed ``ablate submit``): e.g. its Slurm job. By
+        default a trial's work dies with the orchestrator's workers, so nothing."""
 
     @abc.abstractmethod
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:

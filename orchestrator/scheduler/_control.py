@@ -1,8 +1,9 @@
 """``ablate status`` and ``ablate cancel``: read and steer a grid from any process.
 
 Both work from the grid's files alone, so they answer whether or not an orchestrator runs the
-grid. Cancelling a trial nobody runs marks it CANCELLED at once (under its run lock); a running
-trial is asked to stop through ``cancel.json`` and its runner ends the attempt within a step.
+grid. Cancelling a trial nobody runs marks it CANCELLED at once (under its run lock) and has its
+backend stop what a killed orchestrator left behind (a Slurm job); a running trial is asked to
+stop through ``cancel.json`` and its runner ends the attempt within a step.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import os
 import sys
 from pathlib import Path
 
+from orchestrator.backends import backend_class
 from orchestrator.exceptions import UserError, did_you_mean, no_such_trial
 from orchestrator.grid import load_grid
 from orchestrator.scheduler._progress import collect, render
@@ -97,6 +99,8 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
             continue
         try:
             mark_cancelled(grid_dir, tid)
+            # Nobody runs it; a job its killed orchestrator submitted may still (Slurm).
+            backend_class(known[tid].backend).abandon(tid, TrialPaths(grid_dir, tid).root / "logs")
         finally:
             lock.release()
     return len(targets)

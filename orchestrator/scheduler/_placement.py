@@ -47,13 +47,15 @@ class Placement:
 
 def plan_placement(pools: Mapping[str, PoolSpec], *, embedded: bool,
                    cluster_resources: Mapping[str, float],
-                   node_labels: list[Mapping[str, str]], cpus: float = 1.0) -> dict[str, Placement]:
-    """Map each pool to Ray resources; pools nothing can host get a capacity of 0 and a reason."""
+                   node_labels: list[Mapping[str, str]], cpus: float = 1.0,
+                   elsewhere: bool = False) -> dict[str, Placement]:
+    """Map each pool to Ray resources; pools nothing can host get a capacity of 0 and a reason.
+    ``elsewhere``: trials compute outside Ray (Slurm), so any pool is plain capacity here."""
     out: dict[str, Placement] = {}
     for name, pool in pools.items():
         res_key = pool.ray_resource
         base = {"CPU": cpus}
-        if embedded and pool.kind == "gpu":
+        if embedded and pool.kind == "gpu" and not elsewhere:
             out[name] = Placement(name, base, None, 0,
                                   f"pool {name} is a GPU pool; the embedded local Ray has no GPUs: "
                                   f"pass --address of a cluster that has it")
@@ -90,7 +92,8 @@ def resource_fn(placements: Mapping[str, Placement]) -> Any:
 
 
 def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None,
-            worker_env: Mapping[str, str | None] | None = None) -> tuple[bool, bool]:
+            worker_env: Mapping[str, str | None] | None = None,
+            elsewhere: bool = False) -> tuple[bool, bool]:
     """Connect to Ray: (we started an embedded local cluster, we own the connection).
 
     ``worker_env`` (the backend's ``worker_env``) reaches every worker: an embedded node starts
@@ -110,7 +113,8 @@ def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | N
         ray.init(address=addr, log_to_driver=False, configure_logging=False,
                  runtime_env={"env_vars": values} if values else None)
         return False, True
-    capacity = {p.ray_resource: float(p.capacity) for p in pools.values() if p.kind in ("sim", "cpu")}
+    capacity = {p.ray_resource: float(p.capacity) for p in pools.values()
+                if p.kind in ("sim", "cpu") or elsewhere}
     temp_root = Path(ray_tmp) if ray_tmp else Path(os.environ.get("RAY_TMPDIR") or "/tmp") / "ray"
     reaped = reap_stale_sessions(temp_root)
     if reaped:

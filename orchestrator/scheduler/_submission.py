@@ -204,7 +204,8 @@ class Submission:
         self._prepare()
         pools = self._pools()
         worker_env = backend_class(self.grid.backend).worker_env(self.grid.base_config)
-        embedded, owned = connect(address, pools, self.ray_tmp, worker_env)
+        embedded, owned = connect(address, pools, self.ray_tmp, worker_env,
+                                  elsewhere=backend_class(self.grid.backend).computes_elsewhere)
         try:
             runnable = self._place(pools, embedded)
             gctx = self._context(pools)
@@ -278,7 +279,8 @@ class Submission:
         nodes = [n for n in ray.nodes() if n.get("Alive")]
         self.placements = plan_placement(pools, embedded=embedded,
                                          cluster_resources=ray.cluster_resources(),
-                                         node_labels=[n.get("Labels") or {} for n in nodes])
+                                         node_labels=[n.get("Labels") or {} for n in nodes],
+                                         elsewhere=backend_class(self.grid.backend).computes_elsewhere)
         runnable = park_unplaceable(self.grid_dir, self.todo, self.placements, self.routes)
         budget = self.grid.spec.budget
         self.limits = {p: min(pl.capacity, budget.per_pool.get(p, pl.capacity))
@@ -292,7 +294,8 @@ class Submission:
         return GridContext(str(self.grid_dir), dict(grid.recipe_config), pools,
                            grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
                            self.tracking_uri, self.submission,
-                           {grid.backend: _REGISTRY[grid.backend]}, objective)
+                           {grid.backend: _REGISTRY[grid.backend]}, objective,
+                           grid.spec.retries.preemptions)
 
     def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],
              budget: int, name: str) -> Any:

@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.exceptions import Preempted
 from orchestrator.pools import PoolSpec
 from orchestrator.recipes import apply_overrides
 from orchestrator.run import AttemptJob, run_attempt
@@ -41,6 +42,7 @@ class GridContext:
     submission: str
     backend_refs: Mapping[str, tuple[str, str]]
     objective: SearchObjective | None
+    preemptions: int = 20  # retries.preemptions: retried here, apart from Tune's retries.max
 
 
 _PASSED: set[str] = set()  # warm-up barriers this worker process has passed
@@ -62,6 +64,19 @@ def _warm_up(barrier: list[Any] | None, timeout: float = 20.0) -> None:
         time.sleep(0.05)
 
 
+def _attempts(job: AttemptJob, preemptions: int) -> dict[str, Any]:
+    """Attempts of ``job`` until one ends without preemption: a preempted attempt (recorded
+    as an infra failure) is followed by a new one from the last checkpoint, here rather than
+    by Tune, so it does not count against ``retries.max``; past ``preemptions`` the last
+    preemption goes to Tune like any infra failure."""
+    for _ in range(preemptions):
+        try:
+            return run_attempt(job)
+        except Preempted:
+            continue
+    return run_attempt(job)
+
+
 def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
     from ray import tune  # deferred: the driver imports this module for `ablate status` too
 
@@ -74,7 +89,7 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
                      tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
                      backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True)
     try:
-        result = run_attempt(job)
+        result = _attempts(job, gctx.preemptions)
     except OSError as exc:
         if exc.errno not in DISK_FULL:
             raise

@@ -1,0 +1,10 @@
+"""The Slurm side of ``backend: slurm``: each attempt of a trial is one batch job.
+
+``script`` turns a pool's ``slurm:`` block and the in-job command into sbatch options and a job
+script (argument lists, each word ``shlex.quote``d); ``client`` calls sbatch, squeue, scontrol,
+sacct, scancel and sinfo; ``events`` is the file protocol between the job and the orchestrator;
+``worker`` is what the job runs; ``dryrun`` writes every job script of a grid.
+
+The cluster and this machine share a filesystem: the job runs the same Python
+(``sys.executable``) from the same checkout and writes under the orchestrator's workdir.
+"""

@@ -1,0 +1,60 @@
+"""Plan- and submit-time checks of a pool's ``slurm:`` block: the hardware pin (a gpu or cpu
+pool needs a partition, constraint or GRES), what the backend can launch (one node), and, when
+the cluster answers, its partitions (``sinfo``) and the whole request (``sbatch --test-only``).
+Each problem is one line naming the pool, the key and the fix."""
+from __future__ import annotations
+
+import tempfile
+
+from orchestrator.exceptions import BackendUnavailableError, UserError
+from orchestrator.pools import PoolSpec
+from orchestrator.slurm import client as sc
+from orchestrator.slurm.script import sbatch_options
+
+
+def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
+    """Why ``pool``'s ``slurm:`` block cannot place a trial: one line naming the key and the
+    fix, or None. Checked against the cluster when its clients answer (``reachable_only``:
+    skip the cluster when they do not, as ``ablate plan`` on a laptop)."""
+    s = pool.slurm
+    if pool.kind != "sim" and (s is None or (s.gres is None and s.constraint is None
+                                             and s.partition is None)):
+        return (f"pool {pool.name}: no slurm: placement (partition, constraint or gres): its "
+                "trials could land on any node, and hardware is pinned; fix: add e.g. "
+                "slurm: {partition: gpu, gres: 'gpu:h100:8'} to the pool")
+    if pool.kind != "sim" and pool.nodes > 1:
+        return (f"pool {pool.name}: nodes {pool.nodes}: a verl trial in a Slurm job runs on "
+                "one node (Ray across the allocation's nodes is not built yet); fix: a 1-node "
+                "pool, or start Ray in your allocation and use `ablate submit --address`")
+    if sc.missing_clients():
+        return None if reachable_only else f"pool {pool.name}: no Slurm clients here"
+    key = (pool.model_dump_json(), reachable_only)
+    if key not in _CHECKED:  # once per pool and process: plan checks every trial
+        _CHECKED[key] = _ask_cluster(pool, reachable_only)
+    return _CHECKED[key]
+
+
+_CHECKED: dict[tuple[str, bool], str | None] = {}
+
+
+def _ask_cluster(pool: PoolSpec, reachable_only: bool) -> str | None:
+    client = sc.SlurmClient(timeout=10.0)
+    try:
+        facts = client.facts()
+    except (sc.SlurmError, BackendUnavailableError) as exc:
+        detail = str(exc).removeprefix("infra_failure: ")
+        return None if reachable_only else (
+            f"pool {pool.name}: the Slurm cluster does not answer ({detail}); fix: point "
+            "SLURM_CONF at the cluster's slurm.conf and check that slurmctld is up (`sinfo`)")
+    s = pool.slurm
+    if s is not None and s.partition is not None and s.partition not in facts.partitions:
+        return (f"pool {pool.name}: slurm.partition {s.partition!r}: the cluster has no such "
+                f"partition (it has {', '.join(sorted(facts.partitions))}); fix: name one of them")
+    with tempfile.NamedTemporaryFile("w", suffix=".sh") as fh:
+        fh.write("#!/bin/bash\ntrue\n")
+        fh.flush()
+        try:
+            client.test_only(sbatch_options(pool, name="ablate-check"), fh.name, pool=pool.name)
+        except UserError as exc:
+            return str(exc)
+    return None

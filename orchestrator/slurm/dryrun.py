@@ -1,0 +1,48 @@
+"""``ablate submit GRID --backend slurm --dry-run --out DIR``: every trial's job script (its
+first attempt), for inspection; nothing is submitted and no cluster is asked.
+
+Layout: ``<out>/jobs/<trial_id>.sbatch`` and ``<out>/index.json``. A script's job directory is
+where ``ablate submit`` would put it under the workdir (``--workdir``/``ABLATE_WORKDIR``); its
+``job.json`` (the trial, its config and pool) is written there only by a real submission.
+"""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from orchestrator.backends.slurm import _inner, inner_ref
+from orchestrator.grid import expand, load_grid
+from orchestrator.slurm.script import base_env, job_name, job_script, sbatch_options, worker_argv
+from orchestrator.store import TrialPaths, workspace
+
+
+def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
+            workdir: str | None = None) -> int:
+    grid = load_grid(grid_path, backend="slurm", limit_trials=not force)
+    trials = expand(grid, force=force)
+    out = Path(out_dir or f"slurm-dry-run/{grid.name}")
+    jobs = out / "jobs"
+    jobs.mkdir(parents=True, exist_ok=True)
+    for stale in jobs.glob("t*.sbatch"):  # only files this function writes
+        stale.unlink()
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    index = []
+    for trial in trials:
+        pool = grid.pools.pools[trial.pool]
+        log_dir = TrialPaths(grid_dir, trial.trial_id).root / "logs"
+        job_dir = log_dir / "slurm-attempt-1"
+        options = sbatch_options(pool, name=job_name(trial.trial_id, log_dir))
+        env = {**base_env(), **_inner(pool).worker_env(grid.trial_config(trial))}
+        text = job_script(options, worker_argv(job_dir), env=env, cwd=str(job_dir))
+        (jobs / f"{trial.trial_id}.sbatch").write_text(text, encoding="utf-8")
+        index.append({"trial_id": trial.trial_id, "pool": trial.pool, "seed": trial.seed,
+                      "axes": dict(trial.axes), "file": f"jobs/{trial.trial_id}.sbatch",
+                      "runs": ".".join(inner_ref(pool)),
+                      "sbatch": ["sbatch", f"--output={job_dir}/slurm-%j.out",
+                                 f"jobs/{trial.trial_id}.sbatch"]})
+    (out / "index.json").write_text(json.dumps({"grid": grid.name, "trials": index}, indent=1),
+                                    encoding="utf-8")
+    pools = sorted({t.pool for t in trials})
+    print(f"wrote {len(index)} Slurm job script(s) for grid {grid.name!r} on pool(s) "
+          f"{', '.join(pools)} to {out}")
+    return 0

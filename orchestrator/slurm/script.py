@@ -1,0 +1,71 @@
+"""A trial's Slurm job: sbatch options from its pool's ``slurm:`` block and a job script that
+runs one argument list.
+
+Grid values never become shell text: the pool block's values are single tokens (checked by
+``pools.SlurmPlacement``) that sbatch itself parses from ``#SBATCH`` lines, and every word of
+the command and every environment value is ``shlex.quote``d.
+"""
+from __future__ import annotations
+
+import hashlib
+import shlex
+import sys
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+from orchestrator.pools import PoolSpec
+
+PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout the job imports from
+
+
+def job_name(trial_id: str, grid_dir: str | Path) -> str:
+    """One name per trial and workdir: ``squeue -n`` finds a trial's jobs after a restart, and
+    the same trial in another workdir is another job."""
+    where = hashlib.sha256(str(Path(grid_dir).resolve()).encode()).hexdigest()[:6]
+    return f"ablate-{trial_id}-{where}"
+
+
+def sbatch_options(pool: PoolSpec, *, name: str) -> list[str]:
+    """The sbatch options that place one trial of ``pool``: its ``slurm:`` block, its node
+    count and, for a GPU pool without a ``gres``, its GPUs per node. (The job's log path goes
+    on sbatch's command line: a path with a space would not survive an ``#SBATCH`` line.)"""
+    s = pool.slurm
+    opts = [f"--job-name={name}", f"--nodes={pool.nodes}", "--ntasks-per-node=1"]
+    if s is not None:
+        for key, value in (("partition", s.partition), ("constraint", s.constraint),
+                           ("gres", s.gres), ("account", s.account), ("qos", s.qos),
+                           ("time", s.time_limit), ("cpus-per-task", s.cpus_per_task)):
+            if value is not None:
+                opts.append(f"--{key}={value}")
+        opts.extend(s.extra)
+    if pool.kind == "gpu" and (s is None or s.gres is None) and pool.gpus_per_node:
+        opts.append(f"--gpus-per-node={pool.gpus_per_node}")
+    return opts
+
+
+def job_script(options: Sequence[str], argv: Sequence[str], *,
+               env: Mapping[str, str | None] | None = None, cwd: str | None = None) -> str:
+    """A bash job script: ``#SBATCH`` lines, the environment, then ``exec argv``."""
+    lines = ["#!/bin/bash", "# Written by ablate (orchestrator/slurm/script.py)."]
+    lines += [f"#SBATCH {opt}" for opt in options]
+    lines.append("set -euo pipefail")
+    for key, value in sorted((env or {}).items()):
+        lines.append(f"unset {key}" if value is None else f"export {key}={shlex.quote(value)}")
+    if cwd:
+        lines.append(f"cd {shlex.quote(cwd)}")
+    lines.append("exec " + shlex.join(argv))
+    return "\n".join(lines) + "\n"
+
+
+def worker_argv(job_dir: str | Path) -> list[str]:
+    """What the job runs: this Python, the in-job worker, the attempt's job directory."""
+    return [sys.executable, "-m", "orchestrator.slurm.worker", str(job_dir)]
+
+
+def base_env() -> dict[str, str | None]:
+    """The job finds this checkout first (shared filesystem) and no MLflow run of ours: the
+    orchestrator, not the job, writes the trial's MLflow run."""
+    import os
+
+    path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
+    return {"PYTHONPATH": path, "MLFLOW_RUN_ID": None, "PYTHONUNBUFFERED": "1"}
