@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.backends import backend_class
+from orchestrator.cliguard import guarded_streams, missing_package, refused_path
 from orchestrator.commands import add_commands
 from orchestrator.environment import collect
 from orchestrator.exceptions import UserError
@@ -162,6 +164,11 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with guarded_streams():  # a reader that leaves (`| head`) stops the output, not the command
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
         return int(args.func(args) or 0)
     except UserError as exc:
@@ -170,7 +177,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ModuleNotFoundError, importlib.metadata.PackageNotFoundError) as exc:
+        line = missing_package(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except OSError as exc:
+        line = refused_path(exc)
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return 2
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
         # The environment, not the program: a disk that filled up or turned read-only mid-way.
@@ -178,9 +195,6 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {where}{exc.strerror}; fix: free space (or pass --workdir on a writable "
               "disk with room) and run the command again: finished work is kept", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `ablate plan ... | head`: the reader left; not an error
-        sys.stderr.close()
-        return 0
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -28,6 +29,17 @@ def _from_step(text: str) -> str | int:
     return step
 
 
+def _seconds(text: str) -> float:
+    """A number of seconds that is a number: finite and > 0 (not nan, inf, 0 or -1)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not math.isfinite(value) or value <= 0:
+        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds > 0")
+    return value
+
+
 def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
     """The environment a command needs, checked before it does anything: the workdir (a
     directory, writable if the command writes) and the tracking store (a URI that can work)."""
@@ -45,14 +57,17 @@ def submit_body(args: argparse.Namespace) -> int:
     if args.dry_run:
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
+        if args.out is not None:
+            workspace.check_out_dir(args.out, "--out")
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+    if args.out is not None:  # not silently ignored: the grid would run for real
+        raise UserError(f"--out {args.out}: only for --dry-run (where the k8s manifests go); "
+                        "fix: add --dry-run, or leave --out out to run the grid")
     _preflight(args)
     from orchestrator.scheduler import EventPrinter, submit  # deferred: --help stays fast
 
     mode = _output_mode(args, sys.stdout.isatty())
     printer = EventPrinter(mode) if mode in EventPrinter.MODES else None
-    if args.summary_every <= 0:
-        raise UserError(f"--summary-every {args.summary_every}: must be > 0 seconds")
     summary = submit(
         args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
         workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
@@ -104,6 +119,8 @@ def cancel_body(args: argparse.Namespace) -> int:
 
 
 def compare_body(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        workspace.check_out_dir(args.out, "--out")
     _preflight(args)
     from orchestrator.compare import compare  # deferred: --help stays fast
 
@@ -130,7 +147,10 @@ def resume_body(args: argparse.Namespace) -> int:
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
         link = f" (derived from {r['parent']})" if r["derived"] else ""
         print(f"{r['trial_id']}{link}: resumed on {r['pool']} from step {r['from_step']} -> {kind}")
-    return 0
+    for tid, why in out.get("not_resumed", {}).items():
+        print(f"error: trial {tid} not resumed ({why}); it is as it was before, verdict kept",
+              file=sys.stderr)
+    return 2 if out.get("not_resumed") else 0
 
 
 def ui_body(args: argparse.Namespace) -> int:
@@ -184,7 +204,7 @@ def add_commands(sub: Any) -> None:
                      help="print only the final summary and failed trials")
     s.add_argument("--no-progress", action="store_true",
                    help="no live progress table (on a terminal)")
-    s.add_argument("--summary-every", type=float, default=30.0, metavar="SECONDS",
+    s.add_argument("--summary-every", type=_seconds, default=30.0, metavar="SECONDS",
                    help="off a terminal: a summary line per pool this often (default 30)")
     s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
     s.add_argument("--out", help="k8s --dry-run: directory for the manifests")
