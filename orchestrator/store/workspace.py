@@ -110,7 +110,7 @@ def check_out_dir(path: str | os.PathLike[str], flag: str) -> Path:
     """An output directory named by ``flag`` (``--out``), checked before anything runs: not
     empty, not a file or under one, creatable and writable. A one-line ``UserError``."""
     if not str(path).strip():
-        raise UserError(f"{flag} '': an empty path; fix: name a directory, or leave {flag} out "
+        raise UserError(f"{flag} '': an empty path; fix: give {flag} a directory, or leave it out "
                         "for the default")
     out = Path(path).expanduser().absolute()
     _check_path_length(out, flag, f"give {flag} a shorter path")
