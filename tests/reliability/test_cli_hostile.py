@@ -5,7 +5,6 @@ closed pipe, a real missing database driver; only the absence of an installed ex
 (``hidepkgs.py``)."""
 from __future__ import annotations
 
-import os
 import subprocess
 import sys
 import time
@@ -96,7 +95,7 @@ def test_tracking_stores_that_cannot_work_are_refused_before_ray_starts(
             f"sqlite:///{isolated}/mlflow.db" in err and "file:///DIR" not in err, err
         # a server that is down: one line at once (MLflow alone retried for minutes)
         err = _refused(capsys, [*argv, "--tracking-uri", CLOSED], within=15)
-        assert f"no MLflow server answers at 127.0.0.1:9 (Connection refused)" in err, err
+        assert "no MLflow server answers at 127.0.0.1:9 (Connection refused)" in err, err
     # a database server whose Python driver is not installed: named, password never shown
     err = _refused(capsys, ["submit", grid_file, "--tracking-uri",
                             "postgresql://me:hunter2@127.0.0.1:5/db"])
