@@ -44,7 +44,7 @@ def test_bad_output_directories_are_refused_before_anything_runs(
     afile = isolated / "afile"
     afile.write_text("x")
     cases = {
-        "": "--out '': an empty path",
+        "": "--out '': an empty value (it is not the default)",
         str(afile): f"--out {afile}: {afile} is a file, not a directory",
         f"{afile}/sub": f"--out {afile}/sub: {afile} (on the way to it) is not a directory",
         "/proc/ablate-out": "--out /proc/ablate-out: /proc is not writable",
@@ -54,6 +54,12 @@ def test_bad_output_directories_are_refused_before_anything_runs(
         err = _refused(capsys, ["compare", grid_file, "--out", out])
         assert err.startswith(f"error: {said[:80]}"), err
         assert "fix: give --out" in err, err
+    # the same for every option: '' would silently mean the default (another store, workdir, ...)
+    for argv in [["submit", grid_file, "--tracking-uri", ""], ["submit", grid_file, "--workdir", " "],
+                 ["submit", grid_file, "--address", ""], ["resume", grid_file, "--trial", "",
+                                                           "--pool", "sim-h100"]]:
+        flag = next(a for a in argv if a.startswith("--") and argv[argv.index(a) + 1].strip() == "")
+        assert _refused(capsys, argv).startswith(f"error: {flag} '': an empty value"), argv
     # submit: --out is only for --dry-run (the grid would run for real, the flag ignored)
     err = _refused(capsys, ["submit", grid_file, "--out", str(isolated / "manifests")])
     assert "only for --dry-run" in err and "fix: add --dry-run" in err, err
@@ -182,3 +188,30 @@ def test_plan_into_a_closed_pipe_is_no_error(tmp_path: Path) -> None:
         rc = proc.wait(timeout=120)
     assert "seed-study-4b" in head[0]
     assert rc == 0 and err == "", err[-2000:]
+
+
+@pytest.mark.slow
+def test_submit_into_a_closed_pipe_runs_the_grid_to_its_end(tmp_path: Path) -> None:
+    """`ablate submit GRID | head -1`: the reader leaves after one line; the orchestrator keeps
+    running every trial to its verdict (it was killed mid-run by a BrokenPipeError) and ends
+    with exit code 0, nothing on stderr but Ray's own notes."""
+    from rayclusters import write_grid
+
+    path = write_grid(tmp_path / "g.yaml", "piped", steps=12, pools=["sim-h100"], seeds=[0, 1],
+                      levels=["none", "token"], budget="{max_parallel: 2}")
+    with cliproc.ablate_env(tmp_path, {"ABLATE_DOUBLE_STEP_S": "0.1"}) as env:
+        proc = subprocess.Popen(cliproc.command(["submit", str(path)], double=True), env=env,
+                                cwd=tmp_path, text=True, stdout=subprocess.PIPE,
+                                stderr=subprocess.PIPE)
+        assert proc.stdout is not None and proc.stderr is not None
+        first = proc.stdout.readline()
+        proc.stdout.close()  # `head -1` is done
+        err = proc.stderr.read()
+        rc = proc.wait(timeout=600)
+        status = cliproc.run(["status", "piped", "--json"], env, tmp_path, timeout=120)
+    assert first.strip(), err[-2000:]
+    assert rc == 0 and "Traceback" not in err and "BrokenPipe" not in err, err[-3000:]
+    import json
+
+    states = [t["state"] for t in json.loads(status.stdout)["trials"]]
+    assert states == ["done"] * 4, status.stdout[-2000:]
