@@ -101,6 +101,9 @@ def check_address(address: str | None, timeout_s: float = 5.0) -> None:
         return
     flag = "--address" if address else "$RAY_ADDRESS"
     hostport = addr.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in hostport:  # user:password@ is never printed
+        hostport = hostport.rsplit("@", 1)[1]
+        addr = addr.split("://", 1)[0] + "://***@" + hostport if "://" in addr else "***@" + hostport
     host, _, port = hostport.rpartition(":")
     fix = ("fix: start the cluster (`ray start --head`) or check the address; leave --address "
            "out (and unset $RAY_ADDRESS) to run on a local Ray started for this command")

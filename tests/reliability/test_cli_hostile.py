@@ -130,6 +130,8 @@ def test_an_unreachable_ray_address_is_refused_within_seconds(
         assert err.startswith(f"error: --address {address}: no Ray cluster answers at {NO_RAY} "
                               "(Connection refused); fix: start the cluster"), err
     assert "not HOST:PORT" in _refused(capsys, ["submit", grid_file, "--address", "nowhere"])
+    err = _refused(capsys, ["submit", grid_file, "--address", f"ray://me:hunter2@{NO_RAY}"])
+    assert f"ray://***@{NO_RAY}" in err and "hunter2" not in err, err
     monkeypatch.setenv("RAY_ADDRESS", NO_RAY)
     assert "$RAY_ADDRESS" in _refused(capsys, ["submit", grid_file])
     assert not (isolated / ".ablate" / "hostile").exists()
