@@ -29,17 +29,6 @@ def _from_step(text: str) -> str | int:
     return step
 
 
-def _seconds(text: str) -> float:
-    """A number of seconds that is a number: finite and > 0 (not nan, inf, 0 or -1)."""
-    try:
-        value = float(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
-    if not math.isfinite(value) or value <= 0:
-        raise argparse.ArgumentTypeError(f"{text!r}: must be a finite number of seconds > 0")
-    return value
-
-
 def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
     """The environment a command needs, checked before it does anything: the workdir (a
     directory, writable if the command writes) and the tracking store (a URI that can work)."""
@@ -63,6 +52,10 @@ def submit_body(args: argparse.Namespace) -> int:
     if args.out is not None:  # not silently ignored: the grid would run for real
         raise UserError(f"--out {args.out}: only for --dry-run (where the k8s manifests go); "
                         "fix: add --dry-run, or leave --out out to run the grid")
+    every = args.summary_every
+    if not (math.isfinite(every) and every > 0):  # nan and inf parse as floats: no summary ever
+        raise UserError(f"--summary-every {every}: must be > 0 seconds"
+                        + ("" if math.isfinite(every) else ", a finite number"))
     _preflight(args)
     from orchestrator.scheduler import EventPrinter, submit  # deferred: --help stays fast
 
@@ -204,7 +197,7 @@ def add_commands(sub: Any) -> None:
                      help="print only the final summary and failed trials")
     s.add_argument("--no-progress", action="store_true",
                    help="no live progress table (on a terminal)")
-    s.add_argument("--summary-every", type=_seconds, default=30.0, metavar="SECONDS",
+    s.add_argument("--summary-every", type=float, default=30.0, metavar="SECONDS",
                    help="off a terminal: a summary line per pool this often (default 30)")
     s.add_argument("--dry-run", action="store_true", help="k8s: write manifests, submit nothing")
     s.add_argument("--out", help="k8s --dry-run: directory for the manifests")

@@ -77,15 +77,12 @@ def test_a_workdir_name_too_long_for_the_os_is_one_line_for_every_command(
         assert "has 300 bytes, over 255" in err and "shorter path" in err, (argv, err)
 
 
-@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1", "soon"])
+@pytest.mark.parametrize("value", ["nan", "inf", "-inf", "0", "-1"])
 def test_summary_every_must_be_a_finite_positive_number(
     grid_file: str, capsys: pytest.CaptureFixture[str], value: str
 ) -> None:
-    with pytest.raises(SystemExit) as exc:  # argparse: usage, then the one error line
-        main(["submit", grid_file, f"--summary-every={value}"])
-    assert exc.value.code == 2
-    last = capsys.readouterr().err.strip().splitlines()[-1]
-    assert last.startswith("ablate submit: error: argument --summary-every: ") and value in last
+    err = _refused(capsys, ["submit", grid_file, f"--summary-every={value}"])
+    assert err.startswith(f"error: --summary-every {float(value)}: must be > 0 seconds"), err
 
 
 def test_tracking_stores_that_cannot_work_are_refused_before_ray_starts(
