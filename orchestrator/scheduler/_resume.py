@@ -51,7 +51,7 @@ from orchestrator.scheduler._placement import check_address
 from orchestrator.scheduler._repair import missing_before, repair_metrics
 from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
 from orchestrator.scheduler._submission import run_trials, submission_id
-from orchestrator.store import GridLease, TrialPaths, records, workspace
+from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
 from orchestrator.tracking import check_store, parent_run
 from orchestrator.trial import TrialSpec, TrialState
 
@@ -146,7 +146,7 @@ def _restore_unstarted(grid_dir: Path, before: Mapping[str, tuple[records.TrialR
         if rec.state is not TrialState.PENDING or len(records.load_attempts(paths)) != attempts:
             continue  # an attempt started: the resume happened
         out[tid] = rec.pending_reason or rec.error or "its attempt never started"
-        records.save_state(paths, old)
+        atomic_write_json(paths.state, old.to_json())  # as it was, its time stamp included
     return out
 
 
