@@ -214,3 +214,38 @@ def test_submit_into_a_closed_pipe_runs_the_grid_to_its_end(tmp_path: Path) -> N
 
     states = [t["state"] for t in json.loads(status.stdout)["trials"]]
     assert states == ["done"] * 4, status.stdout[-2000:]
+
+
+def test_catalogue_and_set_values_are_refused_where_they_come_from(
+    isolated: Path, capsys: pytest.CaptureFixture[str]
+) -> None:
+    """A count is an integer (`capacity: true` was read as 1); a typo in a pool's sim_profile
+    is the catalogue's, at its line (was `<grid>:1: axes ... exclude this combination`); a
+    --set value a trial cannot run with is the flag's (was the grid's axes, "add an exclude:")."""
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.scheduler._rescue import _derive
+
+    catalog = isolated / "pools.yaml"
+    grid = isolated / "cg.yaml"
+    grid.write_text("name: cg\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 4\n"
+                    f"pool_catalog: {catalog}\npool: sim-x\n")
+    head = "pools:\n  sim-x:\n    kind: sim\n    accelerator: x\n"
+    for body, said in [
+        ("    capacity: true\n", f"{catalog}:5: pools.sim-x.capacity: Input should be a valid integer"),
+        ("    nodes: 1.0\n", f"{catalog}:5: pools.sim-x.nodes: Input should be a valid integer"),
+        ("    sim_profile: {rollout_dtyp: bf16}\n",
+         f"{catalog}:5: pools.sim-x: sim_profile.rollout_dtyp is not a simulator knob"),
+    ]:
+        catalog.write_text(head + body)
+        err = _refused(capsys, ["plan", str(grid)])
+        assert said in err and "axes" not in err and "exclude" not in err, err
+    good = isolated / "good-pools.yaml"  # another file: catalogues are cached by path
+    good.write_text(head)
+    grid.write_text(grid.read_text().replace(str(catalog), str(good)))
+    g = load_grid(grid)
+    (t,) = expand(g)
+    for sets, said in [({"train.lr": -1.0}, "--set train.lr=-1.0: trial "),
+                       ({"correction.is_bounds": [2.0, 0.5]}, "--set correction.is_bounds=[2.0, 0.5]: ")]:
+        with pytest.raises(Exception, match="fix: change the --set value") as info:
+            _derive(g, t, sets, "sim-x", 2)
+        assert str(info.value).startswith(said) and "exclude" not in str(info.value), info.value
