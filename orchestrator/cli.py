@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import argparse
 import errno
+import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
@@ -13,6 +14,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.backends import backend_class
+from orchestrator.cliguard import guarded_streams, missing_package, refused_path
 from orchestrator.commands import add_commands
 from orchestrator.environment import collect
 from orchestrator.exceptions import UserError
@@ -144,7 +146,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan.add_argument("--json", action="store_true", help='print {"trials": [...]} as JSON')
     plan.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
     plan.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
-    plan.add_argument("--limit", type=int, default=200, help="rows to print (0 = all)")
+    plan.add_argument("--limit", type=_count, default=200, help="rows to print (0 = all)")
     plan.add_argument("--show-recipe", action="store_true",
                       help="print the composed recipe's keys (what a grid can override) and exit")
     plan.add_argument("--show-overrides", action="store_true",
@@ -162,7 +164,13 @@ def build_parser() -> argparse.ArgumentParser:
 def main(argv: Sequence[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(argv)
+    with guarded_streams():  # a reader that leaves (`| head`) stops the output, not the command
+        return _run(args)
+
+
+def _run(args: argparse.Namespace) -> int:
     try:
+        _refuse_empty(args)
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
@@ -170,7 +178,17 @@ def main(argv: Sequence[str] | None = None) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
+    except (ModuleNotFoundError, importlib.metadata.PackageNotFoundError) as exc:
+        line = missing_package(exc)
+        if line is None:
+            raise
+        print(f"error: {line}", file=sys.stderr)
+        return 2
     except OSError as exc:
+        line = refused_path(exc)
+        if line is not None:
+            print(f"error: {line}", file=sys.stderr)
+            return 2
         if exc.errno not in (errno.ENOSPC, errno.EDQUOT, errno.EROFS):
             raise
         # The environment, not the program: a disk that filled up or turned read-only mid-way.
@@ -178,9 +196,28 @@ def main(argv: Sequence[str] | None = None) -> int:
         print(f"error: {where}{exc.strerror}; fix: free space (or pass --workdir on a writable "
               "disk with room) and run the command again: finished work is kept", file=sys.stderr)
         return 2
-    except BrokenPipeError:  # `ablate plan ... | head`: the reader left; not an error
-        sys.stderr.close()
-        return 0
+
+
+def _refuse_empty(args: argparse.Namespace) -> None:
+    """An option given as '' would silently mean its default (``--tracking-uri ''`` the local
+    store, ``--workdir ''`` ./.ablate, ``--address ''`` a local Ray): refused instead."""
+    for dest, value in vars(args).items():
+        values = value if isinstance(value, list) else [value]
+        if dest not in ("grid", "func", "command") and any(
+                isinstance(v, str) and not v.strip() for v in values):
+            flag = "--" + dest.rstrip("_").replace("_", "-")
+            raise UserError(f"{flag} '': an empty value (it is not the default); fix: give "
+                            f"{flag} a value, or leave the flag out")
+
+
+def _count(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a whole number") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"{text}: must be >= 0 (0 = all)")
+    return value
 
 
 if __name__ == "__main__":  # pragma: no cover

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import sys
 from pathlib import Path
 from typing import Any
@@ -50,14 +51,21 @@ def submit_body(args: argparse.Namespace) -> int:
                                      workdir=args.workdir) or 0)
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
+        if args.out is not None:
+            workspace.check_out_dir(args.out, "--out")
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+    if args.out is not None:  # not silently ignored: the grid would run for real
+        raise UserError(f"--out {args.out}: only for --dry-run (where the k8s manifests go); "
+                        "fix: add --dry-run, or leave --out out to run the grid")
+    every = args.summary_every
+    if not (math.isfinite(every) and every > 0):  # nan and inf parse as floats: no summary ever
+        raise UserError(f"--summary-every {every}: must be > 0 seconds"
+                        + ("" if math.isfinite(every) else ", a finite number"))
     _preflight(args)
     from orchestrator.scheduler import EventPrinter, submit  # deferred: --help stays fast
 
     mode = _output_mode(args, sys.stdout.isatty())
     printer = EventPrinter(mode) if mode in EventPrinter.MODES else None
-    if args.summary_every <= 0:
-        raise UserError(f"--summary-every {args.summary_every}: must be > 0 seconds")
     summary = submit(
         args.grid, backend=args.backend, address=args.address, tracking_uri=args.tracking_uri,
         workdir=args.workdir, max_parallel=args.max_parallel, force=args.force,
@@ -118,6 +126,8 @@ def cancel_body(args: argparse.Namespace) -> int:
 
 
 def compare_body(args: argparse.Namespace) -> int:
+    if args.out is not None:
+        workspace.check_out_dir(args.out, "--out")
     _preflight(args)
     from orchestrator.compare import compare  # deferred: --help stays fast
 
@@ -144,7 +154,10 @@ def resume_body(args: argparse.Namespace) -> int:
         kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
         link = f" (derived from {r['parent']})" if r["derived"] else ""
         print(f"{r['trial_id']}{link}: resumed on {r['pool']} from step {r['from_step']} -> {kind}")
-    return 0
+    for tid, why in out.get("not_resumed", {}).items():
+        print(f"error: trial {tid} not resumed ({why}); it is as it was before, verdict kept",
+              file=sys.stderr)
+    return 2 if out.get("not_resumed") else 0
 
 
 def ui_body(args: argparse.Namespace) -> int:

@@ -74,6 +74,7 @@ class GridError(UserError):
         if fix:
             text += f"; fix: {fix}"
         self.file, self.line, self.key = file, line, key
+        self.problem, self.fix = problem, fix  # for a caller that says where from itself
         super().__init__(text)
 
 

@@ -11,7 +11,15 @@ import re
 from pathlib import Path
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator
+from pydantic import (
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictFloat,
+    StrictInt,
+    ValidationError,
+    field_validator,
+)
 
 from orchestrator.exceptions import GridError
 from orchestrator.safeyaml import load_yaml
@@ -73,16 +81,16 @@ class PoolSpec(BaseModel):
     accelerator: str
     description: str = ""
     # Concurrent trials this pool hosts; 0 would leave its trials waiting for ever.
-    capacity: int = Field(2, ge=1, le=4096)
+    capacity: StrictInt = Field(2, ge=1, le=4096)  # strict: `true` is no count
     # Planning estimate of one trial's wall seconds per training step here: budgets project a
     # trial's cost from it until trials on the pool have measured their own (orchestrator.cost).
-    step_seconds: float | None = Field(None, gt=0, le=1e6)
+    step_seconds: StrictFloat | StrictInt | None = Field(None, gt=0, le=1e6)
     # Simulator numerics (kind: sim). Interpreted and validated by the sim backend.
     sim_profile: dict[str, Any] = Field(default_factory=dict)
     # Cluster placement (kind: gpu).
     node_labels: dict[str, str] = Field(default_factory=dict)
-    gpus_per_node: int = Field(0, ge=0, le=64)
-    nodes: int = Field(1, ge=1, le=1024)
+    gpus_per_node: StrictInt = Field(0, ge=0, le=64)
+    nodes: StrictInt = Field(1, ge=1, le=1024)
     tolerations: tuple[Toleration, ...] = ()
     kueue_flavor: str | None = None
     ray_accelerator_type: str | None = None
@@ -90,7 +98,7 @@ class PoolSpec(BaseModel):
     # Trial image per rollout engine (k8s backend): {sglang: ..., vllm: ...}; ``image`` (then
     # ABLATE_K8S_IMAGE) serves an engine not named here.
     images: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
-    cpus_per_node: int = Field(0, ge=0, le=1024)
+    cpus_per_node: StrictInt = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.
     slurm: SlurmPlacement | None = None
@@ -121,9 +129,17 @@ class PoolSpec(BaseModel):
 class PoolCatalog:
     """Pools by name, with did-you-mean lookups."""
 
-    def __init__(self, pools: dict[str, PoolSpec], source: str) -> None:
+    def __init__(self, pools: dict[str, PoolSpec], source: str,
+                 origins: dict[str, tuple[str, dict[str, int]]] | None = None) -> None:
         self.pools = pools
         self.source = source
+        # pool -> (the catalogue file that defines it, {its key: line}), for messages
+        self.origins = dict(origins or {})
+
+    def where(self, name: str, key: str) -> tuple[str, int | None]:
+        """The catalogue file and line of pool ``name``'s ``key`` (of the pool if unset)."""
+        file, lines = self.origins.get(name, (self.source, {}))
+        return file, lines.get(key, lines.get(""))
 
     def __contains__(self, name: object) -> bool:
         return name in self.pools
@@ -140,7 +156,8 @@ class PoolCatalog:
         return self.pools[name]
 
     def merged(self, other: PoolCatalog) -> PoolCatalog:
-        return PoolCatalog({**self.pools, **other.pools}, f"{self.source} + {other.source}")
+        return PoolCatalog({**self.pools, **other.pools}, f"{self.source} + {other.source}",
+                           {**self.origins, **other.origins})
 
 
 def _parse_catalog(path: Path) -> PoolCatalog:
@@ -151,8 +168,12 @@ def _parse_catalog(path: Path) -> PoolCatalog:
         raise GridError("a pool catalogue is a mapping with one key 'pools:'", file=file,
                         line=1, key="pools", fix="see orchestrator/pools.yaml for the format")
     pools: dict[str, PoolSpec] = {}
+    origins: dict[str, tuple[str, dict[str, int]]] = {}
     for name, body in raw["pools"].items():
         line = lines.get(("pools", name))
+        if isinstance(body, dict):
+            keys = {str(k): lines[("pools", name, k)] for k in body if ("pools", name, k) in lines}
+            origins[str(name)] = (file, {"": line, **keys} if line is not None else keys)
         if not isinstance(name, str) or not POOL_NAME.fullmatch(name):
             raise GridError(f"pool name {_clip(name)} is not a DNS-style name (lower-case "
                             "letters, digits and '-', 1-63 characters, a letter or digit at both "
@@ -172,7 +193,7 @@ def _parse_catalog(path: Path) -> PoolCatalog:
             raise GridError(msg + ("" if "Value error" in detail["msg"] else got), file=file,
                             line=lines.get(("pools", name, *loc[:1]), line),
                             key=f"pools.{name}" + "".join(f".{p}" for p in loc)) from None
-    return PoolCatalog(pools, file)
+    return PoolCatalog(pools, file, origins)
 
 
 def _clip(value: object) -> str:

@@ -81,6 +81,12 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """Plan-time refusal of a pool's own settings in the catalogue (e.g. a simulator
+        profile): (the pool key, the reason), or None. By default none."""
+        return None
+
+    @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
                      pool: PoolSpec) -> str | None:
         """Plan-time refusal of recipe-leaf values a grid sets (``items``; ``config`` is the

@@ -31,7 +31,7 @@ from orchestrator.backends.verl_run import MetricTail, hand_over_checkpoint, pre
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
-from orchestrator.k8s.client import Phase, RayJobClient
+from orchestrator.k8s.client import Phase, RayJobClient, load_config
 from orchestrator.k8s.render import render_rayjob
 from orchestrator.k8s.settings import ClusterSettings
 from orchestrator.pools import PoolSpec
@@ -58,6 +58,23 @@ class K8sBackend(Backend):
         self._settings = settings
         self._client = client
         self._sleep = sleep
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """The kubernetes client and credentials for the cluster, before anything starts:
+        without them every trial would wait forever as "pending" on no cluster."""
+        head = f"{where}: " if where else ""
+        try:
+            import kubernetes  # noqa: F401 - the k8s extra
+        except ModuleNotFoundError:
+            raise BackendUnavailableError(
+                f"{head}backend k8s needs the kubernetes client, which is not installed; fix: "
+                "pip install -e '.[k8s]' (or `--dry-run` to only write the manifests)") from None
+        try:
+            load_config()
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(f"{head}backend k8s: {exc} (or `--dry-run` to only "
+                                          "write the manifests)") from None
 
     # The job is VerlBackend's: the same plan-time checks and the same override list.
     @classmethod

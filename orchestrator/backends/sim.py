@@ -18,7 +18,7 @@ from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, NumericFailure, UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.sim.config import build_setup, reproducible
-from orchestrator.sim.profile import check_rollout
+from orchestrator.sim.profile import check_rollout, parse_profile
 from orchestrator.trial import TrialSpec
 
 
@@ -37,6 +37,17 @@ class SimBackend(Backend):
         if pool.kind != "sim":
             return f"pool {pool.name} is a {pool.kind} pool; the sim backend runs on sim-* pools"
         return check_rollout(rollout, pool.sim_profile, pool.name)
+
+    @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """A sim pool's ``sim_profile`` (knobs and values), checked where the catalogue has it."""
+        if pool.kind != "sim":
+            return None
+        try:
+            parse_profile(pool.sim_profile, pool.name)
+        except UserError as exc:
+            return "sim_profile", str(exc)
+        return None
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],

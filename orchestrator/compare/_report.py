@@ -39,7 +39,7 @@ from orchestrator.numerics import environments
 from orchestrator.scheduler import renamed
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
 from orchestrator.store import records, workspace
-from orchestrator.tracking import ROLE_TAG, client
+from orchestrator.tracking import ROLE_TAG, client, store_exists
 
 log = logging.getLogger(__name__)
 VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
@@ -71,6 +71,10 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
     uri = workspace.tracking_uri(tracking_uri, workdir)
+    if not store_exists(uri):  # a reader creates no empty store (nor MLflow's INFO lines)
+        raise UserError(f"grid {grid.name!r} has not run: there is no MLflow store at "
+                        f"{workspace.display_uri(uri, workdir)}; fix: `ablate submit "
+                        f"{grid_path}` first, or pass --tracking-uri (or --workdir) where it ran")
     mlc = client(uri)
     exp = mlc.get_experiment_by_name(grid.name)
     if exp is None:

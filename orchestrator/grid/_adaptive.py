@@ -86,6 +86,11 @@ def _check_budget(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: P
             hint = did_you_mean(pool, catalog.names())
             raise chk.err(f"unknown pool {pool!r}" + (f"; did you mean {hint!r}?" if hint else ""),
                           ("budget", "gpu_hours_per_pool", pool), allowed=catalog.names())
+    units = {p: pool_rate(catalog.pools[p])[1] for p in _pools_of(spec, axes) if p in catalog}
+    if budget.gpu_hours is not None and len(set(units.values())) > 1:
+        raise chk.err(f"one budget over pools counted in different units ({', '.join(f'{p}: {u}' for p, u in units.items())}): "
+                      "GPU-hours and CPU-hours do not add up", ("budget", "gpu_hours"),
+                      fix="set budget.gpu_hours_per_pool, one budget per pool, instead")
     costs = {p: one_trial_hours(catalog, p, spec.steps) for p in _pools_of(spec, axes)}
     known = {p: c for p, c in costs.items() if c is not None}
     if budget.gpu_hours is not None and known and len(known) == len(costs):
@@ -108,8 +113,12 @@ def plan_lines(grid: GridSpec, trials: Sequence[TrialSpec]) -> list[str]:
     spec, lines = grid.spec, []
     ad = spec.adaptive
     if ad is not None:
-        cells = {t.axes for t in trials if t.derived_from is None}
-        lines.append(f"adaptive seeds: starts with {min(ad.min, ad.max) * len(cells)} trials ({ad.min} "
+        seeds: dict[object, int] = {}  # cell -> its seeds (`exclude:`/`include:` may leave fewer)
+        for t in trials:
+            if t.derived_from is None:
+                seeds[t.axes] = seeds.get(t.axes, 0) + 1
+        start = sum(min(ad.min, ad.max, n) for n in seeds.values())
+        lines.append(f"adaptive seeds: starts with {start} trials ({ad.min} "
                      f"per cell), at most {len(trials)} ({ad.max} per cell); target {ad.target}, "
                      f"ci_width {ad.ci_width:g} at {ad.level:.0%}")
     hours: dict[str, float] = {}

@@ -457,13 +457,26 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: Po
             raise chk.err("both 'pool:' and a 'pool' axis are set", ("pool",), fix="keep one")
         catalog.get(spec.pool, file=chk.file, line=chk.lines.get(("pool",)))
     names = [spec.pool] if spec.pool else next(a.labels for a in axes if a.kind == "pool")
-    want = backend_class(spec.backend).pool_kinds
+    backend = backend_class(spec.backend)
+    want = backend.pool_kinds
     for i, n in enumerate(names):
         if catalog.pools[n].kind not in want:
             path = ("pool",) if spec.pool else ("axes", "pool", i)
             ok = [p for p in catalog.names() if catalog.pools[p].kind in want]
             raise chk.err(f"pool {n!r} is a {catalog.pools[n].kind} pool; backend "
                           f"{spec.backend!r} runs on {' and '.join(want)} pools", path, allowed=ok)
+        check_catalog_pool(backend, catalog, n)
+
+
+def check_catalog_pool(backend: Any, catalog: PoolCatalog, name: str) -> None:
+    """A pool's own settings, refused at the catalogue's file and key (a typo in a
+    ``sim_profile`` is the catalogue's mistake, not the grid's axes)."""
+    problem = backend.check_pool(catalog.pools[name])
+    if problem is not None:
+        key, why = problem
+        file, line = catalog.where(name, key)
+        raise GridError(why.removeprefix(f"pool {name}: "), file=file, line=line,
+                        key=f"pools.{name}", fix="correct it in the pool catalogue")
 
 
 def _check_conflicts(axes: Sequence[Axis], chk: Checker) -> None:

@@ -103,7 +103,9 @@ def phase_of(status: Mapping[str, Any] | None) -> JobState:
     return JobState(phase, js, ds, **extra)
 
 
-def _load_config() -> None:
+def load_config() -> None:
+    """Credentials for the cluster: the in-cluster ServiceAccount, else ``$KUBECONFIG``
+    (``BackendUnavailableError`` naming the fix)."""
     from kubernetes import config
 
     try:
@@ -170,7 +172,7 @@ class RayJobClient:
         from kubernetes import client
 
         if api_client is None:
-            _load_config()
+            load_config()
             api_client = client.ApiClient()
         self.namespace = namespace
         self.custom = client.CustomObjectsApi(api_client)

@@ -69,6 +69,8 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     Nothing is sent to a cluster. Layout: ``<out>/rayjobs/<rayjob>.yaml`` (one per trial, first
     attempt), ``<out>/kueue.yaml``, ``<out>/control-rayjob.yaml``, ``<out>/index.json``.
     """
+    import kubernetes  # noqa: F401 - the renderer's; missing, it is refused before a file is written
+
     settings = ClusterSettings.from_env()
     grid = load_grid(grid_path, backend="k8s", limit_trials=not force)
     trials = expand(grid, force=force)

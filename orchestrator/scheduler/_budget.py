@@ -134,10 +134,14 @@ class Planner:
                 seen.finished = True
                 seen.outcome = _outcome(seen.spec, rec, paths, seen.cost)
 
-    def spent(self, pool: str | None = None) -> float:
-        """Hours spent by the grid's trials (on ``pool``), running attempts up to now."""
+    def spent(self, pool: str | None = None, unit: str | None = None) -> float:
+        """Hours spent by the grid's trials (on ``pool``; in ``unit``: GPU-hours and CPU-hours
+        never add up), running attempts up to now."""
         return sum(s.cost.hours for s in self.seen.values() if s.cost is not None
-                   and (pool is None or s.spec.pool == pool))
+                   and (pool is None or s.spec.pool == pool) and (unit is None or s.cost.unit == unit))
+
+    def _unit(self, pool: str) -> str | None:
+        return pool_rate(self.pools[pool])[1] if pool in self.pools else None
 
     def step_s(self, trial: TrialSpec, pool: str) -> float | None:
         """Seconds per step to project ``trial`` on ``pool`` with (see the module docstring)."""
@@ -176,16 +180,18 @@ class Planner:
                 self.held[trial.trial_id] = f"queued: budget: measuring the step time of pool {pool}"
                 return Admit.WAIT
             return Admit.START
+        unit = self._unit(pool)  # the grid-wide budget counts the hours of this pool's unit
         for limit, on in ((self.spec.gpu_hours, None), (self.spec.gpu_hours_per_pool.get(pool), pool)):
             if limit is None:
                 continue
-            spent = self.spent(on)
+            spent = self.spent(on, unit)
             if spent + cost > limit:
                 self.skipped[trial.trial_id] = cost
                 self.budget_out = True
                 return Admit.SKIP
             committed = sum(self.projected(self.seen[tid].spec if tid in self.seen else trial, p) or 0.0
-                            for tid, p in running if on is None or p == on)
+                            for tid, p in running
+                            if (p == on if on is not None else self._unit(p) == unit))
             if spent + committed + cost > limit:
                 self.held[trial.trial_id] = "queued: budget: fits once running trials end"
                 return Admit.WAIT
@@ -198,7 +204,7 @@ class Planner:
         key = f"budget.gpu_hours_per_pool.{pool}" if limit is not None else "budget.gpu_hours"
         limit = limit if limit is not None else self.spec.gpu_hours
         unit = pool_rate(self.pools[pool])[1] if pool in self.pools else "hours"
-        spent = self.spent(pool if key != "budget.gpu_hours" else None)
+        spent = self.spent(pool if key != "budget.gpu_hours" else None, self._unit(pool))
         return (f"not started: budget: projected {fmt_hours(self.skipped.get(trial.trial_id), unit)} "
                 f"with {fmt_hours(spent, unit)} of {key}={limit:g} h spent; raise it and submit again")
 
@@ -219,6 +225,8 @@ class Planner:
         comps = comparisons(cells, self.grid.spec.comparisons, self.adaptive.target,
                             self.adaptive.level, label=axis_label)
         for cell in needs_seed(cells, self.adaptive, comps, started):
+            if started[cell] >= len(self.cells[cell]):
+                continue  # `exclude:` took some of its seeds (or `include:` gave it one): at its max
             trial = self.cells[cell][started[cell]]
             records.save_spec(TrialPaths(self.grid_dir, trial.trial_id), trial)
             self.added.append(trial)
@@ -280,7 +288,8 @@ class Planner:
             iv = cell_interval(outs, ad.target, ad.level)
             rows.append({"cell": cell_text(cell), "seeds": len(outs), "estimate": _num(iv.estimate),
                          "low": _num(iv.low), "high": _num(iv.high),
-                         "met": iv.width <= ad.ci_width, "at_max": started[cell] >= ad.max})
+                         "met": iv.width <= ad.ci_width,
+                         "at_max": started[cell] >= min(ad.max, len(self.cells[cell]))})
         undecided = []
         for c in comps:
             if c.decided:

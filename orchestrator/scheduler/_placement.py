@@ -24,6 +24,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.environment import scoped_environ
+from orchestrator.exceptions import UserError
 from orchestrator.pools import PoolSpec
 
 log = logging.getLogger(__name__)
@@ -89,6 +90,35 @@ def resource_fn(placements: Mapping[str, Placement]) -> Any:
         return PlacementGroupFactory([dict(p.resources)])
 
     return resources
+
+
+def check_address(address: str | None, timeout_s: float = 5.0) -> None:
+    """An existing Ray cluster (``--address`` or ``$RAY_ADDRESS``) that accepts a connection
+    within ``timeout_s``, checked before anything is written: ``ray.init`` would retry an
+    unreachable one for minutes, deaf to SIGTERM. ``auto``/``local``: Ray's own discovery."""
+    import socket
+
+    addr = address or os.environ.get("RAY_ADDRESS")
+    if not addr or addr in ("auto", "local"):
+        return
+    flag = "--address" if address else "$RAY_ADDRESS"
+    hostport = addr.split("://", 1)[-1].split("/", 1)[0]
+    if "@" in hostport:  # user:password@ is never printed
+        hostport = hostport.rsplit("@", 1)[1]
+        addr = addr.split("://", 1)[0] + "://***@" + hostport if "://" in addr else "***@" + hostport
+    host, _, port = hostport.rpartition(":")
+    fix = ("fix: start the cluster (`ray start --head`) or check the address; leave --address "
+           "out (and unset $RAY_ADDRESS) to run on a local Ray started for this command")
+    if not host or not port.isdigit() or not 0 < int(port) < 65536:
+        raise UserError(f"{flag} {addr[:200]!r}: not HOST:PORT (or ray://HOST:PORT); {fix}")
+    try:
+        with socket.create_connection((host.strip("[]"), int(port)), timeout=timeout_s):
+            return
+    except TimeoutError:
+        why = f"no answer within {timeout_s:g} s"
+    except OSError as exc:
+        why = exc.strerror or str(exc)
+    raise UserError(f"{flag} {addr[:200]}: no Ray cluster answers at {host}:{port} ({why}); {fix}")
 
 
 def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | None,

@@ -11,6 +11,7 @@ grid lease it holds.
 from __future__ import annotations
 
 import dataclasses
+import json
 import logging
 import shutil
 import time
@@ -22,7 +23,7 @@ from orchestrator.backends import Backend, backend_class
 from orchestrator.backends.verl_topology import checkpoint_world_size, portability
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.exceptions import CheckpointError, UserError, no_such_trial
+from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
 from orchestrator.grid import derive_trial
 from orchestrator.pools import PoolSpec
 from orchestrator.store import MANIFEST, CheckpointStore, ResumeRequest, TrialPaths, records
@@ -151,7 +152,7 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
         step = start_step(store, rec, start, grid.spec.checkpoint.healthy_margin)
         ckpt = store.path(step)  # verified by SHA-256 (downloaded first from a remote store)
         derived = bool(sets) or derive
-        trial = derive_trial(grid, parent, sets, pool=pool, from_step=step) if derived else parent
+        trial = _derive(grid, parent, sets, pool, step) if derived else parent
         _check_pool(grid, backend, trial, pool_spec, ckpt)
         if trial is not parent:
             child = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
@@ -161,6 +162,21 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
                                 f"resume it with --trial {trial.trial_id}")
         out.append(Plan(trial, parent, pool, step, reason))
     return out
+
+
+def _derive(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], pool: str,
+            step: int) -> TrialSpec:
+    """The derived trial; a value it cannot run with is the ``--set``'s (or ``--pool``'s)
+    mistake, said so, not the grid's axes with an ``exclude:`` to add."""
+    try:
+        return derive_trial(grid, parent, sets, pool=pool, from_step=step)
+    except GridError as exc:
+        if exc.key and exc.key.startswith("--set"):
+            raise  # already about the --set value (allowed values, did-you-mean)
+        given = " ".join(f"--set {k}={json.dumps(v, default=str)}" for k, v in sets.items())
+        flag = given or f"--pool {pool}"
+        raise UserError(f"{flag}: trial {parent.trial_id} cannot run with it: {exc.problem}; "
+                        f"fix: change the {'--set value' if given else '--pool'}") from None
 
 
 def start_step(store: CheckpointStore, rec: records.TrialRecord, start: str | int, margin: int) -> int:

@@ -35,6 +35,7 @@ from __future__ import annotations
 import contextlib
 import functools
 import logging
+import math
 import os
 import socket
 import sys
@@ -55,7 +56,13 @@ from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed
-from orchestrator.scheduler._placement import Placement, connect, plan_placement, resource_fn
+from orchestrator.scheduler._placement import (
+    Placement,
+    check_address,
+    connect,
+    plan_placement,
+    resource_fn,
+)
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
 from orchestrator.scheduler._rescue import auto_rescue
@@ -89,8 +96,11 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
-    workspace.check_workdir(workdir)  # a bad workdir or store: one line, before anything starts
+    if not math.isfinite(summary_every_s) or summary_every_s <= 0:
+        raise UserError(f"--summary-every {summary_every_s}: must be a finite number of seconds > 0")
+    workspace.check_workdir(workdir)  # a bad workdir, store or cluster: one line, before anything starts
     check_store(workspace.tracking_uri(tracking_uri, workdir))
+    check_address(address)
     # Before anything is written (the grid's directory, its lease).
     backend_class(grid.backend).require(_pools_used(grid, trials), where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)

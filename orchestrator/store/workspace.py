@@ -75,6 +75,7 @@ def check_workdir(path: str | os.PathLike[str] | None = None, *, write: bool = T
     """The workdir, checked once before a command does anything: a directory (or one that can
     be created), writable when the command writes. A one-line ``UserError`` otherwise."""
     root = workdir(path)
+    _check_path_length(root, "workdir", "pass --workdir DIR (or set $ABLATE_WORKDIR) to a shorter path")
     probe = root
     while not probe.exists() and not probe.is_symlink() and probe != probe.parent:
         probe = probe.parent  # the nearest existing ancestor: where the workdir would be made
@@ -92,6 +93,41 @@ def check_workdir(path: str | os.PathLike[str] | None = None, *, write: bool = T
                             f"pass --workdir DIR (or set $ABLATE_WORKDIR) to a writable "
                             f"directory") from None
     return root
+
+
+def _check_path_length(path: Path, what: str, fix: str) -> None:
+    """A path the OS would refuse for its length (ENAMETOOLONG), refused first in one line."""
+    limit = 255  # NAME_MAX of every common Linux and macOS file system
+    long = next((p for p in path.parts if len(os.fsencode(p)) > limit), None)
+    if long is not None or len(os.fsencode(str(path))) >= 4096:
+        shown = f"{str(path)[:80]}...[{len(str(path))} chars]"
+        part = f"the name {long[:40]}... has {len(os.fsencode(long))} bytes, over {limit}" \
+            if long is not None else "the path is over 4095 bytes"
+        raise UserError(f"{what} {shown}: {part}; fix: {fix}")
+
+
+def check_out_dir(path: str | os.PathLike[str], flag: str) -> Path:
+    """An output directory named by ``flag`` (``--out``), checked before anything runs: not
+    empty, not a file or under one, creatable and writable. A one-line ``UserError``."""
+    if not str(path).strip():
+        raise UserError(f"{flag} '': an empty path; fix: give {flag} a directory, or leave it out "
+                        "for the default")
+    out = Path(path).expanduser().absolute()
+    _check_path_length(out, flag, f"give {flag} a shorter path")
+    fix = f"fix: give {flag} a directory in a writable place"
+    if out.exists() and not out.is_dir():
+        raise UserError(f"{flag} {path}: {out} is a file, not a directory; {fix}")
+    probe = out
+    while not probe.exists() and probe != probe.parent:
+        probe = probe.parent
+    if not probe.is_dir():
+        raise UserError(f"{flag} {path}: {probe} (on the way to it) is not a directory; {fix}")
+    try:
+        with tempfile.TemporaryFile(dir=probe):
+            pass
+    except OSError as exc:
+        raise UserError(f"{flag} {path}: {probe} is not writable ({exc.strerror}); {fix}") from None
+    return out
 
 
 # What a full disk is (the device, or the user's quota).

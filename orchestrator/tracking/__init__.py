@@ -23,6 +23,7 @@ from orchestrator.tracking._store import (
     fail_fast,
     is_remote,
     sanitize_key,
+    store_exists,
     use_wal,
 )
 from orchestrator.tracking._ui import ui
@@ -30,4 +31,4 @@ from orchestrator.tracking._views import save_trials_view
 
 __all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "check_store",
            "client", "drain", "fail_fast", "is_remote", "parent_run", "sanitize_key",
-           "save_trials_view", "send_trial", "supersede", "ui", "use_wal"]
+           "save_trials_view", "send_trial", "store_exists", "supersede", "ui", "use_wal"]

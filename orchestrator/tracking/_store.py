@@ -105,26 +105,35 @@ def is_permanent(exc: Exception) -> bool:
 _DATABASES = ("postgresql", "mysql", "mssql", "databricks", "databricks-uc", "uc")
 
 
-def check_store(uri: str) -> None:
+PROBE_S = 5.0  # how long a tracking server (or a Ray address) may take to accept a connection
+
+
+def check_store(uri: str, *, probe_s: float = PROBE_S) -> None:
     """A tracking URI that can work, checked before anything starts (``UserError``, one line):
-    a known scheme, a server URL with a host, a ``file:`` store in a writable place, a
-    ``sqlite:`` file that can be created or opened as a database. A server that is down is not
-    an error here (metrics wait on disk until it is back)."""
+    a known scheme, a server URL with a host that answers within ``probe_s`` seconds, a
+    ``sqlite:`` file that can be created or opened as a database, a database server whose
+    driver is installed. MLflow 3 refuses ``file:`` stores, so they are refused here, before
+    Ray starts. A server that goes down later is not an error (metrics wait on disk)."""
 
     def bad(problem: str, fix: str) -> Exception:
-        return UserError(f"tracking URI {uri[:200]!r}: {problem}; fix: {fix}")
+        return UserError(f"tracking URI {_shown(uri)!r}: {problem}; fix: {fix}")
 
-    fix = ("pass --tracking-uri (or $MLFLOW_TRACKING_URI) as http(s)://HOST:PORT, "
-           "sqlite:///PATH/mlflow.db or file:///DIR")
+    fix = ("pass --tracking-uri (or $MLFLOW_TRACKING_URI) as http(s)://HOST:PORT or "
+           "sqlite:///PATH/mlflow.db")
     parsed = urlparse(uri)
     scheme = parsed.scheme.lower()
     if scheme in ("http", "https"):
         if not parsed.hostname:
             raise bad("no host in the server URL", fix)
         try:
-            parsed.port  # noqa: B018 - raises ValueError for a port that is not a number
+            port = parsed.port or (443 if scheme == "https" else 80)
         except ValueError:
             raise bad("the port is not a number", fix) from None
+        problem = _unreachable(uri, probe_s)
+        if problem is not None:
+            raise bad(f"no MLflow server answers at {parsed.hostname}:{port} ({problem})",
+                      "start the server (or check the host and port), or pass another "
+                      "--tracking-uri, e.g. sqlite:///PATH/mlflow.db")
         return
     if scheme == "sqlite":
         if not uri.startswith("sqlite:///"):
@@ -135,11 +144,73 @@ def check_store(uri: str) -> None:
         _check_sqlite(Path(path), bad)
         return
     if scheme in ("file", "") and (scheme or uri.startswith(("/", "."))):
-        _check_dir(Path(parsed.path if scheme else uri), bad)
-        return
+        where = Path(parsed.path if scheme else uri)
+        raise bad("MLflow 3 no longer runs file stores (a directory of runs)",
+                  f"use a SQLite store, e.g. sqlite:///{where.parent / 'mlflow.db'} (an existing "
+                  f"directory of runs converts with `mlflow migrate-filestore`)")
     if scheme in _DATABASES or scheme.split("+", 1)[0] in _DATABASES:
+        _check_driver(uri, bad)
         return  # a database server: the first connection tells
     raise bad(f"unknown scheme {scheme + ':' if scheme else '(none)'}", fix)
+
+
+def _shown(uri: str) -> str:
+    """``uri`` cut to 200 characters, without a password (``scheme://user:***@host``)."""
+    parsed = urlparse(uri)
+    if parsed.password:
+        uri = uri.replace(f":{parsed.password}@", ":***@", 1)
+    return uri[:200]
+
+
+def _unreachable(url: str, timeout_s: float) -> str | None:
+    """Why the server at ``url`` gives no HTTP answer within ``timeout_s`` (None: it answers,
+    whatever the status). Through the same proxies as MLflow's own requests."""
+    import urllib.error
+    import urllib.request
+
+    try:
+        with urllib.request.urlopen(url.rstrip("/") + "/health", timeout=timeout_s):
+            return None
+    except urllib.error.HTTPError:
+        return None  # an answer (401, 404, ...): something listens; MLflow says what
+    except urllib.error.URLError as exc:
+        reason = exc.reason
+        if isinstance(reason, TimeoutError):
+            return f"no answer within {timeout_s:g} s"
+        return getattr(reason, "strerror", None) or str(reason)
+    except TimeoutError:
+        return f"no answer within {timeout_s:g} s"
+    except (OSError, ValueError) as exc:
+        return str(exc) or type(exc).__name__
+
+
+def _check_driver(uri: str, bad: Any) -> None:
+    """The Python driver SQLAlchemy loads for a database URI is installed (checked without
+    connecting): ``postgresql://`` without psycopg2 would fail deep inside MLflow."""
+    try:
+        from sqlalchemy.engine import make_url
+
+        dialect = make_url(uri).get_dialect()
+        dialect.import_dbapi()
+    except ModuleNotFoundError as exc:
+        name = (exc.name or "?").split(".", 1)[0]
+        raise bad(f"its database driver {name!r} is not installed",
+                  f"pip install {_DRIVER_PACKAGES.get(name, name)}") from None
+    except Exception as exc:  # noqa: BLE001 - SQLAlchemy's own "cannot parse"/"no such dialect"
+        raise bad(f"not a database URL SQLAlchemy can use ({type(exc).__name__})",
+                  "DIALECT[+DRIVER]://USER:PASSWORD@HOST:PORT/DB") from None
+
+
+_DRIVER_PACKAGES = {"psycopg2": "psycopg2-binary", "psycopg": "'psycopg[binary]'",
+                    "pymysql": "pymysql", "MySQLdb": "mysqlclient", "pyodbc": "pyodbc"}
+
+
+def store_exists(uri: str) -> bool:
+    """Whether a local store has been created (a reader must not create an empty one); a
+    server store always counts as there."""
+    if uri.startswith("sqlite:///"):
+        return Path(uri.removeprefix("sqlite:///").split("?", 1)[0]).is_file()
+    return True
 
 
 def _writable_place(path: Path) -> tuple[Path, str | None]:
@@ -155,14 +226,6 @@ def _writable_place(path: Path) -> tuple[Path, str | None]:
     except OSError as exc:
         return probe, f"{probe} is not writable ({exc.strerror})"
     return probe, None
-
-
-def _check_dir(path: Path, bad: Any) -> None:
-    if path.exists() and not path.is_dir():
-        raise bad(f"{path} is not a directory", "point it at a directory for the file store")
-    _probe, problem = _writable_place(path)
-    if problem is not None:
-        raise bad(problem, "put the store in a writable directory")
 
 
 def _check_sqlite(path: Path, bad: Any) -> None:

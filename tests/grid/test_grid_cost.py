@@ -43,3 +43,22 @@ def test_plan_shows_adaptive_start_projected_cost_and_budget(isolated: Path, cap
     assert "projected cost of every trial (pools' step_seconds): 0.0667 CPU-h" in out
     assert "budget: gpu_hours=2 per pool sim-a100=1" in out
     assert not (isolated / ".ablate").exists()
+
+
+def test_one_budget_over_cpu_and_gpu_pools_is_refused(isolated: Path) -> None:
+    """A verl grid on a cpu and a gpu pool: CPU-hours and GPU-hours do not add up, so one
+    `budget.gpu_hours` over both is refused (per-pool budgets are fine)."""
+    import pytest
+
+    from orchestrator.exceptions import GridError
+
+    text = ("name: mixed\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\nseeds: [0]\n"
+            "axes:\n  pool: [cpu-fp32, h100]\nbudget:\n  {budget}\n")
+    path = isolated / "mixed.yaml"
+    path.write_text(text.format(budget="gpu_hours: 100"))
+    with pytest.raises(GridError, match=r"budget.gpu_hours: one budget over pools counted in "
+                       r"different units \(cpu-fp32: cpu_hours, h100: gpu_hours\).*fix: set "
+                       r"budget.gpu_hours_per_pool"):
+        load_grid(path)
+    path.write_text(text.format(budget="gpu_hours_per_pool: {cpu-fp32: 10, h100: 100}"))
+    assert len(expand(load_grid(path))) == 2

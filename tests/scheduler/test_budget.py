@@ -150,3 +150,44 @@ def test_a_search_stops_at_the_budget_and_a_larger_budget_asks_for_the_rest(setu
     assert again["states"] == {"done": 6}, again["states"]
     assert again["budget"]["search_points_not_started"] == 0
     assert again["budget"]["started"] == 6 - len(done)
+
+
+@pytest.mark.parametrize("limit", [
+    "exclude:\n  - {correction.is_level: token, seed: [1, 2]}\n",   # the cell keeps seeds 0 and 3
+    "exclude:\n  - {correction.is_level: token}\ninclude:\n  - {correction.is_level: token, pool: sim-h100, seed: 7}\n",
+], ids=["exclude-seeds", "include-seed"])
+def test_adaptive_seeds_stop_at_the_seeds_a_cell_has(isolated: Path, limit: str) -> None:
+    """A cell that `exclude:`/`include:` left with fewer than `max` seeds is at its max once
+    they ran: no next seed for it (was an IndexError in `Planner.next_seed` after the first
+    trial), and `ablate plan` counts what really starts."""
+    from orchestrator.grid import plan_lines
+    from orchestrator.scheduler._budget import Planner
+    from orchestrator.trial import Attempt, TrialState
+
+    path = isolated / "g.yaml"
+    path.write_text("name: few\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 4\n"
+                    "seeds: {adaptive: {min: 2, max: 4, target: final_reward, ci_width: 0.001}}\n"
+                    "axes:\n  correction.is_level: [none, token]\n  pool: [sim-h100]\n" + limit)
+    grid = load_grid(path)
+    trials = expand(grid)
+    token = sorted(t.seed for t in trials if dict(t.axes)["correction.is_level"] == "token")
+    start = 2 + min(2, len(token))
+    assert any(f"starts with {start} trials" in line for line in plan_lines(grid, trials))
+    grid_dir = isolated / ".ablate" / "few"
+    planner = Planner(grid, grid_dir, trials, grid.pools.pools)
+    first = planner.initial(trials)
+    for i, t in enumerate(first):  # every started trial finished, rewards far apart
+        paths = TrialPaths(grid_dir, t.trial_id)
+        records.save_spec(paths, t)
+        records.save_attempts(paths, [Attempt(1, t.pool, 1, 4, "completed", started_at=0.0,
+                                              ended_at=1.0)])
+        records.save_state(paths, records.TrialRecord(
+            trial_id=t.trial_id, state=TrialState.DONE, last_step=4, verdict={"kind": "healthy"}))
+        records.atomic_write_json(paths.result, {"summary": {"critic/score/mean": float(i % 2)}})
+    added = []
+    while (nxt := planner.next_seed(added)) is not None:
+        added.append(nxt)
+        assert len(added) < 10
+    assert {dict(t.axes)["correction.is_level"] for t in added} <= {"none"}
+    assert not any(c["seeds"] > len(token) for c in planner.summary()["adaptive"]["cells"]
+                   if "token" in c["cell"])
