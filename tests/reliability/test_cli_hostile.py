@@ -169,7 +169,9 @@ def test_a_missing_extra_is_one_line_with_the_pip_command(
     with cliproc.ablate_env(tmp_path, {"ABLATE_K8S_IMAGE": "example.org/verl:1"}) as env:
         proc = _ablate_without(packages, [a.format(tmp=tmp_path) for a in args], env, REPO)
     assert proc.returncode == 2, proc.stderr[-2000:]
-    assert proc.stderr.count("\n") == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
+    # A GPU grid planned here may also warn that its engine is not installed (the image has it).
+    errors = [ln for ln in proc.stderr.splitlines() if not ln.startswith("warning: ")]
+    assert len(errors) == 1 and "Traceback" not in proc.stderr, proc.stderr[-2000:]
     assert f"pip install -e '.[{extra}]'" in proc.stderr, proc.stderr
     assert not (tmp_path / "m").exists() and not (tmp_path / ".ablate").exists()
 
@@ -186,7 +188,8 @@ def test_plan_into_a_closed_pipe_is_no_error(tmp_path: Path) -> None:
         err = proc.stderr.read()
         rc = proc.wait(timeout=120)
     assert "seed-study-4b" in head[0]
-    assert rc == 0 and err == "", err[-2000:]
+    errors = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
+    assert rc == 0 and errors == [], err[-2000:]
 
 
 @pytest.mark.slow
