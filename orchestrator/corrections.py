@@ -131,15 +131,9 @@ def expand_preset(raw: Any) -> Any:
     A field given beside the preset must equal the preset's value or its own default (the
     grid loader fills every default in): anything else would silently lose one of the two.
     """
-    if not isinstance(raw, dict) or raw.get("preset") is None:
-        return raw
+    if not isinstance(raw, dict) or raw.get("preset") not in PRESETS:
+        return raw  # no preset, or an unknown name (refused by the field's own validator)
     name = raw["preset"]
-    if name not in PRESETS:
-        import difflib
-
-        near = difflib.get_close_matches(str(name), list(PRESETS), n=1)
-        hint = f"did you mean {near[0]!r}? " if near else ""
-        raise ValueError(f"unknown preset {name!r}; {hint}fix: one of {', '.join(PRESETS)}")
     fields = preset_fields(name)
     out = dict(raw)
     for key, value in fields.items():
@@ -250,6 +244,18 @@ class CorrectionSpec(BaseModel):
     @classmethod
     def _preset(cls, raw: Any) -> Any:
         return expand_preset(raw)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            import difflib
+
+            near = difflib.get_close_matches(v, list(PRESETS), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"unknown preset {v!r}; {hint}verl 0.9.1's presets: "
+                             f"{', '.join(PRESETS)}")
+        return v
 
     @field_validator("is_bounds", "rs_bounds", mode="before")
     @classmethod

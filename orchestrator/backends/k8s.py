@@ -34,6 +34,7 @@ from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.k8s.client import Phase, RayJobClient
 from orchestrator.k8s.render import render_rayjob
 from orchestrator.k8s.settings import ClusterSettings
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -63,6 +64,11 @@ class K8sBackend(Backend):
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         return VerlBackend.check(correction, rollout, pool)
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        return VerlBackend.check_learner(learner, correction, rollout, pool)
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],

@@ -15,7 +15,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends import verl_map
+from orchestrator.backends import verl_learner, verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_memory import check_memory
@@ -25,6 +25,7 @@ from orchestrator.backends.verl_topology import config_value, world_size
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -52,6 +53,12 @@ class VerlBackend(Backend):
                 or verl_map.check_rollout(rollout, pool))
 
     @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``verl_learner``)."""
+        return verl_learner.check_learner(learner, correction, rollout, pool)
+
+    @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
                      pool: PoolSpec | None = None) -> str | None:
         """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
@@ -63,8 +70,9 @@ class VerlBackend(Backend):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """Plan time: a model too large for a cpu pool's memory (``verl_memory``)."""
-        return check_memory(config, pool)
+        """Plan time: a model too large for a cpu pool's memory (``verl_memory``), and
+        separate_async's batch constraints for ``learner.max_staleness``."""
+        return check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
 
     @classmethod
     def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
@@ -78,7 +86,10 @@ class VerlBackend(Backend):
                   save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
         """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
         correction, rollout = _sections(trial, config)
-        problem = cls.check(correction, rollout, pool)
+        learner = _learner(trial, config)
+        problem = (cls.check(correction, rollout, pool)
+                   or cls.check_learner(learner, correction, rollout, pool)
+                   or verl_learner.staleness_problem(config, pool))
         if problem:
             raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
                             key=trial.recipe)
@@ -132,6 +143,9 @@ class VerlBackend(Backend):
             out[key.lstrip("+")] = verl_map.override(key, value)
         # Engine flags set in the grid replace the recipe's value of the same key.
         for item in verl_map.rollout_overrides(rollout) + verl_map.correction_overrides(correction):
+            out[item.split("=", 1)[0].lstrip("+")] = item
+        # The learner's keys last: they replace the pool's trainer precision (cpu pools: fp32).
+        for item in verl_learner.learner_overrides(learner, config, pool):
             out[item.split("=", 1)[0].lstrip("+")] = item
         return list(out.values())
 
@@ -202,6 +216,14 @@ def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSp
         raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
                         f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
     return corr, roll
+
+
+def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:
+    try:
+        return LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    except ValueError as exc:
+        raise GridError(f"trial {trial.trial_id}: invalid learner section: "
+                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
 
 
 def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:

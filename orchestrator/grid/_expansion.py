@@ -18,6 +18,7 @@ from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.grid._validation import SECTIONS, Checker, axis_label
+from orchestrator.learner import LearnerSpec
 from orchestrator.schema import split_index
 from orchestrator.trial import TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
 
@@ -120,11 +121,16 @@ class _Resolver:
         roll = RolloutSpec.model_validate(
             {**self.section_base["rollout"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("rollout.")}})
-        problem = self.backend_cls.check(corr, roll, self.grid.pools.pools[pool])
+        learn = LearnerSpec.model_validate(
+            {**self.section_base["learner"],
+             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("learner.")}})
+        pool_spec = self.grid.pools.pools[pool]
+        problem = (self.backend_cls.check(corr, roll, pool_spec)
+                   or self.backend_cls.check_learner(learn, corr, roll, pool_spec))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
-                                  f"{problem}",
-                                  "axes", fix="exclude this combination or change the value")
+                                  f"{problem}", "axes", fix=None if "; fix: " in problem
+                                  else "exclude this combination or change the value")
         self.checked.add(key)
 
 
