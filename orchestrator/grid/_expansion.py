@@ -72,8 +72,10 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
-        # Also without overrides: the recipe's own values must run (once per pool).
-        self._value_check(tuple(rest), pool, context)
+        # Also without overrides: the recipe's own values must run (once per pool). The learner
+        # keys go with them: they constrain recipe values (verl separate_async's batch sizes).
+        learner = [(k, v) for k, v in out if k.startswith("learner.")]
+        self._value_check(tuple(rest + learner), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 

@@ -48,6 +48,7 @@ def test_fp16_resume_is_bit_for_bit(sim, tmp_path) -> None:
     _, full = sim.run(tmp_path / "full", sim.pool("sim-h100"), 4, over)
     _, first = sim.run(tmp_path / "r", sim.pool("sim-h100"), 2, over, every=2)
     _, rest = sim.run(tmp_path / "r", sim.pool("sim-h100"), 4, over, every=2, resume=2)
+    assert sim.no_timing(full.metrics)[2] == sim.no_timing(first.metrics)[2]
     assert sim.no_timing(full.metrics)[4] == sim.no_timing(rest.metrics)[4]
 
 

@@ -1,0 +1,73 @@
+"""``learner.*`` and ``correction.preset`` on real verl 0.9.1 GRPO jobs on this CPU (issue 26).
+
+One module-scoped ``ablate submit grids/verl_cpu_learner.yaml`` (3 trials of 2 steps on
+cpu-fp32, ~1 minute and ~6 GB each) is shared by every assertion: each trial ran to the end
+with the loss mode, trainer precision, determinism and preset the grid names, as verl's own
+logged config shows; the fp32 trainers are exactly on-policy (k3 = 0 every step) while the bf16
+trainer, against the same fp32 rollout engine, has a real mismatch. Run under
+``flock /tmp/ablate-heavy.lock``. Needs ``pip install -e '.[verl]'``; no GPU, no network.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cliproc
+import pytest
+
+pytest.importorskip("verl")
+pytest.importorskip("transfer_queue")
+
+REPO = Path(__file__).resolve().parents[2]
+GRID = REPO / "grids" / "verl_cpu_learner.yaml"
+EXPECTED = {  # bundle label -> verl config params (flattened with "/") the job must have used
+    "gspo-token-is": {"actor_rollout_ref/actor/policy_loss/loss_mode": "gspo",
+                      "algorithm/rollout_correction/rollout_is": "token"},
+    "dppo-bf16": {"actor_rollout_ref/actor/policy_loss/loss_mode": "dppo_tv",
+                  "actor_rollout_ref/actor/fsdp_config/mixed_precision/param_dtype": "bf16"},
+    "sapo-k3rs-det": {"actor_rollout_ref/actor/policy_loss/loss_mode": "sapo",
+                      "actor_rollout_ref/actor/fsdp_config/full_determinism": "True",
+                      "algorithm/rollout_correction/rollout_rs": "seq_mean_k3",
+                      "algorithm/rollout_correction/rollout_is": "sequence"},
+}
+
+
+@pytest.fixture(scope="module")
+def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("verl_cpu_learner")
+    with cliproc.ablate_env(tmp) as env:
+        plan = cliproc.run(["plan", str(GRID), "--json"], env, tmp)
+        assert plan.returncode == 0, plan.stderr
+        assert len(json.loads(plan.stdout)) == 3
+        proc = cliproc.run(["submit", str(GRID)], env, tmp, timeout=1200)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        from mlflow.tracking import MlflowClient
+
+        client = MlflowClient(tracking_uri=f"sqlite:///{tmp / '.ablate' / 'mlflow.db'}")
+        exp = client.get_experiment_by_name("verl-cpu-learner")
+        children = [r for r in client.search_runs([exp.experiment_id], max_results=50)
+                    if r.data.tags.get("mlflow.parentRunId")]
+        yield {"client": client, "by_label": {r.data.params["learner"]: r for r in children}}
+
+
+@pytest.mark.slow
+def test_each_trial_ran_what_the_grid_named(runs) -> None:
+    assert set(runs["by_label"]) == set(EXPECTED)
+    for label, run in runs["by_label"].items():
+        assert run.data.tags.get("verl.job.exit_code") == "0", (label, run.data.tags)
+        for key, value in EXPECTED[label].items():
+            assert run.data.params.get(key) == value, (label, key, run.data.params.get(key))
+
+
+@pytest.mark.slow
+def test_fp32_trainers_are_on_policy_every_step_and_bf16_is_not(runs) -> None:
+    client = runs["client"]
+    for label, run in runs["by_label"].items():
+        k3 = [m.value for m in client.get_metric_history(run.info.run_id, "rollout_corr/k3_kl")]
+        assert len(k3) == 2, (label, k3)
+        if label == "dppo-bf16":
+            assert all(v > 1e-7 for v in k3), (label, k3)
+        else:
+            assert all(v == 0.0 for v in k3), (label, k3)
