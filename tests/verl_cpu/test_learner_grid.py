@@ -3,7 +3,7 @@
 One module-scoped ``ablate submit grids/verl_cpu_learner.yaml`` (3 trials of 2 steps on
 cpu-fp32, ~1 minute and ~6 GB each) is shared by every assertion: each trial ran to the end
 with the loss mode, trainer precision, determinism and preset the grid names, as verl's own
-logged config shows; the fp32 trainers are exactly on-policy (k3 = 0 every step) while the bf16
+logged config shows; the fp32 trainers are on-policy (k3 < 1e-9 every step) while the bf16
 trainer, against the same fp32 rollout engine, has a real mismatch. Run under
 ``flock /tmp/ablate-heavy.lock``. Needs ``pip install -e '.[verl]'``; no GPU, no network.
 """
@@ -69,5 +69,6 @@ def test_fp32_trainers_are_on_policy_every_step_and_bf16_is_not(runs) -> None:
         assert len(k3) == 2, (label, k3)
         if label == "dppo-bf16":
             assert all(v > 1e-7 for v in k3), (label, k3)
-        else:
-            assert all(v == 0.0 for v in k3), (label, k3)
+        else:  # fp32 engine (incremental KV cache) and fp32 trainer: the pool's k3 = 0 up to
+            # fp32 reduction-order differences (tests/verl_cpu/test_grid_e2e.py: < 1e-9)
+            assert all(v < 1e-9 for v in k3), (label, k3)
