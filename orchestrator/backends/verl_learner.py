@@ -37,12 +37,9 @@ TRUE_ON_POLICY_GPU = (
     "replica_rank + rollout.seed into every request (vllm_async_server.py:627), so the rollout.n "
     "samples of a prompt come out identical and every GRPO advantage is 0; fix: the sim backend, "
     "or learner.deterministic: true alone (a deterministic trainer)")
-TRUE_ON_POLICY_CPU = (
-    "the CPU rollout engine samples every request from one generator per replica in arrival "
-    "order: the samples of a prompt differ, but not by a per-sample seed (rollout seed + sample "
-    "index), so a rerun need not draw the same tokens; not built for the cpu pools yet; fix: "
-    "pool cpu-fp32 without the preset (fp32 engine and trainer: k3 = 0 already), or the sim "
-    "backend")
+# On the cpu pools the project's own rollout engine has the hook verl lacks: a per-sample seed.
+CPU_ENGINE = "+actor_rollout_ref.rollout.engine_kwargs.cpu"
+FP32_TRAINER = "+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype"
 STALENESS_CPU = (
     "verl's separate_async trainer asserts actor_rollout_ref.rollout.checkpoint_engine.backend "
     "!= naive, and its weight-transfer backends (nccl, nixl, mooncake, hccl) need GPUs or RDMA; "
@@ -68,8 +65,16 @@ def check_learner(learner: LearnerSpec, correction: CorrectionSpec, rollout: Rol
                        if pool.kind == "cpu" else " (no bf16 tensor cores below compute "
                        "capability 8.0)") + f"; fix: learner.precision: {have[-1]}, or another pool")
     if learner.preset == "true_on_policy":
-        return "learner.preset: true_on_policy: " + (
-            TRUE_ON_POLICY_CPU if pool.kind == "cpu" else TRUE_ON_POLICY_GPU)
+        if pool.kind != "cpu":
+            return "learner.preset: true_on_policy: " + TRUE_ON_POLICY_GPU
+        engine = str(pool.verl_overrides.get("actor_rollout_ref.rollout.dtype", "bfloat16"))
+        trainer = str(pool.verl_overrides.get(FP32_TRAINER, "bf16"))
+        if rollout.dtype not in (None, "fp32") or (rollout.dtype is None and engine != "float32") \
+                or trainer != "fp32":
+            return (f"learner.preset: true_on_policy on pool {pool.name!r}: its rollout engine "
+                    f"computes in {rollout.dtype or engine} and its trainer in {trainer}; the "
+                    "engine reproduces the trainer only when both are fp32; fix: pool cpu-fp32 "
+                    "(or rollout.dtype: fp32)")
     if learner.max_staleness is not None and pool.kind == "cpu":
         return f"learner.max_staleness: {learner.max_staleness}: {STALENESS_CPU}"
     return None
@@ -110,8 +115,11 @@ def learner_overrides(learner: LearnerSpec, config: Mapping[str, Any],
         mp = f"+{ACTOR}.fsdp_config.mixed_precision"
         out += [override(f"{mp}.param_dtype", learner.precision),
                 override(f"{mp}.reduce_dtype", "fp32"), override(f"{mp}.buffer_dtype", "fp32")]
-    if learner.deterministic:
+    if learner.deterministic or learner.preset == "true_on_policy":
         out.append(override(f"{ACTOR}.fsdp_config.full_determinism", True))
+    if learner.preset == "true_on_policy":  # cpu pools only (check_learner)
+        out += [override(f"{CPU_ENGINE}.per_sample_seed", True),
+                override("actor_rollout_ref.rollout.dtype", "float32")]
     if learner.max_staleness is not None:
         tbs = config_value(config, "data.train_batch_size", 1)
         mbs = config_value(config, f"{ACTOR}.ppo_mini_batch_size", 1)

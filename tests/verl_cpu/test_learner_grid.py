@@ -1,10 +1,11 @@
 """``learner.*`` and ``correction.preset`` on real verl 0.9.1 GRPO jobs on this CPU (issue 26).
 
-One module-scoped ``ablate submit grids/verl_cpu_learner.yaml`` (3 trials of 2 steps on
+One module-scoped ``ablate submit grids/verl_cpu_learner.yaml`` (4 trials of 3 steps on
 cpu-fp32, ~1 minute and ~6 GB each) is shared by every assertion: each trial ran to the end
 with the loss mode, trainer precision, determinism and preset the grid names, as verl's own
 logged config shows; the fp32 trainers are on-policy (k3 < 1e-9 every step) while the bf16
-trainer, against the same fp32 rollout engine, has a real mismatch. Run under
+trainer, against the same fp32 rollout engine, has a real mismatch; the true on-policy bundle
+has k3 exactly 0 at every step while no GRPO group of samples is a set of clones. Run under
 ``flock /tmp/ablate-heavy.lock``. Needs ``pip install -e '.[verl]'``; no GPU, no network.
 """
 from __future__ import annotations
@@ -31,6 +32,9 @@ EXPECTED = {  # bundle label -> verl config params (flattened with "/") the job 
                       "actor_rollout_ref/actor/fsdp_config/full_determinism": "True",
                       "algorithm/rollout_correction/rollout_rs": "seq_mean_k3",
                       "algorithm/rollout_correction/rollout_is": "sequence"},
+    "true-on-policy": {"actor_rollout_ref/actor/fsdp_config/full_determinism": "True",
+                       "actor_rollout_ref/rollout/engine_kwargs/cpu/per_sample_seed": "True",
+                       "actor_rollout_ref/rollout/dtype": "float32"},
 }
 
 
@@ -40,7 +44,7 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
     with cliproc.ablate_env(tmp) as env:
         plan = cliproc.run(["plan", str(GRID), "--json"], env, tmp)
         assert plan.returncode == 0, plan.stderr
-        assert len(json.loads(plan.stdout)) == 3
+        assert len(json.loads(plan.stdout)) == 4
         proc = cliproc.run(["submit", str(GRID)], env, tmp, timeout=1200)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         from mlflow.tracking import MlflowClient
@@ -49,7 +53,8 @@ def runs(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
         exp = client.get_experiment_by_name("verl-cpu-learner")
         children = [r for r in client.search_runs([exp.experiment_id], max_results=50)
                     if r.data.tags.get("mlflow.parentRunId")]
-        yield {"client": client, "by_label": {r.data.params["learner"]: r for r in children}}
+        yield {"client": client, "by_label": {r.data.params["learner"]: r for r in children},
+               "trials": tmp / ".ablate" / "verl-cpu-learner" / "trials"}
 
 
 @pytest.mark.slow
@@ -66,9 +71,26 @@ def test_fp32_trainers_are_on_policy_every_step_and_bf16_is_not(runs) -> None:
     client = runs["client"]
     for label, run in runs["by_label"].items():
         k3 = [m.value for m in client.get_metric_history(run.info.run_id, "rollout_corr/k3_kl")]
-        assert len(k3) == 2, (label, k3)
+        assert len(k3) == 3, (label, k3)
         if label == "dppo-bf16":
             assert all(v > 1e-7 for v in k3), (label, k3)
         else:  # fp32 engine (incremental KV cache) and fp32 trainer: the pool's k3 = 0 up to
             # fp32 reduction-order differences (tests/verl_cpu/test_grid_e2e.py: < 1e-9)
             assert all(v < 1e-9 for v in k3), (label, k3)
+
+
+@pytest.mark.slow
+def test_true_on_policy_k3_exactly_zero_and_samples_of_a_prompt_distinct(runs) -> None:
+    """Every step: k3 is exactly 0. At every weight sync the engine reports the GRPO groups it
+    served since the previous one (requests with the same prompt), none of them clones: the
+    syncs before steps 2 and 3 cover the rollouts of steps 1 and 2 (the last step's rollouts
+    are followed by no sync)."""
+    run = runs["by_label"]["true-on-policy"]
+    k3 = [m.value for m in runs["client"].get_metric_history(run.info.run_id, "rollout_corr/k3_kl")]
+    assert k3 == [0.0, 0.0, 0.0], k3
+    log = runs["trials"] / run.data.tags["trial_id"] / "logs" / "weight_sync.attempt1.jsonl"
+    syncs = [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
+    assert all(s["per_sample_seed"] for s in syncs), syncs
+    served = [s for s in syncs if s["global_steps"]]  # the syncs after each step's rollouts
+    assert len(served) >= 2 and all(s["prompt_groups_since_last_sync"] > 0 for s in served), syncs
+    assert all(s["clone_groups_since_last_sync"] == 0 for s in syncs), syncs
