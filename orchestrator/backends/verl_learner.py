@@ -75,6 +75,11 @@ def check_learner(learner: LearnerSpec, correction: CorrectionSpec, rollout: Rol
                     f"computes in {rollout.dtype or engine} and its trainer in {trainer}; the "
                     "engine reproduces the trainer only when both are fp32; fix: pool cpu-fp32 "
                     "(or rollout.dtype: fp32)")
+        if pool.gpus_per_node * pool.nodes > 1:
+            return (f"learner.preset: true_on_policy on pool {pool.name!r}: its "
+                    f"{pool.gpus_per_node * pool.nodes} ranks run as many rollout replicas, each "
+                    "counting sample indices from 0, so two samples of one prompt on two replicas "
+                    "would share a seed; fix: pool cpu-fp32 (one rank)")
     if learner.max_staleness is not None and pool.kind == "cpu":
         return f"learner.max_staleness: {learner.max_staleness}: {STALENESS_CPU}"
     return None

@@ -80,6 +80,7 @@ def test_staleness_that_breaks_the_batch_constraint_is_refused() -> None:
     ({"precision": "fp16"}, {}, "cpu-fp32", "trains in fp32 or bf16 only"),
     ({"preset": "true_on_policy"}, {}, "h100", "vllm_async_server.py:627"),
     ({"preset": "true_on_policy"}, {}, "cpu-bf16", "computes in bfloat16"),
+    ({"preset": "true_on_policy"}, {}, "cpu", "would share a seed"),
     ({"max_staleness": 1}, {}, "cpu-fp32", "checkpoint_engine.backend"),
 ])
 def test_refusals_name_key_value_and_fix(learner: dict, corr: dict, pool: str, needle: str) -> None:
