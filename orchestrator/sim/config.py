@@ -202,6 +202,10 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     if problem:
         raise UserError(problem)
     numerics = resolve_numerics(parse_profile(pool.sim_profile, pool.name), rollout)
+    # The trainer is deterministic exactly when its CPU numerics are pinned.
+    _need(not learner.is_deterministic or sim.get("reproducible", True) is not False,
+          "learner.deterministic", "needs pinned CPU numerics, and sim.reproducible is false; "
+          "fix: sim.reproducible: true")
 
     arch = model.get("arch", "dense")
     _need(arch in ("dense", "moe"), "model.arch", f"must be dense or moe, got {arch!r}")

@@ -90,6 +90,7 @@ def test_trainer_gemm_is_the_rounded_kernel(dtype) -> None:
     ({"learner.loss": "gspo", "correction.policy": "bypass"}, "bypass mode replaces the policy loss"),
     ({"learner.max_staleness": 2}, "rollout.weight_lag: 2"),
     ({"learner.preset": "true_on_policy", "learner.precision": "bf16"}, "learner.precision: fp32"),
+    ({"learner.deterministic": True, "sim.reproducible": False}, "sim.reproducible: true"),
 ])
 def test_refused_before_any_work(sim, tmp_path, over, needle) -> None:
     from orchestrator.exceptions import UserError
