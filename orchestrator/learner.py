@@ -42,8 +42,10 @@ LOSSES: dict[str, str] = {
              "clipped tokens keep their gradient (arXiv 2506.13585)",
     "sapo": "SAPO: smooth sigmoid gate on the ratio instead of a hard clip (tau 1.0 for A > 0, "
             "1.05 otherwise), sequence mean of token means (arXiv 2511.20347)",
-    "geo_mean": "GMPO: geometric mean of the token-clipped ratios per sequence, sequence mean; "
-                "IS weights enter as their geometric mean (arXiv 2507.20673)",
+    "geo_mean": "GMPO: geometric mean of the token-clipped ratios per sequence, mean over "
+                "sequences; IS weights enter as their geometric mean (arXiv 2507.20673). verl "
+                "takes that mean per micro-batch without rescaling, so with k micro-batches per "
+                "mini-batch its gradient is k times the simulator's",
     "dppo_tv": "DPPO binary-TV: REINFORCE with the truncated ratio (cap 3), tokens masked "
                "where |pi - pi_old| exceeds the clip range (arXiv 2602.04879)",
     "dppo_kl": "DPPO binary-KL: as dppo_tv with the binary KL of the sampled token's "
