@@ -99,3 +99,11 @@ def test_precision_gating_by_hardware() -> None:
     why = verl_learner.check_learner(LearnerSpec(precision="bf16"), CorrectionSpec(),
                                      RolloutSpec(), v100)
     assert why and "not in orchestrator/pools.py" in why
+
+
+def test_learner_precision_replaces_the_cpu_pools_fp32_trainer() -> None:
+    grid = load_grid(REPO / "grids/verl_cpu_learner.yaml")
+    trial = next(t for t in expand(grid) if dict(t.axes)["learner"] == "dppo-bf16")
+    items = VerlBackend.overrides(trial, grid.trial_config(trial), POOLS["cpu-fp32"])
+    dtypes = [i for i in items if "mixed_precision.param_dtype" in i]
+    assert dtypes == ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype='bf16'"]
