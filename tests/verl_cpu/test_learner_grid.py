@@ -93,8 +93,7 @@ def test_fp32_trainers_are_on_policy_every_step_and_bf16_is_not(runs) -> None:
 def test_true_on_policy_k3_exactly_zero_and_samples_of_a_prompt_distinct(runs) -> None:
     """Every step: k3 is exactly 0. At every weight sync the engine reports the GRPO groups it
     served since the previous one (requests with the same prompt), none of them clones: the
-    syncs before steps 2 and 3 cover the rollouts of steps 1 and 2 (the last step's rollouts
-    are followed by no sync)."""
+    syncs after steps 1, 2 and 3 cover every step's rollouts."""
     run = runs["by_label"]["true-on-policy"]
     k3 = [m.value for m in runs["client"].get_metric_history(run.info.run_id, "rollout_corr/k3_kl")]
     assert k3 == [0.0, 0.0, 0.0], k3
@@ -102,5 +101,5 @@ def test_true_on_policy_k3_exactly_zero_and_samples_of_a_prompt_distinct(runs) -
     syncs = [json.loads(ln) for ln in log.read_text().splitlines() if ln.strip()]
     assert all(s["per_sample_seed"] for s in syncs), syncs
     served = [s for s in syncs if s["global_steps"]]  # the syncs after each step's rollouts
-    assert len(served) >= 2 and all(s["prompt_groups_since_last_sync"] > 0 for s in served), syncs
+    assert len(served) == 3 and all(s["prompt_groups_since_last_sync"] > 0 for s in served), syncs
     assert all(s["clone_groups_since_last_sync"] == 0 for s in syncs), syncs
