@@ -20,6 +20,8 @@ loss_type          ppo_clip | reinforce (bypass only)
 denominator        renormalized (verl: token-mean over surviving tokens) | original (Miles)
 opsm               DeepSeek-V3.2 off-policy sequence masking delta, or null
 routing_replay     off | R2 | R3 (MoE only)
+preset             one of verl 0.9.1's named RolloutCorrectionConfig presets (``PRESETS``),
+                   expanded into the keys above; a key set beside it must agree with it
 =================  ==========================================================================
 
 The math follows Miles ``mis.py`` and verl's ``rollout_corr_helper``. For every
@@ -74,6 +76,95 @@ RS_FILTER_OPTIONS = (
 SAFETY_BOUND = 20.0  # log-ratio clamp used by Miles and verl
 # ``rs`` levels as verl's k1 rejection options (k1 = -log ratio, clamped per token).
 RS_LEVEL_OPTION = {"token": "token_k1", "sequence": "seq_sum_k1", "geometric": "seq_mean_k1"}
+
+
+# verl 0.9.1's ``RolloutCorrectionConfig`` classmethod presets (defaults of their arguments), as
+# this vocabulary: (description, fields). verl's k1 thresholds stay verbatim as rs_filters, so
+# the verl mapping emits exactly verl's option and band (tests/test_correction_presets.py checks
+# every preset against verl's classmethod, key by key). A preset sets every key verl decides
+# (``_PRESET_KEYS``: unnamed ones at their defaults);
+# note the trap: ``RolloutCorrectionConfig()`` itself defaults to sequence IS, the presets and
+# this vocabulary to none.
+_GEO = {"seq_mean_k1": "0.999_1.001"}
+_K3 = {"seq_mean_k3": 0.01}
+_BYPASS_PG = {"policy": "bypass", "loss_type": "reinforce"}
+PRESETS: dict[str, tuple[str, dict[str, Any]]] = {
+    "disabled": ("metrics only, no correction", {}),
+    "decoupled_token_is": ("token TIS at 2", {"is_level": "token"}),
+    "decoupled_seq_is": ("sequence TIS at 2", {"is_level": "sequence"}),
+    "decoupled_token_icepop": ("token IcePop: weights outside [0.5, 5] set to 0",
+                               {"is_level": "token", "is_mode": "mask", "is_bounds": [0.5, 5.0]}),
+    "decoupled_seq_is_rs": ("sequence TIS at 2 + sequence-sum k1 RS in [0.5, 2] (seq-MIS)",
+                            {"is_level": "sequence", "rs_filters": {"seq_sum_k1": "0.5_2.0"}}),
+    "decoupled_geo_rs": ("geometric RS: sequence-mean k1 in [0.999, 1.001]", {"rs_filters": _GEO}),
+    "decoupled_geo_rs_seq_tis": ("geometric RS + sequence TIS at 2",
+                                 {"is_level": "sequence", "rs_filters": _GEO}),
+    "decoupled_geo_rs_token_tis": ("geometric RS + token TIS at 2",
+                                   {"is_level": "token", "rs_filters": _GEO}),
+    "decoupled_k3_rs": ("sequence-mean k3 RS at 0.01", {"rs_filters": _K3}),
+    "decoupled_k3_rs_seq_tis": ("k3 RS + sequence TIS at 2",
+                                {"is_level": "sequence", "rs_filters": _K3}),
+    "decoupled_k3_rs_token_tis": ("k3 RS + token TIS at 2", {"is_level": "token", "rs_filters": _K3}),
+    "bypass_ppo_clip": ("bypass, PPO-clip on pi_theta / mu", {"policy": "bypass"}),
+    "bypass_ppo_clip_geo_rs": ("bypass PPO-clip + geometric RS",
+                               {"policy": "bypass", "rs_filters": _GEO, "denominator": "original"}),
+    "bypass_ppo_clip_k3_rs": ("bypass PPO-clip + k3 RS",
+                              {"policy": "bypass", "rs_filters": _K3, "denominator": "original"}),
+    "bypass_pg_is": ("bypass REINFORCE + sequence TIS at 2", {**_BYPASS_PG, "is_level": "sequence"}),
+    "bypass_pg_token_icepop": ("bypass REINFORCE + token IcePop [0.5, 5]",
+                               {**_BYPASS_PG, "is_level": "token", "is_mode": "mask",
+                                "is_bounds": [0.5, 5.0]}),
+    "bypass_pg_geo_rs": ("bypass REINFORCE + geometric RS",
+                         {**_BYPASS_PG, "rs_filters": _GEO, "denominator": "original"}),
+    "bypass_pg_geo_rs_seq_tis": ("bypass REINFORCE + geometric RS + sequence TIS",
+                                 {**_BYPASS_PG, "is_level": "sequence", "rs_filters": _GEO,
+                                  "denominator": "original"}),
+    "bypass_pg_geo_rs_token_tis": ("bypass REINFORCE + geometric RS + token TIS",
+                                   {**_BYPASS_PG, "is_level": "token", "rs_filters": _GEO,
+                                    "denominator": "original"}),
+}
+
+
+def expand_preset(raw: Any) -> Any:
+    """A raw correction mapping with ``preset`` expanded into the fields it sets.
+
+    A field given beside the preset must equal the preset's value or its own default (the
+    grid loader fills every default in): anything else would silently lose one of the two.
+    """
+    if not isinstance(raw, dict) or raw.get("preset") not in PRESETS:
+        return raw  # no preset, or an unknown name (refused by the field's own validator)
+    name = raw["preset"]
+    fields = preset_fields(name)
+    out = dict(raw)
+    for key, value in fields.items():
+        given = raw.get(key)
+        default = CorrectionSpec.model_fields[key].get_default(call_default_factory=True)
+        same = _norm(given) in (_norm(value), _norm(default)) or key not in raw
+        if not same:
+            raise ValueError(f"correction.{key}: {_show_any(given)} conflicts with correction."
+                             f"preset: {name}, which sets {_show_any(value)}; fix: drop one of them")
+        out[key] = value
+    return out
+
+
+# Every key a verl preset decides (its seven rollout_correction values and the denominator
+# verl then computes): a preset sets all of them, so nothing beside it can change what it means.
+_PRESET_KEYS = {"is_level": "none", "is_mode": "truncate", "is_bounds": [0.5, 2.0], "rs": "off",
+                "rs_bounds": None, "rs_filters": {}, "batch_norm": False, "policy": "decoupled",
+                "loss_type": "ppo_clip", "denominator": "renormalized"}
+
+
+def preset_fields(name: str) -> dict[str, Any]:
+    """All the correction fields preset ``name`` sets."""
+    return {**_PRESET_KEYS, **PRESETS[name][1]}
+
+
+def _norm(value: Any) -> Any:
+    return list(value) if isinstance(value, tuple) else value
+
+
+def _show_any(value: Any) -> str:
+    return value if isinstance(value, str) else _show(value) if not isinstance(value, dict) else str(value)
 
 
 def _show(value: Any) -> str:
@@ -147,6 +238,24 @@ class CorrectionSpec(BaseModel):
     denominator: Literal["renormalized", "original"] = "renormalized"
     opsm: float | None = None
     routing_replay: Literal["off", "R2", "R3"] = "off"
+    preset: str | None = None
+
+    @model_validator(mode="before")
+    @classmethod
+    def _preset(cls, raw: Any) -> Any:
+        return expand_preset(raw)
+
+    @field_validator("preset")
+    @classmethod
+    def _known_preset(cls, v: str | None) -> str | None:
+        if v is not None and v not in PRESETS:
+            import difflib
+
+            near = difflib.get_close_matches(v, list(PRESETS), n=1)
+            hint = f"did you mean {near[0]!r}? " if near else ""
+            raise ValueError(f"unknown preset {v!r}; {hint}verl 0.9.1's presets: "
+                             f"{', '.join(PRESETS)}")
+        return v
 
     @field_validator("is_bounds", "rs_bounds", mode="before")
     @classmethod
@@ -208,7 +317,8 @@ class CorrectionSpec(BaseModel):
     def canonical(self) -> CorrectionSpec:
         """Reset fields that cannot change the result, so equivalent configs hash the same."""
         default = CorrectionSpec()
-        update: dict[str, Any] = {}
+        # A preset is only a name for the fields it set: it hashes like those fields.
+        update: dict[str, Any] = {"preset": None} if self.preset is not None else {}
         if self.is_level == "none":
             update.update(is_mode=default.is_mode, batch_norm=False)
             if self.rs == "off":

@@ -18,6 +18,8 @@ PG_CLIPFRAC = "actor/pg_clipfrac"
 PPO_KL = "actor/ppo_kl"
 KL_LOSS = "actor/kl_loss"
 LR = "actor/lr"
+LOSS_SCALE = "actor/loss_scale"  # learner.precision fp16: the dynamic loss scale
+SKIPPED_UPDATE = "actor/skipped_update"  # fp16: share of mini-batch updates skipped on overflow
 OPSM_FRACTION = "actor/opsm_fraction"  # sequences masked by OPSM (DeepSeek-V3.2), Miles opsm_clipfrac
 
 # Training-inference mismatch (pi_old recomputed by the trainer vs mu from the rollout engine)

@@ -29,6 +29,30 @@ BUILTIN_CATALOG = Path(__file__).with_name("pools.yaml")
 # an RFC 1123 label (what Kubernetes accepts as a name and a label value).
 POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")
 
+# CUDA compute capability by accelerator (``pool.accelerator``): FA3 needs Hopper (9.0), FP8
+# tensor cores >= 8.9, bf16 tensor cores >= 8.0 (Ampere). B200/GB200 are Blackwell (10.0), which
+# verl 0.9.1 runs through SGLang/vLLM's CUDA 12.8+ builds.
+COMPUTE_CAPABILITY: dict[str, float] = {
+    "H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 8.9, "L40S": 8.9, "L40": 8.9,
+    "A100": 8.0, "A800": 8.0, "A10": 8.6, "B200": 10.0, "GB200": 10.0,
+}  # fmt: skip
+# AMD Instinct accelerators verl 0.9.1 supports (its ROCm platform; SGLang's aiter kernels),
+# by GFX target: MI300X (gfx942) has bf16 and fp16 matrix cores.
+ROCM_ARCH: dict[str, str] = {"MI300X": "gfx942", "MI325X": "gfx942"}
+
+
+def train_precisions(pool_kind: str, accelerator: str) -> tuple[str, ...] | None:
+    """Training precisions (``learner.precision``) the hardware computes natively, or None if
+    the accelerator is not in the tables above. cpu pools: fp32, and bf16 through CPU autocast."""
+    if pool_kind == "cpu":
+        return ("fp32", "bf16")
+    if accelerator in ROCM_ARCH:
+        return ("fp32", "bf16", "fp16")
+    cc = COMPUTE_CAPABILITY.get(accelerator)
+    if cc is None:
+        return None
+    return ("fp32", "bf16", "fp16") if cc >= 8.0 else ("fp32", "fp16")
+
 
 class Toleration(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)

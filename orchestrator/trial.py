@@ -77,7 +77,9 @@ class TrialSpec:
 
     @property
     def override_map(self) -> dict[str, Any]:
-        return dict(self.overrides)
+        # Thawed: a mapping value (correction.rs_filters, e.g. from a preset) is held as sorted
+        # pairs and must reach the recipe as a mapping again, not a list of pairs.
+        return {k: thaw(v) for k, v in self.overrides}
 
     def to_json(self) -> dict[str, Any]:
         """A JSON-safe dict (the edge format for state files, Ray configs and MLflow)."""

@@ -17,6 +17,7 @@ from typing import Any, ClassVar, Protocol
 
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -84,6 +85,18 @@ class Backend(abc.ABC):
     def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
         """Plan-time refusal of a pool's own settings in the catalogue (e.g. a simulator
         profile): (the pool key, the reason), or None. By default none."""
+        return None
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Plan-time refusal of the ``learner.*`` settings (``orchestrator/learner.py``) with
+        this correction and engine on ``pool``. By default a backend maps none of them, so any
+        setting is refused: a backend that does not say what it runs must not run it."""
+        set_keys = ", ".join(f"learner.{k}: {v}" for k, v in learner.non_default().items())
+        if set_keys:
+            return (f"{set_keys}: backend {cls.name!r} does not map the learner vocabulary; "
+                    "fix: drop it, or use the sim or verl backend")
         return None
 
     @classmethod

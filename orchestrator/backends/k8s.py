@@ -34,6 +34,7 @@ from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.k8s.client import Phase, RayJobClient, load_config
 from orchestrator.k8s.render import render_rayjob
 from orchestrator.k8s.settings import ClusterSettings
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -85,6 +86,11 @@ class K8sBackend(Backend):
     def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
                      pool: PoolSpec) -> str | None:
         return VerlBackend.check_engine(rollout, config, pool)
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        return VerlBackend.check_learner(learner, correction, rollout, pool)
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],

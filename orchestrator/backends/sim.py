@@ -16,8 +16,9 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, R
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, NumericFailure, UserError
+from orchestrator.learner import LearnerSpec, rollout_for
 from orchestrator.pools import PoolSpec
-from orchestrator.sim.config import build_setup, reproducible
+from orchestrator.sim.config import build_setup, check_learner, reproducible
 from orchestrator.sim.profile import check_rollout, parse_profile
 from orchestrator.trial import TrialSpec
 
@@ -48,6 +49,15 @@ class SimBackend(Backend):
         except UserError as exc:
             return "sim_profile", str(exc)
         return None
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """The simulator runs every loss, precision and the true on-policy bundle
+        (``sim/config.check_learner``); the bundle's engine flags are checked on the pool."""
+        rollout = rollout_for(learner, rollout)
+        return check_learner(learner, correction, rollout) or check_rollout(
+            rollout, pool.sim_profile, pool.name)
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
@@ -99,7 +109,7 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
         raise UserError(f"task: {exc}") from None
     model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
     trainer = GRPOTrainer(model, task, TrainConfig(**setup.train), setup.correction,
-                          setup.numerics, trial.seed)
+                          setup.numerics, trial.seed, setup.learner)
     last = 0
     if ctx.resume_step:
         last = trainer.load(ctx.checkpoint_path(ctx.resume_step))

@@ -36,6 +36,7 @@ from orchestrator.exceptions import (
     Preempted,
     UserError,
 )
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.checks import placement_problem
@@ -82,6 +83,20 @@ class SlurmBackend(Backend):
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
                      pool: PoolSpec) -> str | None:
         return _inner(pool).check_values(items, config, pool)
+
+    @classmethod
+    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        return _inner(pool).check_engine(rollout, config, pool)
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        return _inner(pool).check_learner(learner, correction, rollout, pool)
+
+    @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        return _inner(pool).check_pool(pool)
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:

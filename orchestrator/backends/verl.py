@@ -16,7 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends import verl_engines, verl_map
+from orchestrator.backends import verl_engines, verl_learner, verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_memory import check_memory
@@ -26,6 +26,7 @@ from orchestrator.backends.verl_topology import config_value, world_size
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -64,6 +65,12 @@ class VerlBackend(Backend):
         return refusals[0] if all(refusals) else None
 
     @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``verl_learner``)."""
+        return verl_learner.check_learner(learner, correction, rollout, pool)
+
+    @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
                      pool: PoolSpec | None = None) -> str | None:
         """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
@@ -75,8 +82,9 @@ class VerlBackend(Backend):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """Plan time: a model too large for a cpu pool's memory (``verl_memory``)."""
-        return check_memory(config, pool)
+        """Plan time: a model too large for a cpu pool's memory (``verl_memory``), and
+        separate_async's batch constraints for ``learner.max_staleness``."""
+        return check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
 
     @classmethod
     def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
@@ -108,7 +116,10 @@ class VerlBackend(Backend):
                   save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
         """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
         correction, rollout = _sections(trial, config)
-        problem = cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
+        learner = _learner(trial, config)
+        problem = (cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
+                   or cls.check_learner(learner, correction, rollout, pool)
+                   or verl_learner.staleness_problem(config, pool))
         if problem:
             raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
                             key=trial.recipe)
@@ -165,6 +176,9 @@ class VerlBackend(Backend):
         engine = verl_engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
         engine_items = verl_engines.engine_overrides(rollout, str(engine))
         for item in engine_items + verl_map.correction_overrides(correction):
+            out[item.split("=", 1)[0].lstrip("+")] = item
+        # The learner's keys last: they replace the pool's trainer precision (cpu pools: fp32).
+        for item in verl_learner.learner_overrides(learner, config, pool):
             out[item.split("=", 1)[0].lstrip("+")] = item
         return list(out.values())
 
@@ -235,6 +249,14 @@ def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSp
         raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
                         f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
     return corr, roll
+
+
+def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:
+    try:
+        return LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    except ValueError as exc:
+        raise GridError(f"trial {trial.trial_id}: invalid learner section: "
+                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
 
 
 def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:

@@ -17,7 +17,7 @@ from typing import Any
 
 from orchestrator.corrections import CorrectionSpec, parse_lo_hi, rejection_rules
 from orchestrator.engine import RolloutSpec
-from orchestrator.pools import PoolSpec
+from orchestrator.pools import COMPUTE_CAPABILITY, PoolSpec
 from orchestrator.recipes import flatten
 
 RC = "algorithm.rollout_correction"
@@ -41,11 +41,9 @@ OWNED_KEYS = frozenset({
 PATH_KEYS = ("function_tool_path", "tool_config_path")
 # Recipe sections that are not verl keys: the vocabularies, and ``assets`` (model, tokenizer and
 # data built in code, orchestrator/backends/verl_cpu/assets.py), which become verl paths.
-SECTIONS = ("correction", "rollout", "assets")
+SECTIONS = ("correction", "rollout", "learner", "assets")
 
-# Compute capability by accelerator (FA3 needs Hopper 9.0; FP8 tensor cores need >= 8.9).
-COMPUTE_CAPABILITY = {"H100": 9.0, "H200": 9.0, "H20": 9.0, "H800": 9.0, "L20": 8.9,
-                      "L40S": 8.9, "L40": 8.9, "A100": 8.0, "A800": 8.0, "A10": 8.6}
+VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 
 
 

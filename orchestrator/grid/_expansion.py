@@ -18,6 +18,7 @@ from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.grid._validation import SECTIONS, Checker, axis_label
+from orchestrator.learner import LearnerSpec
 from orchestrator.schema import split_index
 from orchestrator.trial import TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
 
@@ -72,8 +73,10 @@ class _Resolver:
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
         self._engine_check(out, tuple(rest), pool, context)
-        # Also without overrides: the recipe's own values must run (once per pool).
-        self._value_check(tuple(rest), pool, context)
+        # Also without overrides: the recipe's own values must run (once per pool). The learner
+        # keys go with them: they constrain recipe values (verl separate_async's batch sizes).
+        learner = [(k, v) for k, v in out if k.startswith("learner.")]
+        self._value_check(tuple(rest + learner), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
 
@@ -121,11 +124,16 @@ class _Resolver:
         roll = RolloutSpec.model_validate(
             {**self.section_base["rollout"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("rollout.")}})
-        problem = self.backend_cls.check(corr, roll, self.grid.pools.pools[pool])
+        learn = LearnerSpec.model_validate(
+            {**self.section_base["learner"],
+             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("learner.")}})
+        pool_spec = self.grid.pools.pools[pool]
+        problem = (self.backend_cls.check(corr, roll, pool_spec)
+                   or self.backend_cls.check_learner(learn, corr, roll, pool_spec))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
-                                  f"{problem}",
-                                  "axes", fix="exclude this combination or change the value")
+                                  f"{problem}", "axes", fix=None if "; fix: " in problem
+                                  else "exclude this combination or change the value")
         self.checked.add(key)
 
 

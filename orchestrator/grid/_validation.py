@@ -23,12 +23,14 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolCatalog
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
 from orchestrator.trial import freeze
 
-SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec}
+SECTIONS: dict[str, type[BaseModel]] = {"correction": CorrectionSpec, "rollout": RolloutSpec,
+                                        "learner": LearnerSpec}
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
 
 
@@ -227,7 +229,7 @@ class Checker:
                     allowed = _allowed_values(model, field)
                     problem = f"{_short(value)} is not valid for {key}"
                     if not allowed:
-                        problem += f" ({field_errors[0]['msg']})"
+                        problem += f" ({field_errors[0]['msg'].removeprefix('Value error, ')})"
                     raise self.err(problem, path, allowed=allowed, got=value) from None
             return value
         default = self.leaves[key]

@@ -25,6 +25,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
 from orchestrator.grid import derive_trial
+from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.store import MANIFEST, CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
@@ -207,7 +208,8 @@ def _check_pool(grid: GridSpec, backend: type[Backend], trial: TrialSpec, pool: 
     config = grid.trial_config(trial)
     corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
     roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    problem = backend.check(corr, roll, pool)
+    learn = LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    problem = backend.check(corr, roll, pool) or backend.check_learner(learn, corr, roll, pool)
     if problem:
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")
     if pool.kind == "sim":

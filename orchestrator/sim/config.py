@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError, did_you_mean
+from orchestrator.learner import LearnerSpec, combination_problem, rollout_for
 from orchestrator.pools import PoolSpec
 from orchestrator.sim.profile import (
     Numerics,
@@ -24,7 +25,7 @@ from orchestrator.sim.profile import (
     resolve_numerics,
 )
 
-SECTIONS = ("model", "task", "train", "eval", "sim", "correction", "rollout")
+SECTIONS = ("model", "task", "train", "eval", "sim", "correction", "rollout", "learner")
 MODEL_KEYS = ("arch", "d_model", "n_layers", "n_heads", "d_ff", "n_experts", "top_k",
               "expert_d_ff", "aux_loss_coef")
 TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "aliases")
@@ -142,6 +143,7 @@ class SimSetup:
     numerics: Numerics
     threads: int
     reproducible: bool = True  # pinned CPU numerics (orchestrator/numerics.py)
+    learner: LearnerSpec = dataclasses.field(default_factory=LearnerSpec)
 
 
 def _section(config: Mapping[str, Any], name: str, keys: tuple[str, ...]) -> dict[str, Any]:
@@ -191,13 +193,19 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     _need(task.get("name", "progression") in TASK_NAMES, "task.name",
           f"must be one of {', '.join(TASK_NAMES)}, got {task.get('name')!r}"[:200])
     correction = _spec(CorrectionSpec, config.get("correction") or {}, "correction")
-    rollout = _spec(RolloutSpec, config.get("rollout") or {}, "rollout")
+    learner = _spec(LearnerSpec, config.get("learner") or {}, "learner")
+    rollout = rollout_for(learner, _spec(RolloutSpec, config.get("rollout") or {}, "rollout"))
     _need(pool.kind == "sim", "pool", f"{pool.name} is a {pool.kind} pool; the sim backend "
           "needs a sim-* pool")
-    problem = check_rollout(rollout, pool.sim_profile, pool.name)
+    problem = check_learner(learner, correction, rollout) or check_rollout(
+        rollout, pool.sim_profile, pool.name)
     if problem:
         raise UserError(problem)
     numerics = resolve_numerics(parse_profile(pool.sim_profile, pool.name), rollout)
+    # The trainer is deterministic exactly when its CPU numerics are pinned.
+    _need(not learner.is_deterministic or sim.get("reproducible", True) is not False,
+          "learner.deterministic", "needs pinned CPU numerics, and sim.reproducible is false; "
+          "fix: sim.reproducible: true")
 
     arch = model.get("arch", "dense")
     _need(arch in ("dense", "moe"), "model.arch", f"must be dense or moe, got {arch!r}")
@@ -237,7 +245,22 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
     if "prompts" in ev:
         train["eval_prompts"] = ev["prompts"]
     return SimSetup(model, task, train, correction, rollout, numerics, threads,
-                    sim.get("reproducible", True))
+                    sim.get("reproducible", True), learner)
+
+
+def check_learner(learner: LearnerSpec, correction: CorrectionSpec,
+                  rollout: RolloutSpec) -> str | None:
+    """Why the simulator cannot run these ``learner.*`` settings, or None (``rollout`` is the
+    engine flags after :func:`learner.rollout_for`)."""
+    problem = combination_problem(learner, correction, rollout)
+    if problem:
+        return problem
+    if learner.max_staleness is not None:
+        return (f"learner.max_staleness: {learner.max_staleness} bounds the staleness of an "
+                "asynchronous trainer (verl separate_async); the simulator's trainer is "
+                "synchronous and models staleness as a fixed lag; fix: rollout.weight_lag: "
+                f"{learner.max_staleness} on the sim backend")
+    return None
 
 
 def reproducible(config: Mapping[str, Any]) -> bool:

@@ -18,6 +18,8 @@ import torch.nn.functional as F
 from orchestrator import metrics as M
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.exceptions import NumericFailure
+from orchestrator.learner import LearnerSpec
+from orchestrator.sim import loss_math
 from orchestrator.sim.correction_math import (
     Correction,
     apply_correction,
@@ -28,6 +30,7 @@ from orchestrator.sim.correction_math import (
     policy_loss,
 )
 from orchestrator.sim.model import ModelConfig, forward, init_params
+from orchestrator.sim.precision import LossScaler, trainer_ops
 from orchestrator.sim.profile import Numerics
 from orchestrator.sim.rollout import RolloutEngine, Rollouts
 from orchestrator.sim.task import Task
@@ -122,9 +125,14 @@ class GRPOTrainer:
     """One trial's policy, optimizer and rollout engine."""
 
     def __init__(self, model: ModelConfig, task: Task, train: TrainConfig,
-                 correction: CorrectionSpec, numerics: Numerics, seed: int) -> None:
+                 correction: CorrectionSpec, numerics: Numerics, seed: int,
+                 learner: LearnerSpec | None = None) -> None:
         self.model, self.task, self.cfg = model, task, train
         self.corr, self.num, self.seed = correction, numerics, seed
+        self.learner = learner or LearnerSpec()
+        # learner.precision: the trainer's own arithmetic (None: plain fp32, sim/precision.py)
+        self.ops = trainer_ops(self.learner.precision)
+        self.scaler = LossScaler() if self.learner.precision == "fp16" else None
         self.params = {k: v.requires_grad_() for k, v in init_params(model, seed).items()}
         self.ref = init_params(model, seed) if train.kl_coef > 0 else None
         self.opt = AdamW(self.params, train.lr, (train.adam_beta1, train.adam_beta2),
@@ -151,8 +159,8 @@ class GRPOTrainer:
 
         replay = ro.routing if self.corr.routing_replay == "R3" and ro.routing else None
         with torch.no_grad():
-            out = forward(self.params, ro.tokens, self.model, temperature=self.num.temperature,
-                          replay=replay)
+            out = forward(self.params, ro.tokens, self.model, self.ops,
+                          temperature=self.num.temperature, replay=replay)
             logp_old = token_logp(out.logits, ro.tokens, plen)
             lp = F.log_softmax(out.logits[:, plen - 1:-1], dim=-1)
             entropy = -(lp.exp() * lp).sum(-1)
@@ -190,7 +198,7 @@ class GRPOTrainer:
             perm = torch.randperm(n, generator=gen)
             for idx in perm.chunk(cfg.minibatches):
                 rep = [r[idx] for r in replay] if replay else None
-                out = forward(self.params, ro.tokens[idx], self.model,
+                out = forward(self.params, ro.tokens[idx], self.model, self.ops,
                               temperature=self.num.temperature, replay=rep)
                 logp = token_logp(out.logits, ro.tokens[idx], plen)
                 mu, mask = ro.logp_mu[idx], ro.mask[idx]
@@ -209,7 +217,14 @@ class GRPOTrainer:
                 if self.corr.opsm is not None:
                     extra = opsm_mask(logp, mu, mask, adv[idx], self.corr.opsm)
                     acc.setdefault(M.OPSM_FRACTION, []).append(1.0 - extra.mean().item())
-                loss, m = policy_loss(logp, anchor, adv[idx], c, self.corr, cfg.clip_eps, extra)
+                if self.learner.loss is None:
+                    loss, m = policy_loss(logp, anchor, adv[idx], c, self.corr, cfg.clip_eps, extra)
+                else:  # learner.loss: verl's policy-loss modes (sim/loss_math.py)
+                    keep = c.loss_mask if extra is None else c.loss_mask * extra
+                    loss, frac = loss_math.policy_loss(
+                        self.learner.loss, logp, anchor, adv[idx], keep, c.weights,
+                        c.denom_mask.sum().clamp_min(1.0), cfg.clip_eps)
+                    m = {"pg_clipfrac": frac}
                 parts = {M.PG_LOSS: loss.item(), M.PG_CLIPFRAC: m["pg_clipfrac"],
                          M.PPO_KL: ((anchor - logp.detach()) * mask).sum().item()
                          / mask.sum().clamp_min(1).item()}
@@ -226,14 +241,37 @@ class GRPOTrainer:
                     loss = loss + cfg.aux_loss_coef * out.aux_loss
                 _finite("loss", loss, step)
                 self.opt.zero_grad()
-                loss.backward()
-                gn = torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.grad_clip)
+                if self.scaler is not None:
+                    gn = self._scaled_backward(loss)
+                    parts[M.LOSS_SCALE] = self.scaler.scale
+                    parts[M.SKIPPED_UPDATE] = float(gn is None)
+                    if gn is None:  # overflow: the update is skipped, as GradScaler does
+                        for k, v in parts.items():
+                            acc.setdefault(k, []).append(v)
+                        continue
+                else:
+                    loss.backward()
+                    gn = torch.nn.utils.clip_grad_norm_(list(self.params.values()), cfg.grad_clip)
                 _finite("grad norm", gn, step)
                 self.opt.step()
                 parts[M.GRAD_NORM] = gn.item()
                 for k, v in parts.items():
                     acc.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in acc.items()}
+
+    def _scaled_backward(self, loss: torch.Tensor) -> torch.Tensor | None:
+        """fp16: backward of the scaled loss, gradients unscaled and clipped; None (and the
+        scale halved) if any gradient overflowed, else the grad norm (the scale may grow)."""
+        assert self.scaler is not None
+        (loss * self.scaler.scale).backward()
+        grads = [p.grad for p in self.params.values() if p.grad is not None]
+        torch._foreach_div_(grads, self.scaler.scale)
+        finite = all(bool(torch.isfinite(g).all()) for g in grads)
+        self.scaler.update(finite)
+        if not finite:
+            self.opt.zero_grad()
+            return None
+        return torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
@@ -252,6 +290,8 @@ class GRPOTrainer:
             "engine_queue": self.engine.state(),
             "torch_rng": torch.get_rng_state(),
         }
+        if self.scaler is not None:
+            state["loss_scale"] = self.scaler.state_dict()
         torch.save(state, Path(directory) / CKPT_FILE)
 
     def load(self, directory: Path) -> int:
@@ -263,4 +303,6 @@ class GRPOTrainer:
         self.opt.load_state_dict(state["optimizer"])
         self.engine.load_state(state["engine_queue"])
         torch.set_rng_state(state["torch_rng"])
+        if self.scaler is not None and "loss_scale" in state:
+            self.scaler.load_state_dict(state["loss_scale"])
         return int(state["step"])

@@ -20,11 +20,11 @@ def built(tmp_path_factory) -> assets.Assets:
                         cache_root=tmp_path_factory.mktemp("assets"))
 
 
-def _server(built: assets.Assets, dtype: str) -> CpuRolloutServer:
+def _server(built: assets.Assets, dtype: str, **extra: object) -> CpuRolloutServer:
     from omegaconf import OmegaConf
 
     config = SimpleNamespace(dtype=dtype, seed=0, max_model_len=None, response_length=6,
-                             prompt_length=8, ignore_eos=False)
+                             prompt_length=8, ignore_eos=False, **extra)
     model_config = OmegaConf.create({"path": str(built.model_dir),
                                      "override_config": {"attn_implementation": "sdpa"}})
     return CpuRolloutServer(config=config, model_config=model_config, replica_rank=0)
@@ -73,3 +73,30 @@ def test_the_cpu_engine_reports_what_it_loaded(built, monkeypatch, tmp_path: Pat
     prov = P.compare(asked, [report], table_engine="sglang", engine="cpu")
     assert prov.unapplied == ([] if shown == "float32" else
                               ["rollout.dtype (asked dtype=float32, engine ran bfloat16)"])
+
+
+def test_per_sample_seed_draws_a_reproducible_set_of_distinct_samples(built, monkeypatch,
+                                                                      tmp_path: Path):
+    """learner.preset true_on_policy: request k for a prompt draws with seed + k, so the n
+    samples of a prompt differ and another server (or arrival order) draws the same set."""
+    monkeypatch.setenv("ABLATE_CPU_ROLLOUT_SYNC_LOG", str(tmp_path / "sync.jsonl"))
+    params = {"temperature": 1.0, "top_p": 1.0, "top_k": -1, "logprobs": True}
+
+    def samples(server: CpuRolloutServer, prompts: list[list[int]]) -> list[tuple[int, ...]]:
+        return [tuple(asyncio.run(server.generate(prompt_ids=p, sampling_params=dict(params),
+                                                  request_id=str(i))).token_ids)
+                for i, p in enumerate(prompts)]
+
+    def seeded() -> CpuRolloutServer:
+        return _server(built, "float32", engine_kwargs={"cpu": {"per_sample_seed": True}})
+
+    a, b = seeded(), seeded()
+    assert a.per_sample_seed
+    first = samples(a, [[9, 13, 5]] * 4 + [[7, 8]] * 4)
+    second = samples(b, [[7, 8]] * 4 + [[9, 13, 5]] * 4)  # another arrival order
+    assert sorted(first) == sorted(second)
+    assert len(set(first[:4])) > 1 and len(set(first[4:])) > 1
+    state = {k: v.detach().clone() for k, v in a.model.named_parameters()}
+    record = asyncio.run(a.update_weights(state, global_steps=1))
+    assert record["per_sample_seed"] and record["prompt_groups_since_last_sync"] == 2
+    assert record["clone_groups_since_last_sync"] == 0

@@ -60,6 +60,14 @@ class CpuRolloutServer:
             trust_remote_code=self.model_config.trust_remote_code).eval()
         self.eos_token_ids = _eos_ids(self.model_config)
         self.generator = torch.Generator().manual_seed(int(config.seed) + replica_rank)
+        # learner.preset true_on_policy: every request draws from its own generator seeded by
+        # the rollout seed, the step and its index among the requests for the same prompt (the
+        # sample index of a GRPO group, Miles' sampling_seed = rollout_seed + index), so the
+        # samples of a prompt differ and a rerun draws the same set, whatever the arrival order.
+        cpu_kwargs = (getattr(config, "engine_kwargs", None) or {}).get("cpu") or {}
+        self.per_sample_seed = bool(cpu_kwargs.get("per_sample_seed", False))
+        self.seed = int(config.seed)
+        self._groups: dict[tuple[int, ...], list[tuple[int, ...]]] = {}
         self.sync_records: list[weight_sync.SyncRecord] = []
         self._served = [0, 0.0, 0]  # requests, decode seconds, tokens since the last sync
         self.max_model_len = int(config.max_model_len or
@@ -95,7 +103,13 @@ class CpuRolloutServer:
         if params.max_new_tokens > budget:
             params = SamplingParams(**{**params.__dict__, "max_new_tokens": max(0, budget)})
         started = time.perf_counter()
-        out = decode(self.model, prompt, params, self.generator)
+        group = self._groups.setdefault(tuple(prompt), [])
+        generator = self.generator
+        if self.per_sample_seed:
+            seed = self.seed + 1_000_003 * (self.global_steps or 0) + len(group)
+            generator = torch.Generator().manual_seed(seed)
+        out = decode(self.model, prompt, params, generator)
+        group.append(tuple(out.token_ids))
         self._served[0] += 1
         self._served[1] += time.perf_counter() - started
         self._served[2] += len(out.token_ids)
@@ -113,9 +127,14 @@ class CpuRolloutServer:
         count, max_change, mean_change = weight_sync.load_weights(self.model, named_tensors)
         if global_steps is not None:
             self.global_steps = global_steps
+        groups = [g for g in self._groups.values() if len(g) > 1]
+        clones = sum(len(set(g)) == 1 for g in groups)
         record = weight_sync.make_record(self.model, self.replica_rank, global_steps, count,
-                                         max_change, mean_change, served=tuple(self._served))
+                                         max_change, mean_change, served=tuple(self._served),
+                                         groups=(len(groups), clones),
+                                         per_sample_seed=self.per_sample_seed)
         self._served = [0, 0.0, 0]
+        self._groups = {}
         self.sync_records.append(record)
         weight_sync.append_record(record)
         return record.__dict__

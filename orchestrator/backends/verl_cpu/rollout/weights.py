@@ -35,6 +35,11 @@ class SyncRecord:
     requests_since_last_sync: int = 0
     decode_seconds_since_last_sync: float = 0.0
     tokens_since_last_sync: int = 0
+    # Groups of requests with the same prompt since the previous sync (the n samples of a GRPO
+    # prompt), and how many of them came out as clones (every response identical).
+    prompt_groups_since_last_sync: int = 0
+    clone_groups_since_last_sync: int = 0
+    per_sample_seed: bool = False
 
 
 def fingerprint(model: torch.nn.Module) -> float:
@@ -80,7 +85,8 @@ def append_record(record: SyncRecord) -> None:
 
 def make_record(model: torch.nn.Module, replica_rank: int, global_steps: int | None,
                 count: int, max_change: float, mean_change: float,
-                served: tuple[int, float, int] = (0, 0.0, 0)) -> SyncRecord:
+                served: tuple[int, float, int] = (0, 0.0, 0),
+                groups: tuple[int, int] = (0, 0), per_sample_seed: bool = False) -> SyncRecord:
     """``served`` = (requests, decode seconds, generated tokens) since the previous sync."""
     dtype = str(next(model.parameters()).dtype).removeprefix("torch.")
     return SyncRecord(replica_rank=replica_rank, global_steps=global_steps, n_tensors=count,
@@ -88,4 +94,6 @@ def make_record(model: torch.nn.Module, replica_rank: int, global_steps: int | N
                       fingerprint=fingerprint(model), dtype=dtype, wall_time=time.time(),
                       requests_since_last_sync=served[0],
                       decode_seconds_since_last_sync=round(served[1], 4),
-                      tokens_since_last_sync=served[2])
+                      tokens_since_last_sync=served[2],
+                      prompt_groups_since_last_sync=groups[0],
+                      clone_groups_since_last_sync=groups[1], per_sample_seed=per_sample_seed)
