@@ -168,8 +168,8 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
                "tested by log-rank). p: the test's p-value, adjusted over the declared comparisons of "
                f"each target ({_method(comps)}); decided when the adjusted p is below "
                f"{1 - level:.2g}. Equivalence: TOST at the declared margin."), "",
-              "| target | comparison | where | seeds | difference [interval] | p (adjusted) | decided "
-              "| equivalence | to decide |",
+              ("| target | comparison | where | seeds | difference [interval] | p (adjusted) | decided "
+               "| equivalence | to decide |"),
               "|---|---|---|---|---|---|---|---|---|"]
     for r in comps:
         lines.append(f"| {r['target']} | {esc(r['axis'])}={esc(r['value'])} vs {esc(r['baseline'])}"

@@ -132,8 +132,8 @@ def markdown(section: dict[str, Any], esc: Callable[[str], str]) -> list[str]:
     """The "Time to collapse" section of ``summary.md``."""
     rows = section["rows"]
     lines = ["## Time to collapse", "", INTRO.format(level=section["level"], horizon=section["horizon"]),
-             "", "| cell | trials | collapsed | censored | left out | median step [interval] | "
-             "RMST [interval] |", "|---|---|---|---|---|---|---|"]
+             "", ("| cell | trials | collapsed | censored | left out | median step [interval] | "
+                  "RMST [interval] |"), "|---|---|---|---|---|---|---|"]
     for r in rows:
         lines.append(f"| {esc(r['cell'])} | {r['n']} | {r['events']} | {r['censored']} | {r['left_out']} | "
                      f"{_median(r)} | {_rmst(r)} |")
