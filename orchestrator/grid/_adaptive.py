@@ -67,7 +67,8 @@ def _check_tests(spec: GridFile, decl: CompareDecl, base: tuple, chk: Checker) -
         if not (math.isfinite(m) and 0 < m < top):
             raise chk.err(f"margin {m:g} must be above 0" + ("" if top == math.inf else
                           f" and below {top:g} ({decl.target}'s range)"), base + ("margin",),
-                          got=m, fix="e.g. margin: 0.05")
+                          got=m, fix="e.g. margin: " + (f"{max(spec.steps // 20, 1)} (steps)"
+                                                        if decl.target == "time_to_collapse" else "0.05"))
     if decl.paired:
         if decl.target not in (None, "final_reward"):
             raise chk.err(f"paired applies to the final reward; {decl.target} is compared "
