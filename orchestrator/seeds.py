@@ -239,12 +239,7 @@ def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome]
             return p * (1 - p)
         v = var(a) + var(b)
     elif spec.target == "time_to_collapse":
-        # The spread of the observed times (censored ones at their censoring step) per trial.
-        ta = [ob.time for ob in observations(a)]
-        tb = [ob.time for ob in observations(b)]
-        if len(ta) < 2 or len(tb) < 2:
-            return None
-        v = statistics.variance(ta) + statistics.variance(tb)
+        return _seeds_for_logrank(a, b, spec)
     else:
         ra = [o.reward for o in a if math.isfinite(o.reward)]
         rb = [o.reward for o in b if math.isfinite(o.reward)]
@@ -255,6 +250,20 @@ def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome]
     if n > spec.max:
         return None
     return max(n - len(a), 0) + max(n - len(b), 0)
+
+
+def _seeds_for_logrank(a: Sequence[Outcome], b: Sequence[Outcome], spec: AdaptiveSeedsSpec) -> int | None:
+    """Further seeds until the log-rank test decides, if further seeds of each cell repeat its
+    observed times in turn (no normal approximation fits a rank test at 2-10 seeds)."""
+    oa, ob = observations(a), observations(b)
+    if not oa or not ob:
+        return None
+    for n in range(max(len(oa), len(ob)) + 1, spec.max + 1):
+        more_a = [oa[i % len(oa)] for i in range(max(n, len(oa)))]
+        more_b = [ob[i % len(ob)] for i in range(max(n, len(ob)))]
+        if survival.logrank_p(more_a, more_b) < 1 - spec.level:
+            return max(n - len(a), 0) + max(n - len(b), 0)
+    return None
 
 
 def mean_hours(outcomes: Sequence[Outcome]) -> float | None:
