@@ -82,8 +82,20 @@ def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95,
         judged = [o.collapsed for o in outcomes if o.collapsed is not None]
         return wilson(sum(judged), len(judged), level)
     if target == "time_to_collapse":
-        return survival.rmst(observations(outcomes), horizon, level)[0]
+        return _rmst_for_seeds(observations(outcomes), horizon, level)
     return bounded_mean([o.reward for o in outcomes], level=level)
+
+
+def _rmst_for_seeds(obs: Sequence[survival.Observation], horizon: int, level: float) -> Interval:
+    """The RMST interval, widened to at least the Wilson interval of its share of the horizon
+    taken as a rate: a trial's collapse-free share lies in [0, 1], where a yes/no outcome has the
+    largest variance for its mean. Greenwood's interval is a point when a cell has no collapse
+    (or all at one step), which would stop adaptive seeds at ``min`` however few seeds ran."""
+    iv = survival.rmst(obs, horizon, level)[0]
+    if not obs or horizon <= 0 or not math.isfinite(iv.estimate):
+        return iv
+    share = wilson(round(iv.estimate / horizon * len(obs)), len(obs), level)
+    return Interval(iv.estimate, min(iv.low, share.low * horizon), max(iv.high, share.high * horizon), iv.n)
 
 
 def relative_width(iv: Interval, target: str, horizon: int = 0) -> float:
