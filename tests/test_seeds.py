@@ -84,3 +84,18 @@ def test_time_to_collapse_is_decided_by_log_rank_and_sized_by_rmst() -> None:
     few = {k: v[:2] for k, v in cells.items()}
     [c2] = comparisons(few, DECL, "time_to_collapse", horizon=100)
     assert not c2.decided and c2.p_value > 0.05
+
+
+def test_time_to_collapse_cells_without_collapses_keep_getting_seeds() -> None:
+    """Greenwood's RMST interval is a point for a cell with no collapse; adaptive seeds widen it to
+    the Wilson interval of the collapse-free share, so 2 healthy seeds do not settle a cell."""
+    from orchestrator.seeds import cell_interval, relative_width
+
+    spec = AdaptiveSeedsSpec(min=2, max=10, target="time_to_collapse", ci_width=0.3)
+    healthy = [Outcome(i, False, math.nan, 1.0, 120) for i in range(2)]
+    iv = cell_interval(healthy, "time_to_collapse", horizon=120)
+    assert iv.estimate == 120 and relative_width(iv, "time_to_collapse", 120) > 0.6
+    cells = {(("corr", "tis"),): healthy}
+    assert needs_seed(cells, spec, [], {k: 2 for k in cells}, 120) == list(cells)
+    many = {(("corr", "tis"),): [Outcome(i, False, math.nan, 1.0, 120) for i in range(10)]}
+    assert needs_seed(many, spec, [], {k: 10 for k in many}, 120) == []
