@@ -108,3 +108,11 @@ def test_compare_time_to_collapse_multiplicity_and_equivalence(isolated: Path) -
         "equivalent", "not_equivalent", "inconclusive"}
     md = (out / "summary.md").read_text()
     assert "## Time to collapse" in md and "| p (adjusted) |" in md and "survival" in md
+    assert "Time to collapse" in (out / "summary.html").read_text()
+    # The grid's MLflow parent run carries the section (its note) and the files (artifacts).
+    from orchestrator.tracking import client
+
+    mlc = client(uri)
+    arts = {a.path for a in mlc.list_artifacts(parent.run_id, "results")}
+    assert {"results/survival.csv", "results/survival.png", "results/comparisons.csv"} <= arts
+    assert "## Time to collapse" in mlc.get_run(parent.run_id).data.tags["mlflow.note.content"]
