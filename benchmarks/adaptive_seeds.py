@@ -2,8 +2,10 @@
 
 The grid (``benchmarks/adaptive_seeds_grid.yaml``: four learning rates, each compared with the
 recipe's 5e-4 on the final eval reward) runs every cell to the adaptive block's ``max`` seeds
-once: that is the ground truth (a comparison is decided there when its Welch interval excludes
-0). Trials run in this machine's processes (``SimBackend``, two at a time, pinned numerics) and
+once: that is the ground truth (a comparison is decided there when its p-value, adjusted over the
+grid's comparisons with Holm, is below 0.05; ``orchestrator.seeds.comparisons``). ``--target``
+replays the same recorded trials on another target (``time_to_collapse`` on
+``benchmarks/adaptive_seeds_collapse.yaml``: the log-rank test, RMST widths). Trials run in this machine's processes (``SimBackend``, two at a time, pinned numerics) and
 are cached by trial id under ``--cache``; their cost is the trial process's CPU time in
 CPU-hours (on a shared machine the wall time measures the neighbours' load, the CPU time the
 trial).
@@ -25,7 +27,7 @@ The same replay is repeated over the ``max`` cyclic rotations of the seed order 
 arbitrary labels, so each rotation is an equally valid order) to show the result is not one
 lucky order.
 
-    .venv/bin/python benchmarks/adaptive_seeds.py [--cache DIR] [--workers 2] [--json PATH]
+    .venv/bin/python benchmarks/adaptive_seeds.py [--grid G] [--target T] [--cache DIR] [--workers 2] [--json PATH]
 """
 from __future__ import annotations
 
@@ -102,19 +104,36 @@ def outcomes(grid_file: Path, recorded: Mapping[str, Mapping[str, Any]]) -> dict
         evals = [m[M.EVAL_REWARD] for _, m in history if M.EVAL_REWARD in m]
         collapsed = None if verdict.kind.value == "infra_failure" else \
             verdict.kind.value in ("collapsed", "numeric_failure")
+        last = history[-1][0] if history else 0
+        step = verdict.step if collapsed and verdict.step is not None else last
         cells.setdefault(t.axes, []).append(Outcome(t.seed, collapsed, evals[-1] if evals else math.nan,
-                                                    rec["cpu_s"] / 3600))
+                                                    rec["cpu_s"] / 3600, step))
     return cells
+
+
+TARGET: list[str] = []  # ``--target``: replay on this target instead of the grid's
+
+
+def adaptive_spec(grid: Any) -> Any:
+    """The grid's adaptive block, with ``--target`` applied."""
+    ad = grid.spec.adaptive
+    return ad.model_copy(update={"target": TARGET[0]}) if TARGET else ad
+
+
+def comps_of(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> list[Any]:
+    """The grid's declared comparisons on its target, as the scheduler computes them."""
+    from orchestrator.grid import axis_label
+    from orchestrator.seeds import comparisons
+
+    ad = adaptive_spec(grid)
+    return comparisons(cells, grid.spec.comparisons, ad.target, ad.level, label=axis_label,
+                       horizon=grid.spec.steps, multiplicity=grid.spec.multiplicity)
 
 
 def decisions(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> dict[tuple, int]:
     """Per comparison (cell, baseline): +1 / -1 when decided (sign of the difference), 0 if not."""
-    from orchestrator.grid import axis_label
-    from orchestrator.seeds import comparisons
-
-    ad = grid.spec.adaptive
     out = {}
-    for c in comparisons(cells, grid.spec.comparisons, ad.target, ad.level, label=axis_label):
+    for c in comps_of(cells, grid):
         out[(c.cell, c.base_cell)] = 0 if not c.decided else (1 if c.diff.estimate > 0 else -1)
     return out
 
@@ -127,14 +146,13 @@ def score(got: Mapping[tuple, int], truth: Mapping[tuple, int]) -> dict[str, int
 
 def adaptive_arm(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> tuple[dict[tuple, list[Any]], int]:
     """Replay the scheduler's allocation one finished trial at a time; (cells as run, trials)."""
-    from orchestrator.grid import axis_label
-    from orchestrator.seeds import comparisons, needs_seed
+    from orchestrator.seeds import needs_seed
 
-    ad = grid.spec.adaptive
+    ad = adaptive_spec(grid)
     run = {k: list(v[:ad.min]) for k, v in cells.items()}
     while True:
-        comps = comparisons(run, grid.spec.comparisons, ad.target, ad.level, label=axis_label)
-        order = needs_seed(run, ad, comps, {k: len(v) for k, v in run.items()})
+        comps = comps_of(run, grid)
+        order = needs_seed(run, ad, comps, {k: len(v) for k, v in run.items()}, grid.spec.steps)
         if not order:
             return run, sum(len(v) for v in run.values())
         cell = order[0]
@@ -149,7 +167,7 @@ def replay(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> dict[str, Any]:
     """Both arms on one seed order."""
     from orchestrator.seeds import cell_text
 
-    ad = grid.spec.adaptive
+    ad = adaptive_spec(grid)
     truth = decisions(cells, grid)
     adaptive, n_trials = adaptive_arm(cells, grid)
     a = {**score(decisions(adaptive, grid), truth), "trials": n_trials, "cost_h": _cost(adaptive),
@@ -203,20 +221,24 @@ def main() -> None:
     numerics.ensure_pinned()  # the recorded trials are reproducible on any x86-64 AVX2 machine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--grid", type=Path, default=GRID)
+    ap.add_argument("--target", choices=["collapse_rate", "final_reward", "time_to_collapse"],
+                    help="replay on this target instead of the grid's (same recorded trials)")
     ap.add_argument("--cache", type=Path, default=REPO / ".ablate" / "bench-adaptive-seeds")
     ap.add_argument("--workers", type=int, default=2)
     ap.add_argument("--json", type=Path, default=REPO / "results" / "benchmarks" / "adaptive_seeds.json")
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
-    from orchestrator.grid import axis_label, load_grid
-    from orchestrator.seeds import cell_text, comparisons
+    from orchestrator.grid import load_grid
+    from orchestrator.seeds import cell_text
 
     grid = load_grid(args.grid)
-    ad = grid.spec.adaptive
+    if args.target:
+        TARGET.append(args.target)
+    ad = adaptive_spec(grid)
     t0 = time.time()
     cells = outcomes(args.grid, ground_truth(args.grid, args.cache, args.workers))
     run_s = time.time() - t0
-    comps = comparisons(cells, grid.spec.comparisons, ad.target, ad.level, label=axis_label)
+    comps = comps_of(cells, grid)
     main_order = replay(cells, grid)
     rots = [replay(rotated(cells, r), grid) for r in range(ad.max)]
     ratios = [r["cost_ratio"] for r in rots if r["cost_ratio"] is not None]
@@ -224,10 +246,13 @@ def main() -> None:
         "grid": grid.name, "grid_file": str(args.grid.relative_to(REPO)) if args.grid.is_relative_to(REPO) else str(args.grid),
         "cells": len(cells), "max_seeds": ad.max, "min_seeds": ad.min, "target": ad.target,
         "ci_width": ad.ci_width, "level": ad.level, "cost_unit": "cpu_hours (trial process CPU time)",
+        "multiplicity": grid.spec.multiplicity, "horizon_steps": grid.spec.steps,
         "ground_truth": {"comparisons": len(comps), "decided": sum(c.decided for c in comps),
                          "cost_h": _cost(cells),
                          "rows": [{"comparison": f"{cell_text(c.cell)} vs {c.baseline}", "difference": c.diff.estimate,
-                                   "low": c.diff.low, "high": c.diff.high, "decided": c.decided} for c in comps]},
+                                   "low": c.diff.low, "high": c.diff.high, "p_value": c.p_value,
+                                   "p_adjusted": c.p_adjusted, "decided": c.decided} for c in comps]},
+        "load_average": Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None,
         "seed_order": main_order,
         "rotations": {"n": len(rots),
                       "adaptive_correct": statistics.fmean(r["adaptive"]["correct"] for r in rots),

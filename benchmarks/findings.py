@@ -38,7 +38,6 @@ from findings_checks import (
     BASE,
     CORRS,
     F8_SWITCH_STEP,
-    FINDINGS,
     Missing,
     bucket_profile,
     collapsed,
@@ -52,13 +51,15 @@ from findings_checks import (
     small_explosion,
     values,
 )
+from findings_rejudge import findings
 
+FINDINGS = findings()
 GRID = ROOT / "grids" / "findings" / "findings.yaml"
 OUT = ROOT / "results" / "findings"
 DEFAULT_WORKDIR = str(ROOT / ".ablate-findings")
 EXPERIMENT = "findings"
 # What decides the report's numbers besides the grid and the simulator (``write_manifest``).
-SCRIPTS = ("benchmarks/findings.py", "benchmarks/findings_checks.py")
+SCRIPTS = ("benchmarks/findings.py", "benchmarks/findings_checks.py", "benchmarks/findings_rejudge.py")
 REGENERATE = ".venv/bin/python benchmarks/findings.py"
 F8_SETS = {"correction.is_level": "sequence", "correction.is_mode": "mask",
            "correction.is_bounds": [0.2, 5.0]}

@@ -154,16 +154,21 @@ class BudgetSpec(Strict):
     gpu_hours_per_pool: dict[StrictStr, Hours] = Field(default_factory=dict)
 
 
+# What a comparison or adaptive seeds measure (``orchestrator.seeds``).
+Target = Literal["collapse_rate", "final_reward", "time_to_collapse"]
+
+
 class AdaptiveSeedsSpec(Strict):
     """``seeds: {adaptive: ...}``: each cell starts with ``min`` seeds (0, 1, ...); the scheduler
     adds the next seed where the interval of ``target`` is widest or a declared comparison is
     undecided, until each cell's interval is at most ``ci_width`` wide or it has ``max`` seeds
-    (``orchestrator.seeds``). Intervals: Wilson score for collapse_rate, Student t for
-    final_reward, both at ``level``."""
+    (``orchestrator.seeds``). Intervals: Wilson score for collapse_rate, Student t (logit scale
+    for a reward in [0, 1]) for final_reward, the restricted mean survival time up to ``steps``
+    for time_to_collapse (its width as a share of ``steps``), all at ``level``."""
 
     min: StrictInt = Field(2, ge=1, le=10_000)
     max: StrictInt = Field(10, ge=1, le=10_000)
-    target: Literal["collapse_rate", "final_reward"] = "collapse_rate"
+    target: Target = "collapse_rate"
     ci_width: StrictFloat | StrictInt = 0.3
     level: StrictFloat = Field(0.95, ge=0.5, le=0.999)
 
@@ -202,10 +207,15 @@ def _seeds_form(value: Any) -> str:
 class CompareDecl(Strict):
     """A comparison the grid declares: every other value of ``axis`` against ``baseline``
     (with the other axes equal); ``ablate compare`` reports its difference and interval and
-    adaptive seeds go where it is undecided."""
+    adaptive seeds go where it is undecided. ``target``: only on that target; ``margin``: also an
+    equivalence test (TOST) at +-margin on the target's scale (needs a target); ``paired``: the
+    arms share their seeds' task draws, compare the final reward seed by seed."""
 
     axis: StrictStr = Field(max_length=200)
     baseline: Scalar
+    target: Target | None = None
+    margin: StrictFloat | StrictInt | None = None
+    paired: StrictBool = False
 
 
 class RetrySpec(Strict):
@@ -289,6 +299,8 @@ class GridFile(Strict):
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     compare: CompareDecl | list[CompareDecl] | None = None
+    # How the p-values of the declared comparisons are adjusted (orchestrator.hypotheses).
+    multiplicity: Literal["holm", "bh", "none"] = "holm"
 
     _finite_overrides = field_validator("overrides")(_finite)
 

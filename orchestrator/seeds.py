@@ -1,10 +1,15 @@
 """Adaptive seeds: where the next seed changes the answer most.
 
 A *cell* is one configuration (a grid trial's axis labels; the seed is not an axis). For the
-grid's target (``collapse_rate`` or ``final_reward``) each cell has an interval over its finished
-seeds (``orchestrator.intervals``: Wilson score / Student t), and each declared comparison
-(``compare: {axis, baseline}``) a difference with its interval (Newcombe / Welch), decided when
-it excludes 0.
+grid's target (``collapse_rate``, ``final_reward`` or ``time_to_collapse``) each cell has an
+interval over its finished seeds (``orchestrator.intervals``: Wilson score / Student t on the
+logit scale for a reward in [0, 1]; ``orchestrator.survival``: the restricted mean survival time
+up to the grid's ``steps``, its width as a share of ``steps``), and each declared comparison
+(``compare: {axis, baseline}``) a difference with its interval (Newcombe / Welch or paired t /
+RMST difference) and a p-value (the interval's own test; the log-rank test for the time to
+collapse), adjusted over the declared comparisons (``orchestrator.hypotheses``: Holm unless the
+grid says ``multiplicity:``). A comparison is decided when its adjusted p-value is below
+``1 - level``; with one comparison that is exactly "its interval excludes 0".
 
 A cell needs another seed while it has fewer than ``max`` seeds and neither its interval is at
 most ``ci_width`` wide nor every comparison it takes part in is decided. Among those, cells of
@@ -25,12 +30,14 @@ import statistics
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
+from orchestrator import hypotheses, survival
 from orchestrator.intervals import (
     NAN,
     Interval,
+    bounded_mean,
     mean_difference,
+    paired_difference,
     rate_difference,
-    t_interval,
     wilson,
 )
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
@@ -41,12 +48,25 @@ CellKey = tuple[tuple[str, str], ...]
 @dataclasses.dataclass(frozen=True)
 class Outcome:
     """One finished trial of a cell: its verdict as collapsed or not (None: not judged, e.g. an
-    infra failure), its final reward (NaN if none) and its cost in accelerator-hours."""
+    infra failure), its final reward (NaN if none), its cost in accelerator-hours and its time
+    (the verdict step of a collapse, else the last observed step; None: unknown)."""
 
     seed: int
     collapsed: bool | None
     reward: float = math.nan
     hours: float | None = None
+    step: int | None = None
+
+    @property
+    def observation(self) -> survival.Observation | None:
+        """The trial as survival data (``orchestrator.survival``); None when not judged."""
+        if self.collapsed is None or self.step is None:
+            return None
+        return survival.Observation(float(self.step), bool(self.collapsed))
+
+
+def observations(outcomes: Sequence[Outcome]) -> list[survival.Observation]:
+    return [ob for o in outcomes if (ob := o.observation) is not None]
 
 
 def cell_text(cell: CellKey) -> str:
@@ -54,26 +74,69 @@ def cell_text(cell: CellKey) -> str:
     return ", ".join(f"{k}={v}" for k, v in cell) or "(all)"
 
 
-def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95) -> Interval:
-    """The cell's interval for ``target`` over its finished seeds."""
+def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95,
+                  horizon: int = 0) -> Interval:
+    """The cell's interval for ``target`` over its finished seeds (time to collapse: the RMST up
+    to ``horizon`` steps)."""
     if target == "collapse_rate":
         judged = [o.collapsed for o in outcomes if o.collapsed is not None]
         return wilson(sum(judged), len(judged), level)
-    return t_interval([o.reward for o in outcomes], level)
+    if target == "time_to_collapse":
+        return _rmst_for_seeds(observations(outcomes), horizon, level)
+    return bounded_mean([o.reward for o in outcomes], level=level)
 
 
-def difference(a: Sequence[Outcome], b: Sequence[Outcome], target: str, level: float = 0.95) -> Interval:
+def _rmst_for_seeds(obs: Sequence[survival.Observation], horizon: int, level: float) -> Interval:
+    """The RMST interval, widened to at least the Wilson interval of its share of the horizon
+    taken as a rate: a trial's collapse-free share lies in [0, 1], where a yes/no outcome has the
+    largest variance for its mean. Greenwood's interval is a point when a cell has no collapse
+    (or all at one step), which would stop adaptive seeds at ``min`` however few seeds ran."""
+    iv = survival.rmst(obs, horizon, level)[0]
+    if not obs or horizon <= 0 or not math.isfinite(iv.estimate):
+        return iv
+    share = wilson(round(iv.estimate / horizon * len(obs)), len(obs), level)
+    return Interval(iv.estimate, min(iv.low, share.low * horizon), max(iv.high, share.high * horizon), iv.n)
+
+
+def relative_width(iv: Interval, target: str, horizon: int = 0) -> float:
+    """The interval's width on a 0-1 scale (``ci_width``'s): RMST widths over the horizon."""
+    return iv.width / horizon if target == "time_to_collapse" and horizon > 0 else iv.width
+
+
+def paired_rewards(a: Sequence[Outcome], b: Sequence[Outcome]) -> list[tuple[float, float]]:
+    """(reward in ``a``, reward in ``b``) for each seed both cells have."""
+    rb = {o.seed: o.reward for o in b}
+    return [(o.reward, rb[o.seed]) for o in a if o.seed in rb]
+
+
+def difference(a: Sequence[Outcome], b: Sequence[Outcome], target: str, level: float = 0.95,
+               horizon: int = 0, paired: bool = False) -> Interval:
     """Interval of (cell ``a`` minus cell ``b``) for ``target``."""
     if target == "collapse_rate":
         ja = [o.collapsed for o in a if o.collapsed is not None]
         jb = [o.collapsed for o in b if o.collapsed is not None]
         return rate_difference(sum(ja), len(ja), sum(jb), len(jb), level)
+    if target == "time_to_collapse":
+        return survival.rmst_difference(observations(a), observations(b), horizon, level)
+    if paired:
+        return paired_difference(paired_rewards(a, b), level)
     return mean_difference([o.reward for o in a], [o.reward for o in b], level)
+
+
+def p_value(a: Sequence[Outcome], b: Sequence[Outcome], target: str, horizon: int = 0,
+            paired: bool = False) -> float:
+    """The comparison's two-sided p-value: log-rank for the time to collapse, else the test
+    its interval inverts (``hypotheses.p_from_interval``)."""
+    if target == "time_to_collapse":
+        return survival.logrank_p(observations(a), observations(b))
+    return hypotheses.p_from_interval(lambda lv: difference(a, b, target, lv, horizon, paired))
 
 
 @dataclasses.dataclass(frozen=True)
 class Comparison:
-    """One declared comparison of one cell against its baseline cell (other axes equal)."""
+    """One declared comparison of one cell against its baseline cell (other axes equal):
+    the difference with its interval, the p-value and the p-value adjusted over the family,
+    and the equivalence verdict at the declared margin ("" when none is declared)."""
 
     axis: str
     value: str
@@ -81,9 +144,17 @@ class Comparison:
     cell: CellKey
     base_cell: CellKey
     diff: Interval
+    p_value: float = math.nan
+    p_adjusted: float = math.nan
+    alpha: float = 0.05
+    margin: float | None = None
+    equivalence: str = ""
+    paired: bool = False
 
     @property
     def decided(self) -> bool:
+        if math.isfinite(self.p_adjusted):
+            return self.p_adjusted < self.alpha
         return self.diff.decided
 
     @property
@@ -96,12 +167,22 @@ def _replace(cell: CellKey, axis: str, label: str) -> CellKey:
     return tuple((k, label if k == axis else v) for k, v in cell)
 
 
+def applies(decl: CompareDecl, target: str) -> bool:
+    """A declaration with a ``target:`` is made on that target only."""
+    return decl.target is None or decl.target == target
+
+
 def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[CompareDecl],
-                target: str, level: float = 0.95, *, label: object = str) -> list[Comparison]:
-    """Every (cell, baseline cell) pair the declarations name, with its difference."""
+                target: str, level: float = 0.95, *, label: object = str, horizon: int = 0,
+                multiplicity: str = "holm") -> list[Comparison]:
+    """Every (cell, baseline cell) pair the declarations name on ``target``, with its
+    difference, p-value adjusted over them all (``multiplicity``) and equivalence verdict."""
     out = []
     for decl in decls:
+        if not applies(decl, target):
+            continue
         base_label = label(decl.baseline)  # type: ignore[operator]
+        paired = decl.paired and target == "final_reward"
         for cell in cells:
             value = dict(cell).get(decl.axis)
             if value is None or value == base_label:
@@ -109,13 +190,21 @@ def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[Comp
             base = _replace(cell, decl.axis, base_label)
             if base not in cells:
                 continue
+            a, b = cells[cell], cells[base]
+            margin = decl.margin if decl.margin is not None and decl.target == target else None
+            equiv = "" if margin is None else hypotheses.equivalence(
+                lambda lv, a=a, b=b, pr=paired: difference(a, b, target, lv, horizon, pr), margin, level)
             out.append(Comparison(decl.axis, value, base_label, cell, base,
-                                  difference(cells[cell], cells[base], target, level)))
-    return out
+                                  difference(a, b, target, level, horizon, paired),
+                                  p_value(a, b, target, horizon, paired), alpha=1 - level,
+                                  margin=margin, equivalence=equiv, paired=paired))
+    adjusted = hypotheses.adjust([c.p_value for c in out], multiplicity)
+    return [dataclasses.replace(c, p_adjusted=p) for c, p in zip(out, adjusted)]
 
 
 def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSpec,
-               comps: Sequence[Comparison], started: Mapping[CellKey, int]) -> list[CellKey]:
+               comps: Sequence[Comparison], started: Mapping[CellKey, int],
+               horizon: int = 0) -> list[CellKey]:
     """Cells that should get another seed, most useful first (``started``: seeds a cell has
     begun, finished or not; a cell with one still running, or whose comparison partner has one,
     waits for that result)."""
@@ -134,7 +223,8 @@ def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSp
         mine = involved.get(cell, [])
         if any(pending(c.base_cell if c.cell == cell else c.cell) for c in mine):
             continue  # the other side's running seed may decide it: wait for its result
-        width = cell_interval(outcomes, spec.target, spec.level).width
+        width = relative_width(cell_interval(outcomes, spec.target, spec.level, horizon),
+                               spec.target, horizon)
         undecided = any(not c.decided for c in mine)
         settled = bool(mine) and not undecided
         if n >= spec.min and (width <= spec.ci_width or settled):
@@ -145,7 +235,7 @@ def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSp
 
 
 def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome],
-                    spec: AdaptiveSeedsSpec) -> int | None:
+                    spec: AdaptiveSeedsSpec, horizon: int = 0) -> int | None:
     """Expected further seeds (both cells together) until ``comp``'s interval excludes 0, from a
     normal approximation at the observed difference; None when the observed difference is 0 or
     deciding would take more than ``max`` seeds per cell."""
@@ -160,6 +250,8 @@ def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome]
             p = (sum(judged) + 1) / (len(judged) + 2)
             return p * (1 - p)
         v = var(a) + var(b)
+    elif spec.target == "time_to_collapse":
+        return _seeds_for_logrank(a, b, spec)
     else:
         ra = [o.reward for o in a if math.isfinite(o.reward)]
         rb = [o.reward for o in b if math.isfinite(o.reward)]
@@ -172,10 +264,25 @@ def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome]
     return max(n - len(a), 0) + max(n - len(b), 0)
 
 
+def _seeds_for_logrank(a: Sequence[Outcome], b: Sequence[Outcome], spec: AdaptiveSeedsSpec) -> int | None:
+    """Further seeds until the log-rank test decides, if further seeds of each cell repeat its
+    observed times in turn (no normal approximation fits a rank test at 2-10 seeds)."""
+    oa, ob = observations(a), observations(b)
+    if not oa or not ob:
+        return None
+    for n in range(max(len(oa), len(ob)) + 1, spec.max + 1):
+        more_a = [oa[i % len(oa)] for i in range(max(n, len(oa)))]
+        more_b = [ob[i % len(ob)] for i in range(max(n, len(ob)))]
+        if survival.logrank_p(more_a, more_b) < 1 - spec.level:
+            return max(n - len(a), 0) + max(n - len(b), 0)
+    return None
+
+
 def mean_hours(outcomes: Sequence[Outcome]) -> float | None:
     hours = [o.hours for o in outcomes if o.hours is not None]
     return statistics.fmean(hours) if hours else None
 
 
-__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "cell_interval", "cell_text", "comparisons",
-           "difference", "mean_hours", "needs_seed", "seeds_to_decide"]
+__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "applies", "cell_interval", "cell_text",
+           "comparisons", "difference", "mean_hours", "needs_seed", "observations", "p_value",
+           "paired_rewards", "relative_width", "seeds_to_decide"]

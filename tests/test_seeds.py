@@ -22,7 +22,7 @@ def test_decided_comparisons_stop_and_undecided_ones_come_first() -> None:
     cells = {_cell("none", "a"): _outs(True, True), _cell("tis", "a"): _outs(False, False),
              _cell("none", "b"): _outs(True, False), _cell("tis", "b"): _outs(False, False),
              _cell("solo", "c"): _outs(True, False)}  # in no comparison: width only
-    comps = comparisons(cells, DECL, "collapse_rate")
+    comps = comparisons(cells, DECL, "collapse_rate", multiplicity="none")
     assert {(c.context, c.decided) for c in comps} == {("pool=a", True), ("pool=b", False)}
     order = needs_seed(cells, SPEC, comps, {k: len(v) for k, v in cells.items()})
     # pool a is decided at 2 seeds each; pool b's two cells first, then the wide solo cell.
@@ -55,3 +55,47 @@ def test_seeds_to_decide_grows_as_the_difference_shrinks() -> None:
     same = {_cell("none", "b"): _outs(False, False), _cell("tis", "b"): _outs(False, False)}
     [flat] = comparisons(same, DECL, "collapse_rate")
     assert seeds_to_decide(flat, same[flat.cell], same[flat.base_cell], spec) is None  # no difference
+
+
+def test_holm_adjusts_over_the_declared_comparisons() -> None:
+    """2/2 vs 0/2 is decided alone (p 0.028, the Newcombe interval excludes 0) but not as one of
+    two comparisons under Holm (0.056); Benjamini-Hochberg agrees here (the other p is 1)."""
+    cells = {_cell("none", "a"): _outs(True, True), _cell("tis", "a"): _outs(False, False),
+             _cell("none", "b"): _outs(True, False), _cell("tis", "b"): _outs(True, False)}
+    alone = comparisons({k: v for k, v in cells.items() if dict(k)["pool"] == "a"}, DECL, "collapse_rate")
+    assert [c.decided for c in alone] == [True] and alone[0].diff.decided
+    assert math.isclose(alone[0].p_value, alone[0].p_adjusted)
+    for method in ("holm", "bh"):
+        comps = {c.context: c for c in comparisons(cells, DECL, "collapse_rate", multiplicity=method)}
+        a = comps["pool=a"]
+        assert a.p_value < 0.05 < a.p_adjusted and not a.decided and a.diff.decided
+        assert math.isclose(a.p_adjusted, 2 * a.p_value, rel_tol=1e-6)
+        assert comps["pool=b"].p_value == 1.0
+
+
+def test_time_to_collapse_is_decided_by_log_rank_and_sized_by_rmst() -> None:
+    late = [Outcome(i, False, math.nan, 1.0, 100) for i in range(6)]
+    early = [Outcome(i, True, math.nan, 1.0, s) for i, s in enumerate([10, 12, 15, 20, 25, 30])]
+    cells = {(("corr", "none"),): early, (("corr", "tis"),): late}
+    [c] = comparisons(cells, DECL, "time_to_collapse", horizon=100)
+    assert c.decided and c.p_value < 0.01
+    assert math.isclose(c.diff.estimate, 100 - (10 + 12 + 15 + 20 + 25 + 30) / 6)
+    # Two seeds each: the log-rank test cannot decide, however far apart the times are.
+    few = {k: v[:2] for k, v in cells.items()}
+    [c2] = comparisons(few, DECL, "time_to_collapse", horizon=100)
+    assert not c2.decided and c2.p_value > 0.05
+
+
+def test_time_to_collapse_cells_without_collapses_keep_getting_seeds() -> None:
+    """Greenwood's RMST interval is a point for a cell with no collapse; adaptive seeds widen it to
+    the Wilson interval of the collapse-free share, so 2 healthy seeds do not settle a cell."""
+    from orchestrator.seeds import cell_interval, relative_width
+
+    spec = AdaptiveSeedsSpec(min=2, max=10, target="time_to_collapse", ci_width=0.3)
+    healthy = [Outcome(i, False, math.nan, 1.0, 120) for i in range(2)]
+    iv = cell_interval(healthy, "time_to_collapse", horizon=120)
+    assert iv.estimate == 120 and relative_width(iv, "time_to_collapse", 120) > 0.6
+    cells = {(("corr", "tis"),): healthy}
+    assert needs_seed(cells, spec, [], {k: 2 for k in cells}, 120) == list(cells)
+    many = {(("corr", "tis"),): [Outcome(i, False, math.nan, 1.0, 120) for i in range(10)]}
+    assert needs_seed(many, spec, [], {k: 10 for k in many}, 120) == []

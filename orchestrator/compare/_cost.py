@@ -5,9 +5,12 @@
   simulator's CPU-hours are never summed together).
 - ``comparisons.csv``: for each comparison the grid declares (``compare: {axis, baseline}``),
   every cell against its baseline cell: the difference of the target with its interval
-  (``orchestrator.intervals``: Newcombe for collapse rates, Welch for final reward), whether it
-  is decided (the interval excludes 0), and for an undecided one the expected further seeds and
-  accelerator-hours to decide it (``orchestrator.seeds.seeds_to_decide``).
+  (``orchestrator.intervals``: Newcombe for collapse rates, Welch or paired t for final reward;
+  ``orchestrator.survival``: the RMST difference for the time to collapse), its p-value (the
+  log-rank test for the time to collapse) and the p-value adjusted over the declared comparisons
+  (``multiplicity:``, Holm by default), whether it is decided (adjusted p below ``1 - level``),
+  the equivalence verdict where a margin is declared, and for an undecided one the expected
+  further seeds and accelerator-hours to decide it (``orchestrator.seeds.seeds_to_decide``).
 
 Both also go into ``summary.md``/``summary.html`` and a few lines on the terminal.
 """
@@ -64,9 +67,17 @@ def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out:
     return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None)}
 
 
+def outcome(r: TrialResult) -> Outcome:
+    """A trial as adaptive seeds and the comparisons see it (its time: the collapse step, else
+    the last observed step; see ``orchestrator.survival`` for early-stopped trials)."""
+    step = r.verdict_step if r.collapsed and r.verdict_step is not None else r.last_step
+    return Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None,
+                   step if r.collapsed is not None else None)
+
+
 def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str],
                        decls: Sequence[CompareDecl], adaptive: AdaptiveSeedsSpec | None,
-                       out: Path) -> list[dict[str, Any]]:
+                       out: Path, *, steps: int = 0, multiplicity: str = "holm") -> list[dict[str, Any]]:
     """Write ``comparisons.csv`` (when the grid declares comparisons); returns its rows."""
     if not decls:
         return []
@@ -74,20 +85,26 @@ def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str]
     for r in results:
         if r.derived_from:
             continue
-        cells.setdefault(_cell(r, axis_names), []).append(
-            Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None))
+        cells.setdefault(_cell(r, axis_names), []).append(outcome(r))
     spec = adaptive or AdaptiveSeedsSpec(min=1, max=10_000)
-    targets = [adaptive.target] if adaptive else ["collapse_rate", "final_reward"]
+    judged = any(r.collapsed is not None for r in results)
+    targets = [adaptive.target] if adaptive else (
+        ["collapse_rate", "final_reward"] + (["time_to_collapse"] if judged and steps > 0 else []))
+    # A declaration's own target is always reported (its margin is on that scale).
+    targets += [t for d in decls if (t := d.target) is not None and t not in targets]
     rows = []
     for target in targets:
         tspec = spec.model_copy(update={"target": target})
-        for c in comparisons(cells, decls, target, spec.level, label=axis_label):
+        for c in comparisons(cells, decls, target, spec.level, label=axis_label, horizon=steps,
+                             multiplicity=multiplicity):
             a, b = cells[c.cell], cells[c.base_cell]
-            more = None if c.decided else seeds_to_decide(c, a, b, tspec)
+            more = None if c.decided else seeds_to_decide(c, a, b, tspec, steps)
             per = mean_hours(a + b)
             rows.append({"target": target, "axis": c.axis, "value": c.value, "baseline": c.baseline,
                          "context": c.context, "seeds": len(a), "baseline_seeds": len(b),
                          "difference": c.diff.estimate, "low": c.diff.low, "high": c.diff.high,
+                         "p_value": c.p_value, "p_adjusted": c.p_adjusted, "multiplicity": multiplicity,
+                         "paired": c.paired, "margin": c.margin, "equivalence": c.equivalence,
                          "decided": c.decided, "more_seeds": more,
                          "expected_hours": None if more is None or per is None else more * per,
                          "unit": next((r.cost.unit for r in results if r.cost), "")})
@@ -100,6 +117,20 @@ def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str]
 
 def _n(v: float | None, digits: int = 3) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:+.{digits}f}"
+
+
+def _p(row: dict[str, Any]) -> str:
+    p, q = row["p_value"], row["p_adjusted"]
+    return "–" if not math.isfinite(p) else f"{p:.3g} ({q:.3g})"
+
+
+def _equiv(row: dict[str, Any]) -> str:
+    return "" if row["margin"] is None else f"{row['equivalence']} at ±{row['margin']:g}"
+
+
+def _method(comps: Sequence[dict[str, Any]]) -> str:
+    m = comps[0]["multiplicity"] if comps else "holm"
+    return {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "not adjusted"}[m]
 
 
 def _more(row: dict[str, Any]) -> str:
@@ -132,15 +163,20 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
         return lines
     lines += ["## Declared comparisons", "",
               (f"Difference to the baseline cell with its {level:.0%} interval (collapse rate: Newcombe's "
-               "hybrid score interval from Wilson intervals; final reward: Welch t); decided when the "
-               "interval excludes 0."), "",
-              "| target | comparison | where | seeds | difference [interval] | decided | to decide |",
-              "|---|---|---|---|---|---|---|"]
+               "hybrid score interval from Wilson intervals; final reward: Welch t, or paired t over "
+               "shared seeds; time to collapse: the difference in restricted mean collapse-free steps, "
+               "tested by log-rank). p: the test's p-value, adjusted over the declared comparisons of "
+               f"each target ({_method(comps)}); decided when the adjusted p is below "
+               f"{1 - level:.2g}. Equivalence: TOST at the declared margin."), "",
+              ("| target | comparison | where | seeds | difference [interval] | p (adjusted) | decided "
+               "| equivalence | to decide |"),
+              "|---|---|---|---|---|---|---|---|---|"]
     for r in comps:
-        lines.append(f"| {r['target']} | {esc(r['axis'])}={esc(r['value'])} vs {esc(r['baseline'])} | "
+        lines.append(f"| {r['target']} | {esc(r['axis'])}={esc(r['value'])} vs {esc(r['baseline'])}"
+                     f"{' (paired)' if r['paired'] else ''} | "
                      f"{esc(r['context'] or '–')} | {r['seeds']} vs {r['baseline_seeds']} | "
-                     f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}] | "
-                     f"{'yes' if r['decided'] else 'no'} | {_more(r)} |")
+                     f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}] | {_p(r)} | "
+                     f"{'yes' if r['decided'] else 'no'} | {_equiv(r)} | {_more(r)} |")
     undecided = [r for r in comps if not r["decided"]]
     hours = [r["expected_hours"] for r in undecided if r["expected_hours"] is not None]
     lines += ["", f"Undecided: {len(undecided)} of {len(comps)} comparisons"
@@ -157,7 +193,8 @@ def terminal_lines(cost: dict[str, Any], comps: Sequence[dict[str, Any]]) -> lis
         state = "decided" if r["decided"] else "undecided" + (f" ({_more(r)})" if _more(r) else "")
         lines.append(f"{r['target']}: {r['axis']}={r['value']} vs {r['baseline']} "
                      f"({r['context'] or 'all'}): {_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}] "
-                     f"{state}")
+                     f"p_adj {_p(r).split(' ')[-1].strip('()')} {state}"
+                     + (f"; {_equiv(r)}" if r["margin"] is not None else ""))
     return lines
 
 
@@ -180,11 +217,14 @@ def html_section(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: f
                  if cost["traced"] else "<p>No trial run carries its cost.</p>")
     if comps:
         parts.append(f"<h2>Declared comparisons</h2><p>Difference to the baseline cell with its "
-                     f"{level:.0%} interval (Newcombe / Welch); decided when it excludes 0.</p>")
-        parts.append(table(["target", "comparison", "where", "seeds", "difference [interval]", "decided",
-                            "to decide"],
-                           [(r["target"], f"{r['axis']}={r['value']} vs {r['baseline']}", r["context"] or "–",
+                     f"{level:.0%} interval (Newcombe / Welch or paired t / RMST difference); p "
+                     f"adjusted over the comparisons of each target ({_method(comps)}); decided "
+                     f"when the adjusted p is below {1 - level:.2g}; equivalence by TOST.</p>")
+        parts.append(table(["target", "comparison", "where", "seeds", "difference [interval]",
+                            "p (adjusted)", "decided", "equivalence", "to decide"],
+                           [(r["target"], f"{r['axis']}={r['value']} vs {r['baseline']}"
+                             + (" (paired)" if r["paired"] else ""), r["context"] or "–",
                              f"{r['seeds']} vs {r['baseline_seeds']}",
-                             f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}]",
-                             "yes" if r["decided"] else "no", _more(r)) for r in comps]))
+                             f"{_n(r['difference'])} [{_n(r['low'])}, {_n(r['high'])}]", _p(r),
+                             "yes" if r["decided"] else "no", _equiv(r), _more(r)) for r in comps]))
     return "\n".join(parts)

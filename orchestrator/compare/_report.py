@@ -6,8 +6,9 @@ draws the plots (``compare_plots``) and writes ``results/<grid>/``:
 
 - ``summary.md``, ``summary.html`` (self-contained: plots embedded), ``cells.csv`` (one row per
   cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``, ``cost.csv`` and,
-  when the grid declares comparisons, ``comparisons.csv`` (``_cost``);
-- ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
+  when the grid declares comparisons, ``comparisons.csv`` (``_cost``), ``survival.csv`` (time to
+  collapse per cell, ``_survival``);
+- ``survival.png``, ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
   ``verdict_map.png``, ``importance.png``;
 - ``MANIFEST.json`` (``orchestrator.manifest``): code version, the hash of what decides the numbers,
   the trials' numeric environments, the command that regenerates the directory.
@@ -31,6 +32,7 @@ from orchestrator import markdown as md
 from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
+from orchestrator.compare import _survival as S
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
@@ -98,7 +100,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name,
                           store=workspace.display_uri(uri, workdir),
                           unfinished=unfinished.describe() if unfinished else None,
-                          compare=grid.spec.comparisons, adaptive=grid.spec.adaptive)
+                          compare=grid.spec.comparisons, adaptive=grid.spec.adaptive,
+                          steps=grid.spec.steps, multiplicity=grid.spec.multiplicity)
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
         r.numerics for r in results)))
     _log_to_parent(mlc, exp.experiment_id, out)
@@ -112,9 +115,11 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
                  cols: str | None, out: Path, *, grid_name: str, store: str,
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
-                 adaptive: AdaptiveSeedsSpec | None = None) -> dict[str, Any]:
+                 adaptive: AdaptiveSeedsSpec | None = None, steps: int = 0,
+                 multiplicity: str = "holm") -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
-    ``unfinished`` says which trials are not in it yet (a grid still running)."""
+    ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
+    grid's steps (the horizon of the time to collapse; 0: the longest trial's)."""
     derived = any(r.derived_from for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
@@ -134,13 +139,16 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
         P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"),
         P.importance_bars(importance, out / "importance.png"),
     ]
-    plots = [p for p in plots if p is not None]
+    level = adaptive.level if adaptive else 0.95
+    surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
+    plots = [p for p in [*plots, surv["plot"]] if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results),
               "cost": C.cost_section(results, axis_names, out),
-              "comparisons": C.comparison_section(results, axis_names, compare, adaptive, out),
-              "level": adaptive.level if adaptive else 0.95}
+              "comparisons": C.comparison_section(results, axis_names, compare, adaptive, out,
+                                                  steps=surv["horizon"], multiplicity=multiplicity),
+              "survival": surv, "level": level}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
@@ -232,8 +240,9 @@ def render_markdown(report: dict[str, Any]) -> str:
     lines = [f"# Grid {md.code(report['grid'])}: comparison", "",
              (f"{len(res)} trials from {md.code(report['store'])}; verdicts: "
               f"{md.text(_verdict_counts(res))}."),
-             (f"Cells: final and peak {md.code(report['reward_metric'])} (mean ± 95% CI over "
-              "seeds), collapsed/judged trials @ median collapse step, max k3 KL."), "",
+             (f"Cells: final and peak {md.code(report['reward_metric'])} (mean [95% interval] over "
+              "seeds, inside [0, 1] for a reward there), collapsed/judged trials @ median step of "
+              "the collapsed ones (see Time to collapse for the median over all), max k3 KL."), "",
              *environment_lines(report), "",
              "| " + " | ".join(md.text(h) for h in header) + " |",
              "|" + "---|" * len(header)]
@@ -250,6 +259,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         imp = report["importance"].get(target, {}).get(e["axis"])
         lines.append(f"| {md.text(e['axis'])} | {md.text(e['target'])} | {_num(e['effect'])} | "
                      f"{'–' if imp is None else f'{imp:.3f}'} |")
+    if "survival" in report:
+        lines += ["", *S.markdown(report["survival"], md.text)]
     if "cost" in report:
         lines += ["", *C.markdown(report["cost"], report["comparisons"], report["level"], md.text)]
     lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
@@ -298,7 +309,8 @@ def render_html(report: dict[str, Any]) -> str:
              f"<style>{CSS}</style></head><body><h1>Grid {esc(report['grid'])}</h1>",
              (f"<p>{len(report['results'])} trials from <code>{esc(report['store'])}</code>; verdicts: "
               f"{esc(_verdict_counts(report['results']))}. Cells: final / peak {esc(report['reward_metric'])} "
-              "(mean ± 95% CI over seeds), collapsed/judged @ median step, max k3 KL.</p>"),
+              "(mean [95% interval] over seeds), collapsed/judged @ median step of the collapsed, "
+              "max k3 KL.</p>"),
              *(f"<p>{esc(line.replace('**', '').replace('`', ''))}</p>"
                for line in environment_lines(report)),
              "<table><tr>" + "".join(f"<th>{esc(h)}</th>" for h in header) + "</tr>"]
@@ -323,6 +335,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(f"<tr><td>{esc(e['axis'])}</td><td>{esc(e['target'])}</td><td>{_num(e['effect'])}</td>"
                      f"<td>{'–' if imp is None else f'{imp:.3f}'}</td></tr>")
     parts.append("</table>")
+    if "survival" in report:
+        parts.append(S.html_section(report["survival"]))
     if "cost" in report:
         parts.append(C.html_section(report["cost"], report["comparisons"], report["level"]))
     parts.append("<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
@@ -340,19 +354,20 @@ def render_html(report: dict[str, Any]) -> str:
 
 
 def print_table(report: dict[str, Any]) -> None:
-    """A compact version of the pivot on the terminal (final reward ± CI, collapses)."""
+    """A compact version of the pivot on the terminal (final reward [interval], collapses)."""
     from rich.console import Console
     from rich.markup import escape
     from rich.table import Table
 
     def short(s: dict[str, Any]) -> str:
-        fm, ci = s["final_reward"], s["final_reward_ci"]
-        txt = "–" if not math.isfinite(fm) else f"{fm:.2f}" + ("" if not math.isfinite(ci) else f"±{ci:.2f}")
+        fm, lo, hi = s["final_reward"], s["final_reward_lo"], s["final_reward_hi"]
+        txt = "–" if not math.isfinite(fm) else f"{fm:.2f}" + (
+            "" if not math.isfinite(lo) else f" [{lo:.2f},{hi:.2f}]")
         coll = f"{s['n_collapsed']}/{s['n_judged']}"
         return f"[red]{txt} ✗{coll}[/red]" if s["n_collapsed"] else f"{txt} ✓{coll}"
 
     header, body = _table(report, short)
-    table = Table(title=escape(f"{report['grid']}: final reward (95% CI), collapsed/judged"),
+    table = Table(title=escape(f"{report['grid']}: final reward [95% interval], collapsed/judged"),
                   title_justify="left")
     for h in header:  # user-given labels are text, not rich markup ("[null, 2.0]" is no tag)
         table.add_column(escape(h), overflow="fold")

@@ -1,5 +1,5 @@
-"""Statistics for ``ablate compare``: per-cell aggregates over seeds (mean and 95% CI), and
-per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
+"""Statistics for ``ablate compare``: per-cell aggregates over seeds (mean and 95% interval:
+``orchestrator.intervals.bounded_mean``, inside [0, 1] for a reward there), and per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
 from __future__ import annotations
 
 import math
@@ -9,6 +9,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
+from orchestrator.intervals import bounded_mean
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
@@ -33,12 +34,12 @@ def cell_stats(results: Sequence[TrialResult]) -> dict[str, Any]:
     collapsed = [r for r in judged if r.collapsed]
     steps = [r.verdict_step for r in collapsed if r.verdict_step is not None]
     k3 = [r.peak(M.K3_KL) for r in results]
-    fm, fci, n = mean_ci(reward)
-    pm, pci, _ = mean_ci(peak)
+    final, top = bounded_mean(reward), bounded_mean(peak)
     k3_finite = [v for v in k3 if math.isfinite(v)]
     return {
-        "n": len(results), "n_reward": n,
-        "final_reward": fm, "final_reward_ci": fci, "peak_reward": pm, "peak_reward_ci": pci,
+        "n": len(results), "n_reward": final.n,
+        "final_reward": final.estimate, "final_reward_lo": final.low, "final_reward_hi": final.high,
+        "peak_reward": top.estimate, "peak_reward_lo": top.low, "peak_reward_hi": top.high,
         "n_judged": len(judged), "n_collapsed": len(collapsed),
         "collapse_rate": len(collapsed) / len(judged) if judged else math.nan,
         "median_collapse_step": statistics.median(steps) if steps else math.nan,
@@ -54,16 +55,18 @@ def _fmt(v: float, digits: int = 3) -> str:
 
 
 def format_cell(s: dict[str, Any], sep: str = "<br>") -> str:
-    """``final ± ci`` / ``peak ± ci`` / ``collapsed k/n @ median step`` / ``k3 max`` in one cell."""
-    def pm(m: float, ci: float) -> str:
-        return _fmt(m) + ("" if not math.isfinite(ci) else f" ± {_fmt(ci)}")
+    """``final [lo, hi]`` / ``peak [lo, hi]`` / ``collapsed k/n @ median step`` / ``k3 max``
+    in one cell (the interval's bounds, not a ``±`` that could cross the metric's range)."""
+    def pm(m: float, lo: float, hi: float) -> str:
+        return _fmt(m) + ("" if not math.isfinite(lo) else f" [{_fmt(lo)}, {_fmt(hi)}]")
 
     coll = f"collapse {s['n_collapsed']}/{s['n_judged']}"
     if math.isfinite(s["median_collapse_step"]):
         coll += f" @ {s['median_collapse_step']:g}"
     k3 = "–" if not math.isfinite(s["max_k3_kl"]) else f"{s['max_k3_kl']:.2e}"
-    return sep.join([f"final {pm(s['final_reward'], s['final_reward_ci'])}",
-                     f"peak {pm(s['peak_reward'], s['peak_reward_ci'])}", coll, f"max k3 {k3}"])
+    return sep.join([f"final {pm(s['final_reward'], s['final_reward_lo'], s['final_reward_hi'])}",
+                     f"peak {pm(s['peak_reward'], s['peak_reward_lo'], s['peak_reward_hi'])}", coll,
+                     f"max k3 {k3}"])
 
 
 def main_effects(results: Sequence[TrialResult], axes: Sequence[str]) -> list[dict[str, Any]]:

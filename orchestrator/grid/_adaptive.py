@@ -1,5 +1,5 @@
-"""Semantic checks of the cost-related keys: ``seeds: {adaptive: ...}``, ``compare:`` and the
-accelerator-hour budget (``budget.gpu_hours``, ``budget.gpu_hours_per_pool``).
+"""Semantic checks of the cost-related keys: ``seeds: {adaptive: ...}``, ``compare:`` (and its
+tests: ``target``, ``margin``, ``paired``) and the accelerator-hour budget (``budget.gpu_hours``, ``budget.gpu_hours_per_pool``).
 
 The schema has already checked shapes (``min <= max``, ``0 < ci_width < 1``); what needs the
 axes, the collapse rules or the pool catalogue is checked here, at plan time, so a grid that
@@ -7,13 +7,14 @@ could never run its adaptive plan or afford one trial is refused before anything
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from typing import TYPE_CHECKING
 
 from orchestrator.cost import fmt_hours, pool_rate
 from orchestrator.exceptions import did_you_mean
 from orchestrator.pools import PoolCatalog
-from orchestrator.schema import GridFile
+from orchestrator.schema import CompareDecl, GridFile
 
 if TYPE_CHECKING:
     from orchestrator.grid._load import GridSpec
@@ -37,11 +38,47 @@ def _check_adaptive(spec: GridFile, chk: Checker) -> None:
     if spec.search is not None:
         raise chk.err("adaptive seeds cannot be combined with 'search:' (a search picks its own "
                       "points)", ("seeds", "adaptive"), fix="give 'seeds:' as a list")
-    rules = spec.collapse.rules
-    if ad.target == "collapse_rate" and rules == "none" and not spec.collapse.extra_rules:
-        raise chk.err("collapse_rate is not recorded by this grid (collapse.rules is 'none' and "
-                      "there are no extra_rules)", path, allowed=["final_reward"], got="collapse_rate",
+    if ad.target in COLLAPSE_TARGETS and not _judges_collapse(spec):
+        raise chk.err(f"{ad.target} is not recorded by this grid (collapse.rules is 'none' and "
+                      "there are no extra_rules)", path, allowed=["final_reward"], got=ad.target,
                       fix="use target: final_reward or turn the collapse rules on")
+
+
+COLLAPSE_TARGETS = ("collapse_rate", "time_to_collapse")
+
+
+def _judges_collapse(spec: GridFile) -> bool:
+    return spec.collapse.rules != "none" or bool(spec.collapse.extra_rules)
+
+
+def _check_tests(spec: GridFile, decl: CompareDecl, base: tuple, chk: Checker) -> None:
+    """``target``, ``margin`` and ``paired`` of one declared comparison."""
+    if decl.target in COLLAPSE_TARGETS and not _judges_collapse(spec):
+        raise chk.err(f"{decl.target} is not recorded by this grid (collapse.rules is 'none' and "
+                      "there are no extra_rules)", base + ("target",), allowed=["final_reward"],
+                      got=decl.target, fix="compare final_reward or turn the collapse rules on")
+    if decl.margin is not None:
+        m = float(decl.margin)
+        if decl.target is None:
+            raise chk.err("a margin is on one target's scale, and this comparison names none",
+                          base + ("margin",), fix="add target: final_reward (reward units), "
+                          "collapse_rate (a rate) or time_to_collapse (steps)")
+        top = {"collapse_rate": 1.0, "time_to_collapse": float(spec.steps)}.get(decl.target, math.inf)
+        if not (math.isfinite(m) and 0 < m < top):
+            raise chk.err(f"margin {m:g} must be above 0" + ("" if top == math.inf else
+                          f" and below {top:g} ({decl.target}'s range)"), base + ("margin",),
+                          got=m, fix="e.g. margin: " + (f"{max(spec.steps // 20, 1)} (steps)"
+                                                        if decl.target == "time_to_collapse" else "0.05"))
+    if decl.paired:
+        if decl.target not in (None, "final_reward"):
+            raise chk.err(f"paired applies to the final reward; {decl.target} is compared "
+                          "unpaired", base + ("paired",), fix="drop paired or use target: final_reward")
+        rows = [("include", r) for r in spec.include] + [("exclude", r) for r in spec.exclude]
+        key = next((k for k, r in rows if "seed" in r), None)
+        if key is not None:
+            raise chk.err(f"pairing needs every cell to run the same seeds, and an '{key}' row "
+                          "names a seed, so the seeds of some cells differ", base + ("paired",),
+                          fix=f"drop paired or the seed from the {key} row")
 
 
 def _check_compare(spec: GridFile, axes: Sequence[Axis], chk: Checker, label: object) -> None:
@@ -59,6 +96,7 @@ def _check_compare(spec: GridFile, axes: Sequence[Axis], chk: Checker, label: ob
                           base + ("baseline",), allowed=list(axis.labels), got=wanted)
         if len(axis.labels) < 2:
             raise chk.err(f"axis {decl.axis!r} has one value: nothing to compare", base + ("axis",))
+        _check_tests(spec, decl, base, chk)
 
 
 def _pools_of(spec: GridFile, axes: Sequence[Axis]) -> list[str]:

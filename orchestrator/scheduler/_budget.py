@@ -38,6 +38,7 @@ from orchestrator.seeds import (
     comparisons,
     mean_hours,
     needs_seed,
+    relative_width,
     seeds_to_decide,
 )
 from orchestrator.store import TrialPaths, records
@@ -222,9 +223,10 @@ class Planner:
         self._refresh(force=True)
         queued_ids = {t.trial_id for t in queued}
         cells, started = self._cell_outcomes(queued_ids)
-        comps = comparisons(cells, self.grid.spec.comparisons, self.adaptive.target,
-                            self.adaptive.level, label=axis_label)
-        for cell in needs_seed(cells, self.adaptive, comps, started):
+        spec = self.grid.spec
+        comps = comparisons(cells, spec.comparisons, self.adaptive.target, self.adaptive.level,
+                            label=axis_label, horizon=spec.steps, multiplicity=spec.multiplicity)
+        for cell in needs_seed(cells, self.adaptive, comps, started, spec.steps):
             if started[cell] >= len(self.cells[cell]):
                 continue  # `exclude:` took some of its seeds (or `include:` gave it one): at its max
             trial = self.cells[cell][started[cell]]
@@ -282,19 +284,21 @@ class Planner:
         ad = self.adaptive
         assert ad is not None
         cells, started = self._cell_outcomes(set())
-        comps = comparisons(cells, self.grid.spec.comparisons, ad.target, ad.level, label=axis_label)
+        spec = self.grid.spec
+        comps = comparisons(cells, spec.comparisons, ad.target, ad.level, label=axis_label,
+                            horizon=spec.steps, multiplicity=spec.multiplicity)
         rows = []
         for cell, outs in cells.items():
-            iv = cell_interval(outs, ad.target, ad.level)
+            iv = cell_interval(outs, ad.target, ad.level, spec.steps)
             rows.append({"cell": cell_text(cell), "seeds": len(outs), "estimate": _num(iv.estimate),
                          "low": _num(iv.low), "high": _num(iv.high),
-                         "met": iv.width <= ad.ci_width,
+                         "met": relative_width(iv, ad.target, spec.steps) <= ad.ci_width,
                          "at_max": started[cell] >= min(ad.max, len(self.cells[cell]))})
         undecided = []
         for c in comps:
             if c.decided:
                 continue
-            extra = seeds_to_decide(c, cells[c.cell], cells[c.base_cell], ad)
+            extra = seeds_to_decide(c, cells[c.cell], cells[c.base_cell], ad, spec.steps)
             per = mean_hours(list(cells[c.cell]) + list(cells[c.base_cell]))
             undecided.append({"axis": c.axis, "value": c.value, "baseline": c.baseline,
                               "context": c.context, "diff": _num(c.diff.estimate),
@@ -318,8 +322,11 @@ def _outcome(spec: TrialSpec, rec: records.TrialRecord, paths: TrialPaths,
     summary = records.stored_result(paths, rec).get("summary") or {}
     reward = next((records.finite_or_none(summary.get(k)) for k in (M.EVAL_REWARD, M.TRAIN_REWARD)
                    if records.finite_or_none(summary.get(k)) is not None), None)
+    # Its time to collapse (orchestrator.survival): the collapse step, else the last step seen.
+    vstep = (rec.verdict or {}).get("step")
+    step = vstep if collapsed and isinstance(vstep, int) else rec.last_step
     return Outcome(spec.seed, collapsed, math.nan if reward is None else reward,
-                   None if cost is None else cost.hours)
+                   None if cost is None else cost.hours, None if collapsed is None else step)
 
 
 def end_report(summary: Mapping[str, Any]) -> list[str]:

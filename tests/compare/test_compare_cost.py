@@ -73,3 +73,46 @@ def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Pa
     assert "Declared comparisons" in (out / "summary.html").read_text()
     printed = capsys.readouterr().out
     assert "cost: " in printed and "collapse_rate: correction.is_level=sequence vs none" in printed
+
+
+def test_compare_time_to_collapse_multiplicity_and_equivalence(isolated: Path) -> None:
+    """Early-stopped collapses are events at their onset step, healthy trials censored at 120;
+    comparisons.csv carries p-values adjusted over the family and the TOST verdict."""
+    text = GRID.replace("compare: {axis: correction.is_level, baseline: none}",
+                        "compare: [{axis: correction.is_level, baseline: none},\n"
+                        "          {axis: correction.is_level, baseline: none, target: final_reward,"
+                        " margin: 0.9, paired: true}]")
+    gfile, grid, uri, parent = trackedruns.open_grid(isolated, "surv.yaml", text.replace("cost-test", "surv-test"))
+    for t in expand(grid):
+        _track(uri, parent, grid, t, isolated / "buf")
+    parent.end()
+    out = compare(gfile, workdir=str(isolated / ".ablate"))
+    surv = {r["cell"]: r for r in csv.DictReader((out / "survival.csv").read_text().splitlines())}
+    assert len(surv) == 4 and (out / "survival.png").stat().st_size > 0
+    for cell, r in surv.items():
+        assert int(r["n"]) == 3 and r["horizon"] == "120"
+        if "none" in cell:  # stopped early after its collapse: events at the onset, not censored
+            assert (r["events"], r["censored"]) == ("3", "0")
+            assert 60 <= float(r["km_median_step"]) <= 100 and float(r["rmst"]) < 110
+        else:
+            assert (r["events"], r["censored"]) == ("0", "3")
+            assert r["km_median_step"] == "inf" and float(r["rmst"]) == 120.0
+    comps = list(csv.DictReader((out / "comparisons.csv").read_text().splitlines()))
+    ttc = [c for c in comps if c["target"] == "time_to_collapse"]
+    assert len(ttc) == 2 and all(float(c["difference"]) > 10 for c in ttc)
+    for c in comps:
+        assert c["multiplicity"] == "holm" and float(c["p_adjusted"]) >= float(c["p_value"]) - 1e-12
+        assert (c["decided"] == "True") == (float(c["p_adjusted"]) < 0.05)
+    fr = [c for c in comps if c["target"] == "final_reward"]
+    assert {c["paired"] for c in fr} >= {"True"} and {c["equivalence"] for c in fr if c["margin"]} <= {
+        "equivalent", "not_equivalent", "inconclusive"}
+    md = (out / "summary.md").read_text()
+    assert "## Time to collapse" in md and "| p (adjusted) |" in md and "survival" in md
+    assert "Time to collapse" in (out / "summary.html").read_text()
+    # The grid's MLflow parent run carries the section (its note) and the files (artifacts).
+    from orchestrator.tracking import client
+
+    mlc = client(uri)
+    arts = {a.path for a in mlc.list_artifacts(parent.run_id, "results")}
+    assert {"results/survival.csv", "results/survival.png", "results/comparisons.csv"} <= arts
+    assert "## Time to collapse" in mlc.get_run(parent.run_id).data.tags["mlflow.note.content"]
