@@ -170,7 +170,7 @@ def test_compare_user_errors(populated) -> None:
         pick_axes(["pool", "x"], "pool", "pool")
     other = isolated / "empty"
     other.mkdir()
-    with pytest.raises(UserError, match="no MLflow experiment"):
+    with pytest.raises(UserError, match="has not run"):
         compare(gfile, workdir=str(other))
 
 
