@@ -30,6 +30,17 @@ class Toleration(BaseModel):
     effect: Literal["NoSchedule", "PreferNoSchedule", "NoExecute"] | None = None
 
 
+# Per kind, the fields that decide a trial's numbers. sim: the simulator's numeric profile (its
+# accelerator is only a label). cpu: verl on this machine (the job's overrides, environment and
+# world size). gpu: the hardware the node labels select, the container image, the world size.
+IDENTITY_FIELDS: dict[str, tuple[str, ...]] = {
+    "sim": ("kind", "sim_profile"),
+    "cpu": ("kind", "gpus_per_node", "nodes", "cpus_per_node", "verl_overrides", "verl_env"),
+    "gpu": ("kind", "accelerator", "node_labels", "ray_accelerator_type", "gpus_per_node", "nodes",
+            "image", "verl_overrides", "verl_env"),
+}
+
+
 class PoolSpec(BaseModel):
     """One hardware pool. ``kind: sim`` pools are numeric profiles of the CPU simulator;
     ``kind: cpu`` pools run real verl jobs on this machine's CPU (``gpus_per_node`` GPU-shaped
@@ -71,6 +82,13 @@ class PoolSpec(BaseModel):
             raise ValueError(f"capacity {value}: a pool must host at least one trial at a time "
                              "(its trials would wait for ever); allowed 1..4096")
         return value
+
+    def identity(self) -> dict[str, Any]:
+        """What this pool's trials compute with (part of every trial id): the fields of
+        ``IDENTITY_FIELDS`` for its kind. Scheduling fields (capacity, step_seconds,
+        tolerations, kueue_flavor, description) place a trial, they do not change its numbers."""
+        data = self.model_dump(mode="json")
+        return {k: data[k] for k in IDENTITY_FIELDS[self.kind]}
 
     @property
     def ray_resource(self) -> str:

@@ -128,6 +128,12 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=list)
 
 
+# Which fields a trial id covers. 1: the pool by name only; 2: also the pool's definition
+# (``PoolSpec.identity``). A workdir recorded under an older scheme is refused by ``ablate
+# submit`` with the fix (``scheduler/_identity.py``): its ids would not match the new ones.
+ID_SCHEME = 2
+
+
 def trial_id_for(identity: Mapping[str, Any]) -> str:
     """Content hash of a trial's identity: ``t`` + 12 hex digits of SHA-256."""
     return _content_id(canonical_json(identity))

@@ -17,9 +17,10 @@ from orchestrator import recipes
 from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.grid._validation import SECTIONS, Checker, axis_label
+from orchestrator.exceptions import UserError
+from orchestrator.grid._validation import SECTIONS, SUBMISSION_WIDE, Checker, axis_label
 from orchestrator.schema import split_index
-from orchestrator.trial import TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
+from orchestrator.trial import ID_SCHEME, TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
 
 if TYPE_CHECKING:
     from orchestrator.grid._load import GridSpec
@@ -139,14 +140,18 @@ def _context(axes: Any) -> str:
 
 
 def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...]) -> dict:
-    """What a trial's id hashes, but its seed: the resolved configuration and the backend
-    version (k8s runs the same verl job as verl, so both give one id)."""
+    """What a trial's id hashes, but its seed: the resolved configuration, the backend
+    version (k8s runs the same verl job as verl, so both give one id) and what the pool
+    computes with (its definition, not only its name: a ``pool_catalog:`` that redefines a
+    pool, or an edited ``sim_profile``, gives new ids)."""
     return {
+        "id_scheme": ID_SCHEME,
         "backend": grid.backend if grid.backend != "k8s" else "verl",
         "backend_version": backend_class(grid.backend).version,
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,
+        "pool_def": grid.pools.pools[pool].identity(),
         "steps": grid.spec.steps,
         "overrides": overrides,
     }
@@ -289,6 +294,10 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     chk = Checker(grid.file, {}, grid.recipe_config)
     merged = dict(parent.overrides)
     for k, v in sets.items():
+        if k in SUBMISSION_WIDE:  # as in a grid's axes: it may not differ between trials
+            raise UserError(f"--set {k}: {k} cannot vary between trials: {SUBMISSION_WIDE[k]}; "
+                            "fix: set it once under 'overrides:' of the grid and submit it under "
+                            "a new name")
         merged[k] = freeze(chk.value(k, v, ("--set", k)))
     target = pool or parent.pool
     resolver = _Resolver(grid)

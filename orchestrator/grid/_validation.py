@@ -363,6 +363,8 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
     places = [(("axes", a.name) + ((label,) if a.kind == "bundle" else ()), key)
               for a in axes for label, ov in zip(a.labels, a.overrides) for key, _ in ov]
     places += [(("include", i), key) for i, rule in enumerate(spec.include) for key in rule]
+    if spec.on_collapse is not None:  # a rescue's derived trial would differ from its parent
+        places += [(("on_collapse", "resume", "set", key), key) for key in spec.on_collapse.resume.set]
     for path, key in places:
         if key in SUBMISSION_WIDE:
             raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,

@@ -13,6 +13,12 @@ expanded to. A later submission under the same name runs when
 
 and is refused otherwise with the differences and the two ways out (a new name, ``--extend``).
 Budgets, retries, collapse rules and checkpoints do not define trials and may change freely.
+
+The file also records the trial-id scheme (``trial.ID_SCHEME``). A grid recorded under an older
+scheme holds ids the current code would not produce for the same trials (scheme 1 hashed a
+pool's name, not its definition): resubmitting it would run every trial again beside the old
+ones and ``ablate compare`` would pool both. It is refused with the one fix (a new name); its
+records stay readable (``ablate status``, ``ablate compare``).
 """
 from __future__ import annotations
 
@@ -26,6 +32,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.exceptions import UserError
 from orchestrator.schema import NAME_PATTERN
 from orchestrator.store import atomic_write_json, read_json
+from orchestrator.trial import ID_SCHEME
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
@@ -83,6 +90,30 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None = None) -> None:
+    """Refuse a grid whose workdir was recorded under an older trial-id scheme (one line, the
+    fix: run it again under a new name; the old records stay readable)."""
+    path = Path(grid_dir) / IDENTITY
+    if stored is None:
+        if not path.exists():
+            return
+        stored = read_json(path)
+    scheme = int(stored.get("id_scheme") or 1)
+    if scheme == ID_SCHEME:
+        return
+    raise UserError(
+        f"{grid.file}: grid {grid.name!r} in {Path(grid_dir).parent} was recorded with trial ids "
+        f"of an older rl-ablate (id scheme {scheme}; ids now also cover each pool's definition, "
+        f"see docs/trial-identity.md), so its trials cannot be continued or extended; its results "
+        f"stay readable (`ablate status`, `ablate compare`); fix: run it again under a new name: "
+        f"`ablate submit {grid.file} --name {_new_name(grid.name)}`")
+
+
+def _new_name(name: str) -> str:
+    """A suggested name for the grid's rerun (within the 40 characters a grid name may have)."""
+    return f"{name[:37].rstrip('-')}-v2"
+
+
 def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], *,
                    extend: bool = False) -> str | None:
     """Refuse a grid that is not the one ``grid_dir`` holds (``UserError`` with the differences
@@ -91,9 +122,10 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
     new = fields(grid)
     ids = sorted(t.trial_id for t in trials)
     if not path.exists():
-        atomic_write_json(path, {"fields": new, "trials": ids})
+        atomic_write_json(path, {"fields": new, "trials": ids, "id_scheme": ID_SCHEME})
         return None
     stored = read_json(path)
+    check_scheme(grid, grid_dir, stored)
     old, known = stored.get("fields") or {}, list(stored.get("trials") or [])
     if old == new:
         return None
@@ -106,7 +138,8 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
             f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); fix: submit it under a "
             f"new name (`--name NEW`, or `name:` in the file), or add its trials to the existing "
             f"grid with `--extend`")
-    atomic_write_json(path, {"fields": new, "trials": sorted(set(known) | set(ids))})
+    atomic_write_json(path, {"fields": new, "trials": sorted(set(known) | set(ids)),
+                             "id_scheme": ID_SCHEME})
     if grows and not added:
         return None  # the same trials, spelt differently (e.g. seeds in another order)
     how = "grows" if grows else "extended (--extend)"

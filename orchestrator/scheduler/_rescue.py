@@ -151,6 +151,8 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
         step = start_step(store, rec, start, grid.spec.checkpoint.healthy_margin)
         ckpt = store.path(step)  # verified by SHA-256 (downloaded first from a remote store)
         derived = bool(sets) or derive
+        if derived and step >= parent.steps:
+            raise UserError(_no_step_left(parent, step, store.steps(), start))
         trial = derive_trial(grid, parent, sets, pool=pool, from_step=step) if derived else parent
         _check_pool(grid, backend, trial, pool_spec, ckpt)
         if trial is not parent:
@@ -161,6 +163,19 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
                                 f"resume it with --trial {trial.trial_id}")
         out.append(Plan(trial, parent, pool, step, reason))
     return out
+
+
+def _no_step_left(parent: TrialSpec, step: int, have: Sequence[int], start: str | int) -> str:
+    """A derived trial from the parent's last step would run no step under its new setting
+    (its numbers would be the parent's): the message names the checkpoints to start from."""
+    earlier = [s for s in have if s < parent.steps]
+    how = (f"--from {start}" if not isinstance(start, str) or start.isdigit()
+           else f"--from {start} is step {step}")
+    fix = (f"--from STEP with an earlier checkpoint: {', '.join(map(str, earlier))}" if earlier
+           else "no earlier checkpoint exists; rerun the grid with the setting as an axis value")
+    return (f"trial {parent.trial_id}: {how}, its last step (steps: {parent.steps}): a derived "
+            f"trial would run no step under its new setting and repeat the parent's numbers; "
+            f"fix: {fix}")
 
 
 def start_step(store: CheckpointStore, rec: records.TrialRecord, start: str | int, margin: int) -> int:
