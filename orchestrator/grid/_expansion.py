@@ -18,6 +18,7 @@ from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
+from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._validation import SECTIONS, SUBMISSION_WIDE, Checker, axis_label
 from orchestrator.schema import split_index
 from orchestrator.trial import ID_SCHEME, TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
@@ -169,24 +170,28 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
     fixed = dict(grid.fixed)
     seen: dict[str, TrialSpec] = {}
     trials: list[TrialSpec] = []
+    cells: dict[tuple[tuple[str, str], ...], Any] = {}  # each cell's config, for compare:
     pool_idx = next((i for i, a in enumerate(grid.axes) if a.kind == "pool"), None)
     ranges = [range(len(a.labels)) for a in grid.axes]
     for combo in itertools.product(*ranges):
+        axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
         if _excluded(combo, None, grid.excludes):
+            cells[axes] = None
             continue
         merged = dict(fixed)
         for a, i in zip(grid.axes, combo):
             merged.update(a.overrides[i])
         pool = grid.axes[pool_idx].labels[combo[pool_idx]] if pool_idx is not None else spec.pool
-        axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
         seeds = [s for i, s in enumerate(spec.seed_values)
                  if not (grid.excludes and _excluded(combo, i, grid.excludes))]
-        _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
+        cells[axes] = _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
     for inc in grid.includes:
         _expand_include(grid, resolver, fixed, dict(inc), seen, trials)
     if not trials:
         raise grid.error("grid expands to zero trials (every combination is excluded)", "exclude",
                          fix="loosen the exclude rules")
+    if spec.comparisons:
+        check_comparisons(grid, cells, axis_label)
     _check_rescue(grid, trials)
     return trials
 
@@ -221,10 +226,11 @@ def _excluded(combo: tuple[int, ...], seed_idx: int | None,
 
 def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
          seeds: Sequence[int], axes: tuple[tuple[str, str], ...], seen: dict[str, TrialSpec],
-         trials: list[TrialSpec]) -> None:
-    """Resolve one grid point once, then add a trial per seed (only the seed changes the id)."""
+         trials: list[TrialSpec]) -> tuple[str, tuple[tuple[str, Any], ...]] | None:
+    """Resolve one grid point once, then add a trial per seed (only the seed changes the id);
+    returns the point's resolved configuration (None when every seed is excluded)."""
     if not seeds:
-        return
+        return None
     overrides = resolver.resolve(merged, pool, axes)
     for seed, tid in seeded_trial_ids(_identity(grid, pool, overrides), seeds):
         if tid in seen:
@@ -234,6 +240,7 @@ def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
                           axes=axes, overrides=overrides)
         seen[tid] = trial
         trials.append(trial)
+    return pool, overrides
 
 
 def _expand_include(grid: GridSpec, resolver: _Resolver, fixed: dict[str, Any],

@@ -23,6 +23,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
+from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.pools import PoolCatalog
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
@@ -313,6 +314,8 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
     check_cost_keys(spec, axes, chk, catalog, axis_label)
+    check_param_names(spec, axes, chk)
+    check_static(spec, chk, dict(fixed), chk.leaves)
     return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
             "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
             "excludes": excludes, "includes": includes, "lines": lines}

@@ -24,6 +24,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cost import cost_tags, trial_cost
 from orchestrator.exceptions import UserError
+from orchestrator.metrics import param_key
 from orchestrator.store import workspace
 from orchestrator.store.records import effective_ranges
 from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
@@ -211,7 +212,7 @@ def trial_params(trial: TrialSpec) -> dict[str, str]:
     params.setdefault("steps", str(trial.steps))
     for key, value in trial.overrides:
         params.setdefault(key, str(value))
-    return {sanitize_key(k)[:250]: v[:6000] for k, v in params.items()}
+    return {param_key(k): v[:6000] for k, v in params.items()}
 
 
 def trial_tags(trial: TrialSpec, pool: PoolSpec, parent_run_id: str | None) -> dict[str, str]:
