@@ -70,6 +70,9 @@ class TrialSpec:
     axes: tuple[tuple[str, str], ...]
     overrides: tuple[tuple[str, Any], ...]
     derived_from: tuple[str, int] | None = None
+    # Content hash of everything the id covers but the seed (``config_id``): trials with one
+    # config are the seeds of one cell. "" in specs written before it existed.
+    config: str = ""
 
     @property
     def axis_values(self) -> dict[str, str]:
@@ -100,6 +103,7 @@ class TrialSpec:
             axes=tuple((str(k), str(v)) for k, v in data["axes"]),
             overrides=tuple((str(k), freeze(v)) for k, v in data["overrides"]),
             derived_from=tuple(data["derived_from"]) if data.get("derived_from") else None,
+            config=str(data.get("config") or ""),
         )
 
 
@@ -137,6 +141,12 @@ ID_SCHEME = 2
 def trial_id_for(identity: Mapping[str, Any]) -> str:
     """Content hash of a trial's identity: ``t`` + 12 hex digits of SHA-256."""
     return _content_id(canonical_json(identity))
+
+
+def config_id(identity: Mapping[str, Any]) -> str:
+    """Content hash of a trial's identity without its seed: ``c`` + 12 hex digits."""
+    rest = {k: v for k, v in identity.items() if k != "seed"}
+    return "c" + _content_id(canonical_json(rest))[1:]
 
 
 _SEED_SENTINEL = -987654321

@@ -42,7 +42,7 @@ from orchestrator.store import records, workspace
 from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
-VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
+VARIANT = "variant"  # row-label column: include points, derived trials (`ablate resume --set`)
 
 
 def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[str | None, str | None]:
@@ -78,7 +78,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                         "fix: run `ablate submit` first or pass --tracking-uri")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     results, unfinished = split_unfinished(
-        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir), grid_dir)
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
+                     fixed_pool=grid.spec.pool), grid_dir)
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
@@ -111,9 +112,9 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                  adaptive: AdaptiveSeedsSpec | None = None) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running)."""
-    derived = any(r.derived_from for r in results)
+    variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
-    row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
+    row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
     cells = pivot(results, row_keys, cols)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
@@ -148,7 +149,7 @@ def _row_of(r: TrialResult, row_keys: Sequence[str]) -> tuple[str, ...]:
     out = []
     for k in row_keys:
         if k == VARIANT:
-            out.append(f"derived from {r.derived_from}" if r.derived_from else "")
+            out.append(r.variant)
         else:
             out.append(r.axes.get(k, ""))
     return tuple(out)

@@ -21,7 +21,15 @@ from orchestrator.exceptions import UserError
 from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._validation import SECTIONS, SUBMISSION_WIDE, Checker, axis_label
 from orchestrator.schema import split_index
-from orchestrator.trial import ID_SCHEME, TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
+from orchestrator.trial import (
+    ID_SCHEME,
+    TrialSpec,
+    config_id,
+    freeze,
+    seeded_trial_ids,
+    thaw,
+    trial_id_for,
+)
 
 if TYPE_CHECKING:
     from orchestrator.grid._load import GridSpec
@@ -232,12 +240,14 @@ def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
     if not seeds:
         return None
     overrides = resolver.resolve(merged, pool, axes)
-    for seed, tid in seeded_trial_ids(_identity(grid, pool, overrides), seeds):
+    identity = _identity(grid, pool, overrides)
+    config = config_id(identity)
+    for seed, tid in seeded_trial_ids(identity, seeds):
         if tid in seen:
             continue
         trial = TrialSpec(trial_id=tid, grid=grid.name, backend=grid.backend,
                           recipe=grid.spec.recipe, pool=pool, seed=seed, steps=grid.spec.steps,
-                          axes=axes, overrides=overrides)
+                          axes=axes, overrides=overrides, config=config)
         seen[tid] = trial
         trials.append(trial)
     return pool, overrides
@@ -314,4 +324,5 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     axes = tuple(parent.axes) + tuple((k, axis_label(v)) for k, v in sorted(sets.items()))
     return TrialSpec(trial_id=trial_id_for(identity), grid=grid.name, backend=grid.backend,
                      recipe=grid.spec.recipe, pool=target, seed=parent.seed, steps=parent.steps,
-                     axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step))
+                     axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step),
+                     config=config_id(identity))

@@ -17,6 +17,8 @@ from orchestrator.tracking._runs import (
 )
 from orchestrator.tracking._sender import Sender, send_trial
 from orchestrator.tracking._store import (
+    AXES_TAG,
+    CONFIG_TAG,
     ROLE_TAG,
     check_store,
     client,
@@ -28,6 +30,6 @@ from orchestrator.tracking._store import (
 from orchestrator.tracking._ui import ui
 from orchestrator.tracking._views import save_trials_view
 
-__all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "check_store",
+__all__ = ["AXES_TAG", "CONFIG_TAG", "ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "check_store",
            "client", "drain", "fail_fast", "is_remote", "parent_run", "sanitize_key",
            "save_trials_view", "send_trial", "supersede", "ui", "use_wal"]

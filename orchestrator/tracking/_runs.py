@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
+import json
 import logging
 import subprocess
 import sys
@@ -30,6 +31,8 @@ from orchestrator.store.records import effective_ranges
 from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._store import (
+    AXES_TAG,
+    CONFIG_TAG,
     PARENT_TAG,
     ROLE_TAG,
     client,
@@ -219,7 +222,10 @@ def trial_tags(trial: TrialSpec, pool: PoolSpec, parent_run_id: str | None) -> d
     tags = {ROLE_TAG: "trial", "trial_id": trial.trial_id, "grid": trial.grid,
             "backend": trial.backend, "recipe": trial.recipe, "seed": str(trial.seed),
             "pool": pool.name, "pool.kind": pool.kind, "accelerator": pool.accelerator,
-            "mlflow.runName": trial_run_name(trial), **provenance_tags()}
+            "mlflow.runName": trial_run_name(trial), **provenance_tags(),
+            AXES_TAG: json.dumps([list(a) for a in trial.axes], ensure_ascii=False)}
+    if trial.config:
+        tags[CONFIG_TAG] = trial.config
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     if pool.kind == "gpu":

@@ -31,6 +31,10 @@ log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
 ROLE_TAG = "ablate.role"  # "grid" (parent) | "trial" (child)
+# A trial run's axis labels under their own names (JSON pairs; params hold them under MLflow's
+# sanitised keys) and its config id (``TrialSpec.config``): what ``ablate compare`` forms cells by.
+AXES_TAG = "ablate.axes"
+CONFIG_TAG = "ablate.config"
 
 _ENV_LOCK = threading.Lock()
 
