@@ -34,11 +34,11 @@ from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.grid import load_grid
+from orchestrator.grid import GridSpec, load_grid
 from orchestrator.numerics import environments
-from orchestrator.scheduler import renamed
+from orchestrator.scheduler import renamed, stored_stores
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.store import records, workspace
+from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
@@ -73,10 +73,11 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     uri = workspace.tracking_uri(tracking_uri, workdir)
     mlc = client(uri)
     exp = mlc.get_experiment_by_name(grid.name)
-    if exp is None:
-        raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
-                        "fix: run `ablate submit` first or pass --tracking-uri")
     grid_dir = workspace.grid_dir(grid.name, workdir)
+    if exp is None:
+        raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
+                        f"{workspace.display_uri(uri, workdir)}; "
+                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
     results, unfinished = split_unfinished(
         load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
                      fixed_pool=grid.spec.pool), grid_dir)
@@ -88,7 +89,9 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
               "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)
     if not results:
-        raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
+        raise UserError(f"grid {grid.name!r} has no trial runs in "
+                        f"{workspace.display_uri(uri, workdir)}; "
+                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)
@@ -104,6 +107,20 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
               f"{unfinished.describe()}: run `ablate compare` again when they end")
     return out
+
+
+def where_recorded(grid: GridSpec, grid_dir: Path, here: str) -> str:
+    """Where a grid's results are when the store asked holds none: the workdir's finished
+    trials, the stores the grid was submitted to, and the command that copies them here."""
+    finished = [tid for tid in (records.trial_ids(grid_dir) if (grid_dir / "trials").is_dir() else [])
+                if records.load_state(TrialPaths(grid_dir, tid), tid).state.is_finished()]
+    if not finished:
+        return "fix: run `ablate submit` first or pass the --tracking-uri it ran with"
+    others = [s for s in stored_stores(grid_dir) if s != here]
+    where = f" (recorded in {', '.join(others)})" if others else ""
+    return (f"the workdir {grid_dir.parent} holds {len(finished)} finished trial(s) of it{where}; "
+            f"fix: pass the --tracking-uri they ran with, or copy them here with "
+            f"`ablate publish {grid.file} --tracking-uri {here}`")
 
 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,

@@ -31,7 +31,8 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.schema import NAME_PATTERN
-from orchestrator.store import atomic_write_json, read_json
+from orchestrator.store import TrialPaths, atomic_write_json, read_json, records
+from orchestrator.tracking import recorded_elsewhere
 from orchestrator.trial import ID_SCHEME
 
 if TYPE_CHECKING:
@@ -138,9 +139,43 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
             f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); fix: submit it under a "
             f"new name (`--name NEW`, or `name:` in the file), or add its trials to the existing "
             f"grid with `--extend`")
-    atomic_write_json(path, {"fields": new, "trials": sorted(set(known) | set(ids)),
+    atomic_write_json(path, {**stored, "fields": new, "trials": sorted(set(known) | set(ids)),
                              "id_scheme": ID_SCHEME})
     if grows and not added:
         return None  # the same trials, spelt differently (e.g. seeds in another order)
     how = "grows" if grows else "extended (--extend)"
     return f"grid {grid.name} {how}: {'; '.join(diff[:6])}; {len(added)} new trial(s)"
+
+
+def store_note(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], tracking_uri: str,
+               shown_uri: str) -> str | None:
+    """Record that the grid is tracked in ``tracking_uri`` (its display form, no credentials,
+    in ``identity.json``), and say when finished trials, which a submission does not run
+    again, have no run there: they were recorded in another store; ``ablate publish`` copies
+    them. None when there is nothing to say."""
+    path = Path(grid_dir) / IDENTITY
+    if path.exists():
+        stored = read_json(path)
+        stores = list(stored.get("stores") or [])
+        if shown_uri not in stores:
+            atomic_write_json(path, {**stored, "stores": [*stores, shown_uri]})
+    known = set(records.trial_ids(grid_dir)) if (Path(grid_dir) / "trials").is_dir() else set()
+    finished = [t.trial_id for t in trials if t.trial_id in known
+                and records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id).state.is_finished()]
+    missing = recorded_elsewhere(grid.name, tracking_uri, finished)
+    if not missing:
+        return None
+    return (f"grid {grid.name}: {missing} finished trial(s) are not run again and have no run in "
+            f"the tracking store {shown_uri} (they were recorded in {_elsewhere(stored_stores(grid_dir), shown_uri)}); "
+            f"to see them there: `ablate publish {grid.file} --tracking-uri {shown_uri}`")
+
+
+def stored_stores(grid_dir: Path) -> list[str]:
+    """The tracking stores (display form) the grid was submitted to, oldest first."""
+    path = Path(grid_dir) / IDENTITY
+    return list(read_json(path).get("stores") or []) if path.exists() else []
+
+
+def _elsewhere(stores: Sequence[str], here: str) -> str:
+    others = [s for s in stores if s != here]
+    return ", ".join(others) if others else "another store"
