@@ -106,6 +106,14 @@ class PoolCatalog:
     def __init__(self, pools: dict[str, PoolSpec], source: str) -> None:
         self.pools = pools
         self.source = source
+        self._identities: dict[str, dict[str, Any]] = {}
+
+    def identity(self, name: str) -> dict[str, Any]:
+        """``PoolSpec.identity`` of pool ``name``, computed once (every grid point asks)."""
+        hit = self._identities.get(name)
+        if hit is None:
+            hit = self._identities[name] = self.pools[name].identity()
+        return hit
 
     def __contains__(self, name: object) -> bool:
         return name in self.pools

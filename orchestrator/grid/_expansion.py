@@ -160,7 +160,7 @@ def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...])
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,
-        "pool_def": grid.pools.pools[pool].identity(),
+        "pool_def": grid.pools.identity(pool),
         "steps": grid.spec.steps,
         "overrides": overrides,
     }
