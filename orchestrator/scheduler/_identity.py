@@ -95,11 +95,11 @@ def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None =
     """Refuse a grid whose workdir was recorded under an older trial-id scheme (one line, the
     fix: run it again under a new name; the old records stay readable)."""
     path = Path(grid_dir) / IDENTITY
-    if stored is None:
-        if not path.exists():
-            return
+    if stored is None and path.exists():
         stored = read_json(path)
-    scheme = int(stored.get("id_scheme") or 1)
+    # Without identity.json (trials run by `ablate run-trial`, or before the file existed) the
+    # trials' own specs tell: a spec written under scheme 2 has its config id.
+    scheme = int(stored.get("id_scheme") or 1) if stored is not None else _specs_scheme(grid_dir)
     if scheme == ID_SCHEME:
         return
     raise UserError(
@@ -108,6 +108,14 @@ def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None =
         f"see docs/trial-identity.md), so its trials cannot be continued or extended; its results "
         f"stay readable (`ablate status`, `ablate compare`); fix: run it again under a new name: "
         f"`ablate submit {grid.file} --name {_new_name(grid.name)}`")
+
+
+def _specs_scheme(grid_dir: Path, sample: int = 20) -> int:
+    """The id scheme of a grid's trial specs (a few are enough: one version wrote them all)."""
+    for path in sorted((Path(grid_dir) / "trials").glob("*/spec.json"))[:sample]:
+        if not read_json(path).get("config"):
+            return 1
+    return ID_SCHEME
 
 
 def _new_name(name: str) -> str:

@@ -87,3 +87,25 @@ def test_a_workdir_of_the_older_id_scheme_is_refused_with_the_command(isolated: 
     assert check_identity(grid, grid_dir, trials) is None
     assert json.loads((grid_dir / IDENTITY).read_text())["id_scheme"] == 2
     assert check_identity(grid, grid_dir, trials) is None
+
+
+def test_trials_without_identity_json_tell_their_scheme_by_their_specs(isolated: Path) -> None:
+    """Trials run by `ablate run-trial` (no identity.json): specs of this version carry their
+    config id, older ones do not."""
+    from orchestrator.scheduler._identity import check_scheme
+    from orchestrator.store import TrialPaths, records
+
+    path = isolated / "g.yaml"
+    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
+    grid = load_grid(path)
+    (t, *_) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    paths = TrialPaths(grid_dir, t.trial_id)
+    paths.root.mkdir(parents=True)
+    records.save_spec(paths, t)
+    check_scheme(grid, grid_dir)  # this version's spec: passes
+    data = json.loads(paths.spec.read_text())
+    del data["config"]
+    paths.spec.write_text(json.dumps(data))
+    with pytest.raises(UserError, match="id scheme 1"):
+        check_scheme(grid, grid_dir)
