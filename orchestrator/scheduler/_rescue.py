@@ -151,9 +151,9 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
         step = start_step(store, rec, start, grid.spec.checkpoint.healthy_margin)
         ckpt = store.path(step)  # verified by SHA-256 (downloaded first from a remote store)
         derived = bool(sets) or derive
-        if derived and step >= parent.steps:
-            raise UserError(_no_step_left(parent, step, store.steps(), start))
         trial = derive_trial(grid, parent, sets, pool=pool, from_step=step) if derived else parent
+        if derived and step >= parent.steps:  # after the values are checked: they come first
+            raise UserError(_no_step_left(parent, step, store.steps(), start))
         _check_pool(grid, backend, trial, pool_spec, ckpt)
         if trial is not parent:
             child = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
