@@ -107,6 +107,14 @@ def test_publish_copies_each_step_once_and_twice_writes_nothing(
     assert again.published == [] and again.replaced == [] and len(again.unchanged) == 2
     assert snapshot() == before
     assert store_note(grid, grid_dir, trials, other, other) is None
+    capsys.readouterr()
+    assert main(["publish", str(path), "--tracking-uri", other]) == 0
+    assert capsys.readouterr().out.startswith("published 0 trials of grid pub to ")
+    assert snapshot() == before
+    # An unreachable store: one line, exit 2, nothing written anywhere.
+    assert main(["publish", str(path), "--tracking-uri", "http://127.0.0.1:9"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "unreachable" in err and "nothing published" in err, err
 
     # The other store's compare now sees both cells.
     out = isolated / "res"
