@@ -2,7 +2,8 @@
 
 Hardware is a *pinned* axis: a trial for pool X runs only where X is, never on a substitute.
 The built-in catalogue is ``orchestrator/pools.yaml``; a grid may add or replace entries with
-``pool_catalog: path/to/pools.yaml`` (same format).
+``pool_catalog: path/to/pools.yaml`` (same format). A trial id covers its pool's definition
+(``PoolSpec.identity``), so a replaced entry that computes differently gives new ids.
 """
 from __future__ import annotations
 
