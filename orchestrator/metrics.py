@@ -5,6 +5,24 @@ verl job logging straight into the trial's MLflow run and the simulator look the
 """
 from __future__ import annotations
 
+import re
+
+_INVALID = re.compile(r"[^/\w.\- :]")
+_SLASHES = re.compile(r"/+")
+PARAM_KEY_MAX = 250  # MLflow's longest param key
+
+
+def mlflow_key(key: str) -> str:
+    """verl 0.9.1's MLflow key sanitiser (``@`` -> ``_at_``, ``//`` -> ``/``, others -> ``_``):
+    the name a metric or param is stored under. Two grid names that give one key would share one
+    param, so the grid refuses them at plan time (``grid/_validation``)."""
+    return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
+
+
+def param_key(key: str) -> str:
+    """The MLflow param key a trial's axis value or override is stored under."""
+    return mlflow_key(key)[:PARAM_KEY_MAX]
+
 # Reward
 TRAIN_REWARD = "critic/score/mean"  # mean verifiable reward of the step's rollouts
 EVAL_REWARD = "eval/reward"  # held-out eval reward (greedy-free sampling, fixed prompts)

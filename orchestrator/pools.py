@@ -2,7 +2,8 @@
 
 Hardware is a *pinned* axis: a trial for pool X runs only where X is, never on a substitute.
 The built-in catalogue is ``orchestrator/pools.yaml``; a grid may add or replace entries with
-``pool_catalog: path/to/pools.yaml`` (same format).
+``pool_catalog: path/to/pools.yaml`` (same format). A trial id covers its pool's definition
+(``PoolSpec.identity``), so a replaced entry that computes differently gives new ids.
 """
 from __future__ import annotations
 
@@ -93,6 +94,17 @@ class SlurmPlacement(BaseModel):
         return value
 
 
+# Per kind, the fields that decide a trial's numbers. sim: the simulator's numeric profile (its
+# accelerator is only a label). cpu: verl on this machine (the job's overrides, environment and
+# world size). gpu: the hardware the node labels select, the container image, the world size.
+IDENTITY_FIELDS: dict[str, tuple[str, ...]] = {
+    "sim": ("kind", "sim_profile"),
+    "cpu": ("kind", "gpus_per_node", "nodes", "cpus_per_node", "verl_overrides", "verl_env"),
+    "gpu": ("kind", "accelerator", "node_labels", "ray_accelerator_type", "gpus_per_node", "nodes",
+            "image", "images", "verl_overrides", "verl_env"),
+}
+
+
 class PoolSpec(BaseModel):
     """One hardware pool. ``kind: sim`` pools are numeric profiles of the CPU simulator;
     ``kind: cpu`` pools run real verl jobs on this machine's CPU (``gpus_per_node`` GPU-shaped
@@ -140,6 +152,13 @@ class PoolSpec(BaseModel):
                              "(its trials would wait for ever); allowed 1..4096")
         return value
 
+    def identity(self) -> dict[str, Any]:
+        """What this pool's trials compute with (part of every trial id): the fields of
+        ``IDENTITY_FIELDS`` for its kind. Scheduling fields (capacity, step_seconds,
+        tolerations, kueue_flavor, description) place a trial, they do not change its numbers."""
+        data = self.model_dump(mode="json")
+        return {k: data[k] for k in IDENTITY_FIELDS[self.kind]}
+
     @property
     def ray_resource(self) -> str:
         """The Ray custom resource that marks nodes of this pool in the embedded cluster."""
@@ -164,6 +183,15 @@ class PoolCatalog:
         """The catalogue file and line of pool ``name``'s ``key`` (of the pool if unset)."""
         file, lines = self.origins.get(name, (self.source, {}))
         return file, lines.get(key, lines.get(""))
+
+        self._identities: dict[str, dict[str, Any]] = {}
+
+    def identity(self, name: str) -> dict[str, Any]:
+        """``PoolSpec.identity`` of pool ``name``, computed once (every grid point asks)."""
+        hit = self._identities.get(name)
+        if hit is None:
+            hit = self._identities[name] = self.pools[name].identity()
+        return hit
 
     def __contains__(self, name: object) -> bool:
         return name in self.pools

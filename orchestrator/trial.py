@@ -70,6 +70,9 @@ class TrialSpec:
     axes: tuple[tuple[str, str], ...]
     overrides: tuple[tuple[str, Any], ...]
     derived_from: tuple[str, int] | None = None
+    # Content hash of everything the id covers but the seed (``config_id``): trials with one
+    # config are the seeds of one cell. "" in specs written before it existed.
+    config: str = ""
 
     @property
     def axis_values(self) -> dict[str, str]:
@@ -102,6 +105,7 @@ class TrialSpec:
             axes=tuple((str(k), str(v)) for k, v in data["axes"]),
             overrides=tuple((str(k), freeze(v)) for k, v in data["overrides"]),
             derived_from=tuple(data["derived_from"]) if data.get("derived_from") else None,
+            config=str(data.get("config") or ""),
         )
 
 
@@ -130,9 +134,21 @@ def canonical_json(obj: Any) -> str:
     return json.dumps(obj, sort_keys=True, separators=(",", ":"), ensure_ascii=True, default=list)
 
 
+# Which fields a trial id covers. 1: the pool by name only; 2: also the pool's definition
+# (``PoolSpec.identity``). A workdir recorded under an older scheme is refused by ``ablate
+# submit`` with the fix (``scheduler/_identity.py``): its ids would not match the new ones.
+ID_SCHEME = 2
+
+
 def trial_id_for(identity: Mapping[str, Any]) -> str:
     """Content hash of a trial's identity: ``t`` + 12 hex digits of SHA-256."""
     return _content_id(canonical_json(identity))
+
+
+def config_id(identity: Mapping[str, Any]) -> str:
+    """Content hash of a trial's identity without its seed: ``c`` + 12 hex digits."""
+    rest = {k: v for k, v in identity.items() if k != "seed"}
+    return "c" + _content_id(canonical_json(rest))[1:]
 
 
 _SEED_SENTINEL = -987654321

@@ -38,14 +38,17 @@ from orchestrator.seeds import (
 
 
 def _cell(r: TrialResult, axis_names: Sequence[str]) -> CellKey:
-    return tuple((a, r.axes.get(a, "")) for a in axis_names)
+    """The trial's cell: its axis labels, and its variant when it has one (an include point,
+    a derived trial: a cell of its own, never pooled into the axes' cell)."""
+    key = tuple((a, r.axes.get(a, "")) for a in axis_names)
+    return key + ((("variant", r.variant),) if r.variant else ())
 
 
 def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out: Path) -> dict[str, Any]:
     """Write ``cost.csv``; returns the per-cell and grid totals."""
     cells: dict[str, list[TrialResult]] = {}
     for r in results:
-        label = cell_text(_cell(r, axis_names)) + (f" (derived from {r.derived_from})" if r.derived_from else "")
+        label = cell_text(_cell(r, axis_names))
         cells.setdefault(label, []).append(r)
     by_cell = {label: total(r.cost for r in members) for label, members in cells.items()}
     grid = total(r.cost for r in results)
@@ -83,7 +86,7 @@ def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str]
         return []
     cells: dict[CellKey, list[Outcome]] = {}
     for r in results:
-        if r.derived_from:
+        if r.variant:  # an include point or derived trial is not one of the axes' cells
             continue
         cells.setdefault(_cell(r, axis_names), []).append(outcome(r))
     spec = adaptive or AdaptiveSeedsSpec(min=1, max=10_000)

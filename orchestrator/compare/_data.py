@@ -11,8 +11,9 @@ or the trial directory's ``attempts.json`` when the tags are missing; the steps 
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
-from collections.abc import Mapping, Sequence
+from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +21,7 @@ from orchestrator import metrics as M
 from orchestrator.cost import TrialCost, from_tags, trial_cost
 from orchestrator.store import TrialPaths, active_holder, read_json, records
 from orchestrator.store.records import iter_metrics, load_attempts
+from orchestrator.tracking import AXES_TAG, CONFIG_TAG
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
@@ -54,6 +56,10 @@ class TrialResult:
     superseded: list[dict[str, list[tuple[int, float]]]] = dataclasses.field(default_factory=list)
     numerics: dict[str, str] = dataclasses.field(default_factory=dict)  # ``numerics.*`` tags
     cost: TrialCost | None = None  # accelerator-hours (``cost.*`` tags, else attempts.json)
+    # What sets the trial apart from the cell its axis labels name (an include point's own
+    # keys, a derived trial's lineage, another config under the same labels): its own cell.
+    variant: str = ""
+    config: str = ""  # ``TrialSpec.config`` ("" for runs logged before it was tagged)
 
     @property
     def reward_key(self) -> str:
@@ -149,7 +155,7 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
 
 
 def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
-                 grid_dir: Path | None = None) -> list[TrialResult]:
+                 grid_dir: Path | None = None, fixed_pool: str | None = None) -> list[TrialResult]:
     """The trial runs of one experiment as ``TrialResult`` (newest run per trial id)."""
     seen: dict[str, TrialResult] = {}
     for run in search_trial_runs(mlc, experiment_id):
@@ -159,10 +165,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             continue
         curves = {key: newest_per_step(mlc.get_metric_history(run.info.run_id, key))
                   for key in CURVE_METRICS if key in run.data.metrics}
-        axes = {a: params.get(a, "") for a in axis_names}
-        extra = {k: v for k, v in params.items() if k not in axes and k not in ("seed", "steps")}
-        if tags.get("derived_from"):
-            axes.update({k: v for k, v in extra.items() if k != "pool"})
+        axes, variant = trial_cell(tags, params, axis_names, grid_dir, tid, fixed_pool)
         step = tags.get("verdict.step", "")
         seen[tid] = TrialResult(
             trial_id=tid, run_id=run.info.run_id, axes=axes, seed=int(params.get("seed", tags.get("seed", 0))),
@@ -175,9 +178,59 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             numerics={k.removeprefix("numerics."): v for k, v in tags.items()
                       if k.startswith("numerics.")},
             cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
+            variant=variant, config=tags.get(CONFIG_TAG, ""),
         )
-    return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names), r.seed,
-                                                r.trial_id))
+    split_configs(seen.values(), axis_names)
+    return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
+                                                r.variant, r.seed, r.trial_id))
+
+
+def trial_cell(tags: Mapping[str, str], params: Mapping[str, str], axis_names: Sequence[str],
+               grid_dir: Path | None, trial_id: str,
+               fixed_pool: str | None = None) -> tuple[dict[str, str], str]:
+    """A trial's axis labels by the axes' own names, and its variant: the keys of its own
+    axes that are not the grid's (an include point's, a derived trial's ``--set``; a derived
+    trial also names its parent). From the run's ``ablate.axes`` tag, else the trial's
+    ``spec.json``, else its params under MLflow's sanitised keys (``metrics.param_key``)."""
+    own = _own_axes(tags, grid_dir, trial_id)
+    if own is None:  # a run logged before the tag, compared without its workdir
+        own = [(a, params[M.param_key(a)]) for a in axis_names if M.param_key(a) in params]
+    values = dict(own)  # later entries win: a derived trial's --set over its parent's label
+    axes = {a: values.get(a, "") for a in axis_names}
+    extra = [(k, v) for k, v in values.items() if k not in axes and k not in ("seed", "steps")
+             and not (k == "pool" and (fixed_pool is None or v == fixed_pool))]
+    axes.update(extra)
+    parts = [f"{k}={v}" for k, v in extra]
+    if tags.get("derived_from"):
+        parts.append(f"derived from {tags['derived_from']}")
+    return axes, ", ".join(parts)
+
+
+def _own_axes(tags: Mapping[str, str], grid_dir: Path | None, trial_id: str) -> list[tuple[str, str]] | None:
+    text = tags.get(AXES_TAG)
+    if text:
+        try:
+            return [(str(k), str(v)) for k, v in json.loads(text)]
+        except (ValueError, TypeError):
+            pass  # cut by the store's tag length: the trial's spec says the same
+    if grid_dir is not None and TrialPaths(grid_dir, trial_id).spec.exists():
+        spec = records.load_spec(TrialPaths(grid_dir, trial_id))
+        if spec is not None:
+            return list(spec.axes)
+    return None
+
+
+def split_configs(results: Iterable[TrialResult], axis_names: Sequence[str]) -> None:
+    """Trials under the same labels but of different configurations (a grid extended with
+    ``--extend`` after its pool's definition changed) are not seeds of one cell: each config
+    gets its own variant."""
+    groups: dict[tuple[Any, ...], list[TrialResult]] = {}
+    for r in results:
+        groups.setdefault((tuple(r.axes.get(a, "") for a in axis_names), r.variant), []).append(r)
+    for members in groups.values():
+        if len({r.config for r in members if r.config}) > 1:
+            for r in members:
+                r.variant = ", ".join(p for p in (r.variant, f"config {r.config or 'unknown'}") if p)
 
 
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:

@@ -36,15 +36,15 @@ from orchestrator.compare import _survival as S
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.grid import load_grid
+from orchestrator.grid import GridSpec, load_grid
 from orchestrator.numerics import environments
-from orchestrator.scheduler import renamed
+from orchestrator.scheduler import renamed, stored_stores
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.store import records, workspace
+from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import ROLE_TAG, client, store_exists
 
 log = logging.getLogger(__name__)
-VARIANT = "variant"  # row-label column for derived trials (`ablate resume --set`)
+VARIANT = "variant"  # row-label column: include points, derived trials (`ablate resume --set`)
 
 
 def pick_axes(axes: Sequence[str], rows: str | None, cols: str | None) -> tuple[str | None, str | None]:
@@ -79,12 +79,14 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                         f"{grid_path}` first, or pass --tracking-uri (or --workdir) where it ran")
     mlc = client(uri)
     exp = mlc.get_experiment_by_name(grid.name)
-    if exp is None:
-        raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
-                        "fix: run `ablate submit` first or pass --tracking-uri")
     grid_dir = workspace.grid_dir(grid.name, workdir)
+    if exp is None:
+        raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
+                        f"{workspace.display_uri(uri, workdir)}; "
+                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
     results, unfinished = split_unfinished(
-        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir), grid_dir)
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
+                     fixed_pool=grid.spec.pool), grid_dir)
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
@@ -93,7 +95,9 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
               "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)
     if not results:
-        raise UserError(f"grid {grid.name!r} has no trial runs in {uri}; fix: run `ablate submit` first")
+        raise UserError(f"grid {grid.name!r} has no trial runs in "
+                        f"{workspace.display_uri(uri, workdir)}; "
+                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)
@@ -112,6 +116,20 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     return out
 
 
+def where_recorded(grid: GridSpec, grid_dir: Path, here: str) -> str:
+    """Where a grid's results are when the store asked holds none: the workdir's finished
+    trials, the stores the grid was submitted to, and the command that copies them here."""
+    finished = [tid for tid in (records.trial_ids(grid_dir) if (grid_dir / "trials").is_dir() else [])
+                if records.load_state(TrialPaths(grid_dir, tid), tid).state.is_finished()]
+    if not finished:
+        return "fix: run `ablate submit` first or pass the --tracking-uri it ran with"
+    others = [s for s in stored_stores(grid_dir) if s != here]
+    where = f" (recorded in {', '.join(others)})" if others else ""
+    return (f"the workdir {grid_dir.parent} holds {len(finished)} finished trial(s) of it{where}; "
+            f"fix: pass the --tracking-uri they ran with, or copy them here with "
+            f"`ablate publish {grid.file} --tracking-uri {here}`")
+
+
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
                  cols: str | None, out: Path, *, grid_name: str, store: str,
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
@@ -120,9 +138,9 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
     grid's steps (the horizon of the time to collapse; 0: the longest trial's)."""
-    derived = any(r.derived_from for r in results)
+    variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
-    row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if derived else [])
+    row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
     cells = pivot(results, row_keys, cols)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
@@ -160,7 +178,7 @@ def _row_of(r: TrialResult, row_keys: Sequence[str]) -> tuple[str, ...]:
     out = []
     for k in row_keys:
         if k == VARIANT:
-            out.append(f"derived from {r.derived_from}" if r.derived_from else "")
+            out.append(r.variant)
         else:
             out.append(r.axes.get(k, ""))
     return tuple(out)

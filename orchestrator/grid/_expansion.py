@@ -17,10 +17,20 @@ from orchestrator import recipes
 from orchestrator.backends import backend_class
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.grid._validation import SECTIONS, Checker, axis_label
+from orchestrator.exceptions import UserError
+from orchestrator.grid._cells import check_comparisons
+from orchestrator.grid._validation import SECTIONS, SUBMISSION_WIDE, Checker, axis_label
 from orchestrator.learner import LearnerSpec
 from orchestrator.schema import split_index
-from orchestrator.trial import TrialSpec, freeze, seeded_trial_ids, thaw, trial_id_for
+from orchestrator.trial import (
+    ID_SCHEME,
+    TrialSpec,
+    config_id,
+    freeze,
+    seeded_trial_ids,
+    thaw,
+    trial_id_for,
+)
 
 if TYPE_CHECKING:
     from orchestrator.grid._load import GridSpec
@@ -167,14 +177,18 @@ def _context(axes: Any) -> str:
 
 
 def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...]) -> dict:
-    """What a trial's id hashes, but its seed: the resolved configuration and the backend
-    version (k8s runs the same verl job as verl, so both give one id)."""
+    """What a trial's id hashes, but its seed: the resolved configuration, the backend
+    version (k8s runs the same verl job as verl, so both give one id) and what the pool
+    computes with (its definition, not only its name: a ``pool_catalog:`` that redefines a
+    pool, or an edited ``sim_profile``, gives new ids)."""
     return {
+        "id_scheme": ID_SCHEME,
         "backend": grid.backend if grid.backend != "k8s" else "verl",
         "backend_version": backend_class(grid.backend).version,
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,
+        "pool_def": grid.pools.identity(pool),
         "steps": grid.spec.steps,
         "overrides": overrides,
     }
@@ -192,24 +206,28 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
     fixed = dict(grid.fixed)
     seen: dict[str, TrialSpec] = {}
     trials: list[TrialSpec] = []
+    cells: dict[tuple[tuple[str, str], ...], Any] = {}  # each cell's config, for compare:
     pool_idx = next((i for i, a in enumerate(grid.axes) if a.kind == "pool"), None)
     ranges = [range(len(a.labels)) for a in grid.axes]
     for combo in itertools.product(*ranges):
+        axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
         if _excluded(combo, None, grid.excludes):
+            cells[axes] = None
             continue
         merged = dict(fixed)
         for a, i in zip(grid.axes, combo):
             merged.update(a.overrides[i])
         pool = grid.axes[pool_idx].labels[combo[pool_idx]] if pool_idx is not None else spec.pool
-        axes = tuple((a.name, a.labels[i]) for a, i in zip(grid.axes, combo))
         seeds = [s for i, s in enumerate(spec.seed_values)
                  if not (grid.excludes and _excluded(combo, i, grid.excludes))]
-        _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
+        cells[axes] = _add(grid, resolver, merged, pool, seeds, axes, seen, trials)
     for inc in grid.includes:
         _expand_include(grid, resolver, fixed, dict(inc), seen, trials)
     if not trials:
         raise grid.error("grid expands to zero trials (every combination is excluded)", "exclude",
                          fix="loosen the exclude rules")
+    if spec.comparisons:
+        check_comparisons(grid, cells, axis_label)
     _check_rescue(grid, trials)
     return trials
 
@@ -244,19 +262,23 @@ def _excluded(combo: tuple[int, ...], seed_idx: int | None,
 
 def _add(grid: GridSpec, resolver: _Resolver, merged: dict[str, Any], pool: str,
          seeds: Sequence[int], axes: tuple[tuple[str, str], ...], seen: dict[str, TrialSpec],
-         trials: list[TrialSpec]) -> None:
-    """Resolve one grid point once, then add a trial per seed (only the seed changes the id)."""
+         trials: list[TrialSpec]) -> tuple[str, tuple[tuple[str, Any], ...]] | None:
+    """Resolve one grid point once, then add a trial per seed (only the seed changes the id);
+    returns the point's resolved configuration (None when every seed is excluded)."""
     if not seeds:
-        return
+        return None
     overrides = resolver.resolve(merged, pool, axes)
-    for seed, tid in seeded_trial_ids(_identity(grid, pool, overrides), seeds):
+    identity = _identity(grid, pool, overrides)
+    config = config_id(identity)
+    for seed, tid in seeded_trial_ids(identity, seeds):
         if tid in seen:
             continue
         trial = TrialSpec(trial_id=tid, grid=grid.name, backend=grid.backend,
                           recipe=grid.spec.recipe, pool=pool, seed=seed, steps=grid.spec.steps,
-                          axes=axes, overrides=overrides)
+                          axes=axes, overrides=overrides, config=config)
         seen[tid] = trial
         trials.append(trial)
+    return pool, overrides
 
 
 def _expand_include(grid: GridSpec, resolver: _Resolver, fixed: dict[str, Any],
@@ -317,6 +339,10 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     chk = Checker(grid.file, {}, grid.recipe_config)
     merged = dict(parent.overrides)
     for k, v in sets.items():
+        if k in SUBMISSION_WIDE:  # as in a grid's axes: it may not differ between trials
+            raise UserError(f"--set {k}: {k} cannot vary between trials: {SUBMISSION_WIDE[k]}; "
+                            "fix: set it once under 'overrides:' of the grid and submit it under "
+                            "a new name")
         merged[k] = freeze(chk.value(k, v, ("--set", k)))
     target = pool or parent.pool
     resolver = _Resolver(grid)
@@ -326,4 +352,5 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     axes = tuple(parent.axes) + tuple((k, axis_label(v)) for k, v in sorted(sets.items()))
     return TrialSpec(trial_id=trial_id_for(identity), grid=grid.name, backend=grid.backend,
                      recipe=grid.spec.recipe, pool=target, seed=parent.seed, steps=parent.steps,
-                     axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step))
+                     axes=axes, overrides=overrides, derived_from=(parent.trial_id, from_step),
+                     config=config_id(identity))

@@ -23,6 +23,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
+from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolCatalog
 from orchestrator.safeyaml import LineMap, format_path
@@ -315,6 +316,8 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
     check_cost_keys(spec, axes, chk, catalog, axis_label)
+    check_param_names(spec, axes, chk)
+    check_static(spec, chk, dict(fixed), chk.leaves)
     return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
             "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
             "excludes": excludes, "includes": includes, "lines": lines}
@@ -365,6 +368,8 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
     places = [(("axes", a.name) + ((label,) if a.kind == "bundle" else ()), key)
               for a in axes for label, ov in zip(a.labels, a.overrides) for key, _ in ov]
     places += [(("include", i), key) for i, rule in enumerate(spec.include) for key in rule]
+    if spec.on_collapse is not None:  # a rescue's derived trial would differ from its parent
+        places += [(("on_collapse", "resume", "set", key), key) for key in spec.on_collapse.resume.set]
     for path, key in places:
         if key in SUBMISSION_WIDE:
             raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,

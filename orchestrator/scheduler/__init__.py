@@ -10,9 +10,9 @@ from __future__ import annotations
 from orchestrator.scheduler._budget import end_report
 from orchestrator.scheduler._control import cancel, status_command
 from orchestrator.scheduler._events import EventPrinter, EventWatcher, PoolCounts, TrialEvent
-from orchestrator.scheduler._identity import renamed
+from orchestrator.scheduler._identity import renamed, stored_stores
 from orchestrator.scheduler._resume import resume
 from orchestrator.scheduler._submission import run_trials, submit
 
 __all__ = ["EventPrinter", "EventWatcher", "PoolCounts", "TrialEvent", "cancel", "end_report",
-           "renamed", "resume", "run_trials", "status_command", "submit"]
+           "renamed", "resume", "run_trials", "status_command", "stored_stores", "submit"]

@@ -13,6 +13,12 @@ expanded to. A later submission under the same name runs when
 
 and is refused otherwise with the differences and the two ways out (a new name, ``--extend``).
 Budgets, retries, collapse rules and checkpoints do not define trials and may change freely.
+
+The file also records the trial-id scheme (``trial.ID_SCHEME``). A grid recorded under an older
+scheme holds ids the current code would not produce for the same trials (scheme 1 hashed a
+pool's name, not its definition): resubmitting it would run every trial again beside the old
+ones and ``ablate compare`` would pool both. It is refused with the one fix (a new name); its
+records stay readable (``ablate status``, ``ablate compare``).
 """
 from __future__ import annotations
 
@@ -25,7 +31,9 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.schema import NAME_PATTERN
-from orchestrator.store import atomic_write_json, read_json
+from orchestrator.store import TrialPaths, atomic_write_json, read_json, records
+from orchestrator.tracking import recorded_elsewhere
+from orchestrator.trial import ID_SCHEME
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
@@ -83,6 +91,38 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return out
 
 
+def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None = None) -> None:
+    """Refuse a grid whose workdir was recorded under an older trial-id scheme (one line, the
+    fix: run it again under a new name; the old records stay readable)."""
+    path = Path(grid_dir) / IDENTITY
+    if stored is None and path.exists():
+        stored = read_json(path)
+    # Without identity.json (trials run by `ablate run-trial`, or before the file existed) the
+    # trials' own specs tell: a spec written under scheme 2 has its config id.
+    scheme = int(stored.get("id_scheme") or 1) if stored is not None else _specs_scheme(grid_dir)
+    if scheme == ID_SCHEME:
+        return
+    raise UserError(
+        f"{grid.file}: grid {grid.name!r} in {Path(grid_dir).parent} was recorded with trial ids "
+        f"of an older rl-ablate (id scheme {scheme}; ids now also cover each pool's definition, "
+        f"see docs/trial-identity.md), so its trials cannot be continued or extended; its results "
+        f"stay readable (`ablate status`, `ablate compare`); fix: run it again under a new name: "
+        f"`ablate submit {grid.file} --name {_new_name(grid.name)}`")
+
+
+def _specs_scheme(grid_dir: Path, sample: int = 20) -> int:
+    """The id scheme of a grid's trial specs (a few are enough: one version wrote them all)."""
+    for path in sorted((Path(grid_dir) / "trials").glob("*/spec.json"))[:sample]:
+        if not read_json(path).get("config"):
+            return 1
+    return ID_SCHEME
+
+
+def _new_name(name: str) -> str:
+    """A suggested name for the grid's rerun (within the 40 characters a grid name may have)."""
+    return f"{name[:37].rstrip('-')}-v2"
+
+
 def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], *,
                    extend: bool = False) -> str | None:
     """Refuse a grid that is not the one ``grid_dir`` holds (``UserError`` with the differences
@@ -91,9 +131,10 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
     new = fields(grid)
     ids = sorted(t.trial_id for t in trials)
     if not path.exists():
-        atomic_write_json(path, {"fields": new, "trials": ids})
+        atomic_write_json(path, {"fields": new, "trials": ids, "id_scheme": ID_SCHEME})
         return None
     stored = read_json(path)
+    check_scheme(grid, grid_dir, stored)
     old, known = stored.get("fields") or {}, list(stored.get("trials") or [])
     if old == new:
         return None
@@ -106,8 +147,43 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
             f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); fix: submit it under a "
             f"new name (`--name NEW`, or `name:` in the file), or add its trials to the existing "
             f"grid with `--extend`")
-    atomic_write_json(path, {"fields": new, "trials": sorted(set(known) | set(ids))})
+    atomic_write_json(path, {**stored, "fields": new, "trials": sorted(set(known) | set(ids)),
+                             "id_scheme": ID_SCHEME})
     if grows and not added:
         return None  # the same trials, spelt differently (e.g. seeds in another order)
     how = "grows" if grows else "extended (--extend)"
     return f"grid {grid.name} {how}: {'; '.join(diff[:6])}; {len(added)} new trial(s)"
+
+
+def store_note(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], tracking_uri: str,
+               shown_uri: str) -> str | None:
+    """Record that the grid is tracked in ``tracking_uri`` (its display form, no credentials,
+    in ``identity.json``), and say when finished trials, which a submission does not run
+    again, have no run there: they were recorded in another store; ``ablate publish`` copies
+    them. None when there is nothing to say."""
+    path = Path(grid_dir) / IDENTITY
+    if path.exists():
+        stored = read_json(path)
+        stores = list(stored.get("stores") or [])
+        if shown_uri not in stores:
+            atomic_write_json(path, {**stored, "stores": [*stores, shown_uri]})
+    known = set(records.trial_ids(grid_dir)) if (Path(grid_dir) / "trials").is_dir() else set()
+    finished = [t.trial_id for t in trials if t.trial_id in known
+                and records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id).state.is_finished()]
+    missing = recorded_elsewhere(grid.name, tracking_uri, finished)
+    if not missing:
+        return None
+    return (f"grid {grid.name}: {missing} finished trial(s) are not run again and have no run in "
+            f"the tracking store {shown_uri} (they were recorded in {_elsewhere(stored_stores(grid_dir), shown_uri)}); "
+            f"to see them there: `ablate publish {grid.file} --tracking-uri {shown_uri}`")
+
+
+def stored_stores(grid_dir: Path) -> list[str]:
+    """The tracking stores (display form) the grid was submitted to, oldest first."""
+    path = Path(grid_dir) / IDENTITY
+    return list(read_json(path).get("stores") or []) if path.exists() else []
+
+
+def _elsewhere(stores: Sequence[str], here: str) -> str:
+    others = [s for s in stores if s != here]
+    return ", ".join(others) if others else "another store"

@@ -154,6 +154,8 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
         ckpt = store.path(step)  # verified by SHA-256 (downloaded first from a remote store)
         derived = bool(sets) or derive
         trial = _derive(grid, parent, sets, pool, step) if derived else parent
+        if derived and step >= parent.steps:  # after the values are checked: they come first
+            raise UserError(_no_step_left(parent, step, store.steps(), start))
         _check_pool(grid, backend, trial, pool_spec, ckpt)
         if trial is not parent:
             child = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
@@ -178,6 +180,19 @@ def _derive(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], pool: st
         flag = given or f"--pool {pool}"
         raise UserError(f"{flag}: trial {parent.trial_id} cannot run with it: {exc.problem}; "
                         f"fix: change the {'--set value' if given else '--pool'}") from None
+
+
+def _no_step_left(parent: TrialSpec, step: int, have: Sequence[int], start: str | int) -> str:
+    """A derived trial from the parent's last step would run no step under its new setting
+    (its numbers would be the parent's): the message names the checkpoints to start from."""
+    earlier = [s for s in have if s < parent.steps]
+    how = (f"--from {start}" if not isinstance(start, str) or start.isdigit()
+           else f"--from {start} is step {step}")
+    fix = (f"--from STEP with an earlier checkpoint: {', '.join(map(str, earlier))}" if earlier
+           else "no earlier checkpoint exists; rerun the grid with the setting as an axis value")
+    return (f"trial {parent.trial_id}: {how}, its last step (steps: {parent.steps}): a derived "
+            f"trial would run no step under its new setting and repeat the parent's numbers; "
+            f"fix: {fix}")
 
 
 def start_step(store: CheckpointStore, rec: records.TrialRecord, start: str | int, margin: int) -> int:

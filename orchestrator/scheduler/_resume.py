@@ -46,7 +46,7 @@ from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.scheduler._events import Sink
-from orchestrator.scheduler._identity import renamed
+from orchestrator.scheduler._identity import check_scheme, renamed
 from orchestrator.scheduler._placement import check_address
 from orchestrator.scheduler._repair import missing_before, repair_metrics
 from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
@@ -88,6 +88,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     check_store(uri)
     if not local:
         check_address(address)
+    check_scheme(grid, grid_dir)  # ids of an older scheme: refused before anything is written
     submission = submission_id("resume")
     lease = GridLease(grid_dir, grid.name)
     lease.acquire(submission)  # ConcurrencyError naming the holder while the grid runs

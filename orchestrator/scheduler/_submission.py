@@ -55,7 +55,7 @@ from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
-from orchestrator.scheduler._identity import check_identity, renamed
+from orchestrator.scheduler._identity import check_identity, renamed, store_note
 from orchestrator.scheduler._placement import (
     Placement,
     check_address,
@@ -110,6 +110,10 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
         lease.acquire(submission)
         try:
             note = check_identity(grid, grid_dir, trials, extend=extend)
+            if note is not None:
+                print(note, file=sys.stderr, flush=True)
+            uri = workspace.tracking_uri(tracking_uri, workdir)
+            note = store_note(grid, grid_dir, trials, uri, workspace.display_uri(uri, workdir))
             if note is not None:
                 print(note, file=sys.stderr, flush=True)
             return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,

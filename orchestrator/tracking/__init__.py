@@ -2,11 +2,13 @@
 
 Owns the runs (``GridRun``, ``TrialRun``) and their durable outbox, deferred tracking of short
 attempts (``DeferredRun``) and its orchestrator-side ``Sender``, the store plumbing (``client``,
-timeouts, WAL), the grid's UI view and ``ablate ui``, and the clean-up of orphaned parent runs.
+timeouts, WAL), the grid's UI view and ``ablate ui``, the clean-up of orphaned parent runs, and
+``ablate publish`` (a grid's recorded trials copied into another store).
 """
 from __future__ import annotations
 
 from orchestrator.tracking._deferred import DeferredRun
+from orchestrator.tracking._publish import PublishReport, publish, recorded_elsewhere
 from orchestrator.tracking._runs import (
     GridRun,
     TrackingTarget,
@@ -17,6 +19,8 @@ from orchestrator.tracking._runs import (
 )
 from orchestrator.tracking._sender import Sender, send_trial
 from orchestrator.tracking._store import (
+    AXES_TAG,
+    CONFIG_TAG,
     ROLE_TAG,
     check_store,
     client,
@@ -29,6 +33,29 @@ from orchestrator.tracking._store import (
 from orchestrator.tracking._ui import ui
 from orchestrator.tracking._views import save_trials_view
 
-__all__ = ["ROLE_TAG", "DeferredRun", "GridRun", "Sender", "TrackingTarget", "TrialRun", "check_store",
-           "client", "drain", "fail_fast", "is_remote", "parent_run", "sanitize_key",
-           "save_trials_view", "send_trial", "store_exists", "supersede", "ui", "use_wal"]
+__all__ = [
+    "AXES_TAG",
+    "CONFIG_TAG",
+    "ROLE_TAG",
+    "DeferredRun",
+    "GridRun",
+    "PublishReport",
+    "Sender",
+    "TrackingTarget",
+    "TrialRun",
+    "check_store",
+    "client",
+    "drain",
+    "fail_fast",
+    "is_remote",
+    "parent_run",
+    "publish",
+    "recorded_elsewhere",
+    "sanitize_key",
+    "save_trials_view",
+    "send_trial",
+    "store_exists",
+    "supersede",
+    "ui",
+    "use_wal",
+]

@@ -14,6 +14,7 @@ import contextlib
 import dataclasses
 import functools
 import importlib.metadata
+import json
 import logging
 import subprocess
 import sys
@@ -24,11 +25,14 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.cost import cost_tags, trial_cost
 from orchestrator.exceptions import UserError
+from orchestrator.metrics import param_key
 from orchestrator.store import workspace
 from orchestrator.store.records import effective_ranges
 from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._store import (
+    AXES_TAG,
+    CONFIG_TAG,
     PARENT_TAG,
     ROLE_TAG,
     client,
@@ -211,14 +215,17 @@ def trial_params(trial: TrialSpec) -> dict[str, str]:
     params.setdefault("steps", str(trial.steps))
     for key, value in trial.overrides:
         params.setdefault(key, str(value))
-    return {sanitize_key(k)[:250]: v[:6000] for k, v in params.items()}
+    return {param_key(k): v[:6000] for k, v in params.items()}
 
 
 def trial_tags(trial: TrialSpec, pool: PoolSpec, parent_run_id: str | None) -> dict[str, str]:
     tags = {ROLE_TAG: "trial", "trial_id": trial.trial_id, "grid": trial.grid,
             "backend": trial.backend, "recipe": trial.recipe, "seed": str(trial.seed),
             "pool": pool.name, "pool.kind": pool.kind, "accelerator": pool.accelerator,
-            "mlflow.runName": trial_run_name(trial), **provenance_tags()}
+            "mlflow.runName": trial_run_name(trial), **provenance_tags(),
+            AXES_TAG: json.dumps([list(a) for a in trial.axes], ensure_ascii=False)}
+    if trial.config:
+        tags[CONFIG_TAG] = trial.config
     if parent_run_id:
         tags[PARENT_TAG] = parent_run_id
     if pool.kind == "gpu":
@@ -231,6 +238,29 @@ def trial_tags(trial: TrialSpec, pool: PoolSpec, parent_run_id: str | None) -> d
     if trial.derived_from:
         parent, step = trial.derived_from
         tags["derived_from"] = f"{parent}@{step}"
+    return tags
+
+
+def attempt_tags(attempts: Sequence[Attempt], steps: int, pool: PoolSpec | None) -> dict[str, str]:
+    """Tags per attempt (pool, step range, outcome), the pool per step range and the cost."""
+    tags: dict[str, str] = {"attempts": str(len(attempts)),
+                            "pools": ",".join(dict.fromkeys(a.pool for a in attempts))}
+    for a in attempts:
+        end = "" if a.end_step is None else str(a.end_step)
+        tags[f"attempt.{a.number}.pool"] = a.pool
+        tags[f"attempt.{a.number}.steps"] = f"{a.start_step}-{end}"
+        tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
+        if a.resumed_from_step is not None:
+            tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
+    # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
+    tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
+                                  for p, lo, hi in effective_ranges(attempts))
+    if len(attempts) > 1:
+        prev = attempts[-2]
+        tags["resumed_from"] = f"attempt {prev.number} on {prev.pool} at step {attempts[-1].start_step - 1}"
+    # Attempts carry their pool's rate; the run's pool covers attempts recorded before that.
+    tags.update(cost_tags(trial_cost(attempts, steps,
+                                     pools={pool.name: pool} if pool is not None else None)))
     return tags
 
 
@@ -330,28 +360,10 @@ class TrialRun:
 
     def log_attempts(self, attempts: Sequence[Attempt]) -> None:
         """Tags per attempt (pool, step range, outcome) and an ``attempts.json`` artifact."""
-        tags: dict[str, str] = {"attempts": str(len(attempts)),
-                                "pools": ",".join(dict.fromkeys(a.pool for a in attempts))}
-        for a in attempts:
-            end = "" if a.end_step is None else str(a.end_step)
-            tags[f"attempt.{a.number}.pool"] = a.pool
-            tags[f"attempt.{a.number}.steps"] = f"{a.start_step}-{end}"
-            tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
-            if a.resumed_from_step is not None:
-                tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
-        # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
-        tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
-                                      for p, lo, hi in effective_ranges(attempts))
-        if len(attempts) > 1:
-            prev = attempts[-2]
-            tags["resumed_from"] = f"attempt {prev.number} on {prev.pool} at step {attempts[-1].start_step - 1}"
         self.outbox.add_artifact("attempts.json", {"trial_id": self.trial.trial_id,
                                                    "attempts": [a.to_json() for a in attempts]})
-        # Attempts carry their pool's rate; the run's pool covers attempts recorded before that.
         pool = getattr(self, "pool", None)  # a deferred run (``_deferred``) has none
-        tags.update(cost_tags(trial_cost(attempts, self.trial.steps,
-                                         pools={pool.name: pool} if pool is not None else None)))
-        self.set_tags(tags)
+        self.set_tags(attempt_tags(attempts, self.trial.steps, pool))
 
     def set_verdict(self, verdict: Verdict) -> None:
         self.outbox.add_artifact("verdict.json", verdict.to_json())

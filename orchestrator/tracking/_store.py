@@ -12,7 +12,6 @@ import contextlib
 import functools
 import logging
 import os
-import re
 import sqlite3
 import tempfile
 import threading
@@ -23,6 +22,7 @@ from urllib.parse import urlparse
 
 from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import UserError
+from orchestrator.metrics import mlflow_key
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient
@@ -31,17 +31,19 @@ log = logging.getLogger(__name__)
 
 PARENT_TAG = "mlflow.parentRunId"
 ROLE_TAG = "ablate.role"  # "grid" (parent) | "trial" (child)
+# A trial run's axis labels under their own names (JSON pairs; params hold them under MLflow's
+# sanitised keys) and its config id (``TrialSpec.config``): what ``ablate compare`` forms cells by.
+AXES_TAG = "ablate.axes"
+CONFIG_TAG = "ablate.config"
 
-_INVALID = re.compile(r"[^/\w.\- :]")
-_SLASHES = re.compile(r"/+")
 _ENV_LOCK = threading.Lock()
 
 _ENV_LOCK = threading.Lock()
 
 
 def sanitize_key(key: str) -> str:
-    """verl 0.9.1's MLflow key sanitiser (``@`` -> ``_at_``, ``//`` -> ``/``, others -> ``_``)."""
-    return _INVALID.sub("_", _SLASHES.sub("/", key.replace("@", "_at_")))
+    """verl 0.9.1's MLflow key sanitiser (``orchestrator.metrics.mlflow_key``)."""
+    return mlflow_key(key)
 
 
 def client(tracking_uri: str) -> MlflowClient:

@@ -101,6 +101,7 @@ def test_ids_stable_across_processes(isolated: Path) -> None:
             "print(json.dumps([t.trial_id for t in expand(load_grid(sys.argv[1]))]))")
     other = subprocess.run([sys.executable, "-c", code, str(path)], capture_output=True, text=True,
                            check=True, env={"PYTHONHASHSEED": "123", "PATH": "/usr/bin:/bin",
+                                            "PYTHONPATH": str(Path(__file__).parents[2]),
                                             "ABLATE_RECIPES": str(Path(__file__).parents[2] / "recipes")})
     assert json.loads(other.stdout) == ids(path)
 

@@ -387,3 +387,40 @@ def test_resume_off_a_terminal_prints_one_line_per_trial_event(tmp_path: Path) -
     assert lines.index(started[0]) < lines.index(finished[0])
     assert lines[-1].startswith(f"{tid}: resumed on sim-h100 from step ") and \
         lines[-1].endswith("-> healthy"), lines
+
+
+def test_a_derived_trial_must_run_a_step_under_its_setting(isolated: Path,
+                                                           capsys: pytest.CaptureFixture) -> None:
+    """A healthy trial that ran to its end: ``--from last-healthy`` is its last step, so a
+    derived trial would run nothing and repeat the parent's numbers under the new label."""
+    path, grid, t = _grid(isolated, name="healthy", pool="sim-h20")
+    run_single(path, t.trial_id)
+    grid_dir = workspace.grid_dir(grid.name)
+    before = _snapshot(grid_dir, t.trial_id)
+    capsys.readouterr()
+    args = ["resume", path, "--trial", t.trial_id, "--pool", "sim-h20"]
+    assert main([*args, "--set", "correction.is_level=token"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1, err
+    assert ("--from last-healthy is step 12, its last step (steps: 12): a derived trial would run "
+            "no step under its new setting") in err and "fix: --from STEP with an earlier checkpoint: 6, 9" in err
+    # A key no grid may vary is refused as in a grid, before anything is written.
+    assert main([*args, "--from", "9", "--set", "sim.reproducible=false"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "sim.reproducible cannot vary between trials" in err, err
+    assert _snapshot(grid_dir, t.trial_id) == before
+    # From an earlier checkpoint it runs steps 10-12 under the new setting.
+    got = resume(path, trial_ids=[t.trial_id], pool="sim-h20", start=9,
+                 sets={"correction.is_level": "token"}, local=True)
+    (item,) = got["resumed"]
+    assert item["from_step"] == 9
+    rows = list(records.iter_metrics(TrialPaths(grid_dir, item["trial_id"]).metrics))
+    assert [s for s, _ in rows] == list(range(1, 13))
+
+
+def test_on_collapse_may_not_set_a_submission_wide_key(isolated: Path) -> None:
+    from orchestrator.exceptions import GridError
+
+    with pytest.raises(GridError, match=r"on_collapse\.resume\.set\.sim\.reproducible: "
+                                        r"sim\.reproducible cannot vary between trials"):
+        _grid(isolated, name="rw", extra="on_collapse: {resume: {set: {sim.reproducible: false}}}\n")
