@@ -178,13 +178,12 @@ class PoolCatalog:
         self.source = source
         # pool -> (the catalogue file that defines it, {its key: line}), for messages
         self.origins = dict(origins or {})
+        self._identities: dict[str, dict[str, Any]] = {}
 
     def where(self, name: str, key: str) -> tuple[str, int | None]:
         """The catalogue file and line of pool ``name``'s ``key`` (of the pool if unset)."""
         file, lines = self.origins.get(name, (self.source, {}))
         return file, lines.get(key, lines.get(""))
-
-        self._identities: dict[str, dict[str, Any]] = {}
 
     def identity(self, name: str) -> dict[str, Any]:
         """``PoolSpec.identity`` of pool ``name``, computed once (every grid point asks)."""
