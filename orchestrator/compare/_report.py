@@ -32,13 +32,14 @@ from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
+from orchestrator.compare._fetch import LocalMetrics
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
 from orchestrator.numerics import environments
 from orchestrator.scheduler import renamed
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.store import records, workspace
+from orchestrator.store import workspace
 from orchestrator.tracking import ROLE_TAG, client
 
 log = logging.getLogger(__name__)
@@ -77,12 +78,14 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in {uri}; "
                         "fix: run `ablate submit` first or pass --tracking-uri")
     grid_dir = workspace.grid_dir(grid.name, workdir)
+    local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
     results, unfinished = split_unfinished(
-        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir), grid_dir)
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir, local=local,
+                     tracking_uri=uri), grid_dir, states=local.states)
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
-    for problem in records.damaged_metrics(grid_dir) if (grid_dir / "trials").is_dir() else ():
+    for problem in local.problems:
         # The tables come from MLflow; the trial's own record of its steps is what is damaged.
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
               "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)

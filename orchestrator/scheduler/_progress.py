@@ -19,6 +19,7 @@ from orchestrator.cost import TrialCost, fmt_hours, trial_cost
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
+from orchestrator.store.summary import stamped_check
 from orchestrator.trial import TrialSpec, TrialState
 
 if TYPE_CHECKING:
@@ -71,8 +72,7 @@ class GridView:
                 "trials": [t.to_json() for t in self.trials]}
 
 
-def _rate(paths: TrialPaths, step: int) -> float | None:
-    attempts = records.load_attempts(paths)
+def _rate(attempts: list[Any], step: int) -> float | None:
     if not attempts or attempts[-1].outcome is not None or not attempts[-1].started_at:
         return None
     a = attempts[-1]
@@ -83,18 +83,19 @@ def _rate(paths: TrialPaths, step: int) -> float | None:
 
 def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False) -> GridView:
     """Read the grid's trial files into a view (a trial without state.json is pending). With
-    ``check`` (``ablate status``), every file of a trial that is not running is read whole: a
-    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` of a finished trial is its
-    ``problem`` (``ablate submit`` repairs it)."""
+    ``check`` (``ablate status``), a damaged ``metrics.jsonl`` of a finished trial is its
+    ``problem`` (``ablate submit`` repairs it); every trial's ``attempts.json`` is read whole
+    either way (a corrupt one raises)."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
     for spec in records.known_trials(grid_dir).values():
         paths = TrialPaths(grid_dir, spec.trial_id)
         rec = records.load_state(paths, spec.trial_id)
+        attempts = records.load_attempts(paths)  # once per trial (a corrupt file raises)
         view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
                          state=rec.state.value, attempts=rec.attempts, cell=cell_label(spec),
-                         cost=trial_cost(records.load_attempts(paths), spec.steps))
+                         cost=trial_cost(attempts, spec.steps))
         last = records.last_metrics(paths.metrics)
         if last is not None:
             view.step = last[0]
@@ -109,11 +110,11 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
         elif rec.state.value == "failed":
             view.note = rec.error or view.note
         elif rec.state.value == "running":
-            view.rate = _rate(paths, view.step)
-        if check and rec.state is not TrialState.RUNNING:
-            records.load_attempts(paths)
+            view.rate = _rate(attempts, view.step)
         if check and rec.state.is_finished():  # an unfinished one may be mid-rewind right now
-            view.problem = records.check_metrics(paths.metrics, rec.last_step).describe()
+            # The stamp the runner wrote at the trial's end while the file is unchanged; a full
+            # parse only for a file changed since (or a trial recorded before stamps).
+            view.problem = stamped_check(paths, rec).describe()
             if view.problem:
                 view.note = "metrics.jsonl damaged (see below)"
         trials.append(view)
