@@ -107,8 +107,9 @@ class GeneratedBackend:
         return AttemptResult(AttemptOutcome.COMPLETED, trial.steps, None)
 
 
-def record_grid(root: Path, trials: int, steps: int, metrics: int) -> float:
-    """Write the grid's files and MLflow runs under ``root``; returns the seconds it took."""
+def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool = True) -> float:
+    """Write the grid's files and (if ``tracked``) MLflow runs under ``root``; returns the
+    seconds it took."""
     from orchestrator.grid import expand, load_grid
     from orchestrator.run import run_attempt
     from orchestrator.run._runner import make_job
@@ -124,7 +125,7 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int) -> float:
     wd.mkdir(exist_ok=True)
     t0 = time.perf_counter()
     uri = workspace.tracking_uri(None, wd)
-    with parent_run(grid, tracking_uri=uri, workdir=wd) as target:
+    with parent_run(grid, tracking_uri=uri, workdir=wd) if tracked else contextlib.nullcontext() as target:
         for i, trial in enumerate(specs):
             job = make_job(grid, trial, grid_dir=workspace.grid_dir(grid.name, wd), tracking=target,
                            submission="compare-scale")
@@ -134,7 +135,7 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int) -> float:
                 print(f"  recorded {i + 1}/{trials} trials ({time.perf_counter() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
     (root / "recorded.json").write_text(json.dumps({"trials": trials, "steps": steps,
-                                                    "metrics": metrics}))
+                                                    "metrics": metrics, "tracked": tracked}))
     return time.perf_counter() - t0
 
 
@@ -185,6 +186,11 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
             proc.wait()
 
 
+def _status(code: Path, root: Path, timeout: float) -> float:
+    return round(_ablate(code, ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")],
+                         root, timeout), 2)
+
+
 def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str = "") -> dict[str, float]:
     """status, compare (local), compare (server, no workdir) with the code at ``code``; the
     compare outputs go to ``out-local{tag}`` and ``out-server{tag}``."""
@@ -231,12 +237,12 @@ def _loadavg() -> str:
     return ""
 
 
-def _record_in(code: Path, root: Path, trials: int, steps: int, metrics: int) -> float:
+def _record_in(code: Path, root: Path, trials: int, steps: int, metrics: int, tracked: bool) -> float:
     """``record_grid`` with the code at ``code``, in a subprocess (its imports are that code's)."""
     env = {**os.environ, "COMPARE_SCALE_CODE": str(code), "PYTHONPATH": str(code)}
     env.pop("MLFLOW_TRACKING_URI", None)
     out = subprocess.run([sys.executable, __file__, "--record", str(root), str(trials), str(steps),
-                          str(metrics)], env=env, check=True, stdout=subprocess.PIPE, text=True)
+                          str(metrics), "tracked" if tracked else "status"], env=env, check=True, stdout=subprocess.PIPE, text=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -256,24 +262,34 @@ def _locked(path: Path | None) -> Iterator[None]:
 
 
 def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path,
-            baseline: Path | None, timeout: float, lock: Path | None) -> dict[str, Any]:
+            baseline: Path | None, timeout: float, lock: Path | None,
+            status_only: bool = False) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         if keep is not None:
-            root = keep / f"t{trials}-s{steps}-m{metrics}"
+            root = keep / (f"t{trials}-s{steps}-m{metrics}" + ("-status" if status_only else ""))
             root.mkdir(parents=True, exist_ok=True)
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="compare-scale-")))
         build_s = None
         marker = root / "recorded.json"
-        if not (marker.exists() and json.loads(marker.read_text()) == {
-                "trials": trials, "steps": steps, "metrics": metrics}):
+        done = {"tracked": True, **json.loads(marker.read_text())} if marker.exists() else None
+        if done != {"trials": trials, "steps": steps, "metrics": metrics, "tracked": not status_only}:
             shutil.rmtree(root / "workdir", ignore_errors=True)
             print(f"recording {trials} trials x {steps} steps x {metrics} metrics in {root}",
                   file=sys.stderr, flush=True)
-            build_s = round(_record_in(code, root, trials, steps, metrics), 1)
+            build_s = round(_record_in(code, root, trials, steps, metrics, not status_only), 1)
         row: dict[str, Any] = {"trials": trials, "steps": steps, "metrics": metrics,
                                "record_s": build_s, "store_mb": _size_mb(root / "workdir" / "mlflow.db"),
                                "workdir_mb": _size_mb(root / "workdir" / GRID_NAME), "code": str(code)}
+        if status_only:
+            with _locked(lock):
+                row["loadavg_before"] = _loadavg()
+                if baseline is not None:
+                    row["baseline"] = {"code": str(baseline), "status_s": _status(baseline, root, timeout)}
+                row["status_s"] = _status(code, root, timeout)
+                row["loadavg_after"] = _loadavg()
+            print(json.dumps(row), file=sys.stderr, flush=True)
+            return row
         with _locked(lock), mlflow_server(root / "workdir" / "mlflow.db", root / "server.log") as url:
             row["loadavg_before"] = _loadavg()
             if baseline is not None:  # first: the page cache is then as warm for ours
@@ -294,22 +310,24 @@ def main() -> None:
     p.add_argument("--code", type=Path, default=REPO, help="the checkout that records and is timed")
     p.add_argument("--baseline", type=Path, help="another checkout to time on the same grids")
     p.add_argument("--lock", type=Path, help="flock this file while timing")
-    p.add_argument("--record", nargs=4, metavar=("ROOT", "TRIALS", "STEPS", "METRICS"),
+    p.add_argument("--status-only", action="store_true",
+                   help="record without MLflow and time `ablate status` alone (large T)")
+    p.add_argument("--record", nargs=5, metavar=("ROOT", "TRIALS", "STEPS", "METRICS", "MODE"),
                    help=argparse.SUPPRESS)  # internal: record one grid with this process's code
     p.add_argument("--keep", type=Path, help="keep (and reuse) the recorded grids under this directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="per command, seconds")
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args()
     if args.record:
-        root, t, st, m = args.record
+        root, t, st, m, mode = args.record
         os.nice(10)  # recording is not timed: it yields the 2 shared cores to what is
-        print(record_grid(Path(root), int(t), int(st), int(m)))
+        print(record_grid(Path(root), int(t), int(st), int(m), mode == "tracked"))
         return
     bad = [t for t in args.trials if t <= 0 or t % (4 * SEEDS)]
     if bad:
         p.error(f"--trials {bad}: each must be a positive multiple of {4 * SEEDS}")
     rows = [measure(t, args.steps, args.metrics, args.keep, args.code.resolve(), args.baseline,
-                    args.timeout, args.lock) for t in args.trials]
+                    args.timeout, args.lock, args.status_only) for t in args.trials]
     out = {"benchmark": "compare_scale", "rows": rows}
     text = json.dumps(out, indent=2)
     print(text)
