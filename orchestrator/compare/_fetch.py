@@ -31,6 +31,7 @@ from orchestrator.store.summary import (
     reduce_curve,
     trial_metrics,
 )
+from orchestrator.tracking import is_remote
 from orchestrator.trial import TrialState
 
 log = logging.getLogger(__name__)
@@ -133,8 +134,6 @@ def _fetch_batch(mlc: Any, uri: str, key: str, batch: Sequence[str]) -> dict[str
 
 def fetch_curves(mlc: Any, uri: str, wanted: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Curve]]:
     """``{run_id: {key: expected points}}`` -> ``{run_id: {key: curve}}`` (see the module docstring)."""
-    from orchestrator.tracking import is_remote
-
     out: dict[str, dict[str, Curve]] = {r: {} for r in wanted}
     jobs = [(key, [(r, keys[key]) for r, keys in wanted.items() if key in keys]) for key in CURVE_METRICS]
     if is_remote(uri):

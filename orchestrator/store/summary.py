@@ -21,6 +21,7 @@ read-only).
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import os
 from collections.abc import Mapping, Sequence
@@ -198,8 +199,6 @@ def write_summary(paths: TrialPaths, expected: int) -> TrialSummary:
 
 def read_summary(paths: TrialPaths) -> TrialSummary | None:
     """The trial's summary if it still describes its metrics file, else None."""
-    import json
-
     try:
         with open(paths.summary, encoding="utf-8") as fh:
             data = json.load(fh)
