@@ -127,7 +127,9 @@ class TrialSummary:
         return {"schema_version": SUMMARY_VERSION, "stamp": self.stamp.to_json(),
                 "last_step": self.last_step, "final": self.final, "peak": self.peak,
                 "points": self.points,
-                "curves": {k: [[s, v] for s, v in pts] for k, pts in self.curves.items()}}
+                # Columns, not [step, value] pairs: a third of the objects to parse per point.
+                "curves": {k: {"steps": [p[0] for p in pts], "values": [p[1] for p in pts]}
+                           for k, pts in self.curves.items()}}
 
     @classmethod
     def from_json(cls, data: Any) -> TrialSummary | None:
@@ -141,7 +143,7 @@ class TrialSummary:
                        {str(k): float(v) for k, v in data["final"].items()},
                        {str(k): float(v) for k, v in data["peak"].items()},
                        {str(k): int(v) for k, v in data["points"].items()},
-                       {str(k): [(int(s), float(v)) for s, v in pts] for k, pts in data["curves"].items()})
+                       {str(k): _curve(pts) for k, pts in data["curves"].items()})
         except (TypeError, KeyError, ValueError, AttributeError):
             return None
 
@@ -154,6 +156,17 @@ class TrialSummary:
             out[f"{TAG_PREFIX}peak.{key}"] = repr(self.peak[key])
             out[f"{TAG_PREFIX}points.{key}"] = str(self.points[key])
         return out
+
+
+def _curve(data: Any) -> Curve:
+    """A curve from ``summary.json``: {"steps": [...], "values": [...]} (or [step, value] pairs,
+    as the first summaries wrote it)."""
+    if isinstance(data, dict):
+        steps, values = data["steps"], data["values"]
+        if len(steps) != len(values) or not all(type(x) is int for x in steps):
+            raise ValueError("curve columns of different lengths or non-integer steps")
+        return list(zip(steps, map(float, values)))
+    return [(int(s), float(v)) for s, v in data]
 
 
 def from_tags(tags: Mapping[str, str]) -> tuple[dict[str, float], dict[str, float], dict[str, int]] | None:
