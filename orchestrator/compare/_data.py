@@ -12,20 +12,20 @@ from __future__ import annotations
 
 import dataclasses
 import json
-import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
 from orchestrator.cost import TrialCost, from_tags, trial_cost
-from orchestrator.store import TrialPaths, active_holder, read_json, records
+from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
 from orchestrator.tracking import AXES_TAG, CONFIG_TAG
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
-CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM)
+CURVE_METRICS = summary.CURVE_METRICS
 
 
 @dataclasses.dataclass(frozen=True)
@@ -60,18 +60,25 @@ class TrialResult:
     # keys, a derived trial's lineage, another config under the same labels): its own cell.
     variant: str = ""
     config: str = ""  # ``TrialSpec.config`` ("" for runs logged before it was tagged)
+    # Exact final/peak values and last step of the full curves (the trial's summary, see
+    # ``store.summary``): ``curves`` may be reduced for the plots.
+    finals: dict[str, float] = dataclasses.field(default_factory=dict)
+    peaks: dict[str, float] = dataclasses.field(default_factory=dict)
+    steps_done: int | None = None
 
     @property
     def reward_key(self) -> str:
         return M.EVAL_REWARD if self.curves.get(M.EVAL_REWARD) else M.TRAIN_REWARD
 
     def final(self, key: str) -> float:
-        pts = [v for _, v in self.curves.get(key, []) if math.isfinite(v)]
-        return pts[-1] if pts else math.nan
+        if key in self.finals:
+            return self.finals[key]
+        return summary.final_value(self.curves.get(key, []))
 
     def peak(self, key: str) -> float:
-        pts = [v for _, v in self.curves.get(key, []) if math.isfinite(v)]
-        return max(pts) if pts else math.nan
+        if key in self.peaks:
+            return self.peaks[key]
+        return summary.peak_value(self.curves.get(key, []))
 
     @property
     def collapsed(self) -> bool | None:
@@ -82,6 +89,8 @@ class TrialResult:
 
     @property
     def last_step(self) -> int:
+        if self.steps_done is not None:
+            return self.steps_done
         return max((pts[-1][0] for pts in self.curves.values() if pts), default=0)
 
 
@@ -155,16 +164,25 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
 
 
 def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
-                 grid_dir: Path | None = None, fixed_pool: str | None = None) -> list[TrialResult]:
-    """The trial runs of one experiment as ``TrialResult`` (newest run per trial id)."""
+                 grid_dir: Path | None = None, fixed_pool: str | None = None, *,
+                 local: LocalMetrics | None = None, tracking_uri: str = "") -> list[TrialResult]:
+    """The trial runs of one experiment as ``TrialResult`` (newest run per trial id), their
+    curves from the workdir's summaries where it has them, else from MLflow (``_fetch``)."""
+    local = LocalMetrics.read(grid_dir) if local is None else local
     seen: dict[str, TrialResult] = {}
+    remote: dict[str, dict[str, int]] = {}  # run id -> curve metric -> points expected
     for run in search_trial_runs(mlc, experiment_id):
         tags, params = run.data.tags, run.data.params
         tid = tags.get("trial_id", "")
         if not tid or tid in seen:
             continue
-        curves = {key: newest_per_step(mlc.get_metric_history(run.info.run_id, key))
-                  for key in CURVE_METRICS if key in run.data.metrics}
+        curves: dict[str, list[tuple[int, float]]] = {}  # filled below, by source
+        state = local.states.get(tid)
+        if tid not in local.summaries and (state is None or state.is_finished()):
+            tagged = summary.from_tags(tags)
+            steps = int(params.get("steps", 0) or 0)
+            remote[run.info.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
+                                       for k in CURVE_METRICS if k in run.data.metrics}
         axes, variant = trial_cell(tags, params, axis_names, grid_dir, tid, fixed_pool)
         step = tags.get("verdict.step", "")
         seen[tid] = TrialResult(
@@ -180,6 +198,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
             variant=variant, config=tags.get(CONFIG_TAG, ""),
         )
+    _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
                                                 r.variant, r.seed, r.trial_id))
@@ -233,6 +252,20 @@ def split_configs(results: Iterable[TrialResult], axis_names: Sequence[str]) -> 
                 r.variant = ", ".join(p for p in (r.variant, f"config {r.config or 'unknown'}") if p)
 
 
+def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: LocalMetrics,
+                 remote: Mapping[str, Mapping[str, int]]) -> None:
+    """Curves, final and peak values: from the trial's summary on disk, else from MLflow (in
+    bulk). An unfinished trial on disk gets none: compare leaves it out."""
+    fetched = fetch_curves(mlc, uri or mlc.tracking_uri, remote) if remote else {}
+    for r in results:
+        if r.trial_id in local.summaries:
+            s = local.summaries[r.trial_id]
+            r.curves, r.finals, r.peaks, r.steps_done = dict(s.curves), dict(s.final), dict(s.peak), s.last_step
+        elif r.run_id in fetched:
+            r.curves, r.finals, r.peaks = summarised(fetched[r.run_id])
+            r.steps_done = max((pts[-1][0] for pts in fetched[r.run_id].values() if pts), default=0)
+
+
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:
     """Give trials without a recorded verdict (e.g. still running) one from their curves."""
     for r in results:
@@ -270,15 +303,19 @@ class Unfinished:
                 "continues them")
 
 
-def split_unfinished(results: Sequence[TrialResult],
-                     grid_dir: Path | None) -> tuple[list[TrialResult], Unfinished]:
+def split_unfinished(results: Sequence[TrialResult], grid_dir: Path | None, *,
+                     states: Mapping[str, TrialState] | None = None) -> tuple[list[TrialResult], Unfinished]:
     """The results of finished trials, and what is still to come. A trial's record on disk
-    decides; a run the workdir does not know (compare on another machine) counts as finished
-    unless MLflow still has it RUNNING without a verdict."""
-    states: dict[str, TrialState] = {}
-    if grid_dir is not None and Path(grid_dir).is_dir():
-        for tid in records.trial_ids(grid_dir):
-            states[tid] = records.load_state(TrialPaths(grid_dir, tid), tid).state
+    (``states``, read from ``grid_dir`` unless given) decides; a run the workdir does not know
+    (compare on another machine) counts as finished unless MLflow still has it RUNNING without
+    a verdict."""
+    if states is not None:
+        states = dict(states)
+    else:
+        states = {}
+        if grid_dir is not None and Path(grid_dir).is_dir():
+            for tid in records.trial_ids(grid_dir):
+                states[tid] = records.load_state(TrialPaths(grid_dir, tid), tid).state
     done = []
     for r in results:
         state = states.get(r.trial_id)

@@ -15,7 +15,10 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 
-MAX_FACETS = 8  # per direction; more values than that are folded into the last facet's colours
+MAX_FACETS = 8  # per direction; more values than that share facets (consecutive values, named)
+MAX_LEGEND = 16  # legend entries; the rest are counted in one more entry
+MAX_MAP_ROWS = 60  # verdict-map rows that get their own label and counts; more are thinned
+MAX_MAP_HEIGHT_IN = 20.0
 
 
 def _plt() -> Any:
@@ -27,10 +30,19 @@ def _plt() -> Any:
     return plt
 
 
-def _facet_values(results: Sequence[TrialResult], axis: str | None) -> list[str]:
+def _facets(results: Sequence[TrialResult], axis: str | None) -> list[tuple[str, frozenset[str]]]:
+    """(title, values) of each facet along ``axis``: one value each up to ``MAX_FACETS``;
+    past that, runs of consecutive values share a facet whose title names the first and last
+    and counts them, so every trial is drawn and the figure keeps its size."""
     if axis is None:
-        return [""]
-    return sorted({r.axes.get(axis, "") for r in results})[:MAX_FACETS]
+        return [("", frozenset({""}))]
+    values = sorted({r.axes.get(axis, "") for r in results})
+    if len(values) <= MAX_FACETS:
+        return [(f"{axis}={v}", frozenset({v})) for v in values]
+    size = math.ceil(len(values) / MAX_FACETS)
+    runs = [values[i:i + size] for i in range(0, len(values), size)]
+    return [(f"{axis}={run[0]} … {run[-1]} ({len(run)} values)" if len(run) > 1 else f"{axis}={run[0]}",
+             frozenset(run)) for run in runs]
 
 
 def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: str | None,
@@ -40,27 +52,28 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
     if not have:
         return None
     plt = _plt()
-    rvals, cvals = _facet_values(have, rows), _facet_values(have, cols)
+    rvals, cvals = _facets(have, rows), _facets(have, cols)
     fig, axs = plt.subplots(len(rvals), len(cvals), figsize=(3.6 * len(cvals) + 1, 2.6 * len(rvals) + 0.8),
                             squeeze=False, sharex=True, sharey=True)
     others = [a for a in have[0].axes if a not in (rows, cols)]
     labels = sorted({_label(r, others) for r in have})
     colours = {lab: plt.cm.tab10(i % 10) for i, lab in enumerate(labels)}
-    for i, rv in enumerate(rvals):
-        for j, cv in enumerate(cvals):
+    for i, (rtitle, rv) in enumerate(rvals):
+        for j, (ctitle, cv) in enumerate(cvals):
             ax = axs[i][j]
-            cell = [r for r in have if (rows is None or r.axes.get(rows, "") == rv)
-                    and (cols is None or r.axes.get(cols, "") == cv)]
+            cell = [r for r in have if (rows is None or r.axes.get(rows, "") in rv)
+                    and (cols is None or r.axes.get(cols, "") in cv)]
             for r in cell:
                 _draw_trial(ax, r, metric, colours[_label(r, others)])
-            ax.set_title(" / ".join(x for x in (f"{rows}={rv}" if rows else "",
-                                                f"{cols}={cv}" if cols else "") if x), fontsize=8)
+            ax.set_title(" / ".join(x for x in (rtitle, ctitle) if x), fontsize=8)
             if log_y:
                 ax.set_yscale("log")
             ax.grid(alpha=0.3)
             if i == len(rvals) - 1:
                 ax.set_xlabel("step")
-    handles = [plt.Line2D([], [], color=colours[lab], label=lab or "trial") for lab in labels]
+    handles = [plt.Line2D([], [], color=colours[lab], label=lab or "trial") for lab in labels[:MAX_LEGEND]]
+    if len(labels) > MAX_LEGEND:  # colours repeat past 10 anyway; say how many are not listed
+        handles.append(plt.Line2D([], [], color="none", label=f"… {len(labels) - MAX_LEGEND} more"))
     handles += [plt.Line2D([], [], color="k", marker="x", ls="", label="collapse"),
                 plt.Line2D([], [], color="grey", ls=":", label="pool change (resume)")]
     if any(r.superseded for r in have):
@@ -137,11 +150,19 @@ def verdict_map(cells: Sequence[dict[str, Any]], row_keys: Sequence[str], col_ke
     plt = _plt()
     rlabels = sorted({" / ".join(c["row"]) for c in cells})
     clabels = sorted({c["col"] for c in cells})
+    rindex = {lab: i for i, lab in enumerate(rlabels)}
+    cindex = {lab: j for j, lab in enumerate(clabels)}
     grid = [[math.nan] * len(clabels) for _ in rlabels]
-    fig, ax = plt.subplots(figsize=(1.8 * len(clabels) + 3, 0.5 * len(rlabels) + 1.8))
+    # Up to MAX_MAP_ROWS rows: 0.5 in each, labelled and annotated. More: the figure stops
+    # growing, rows are thin stripes and every k-th is labelled (cells.csv has every number).
+    dense = len(rlabels) > MAX_MAP_ROWS
+    height = min(0.5 * len(rlabels) + 1.8, MAX_MAP_HEIGHT_IN)
+    fig, ax = plt.subplots(figsize=(1.8 * len(clabels) + 3, height))
     for c in cells:
-        i, j = rlabels.index(" / ".join(c["row"])), clabels.index(c["col"])
+        i, j = rindex[" / ".join(c["row"])], cindex[c["col"]]
         grid[i][j] = c["stats"]["collapse_rate"]
+        if dense:
+            continue
         s = c["stats"]
         text = f"{s['n_collapsed']}/{s['n_judged']}"
         if math.isfinite(s["median_collapse_step"]):
@@ -153,12 +174,15 @@ def verdict_map(cells: Sequence[dict[str, Any]], row_keys: Sequence[str], col_ke
     im = ax.imshow(grid, cmap="Reds", vmin=0, vmax=1, aspect="auto")
     ax.set_xticks(range(len(clabels)))
     ax.set_xticklabels(clabels, fontsize=8)
-    ax.set_yticks(range(len(rlabels)))
-    ax.set_yticklabels(rlabels, fontsize=7)
+    every = math.ceil(len(rlabels) / MAX_MAP_ROWS)
+    ax.set_yticks(range(0, len(rlabels), every))
+    ax.set_yticklabels(rlabels[::every], fontsize=7)
     ax.set_xlabel(col_key or "")
     ax.set_ylabel(" / ".join(row_keys))
     fig.colorbar(im, ax=ax, label="collapse rate")
-    ax.set_title("Verdicts: collapsed/judged @ median collapse step", fontsize=10)
+    ax.set_title("Verdicts: collapsed/judged @ median collapse step" if not dense else
+                 f"Collapse rate of {len(rlabels)} rows (1 label per {every} rows; counts in cells.csv)",
+                 fontsize=10)
     fig.tight_layout()
     fig.savefig(out, dpi=110)
     plt.close(fig)

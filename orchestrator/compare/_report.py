@@ -34,6 +34,7 @@ from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
 from orchestrator.compare import _survival as S
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
+from orchestrator.compare._fetch import LocalMetrics
 from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import GridSpec, load_grid
@@ -84,13 +85,15 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
                         f"{workspace.display_uri(uri, workdir)}; "
                         + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
+    local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
     results, unfinished = split_unfinished(
         load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
-                     fixed_pool=grid.spec.pool), grid_dir)
+                     fixed_pool=grid.spec.pool, local=local, tracking_uri=uri),
+        grid_dir, states=local.states)
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
-    for problem in records.damaged_metrics(grid_dir) if (grid_dir / "trials").is_dir() else ():
+    for problem in local.problems:
         # The tables come from MLflow; the trial's own record of its steps is what is damaged.
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "
               "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)

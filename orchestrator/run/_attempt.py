@@ -29,6 +29,7 @@ from orchestrator.store import (
     atomic_write_json,
     records,
 )
+from orchestrator.store.summary import write_summary
 from orchestrator.tracking import DeferredRun, TrackingTarget, TrialRun, drain, supersede
 from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 from orchestrator.verdict import VerdictEngine
@@ -225,6 +226,7 @@ class AttemptRun:
         self.record.pool = self.job.pool.name
         self.record.attempts = self.number
         self.record.pending_reason = self.record.error = self.record.resume = None
+        self.record.metrics_stamp = None  # the file changes from here on
         self.record.last_step = start
         records.save_state(self.paths, self.record)
         self.scratch.mkdir(parents=True, exist_ok=True)
@@ -408,12 +410,16 @@ class AttemptRun:
         self.record.state = transition(self.record.state, state)
         self.record.verdict = verdict.to_json()
         self.record.last_step = self.last_step
+        # One check of the closed file now, so readers of the grid need not parse it again.
+        trial_summary = write_summary(self.paths, self.last_step)
+        self.record.metrics_stamp = trial_summary.stamp.to_json()
         records.save_state(self.paths, self.record)
         summary = {**self.last_values, **{k: float(v) for k, v in result.summary.items()}}
         out = {"trial_id": self.job.trial.trial_id, "state": state.value, "outcome": outcome,
                "last_step": self.last_step, "attempt": self.number, "verdict": verdict.to_json(),
                "node": self.attempt.node, "summary": summary}
         if self.tracker is not None:
+            self.tracker.set_tags(trial_summary.tags())
             self.tracker.set_verdict(verdict)
             self.tracker.log_attempts(self.attempts)
             self.tracker.flush(30.0)

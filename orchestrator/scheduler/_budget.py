@@ -93,6 +93,9 @@ class Planner:
         self.search_not_started = 0
         self.search_point_hours = 0.0
         self._read_at = 0.0
+        # step_s and spent between two refreshes of the files (they change only there): one
+        # admission asks them once per running trial, each a scan of every trial otherwise.
+        self._memo: dict[tuple[Any, ...], Any] = {}
 
     @property
     def active(self) -> bool:
@@ -117,6 +120,7 @@ class Planner:
         if not force and now - self._read_at < self.REFRESH_S:
             return
         self._read_at = now
+        self._memo.clear()
         for tid in records.trial_ids(self.grid_dir):
             seen = self.seen.get(tid)
             if seen is None:  # a spec is read once; finished trials are never read again
@@ -138,6 +142,12 @@ class Planner:
     def spent(self, pool: str | None = None, unit: str | None = None) -> float:
         """Hours spent by the grid's trials (on ``pool``; in ``unit``: GPU-hours and CPU-hours
         never add up), running attempts up to now."""
+        key = ("spent", pool, unit)
+        if key not in self._memo:
+            self._memo[key] = self._spent(pool, unit)
+        return float(self._memo[key])
+
+    def _spent(self, pool: str | None, unit: str | None) -> float:
         return sum(s.cost.hours for s in self.seen.values() if s.cost is not None
                    and (pool is None or s.spec.pool == pool) and (unit is None or s.cost.unit == unit))
 
@@ -146,6 +156,12 @@ class Planner:
 
     def step_s(self, trial: TrialSpec, pool: str) -> float | None:
         """Seconds per step to project ``trial`` on ``pool`` with (see the module docstring)."""
+        key = ("step_s", pool, trial.axes)
+        if key not in self._memo:
+            self._memo[key] = self._step_s(trial, pool)
+        return self._memo[key]  # type: ignore[no-any-return]
+
+    def _step_s(self, trial: TrialSpec, pool: str) -> float | None:
         def measured(match: Any) -> float | None:
             xs = [s.cost.step_s for s in self.seen.values() if s.cost is not None
                   and s.cost.step_s is not None and s.spec.pool == pool and match(s.spec)]

@@ -136,6 +136,7 @@ class EventWatcher:
         self.summary_every_s = summary_every_s
         self.specs: dict[str, TrialSpec] = {}
         self.seen: dict[str, _Seen] = {}
+        self._stats: dict[str, tuple[int, int, int]] = {}  # state.json as last read, per trial
         self._next_summary = time.monotonic() + summary_every_s
         self._last_summary: list[PoolCounts] = []
         self._primed = False  # after the first poll, a new trial (a search point, a derived
@@ -180,10 +181,19 @@ class EventWatcher:
 
     def _trial(self, spec: TrialSpec) -> None:
         paths = TrialPaths(self.grid_dir, spec.trial_id)
+        try:  # the same file as at the last poll (atomic writes make a new one): nothing changed
+            st = paths.state.stat()
+            stat = (st.st_ino, st.st_size, st.st_mtime_ns)
+        except OSError:
+            stat = None
+        if stat is not None and spec.trial_id in self.seen and self._stats.get(spec.trial_id) == stat:
+            return
         try:
             rec = records.load_state(paths, spec.trial_id)
         except Exception:  # noqa: BLE001 - a corrupt file is the runner's to report, not a reason
             return  # to stop the submission from its progress callback
+        if stat is not None:
+            self._stats[spec.trial_id] = stat
         now = _Seen(rec.state, rec.attempts, rec.committed_step, rec.pool or spec.pool, rec.verdict)
         before = self.seen.get(spec.trial_id)
         self.seen[spec.trial_id] = now

@@ -19,6 +19,7 @@ from orchestrator.cost import TrialCost, fmt_hours, trial_cost
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
+from orchestrator.store.summary import stamped_check
 from orchestrator.trial import TrialSpec, TrialState
 
 if TYPE_CHECKING:
@@ -71,8 +72,7 @@ class GridView:
                 "trials": [t.to_json() for t in self.trials]}
 
 
-def _rate(paths: TrialPaths, step: int) -> float | None:
-    attempts = records.load_attempts(paths)
+def _rate(attempts: list[Any], step: int) -> float | None:
     if not attempts or attempts[-1].outcome is not None or not attempts[-1].started_at:
         return None
     a = attempts[-1]
@@ -81,20 +81,58 @@ def _rate(paths: TrialPaths, step: int) -> float | None:
     return done / elapsed if done > 0 and elapsed > 0 else None
 
 
-def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False) -> GridView:
+class ViewCache:
+    """What ``collect`` need not read again on the next tick of a live view: every trial's spec
+    (written once) and the view of each finished trial while its ``state.json`` is the same
+    file (a resume rewrites it before anything else of the trial changes)."""
+
+    def __init__(self) -> None:
+        self.specs: dict[str, TrialSpec] = {}
+        self.views: dict[str, tuple[tuple[int, int, int], TrialView]] = {}
+
+
+def _stat_key(path: Path) -> tuple[int, int, int] | None:
+    try:
+        st = path.stat()
+    except OSError:
+        return None
+    return st.st_ino, st.st_size, st.st_mtime_ns
+
+
+def _specs(grid_dir: Path, cache: ViewCache | None) -> list[TrialSpec]:
+    if cache is None:
+        return list(records.known_trials(grid_dir).values())
+    out = []
+    for tid in records.trial_ids(grid_dir):
+        spec = cache.specs.get(tid) or records.load_spec(TrialPaths(grid_dir, tid))
+        if spec is not None:
+            cache.specs[tid] = spec
+            out.append(spec)
+    return out
+
+
+def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False,
+            cache: ViewCache | None = None) -> GridView:
     """Read the grid's trial files into a view (a trial without state.json is pending). With
-    ``check`` (``ablate status``), every file of a trial that is not running is read whole: a
-    corrupt ``attempts.json`` raises, a damaged ``metrics.jsonl`` of a finished trial is its
-    ``problem`` (``ablate submit`` repairs it)."""
+    ``check`` (``ablate status``), a damaged ``metrics.jsonl`` of a finished trial is its
+    ``problem`` (``ablate submit`` repairs it); every trial's ``attempts.json`` is read whole
+    either way (a corrupt one raises). With a ``cache`` (a live view, ticking once a second), a
+    finished trial whose ``state.json`` did not change is not read again."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     trials: list[TrialView] = []
-    for spec in records.known_trials(grid_dir).values():
+    for spec in _specs(grid_dir, cache):
         paths = TrialPaths(grid_dir, spec.trial_id)
+        key = _stat_key(paths.state) if cache is not None and not check else None
+        hit = cache.views.get(spec.trial_id) if cache is not None and key is not None else None
+        if hit is not None and hit[0] == key:
+            trials.append(hit[1])
+            continue
         rec = records.load_state(paths, spec.trial_id)
+        attempts = records.load_attempts(paths)  # once per trial (a corrupt file raises)
         view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
                          state=rec.state.value, attempts=rec.attempts, cell=cell_label(spec),
-                         cost=trial_cost(records.load_attempts(paths), spec.steps))
+                         cost=trial_cost(attempts, spec.steps))
         last = records.last_metrics(paths.metrics)
         if last is not None:
             view.step = last[0]
@@ -109,13 +147,15 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
         elif rec.state.value == "failed":
             view.note = rec.error or view.note
         elif rec.state.value == "running":
-            view.rate = _rate(paths, view.step)
-        if check and rec.state is not TrialState.RUNNING:
-            records.load_attempts(paths)
+            view.rate = _rate(attempts, view.step)
         if check and rec.state.is_finished():  # an unfinished one may be mid-rewind right now
-            view.problem = records.check_metrics(paths.metrics, rec.last_step).describe()
+            # The stamp the runner wrote at the trial's end while the file is unchanged; a full
+            # parse only for a file changed since (or a trial recorded before stamps).
+            view.problem = stamped_check(paths, rec).describe()
             if view.problem:
                 view.note = "metrics.jsonl damaged (see below)"
+        if key is not None and cache is not None and rec.state.is_finished():
+            cache.views[spec.trial_id] = (key, view)
         trials.append(view)
     name = grid_name or grid_dir.name
     return GridView(name, str(grid_dir), trials, active_holder(grid_dir), _eta(trials))
@@ -272,6 +312,7 @@ class LiveView:
         self.on_trial_over = on_trial_over
         self.abort = abort  # returns an error that should stop the submission, or None
         self._last = 0.0
+        self.cache = ViewCache()  # each tick reads only the trials that changed
         self.live: Any = None
         LIVE_VIEWS[id(self)] = self
         self.callback = _tune_callback(id(self))
@@ -291,7 +332,7 @@ class LiveView:
         if self.events is not None:
             self.events.poll()
         if self.live is not None:
-            self.live.update(render(collect(self.grid_dir, self.grid_name)))
+            self.live.update(render(collect(self.grid_dir, self.grid_name, cache=self.cache)))
 
     def stop(self) -> None:
         self.tick(force=True)

@@ -50,6 +50,11 @@ class TrialPaths:
         return self.root / "result.json"
 
     @property
+    def summary(self) -> Path:
+        """Written once at the trial's end (``store.summary``)."""
+        return self.root / "summary.json"
+
+    @property
     def outbox(self) -> Path:
         """The trial's MLflow outbox: what its run is still owed (``tracking._outbox``)."""
         return self.root / "mlflow-buffer"

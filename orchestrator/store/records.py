@@ -67,6 +67,9 @@ class TrialRecord:
     superseded_runs: list[str] = dataclasses.field(default_factory=list)
     # The one automatic rescue (`on_collapse:`) or its refusal: {"by", "trial", "pool", "start"|"error"}.
     rescue: dict[str, Any] | None = None
+    # What metrics.jsonl held when the trial ended (``store.summary.Stamp``): readers trust it
+    # while the file's size and mtime are unchanged instead of parsing the file again.
+    metrics_stamp: dict[str, Any] | None = None
     updated_at: float = 0.0
 
     def to_json(self) -> dict[str, Any]:
@@ -215,8 +218,17 @@ def check_metrics(path: Path, expected: int) -> MetricsCheck:
     """Read a metrics file whole and compare it with the ``expected`` last step: every line must
     be a row, the steps must run 1, 2, ... without a gap (a file cut short, or a lost middle,
     shows as missing steps)."""
+    return scan_metrics(path, expected)[0]
+
+
+def scan_metrics(path: Path, expected: int, keys: Iterable[str] = ()
+                 ) -> tuple[MetricsCheck, dict[str, list[tuple[int, float]]]]:
+    """``check_metrics`` and the (step, value) curves of ``keys`` in the same one pass over the
+    file (the rows ``iter_metrics`` yields), so a reader that needs both parses it once."""
     good = bad = 0
     torn_tail = False
+    want = tuple(keys)
+    curves: dict[str, list[tuple[int, float]]] = {k: [] for k in want}
     if path.exists():
         torn_tail = not _ends_with_newline(path)
         with open(path, "rb") as fh:
@@ -224,13 +236,16 @@ def check_metrics(path: Path, expected: int) -> MetricsCheck:
                 try:
                     row = json.loads(raw)
                     step = int(row["step"])
-                    dict(row["metrics"])
+                    values = dict(row["metrics"])
+                    picked = [(k, float(values[k])) for k in want if k in values]
                 except (ValueError, KeyError, TypeError):
                     bad += 1
                     continue
                 if step == good + 1:
                     good = step
-    return MetricsCheck(Path(path), good, bad, torn_tail, expected)
+                for k, v in picked:
+                    curves[k].append((step, v))
+    return MetricsCheck(Path(path), good, bad, torn_tail, expected), {k: v for k, v in curves.items() if v}
 
 
 def repair_torn(path: Path) -> int:
@@ -291,21 +306,25 @@ def metric_line(step: int, metrics: Mapping[str, float]) -> str:
 
 
 def last_metrics(path: Path, max_bytes: int = 65536) -> tuple[int, dict[str, float]] | None:
-    """The last complete row of a metrics file, reading only its tail (for live progress)."""
+    """The last complete row of a metrics file, reading only its tail (for live progress): 8 KiB
+    first (a row of 40 metrics is about 2 KiB), ``max_bytes`` when that holds no complete row."""
     try:
         with open(path, "rb") as fh:
             fh.seek(0, os.SEEK_END)
             size = fh.tell()
-            fh.seek(max(0, size - max_bytes))
-            lines = fh.read().splitlines()
+            for tail in dict.fromkeys((min(8192, max_bytes), max_bytes)):
+                fh.seek(max(0, size - tail))
+                lines = fh.read().splitlines()
+                if size > tail:
+                    lines = lines[1:]  # the first line read is cut
+                for raw in reversed(lines):
+                    try:
+                        row = json.loads(raw)
+                        return int(row["step"]), row["metrics"]
+                    except (json.JSONDecodeError, KeyError, ValueError, TypeError):
+                        continue
     except FileNotFoundError:
         return None
-    for raw in reversed(lines):
-        try:
-            row = json.loads(raw)
-            return int(row["step"]), row["metrics"]
-        except (json.JSONDecodeError, KeyError, ValueError):
-            continue
     return None
 
 

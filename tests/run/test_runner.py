@@ -338,3 +338,31 @@ def test_trial_lock_prevents_running_twice(env) -> None:
     with FileLock(str(paths.root / ".run.lock")), pytest.raises(InfraFailure, match="still running"):
         run_attempt(dataclasses.replace(job(t), lock_timeout=0.3))
     assert not paths.metrics.exists()
+
+
+def test_a_finished_trial_writes_its_summary_and_stamp(env) -> None:
+    """The runner checks the closed metrics file once at the trial's end: the stamp goes to
+    state.json, the summary to summary.json and its scalars to the MLflow run's tags."""
+    from orchestrator.store import summary
+    from orchestrator.tracking import client
+
+    _grid, trials, grid_dir, job, uri = env
+    t = trials[("none", "sim-a100")]
+    run_attempt(job(t))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    rec = records.load_state(paths, t.trial_id)
+    stamp = summary.Stamp.from_json(rec.metrics_stamp)
+    last = rec.last_step  # this trial collapses and stops early
+    assert last > 5 and stamp is not None and stamp.matches(paths.metrics) and stamp.good_through == last
+    s = summary.read_summary(paths)
+    assert s is not None and s.last_step == last and s.stamp == stamp
+    rows = dict(records.iter_metrics(paths.metrics))
+    key = "critic/score/mean"
+    assert s.final[key] == rows[last][key] and s.peak[key] == max(r[key] for r in rows.values())
+    assert s.curves[key] == [(step, rows[step][key]) for step in range(1, last + 1)]
+    tags = client(uri).get_run(rec.mlflow_run_id).data.tags
+    assert summary.from_tags(tags) == (s.final, s.peak, s.points)
+    # A resumed trial's file changes: the stamp is dropped while it runs.
+    paths.metrics.write_text(paths.metrics.read_text() + "{torn")
+    assert not stamp.matches(paths.metrics)
+    assert summary.stamped_check(paths, rec).torn

@@ -226,3 +226,29 @@ def test_watcher_reports_every_change_between_two_polls_in_order(tmp_path: Path)
     assert len(pools) == 1 and pools[0] | {"time": 0} == {
         "event": "pool", "time": 0, "grid": "w", "pool": "sim-a100", "running": 1, "queued": 0,
         "done": 1, "failed": 0, "cancelled": 0, "collapsed": 1, "verdicts": {"collapsed": 1}}
+
+
+def test_live_view_and_watcher_reread_only_trials_whose_state_changed(tmp_path: Path, monkeypatch) -> None:
+    """Each tick of ``ablate submit`` reads only what changed: a finished trial's view is kept
+    while its state.json is the same file, a rewritten one is read again."""
+    from orchestrator.scheduler import EventWatcher
+    from orchestrator.scheduler._progress import ViewCache, collect
+
+    a, b = _trial(tmp_path, "ta", "none"), _trial(tmp_path, "tb", "token")
+    _set(a, "ta", "done", [(1, "completed", None)], last_step=40, committed_step=40)
+    _set(b, "tb", "running", [(1, None, None)], committed_step=10)
+    got: list = []
+    watcher, cache = EventWatcher(tmp_path, "w", got.append, summary_every_s=3600), ViewCache()
+    watcher.poll()
+    first = {t.trial_id: t for t in collect(tmp_path, "w", cache=cache).trials}
+    reads: list[str] = []
+    load = records.load_state
+    monkeypatch.setattr(records, "load_state", lambda paths, tid: reads.append(tid) or load(paths, tid))
+    second = {t.trial_id: t for t in collect(tmp_path, "w", cache=cache).trials}
+    watcher.poll()
+    assert second["ta"] is first["ta"] and reads == ["tb"]  # the running one is read each tick
+    _set(a, "ta", "pending", [(1, "completed", None)])  # `ablate resume` reopened it
+    reads.clear()
+    third = {t.trial_id: t for t in collect(tmp_path, "w", cache=cache).trials}
+    watcher.poll()
+    assert third["ta"].state == "pending" and sorted(reads) == ["ta", "ta", "tb"]

@@ -1,0 +1,161 @@
+"""Where ``ablate compare`` gets each trial's curves, cheapest first.
+
+1. The workdir: a finished trial's ``summary.json`` while it matches its ``metrics.jsonl``
+   (``store.summary``), else one pass over the file that also checks it (``LocalMetrics``). No
+   MLflow history call for these trials, whatever the store.
+2. MLflow, for the trials the workdir does not have (compare on another machine) or whose file is
+   damaged: the run's ``summary.*`` tags give final and peak values; the curves come in bulk from
+   the tracking server's ``get-history-bulk`` endpoint (up to 100 runs and 25,000 points per
+   request; a full reply is split and asked again, as the server cuts a longer one silently),
+   from a few threads. A store without that endpoint (a SQLite file, an older server) gets one
+   ``get_metric_history`` call per run and metric.
+
+Curves read from MLflow are reduced like the summary's (``store.summary.reduce_curve``) once
+their final and peak values are taken: the plots need no more than that.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+from collections.abc import Iterable, Mapping, Sequence
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+from typing import Any
+
+from orchestrator.store import TrialPaths, records
+from orchestrator.store.summary import (
+    CURVE_METRICS,
+    TrialSummary,
+    final_value,
+    peak_value,
+    reduce_curve,
+    trial_metrics,
+)
+from orchestrator.tracking import is_remote
+from orchestrator.trial import TrialState
+
+log = logging.getLogger(__name__)
+
+BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
+BULK_MAX_POINTS = 25_000  # the server's cap on one reply (mlflow/server/handlers.py)
+BULK_MAX_RUNS = 100
+THREADS = 4
+
+Curve = list[tuple[int, float]]
+
+
+@dataclasses.dataclass
+class LocalMetrics:
+    """What the workdir says about a grid's trials: their states, the summaries of the finished
+    ones whose metrics file checks out, and what is wrong with the others' files."""
+
+    states: dict[str, TrialState] = dataclasses.field(default_factory=dict)
+    summaries: dict[str, TrialSummary] = dataclasses.field(default_factory=dict)
+    problems: list[str] = dataclasses.field(default_factory=list)
+
+    @classmethod
+    def read(cls, grid_dir: Path | None) -> LocalMetrics:
+        out = cls()
+        if grid_dir is None or not (Path(grid_dir) / "trials").is_dir():
+            return out
+        for tid in records.trial_ids(grid_dir):
+            paths = TrialPaths(grid_dir, tid)
+            rec = records.load_state(paths, tid)
+            out.states[tid] = rec.state
+            if not rec.state.is_finished():
+                continue  # may be mid-rewind; compare leaves it out anyway
+            summary, check, _ = trial_metrics(paths, rec)
+            if check.ok:
+                out.summaries[tid] = summary
+            else:  # MLflow's copy is read instead; the file itself is what `ablate submit` repairs
+                out.problems.append(f"trial {tid}: {check.describe()}")
+        return out
+
+
+def newest(points: Iterable[tuple[int, int, float]]) -> Curve:
+    """(step, timestamp, value) points -> one (step, value) per step, the newest timestamp winning."""
+    best: dict[int, tuple[int, float]] = {}
+    for step, ts, value in points:
+        prev = best.get(step)
+        if prev is None or ts >= prev[0]:
+            best[step] = (ts, float(value))
+    return [(s, best[s][1]) for s in sorted(best)]
+
+
+def _single(mlc: Any, run_id: str, key: str) -> Curve:
+    return newest((p.step, p.timestamp, p.value) for p in mlc.get_metric_history(run_id, key))
+
+
+def _bulk(uri: str, run_ids: Sequence[str], key: str) -> dict[str, Curve] | None:
+    """One ``get-history-bulk`` request; None when the reply may have been cut at the cap."""
+    from mlflow.utils.credentials import get_default_host_creds
+    from mlflow.utils.rest_utils import http_request
+
+    resp = http_request(get_default_host_creds(uri), BULK_ENDPOINT, "GET",
+                        params={"run_id": list(run_ids), "metric_key": key,
+                                "max_results": BULK_MAX_POINTS}, max_retries=2, timeout=120)
+    if resp.status_code != 200:
+        raise OSError(f"{BULK_ENDPOINT}: HTTP {resp.status_code}")
+    points = resp.json().get("metrics", [])
+    if len(points) >= BULK_MAX_POINTS:
+        return None
+    by_run: dict[str, list[tuple[int, int, float]]] = {r: [] for r in run_ids}
+    for p in points:
+        by_run.setdefault(p["run_id"], []).append((int(p.get("step", 0)), int(p.get("timestamp", 0)),
+                                                   float(p["value"])))
+    return {r: newest(pts) for r, pts in by_run.items()}
+
+
+def _bulk_batches(items: Sequence[tuple[str, int]]) -> list[list[tuple[str, int]]]:
+    """Runs (with their expected points) in batches a reply can hold."""
+    out: list[list[tuple[str, int]]] = [[]]
+    total = 0
+    for run_id, n in items:
+        n = max(n, 1)
+        if out[-1] and (total + n > BULK_MAX_POINTS * 0.9 or len(out[-1]) >= BULK_MAX_RUNS):
+            out.append([])
+            total = 0
+        out[-1].append((run_id, n))
+        total += n
+    return [b for b in out if b]
+
+
+def _fetch_batch(mlc: Any, uri: str, key: str, batch: Sequence[str]) -> dict[str, Curve]:
+    """A batch by bulk requests, halved while a reply is full; one run alone past the cap (more
+    than 25,000 points) goes through the client, which pages."""
+    got = _bulk(uri, batch, key)
+    if got is not None:
+        return got
+    if len(batch) == 1:
+        return {batch[0]: _single(mlc, batch[0], key)}
+    half = len(batch) // 2
+    return {**_fetch_batch(mlc, uri, key, batch[:half]), **_fetch_batch(mlc, uri, key, batch[half:])}
+
+
+def fetch_curves(mlc: Any, uri: str, wanted: Mapping[str, Mapping[str, int]]) -> dict[str, dict[str, Curve]]:
+    """``{run_id: {key: expected points}}`` -> ``{run_id: {key: curve}}`` (see the module docstring)."""
+    out: dict[str, dict[str, Curve]] = {r: {} for r in wanted}
+    jobs = [(key, [(r, keys[key]) for r, keys in wanted.items() if key in keys]) for key in CURVE_METRICS]
+    if is_remote(uri):
+        tasks = [(key, [r for r, _ in batch]) for key, items in jobs for batch in _bulk_batches(items)]
+        try:
+            with ThreadPoolExecutor(THREADS) as pool:
+                for (key, _), got in zip(tasks, pool.map(lambda t: _fetch_batch(mlc, uri, *t), tasks)):
+                    for r, curve in got.items():
+                        if curve:
+                            out[r][key] = curve
+            return out
+        except Exception as exc:  # noqa: BLE001 - an internal endpoint: any failure falls back
+            log.info("bulk metric history unavailable (%s); one call per run and metric", exc)
+    for key, items in jobs:
+        for r, _ in items:
+            curve = _single(mlc, r, key)
+            if curve:
+                out[r][key] = curve
+    return out
+
+
+def summarised(curves: Mapping[str, Curve]) -> tuple[dict[str, Curve], dict[str, float], dict[str, float]]:
+    """Full curves -> (reduced curves, final values, peak values)."""
+    return ({k: reduce_curve(v) for k, v in curves.items()}, {k: final_value(v) for k, v in curves.items()},
+            {k: peak_value(v) for k, v in curves.items()})

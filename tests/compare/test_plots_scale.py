@@ -1,0 +1,41 @@
+"""Plots of grids with many cells: every trial is drawn (axes past ``MAX_FACETS`` values share
+named facets) and the verdict map stops growing."""
+from __future__ import annotations
+
+from pathlib import Path
+
+import matplotlib.image
+
+from orchestrator import metrics as M
+from orchestrator.compare import _plots as P
+from orchestrator.compare._data import Segment, TrialResult
+from orchestrator.compare._report import pivot
+
+
+def _result(i: int, lr: str, pool: str) -> TrialResult:
+    return TrialResult(
+        trial_id=f"t{i:012x}", run_id=f"{i:032x}", axes={"lr": lr, "pool": pool}, seed=0,
+        pool=pool, status="FINISHED", verdict="collapsed" if i % 3 == 0 else "healthy",
+        verdict_step=3 if i % 3 == 0 else None, verdict_reason="", derived_from=None,
+        curves={M.TRAIN_REWARD: [(s, 0.1 * s) for s in range(1, 6)]}, latest={},
+        segments=[Segment(1, pool, 1, 5)])
+
+
+def test_facets_past_the_limit_share_named_facets_and_drop_no_trial() -> None:
+    results = [_result(i, f"{i:02d}", "p") for i in range(19)]
+    facets = P._facets(results, "lr")
+    assert len(facets) <= P.MAX_FACETS
+    covered = [v for _, values in facets for v in values]
+    assert sorted(covered) == sorted(r.axes["lr"] for r in results)  # each value exactly once
+    assert facets[0][0] == "lr=00 … 02 (3 values)"
+    assert P._facets(results[:3], "lr") == [(f"lr=0{i}", frozenset({f"0{i}"})) for i in range(3)]
+
+
+def test_verdict_map_of_500_rows_keeps_a_sensible_size(tmp_path: Path) -> None:
+    results = [_result(i, f"{i:04d}", pool) for i in range(500) for pool in ("a", "b")]
+    cells = pivot(results, ["lr"], "pool")
+    out = P.verdict_map(cells, ["lr"], "pool", tmp_path / "map.png")
+    height_px = matplotlib.image.imread(out).shape[0]
+    assert height_px <= P.MAX_MAP_HEIGHT_IN * 110 + 1  # 0.5 in a row would be 27,700 px
+    small = P.verdict_map(pivot(results[:20], ["lr"], "pool"), ["lr"], "pool", tmp_path / "s.png")
+    assert matplotlib.image.imread(small).shape[0] == round((0.5 * 10 + 1.8) * 110)
