@@ -210,6 +210,13 @@ TABLE_COLUMNS = ("trial_id", "verdict", "last_step", "final_reward", "peak_rewar
                  "max_grad_norm")
 
 
+def _code_label(code: Path) -> str:
+    """The checkout's commit (never its path: results name no directory of this machine)."""
+    out = subprocess.run(["git", "-C", str(code), "rev-parse", "--short", "HEAD"],
+                         capture_output=True, text=True, check=False)
+    return f"commit {out.stdout.strip()}" if out.returncode == 0 else "unknown checkout"
+
+
 def _tables_agree(root: Path, baseline: bool) -> bool:
     """The per-trial tables (trials.csv) of every compare run here hold the same numbers."""
     import numpy as np
@@ -280,12 +287,12 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
             build_s = round(_record_in(code, root, trials, steps, metrics, not status_only), 1)
         row: dict[str, Any] = {"trials": trials, "steps": steps, "metrics": metrics,
                                "record_s": build_s, "store_mb": _size_mb(root / "workdir" / "mlflow.db"),
-                               "workdir_mb": _size_mb(root / "workdir" / GRID_NAME), "code": str(code)}
+                               "workdir_mb": _size_mb(root / "workdir" / GRID_NAME), "code": _code_label(code)}
         if status_only:
             with _locked(lock):
                 row["loadavg_before"] = _loadavg()
                 if baseline is not None:
-                    row["baseline"] = {"code": str(baseline), "status_s": _status(baseline, root, timeout)}
+                    row["baseline"] = {"code": _code_label(baseline), "status_s": _status(baseline, root, timeout)}
                 row["status_s"] = _status(code, root, timeout)
                 row["loadavg_after"] = _loadavg()
             print(json.dumps(row), file=sys.stderr, flush=True)
@@ -293,7 +300,7 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
         with _locked(lock), mlflow_server(root / "workdir" / "mlflow.db", root / "server.log") as url:
             row["loadavg_before"] = _loadavg()
             if baseline is not None:  # first: the page cache is then as warm for ours
-                row["baseline"] = {"code": str(baseline),
+                row["baseline"] = {"code": _code_label(baseline),
                                    **time_commands(baseline, root, url, timeout, "-baseline")}
             row.update(time_commands(code, root, url, timeout))
             row["loadavg_after"] = _loadavg()
