@@ -144,8 +144,10 @@ def test_summary_html_renders_its_tables_and_every_plot(finished, browser) -> No
     assert page.inner_text("h1") == "Grid browser"
     tables = page.eval_on_selector_all("table", "ts => ts.map(t => [...t.rows].map(r => "
                                                 "[...r.cells].map(c => c.innerText.trim())))")
-    assert len(tables) == 4, tables  # the pivot, axis importance, the cost per cell, the trials
-    pivot, _, cost, trial_table = tables
+    # the pivot, axis importance, time to collapse per cell, the cost per cell, the trials
+    assert len(tables) == 5, tables
+    pivot, _, survival, cost, trial_table = tables
+    assert survival[0][:4] == ["cell", "trials", "collapsed", "censored"], survival
     assert cost[0][:3] == ["cell", "trials", "cost"] and cost[-1][0] == "grid", cost
     assert all(c.endswith("CPU-h") for c in cost[-1][2:]), cost  # the sim's cost, labelled
     assert pivot[0] == ["correction.is_level", "pool=sim-a100", "pool=sim-h100"]
