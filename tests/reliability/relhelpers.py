@@ -110,3 +110,25 @@ def check_exactly_once(
         checked["steps"] += last
         checked["infra_attempts"] += len(outcomes) - 1
     return checked
+
+
+def refused_in_one_line(capsys: Any, argv: list[str], *, within: float,
+                        expected_warnings: tuple[str, ...] = ()) -> str:
+    """Run ``ablate argv`` in this process: exit 2, one ``error:`` line on stderr, no traceback,
+    within ``within`` seconds (before anything slow starts); returns the line. A ``warning:``
+    line containing one of ``expected_warnings`` (e.g. a GPU grid's engine not installed here)
+    may come before it; any other extra line fails."""
+    import time
+
+    from orchestrator.cli import main
+
+    capsys.readouterr()
+    t0 = time.monotonic()
+    rc = main(argv)
+    out, err = capsys.readouterr()
+    err = "".join(line for line in err.splitlines(keepends=True)
+                  if not (line.startswith("warning: ") and any(w in line for w in expected_warnings)))
+    assert rc == 2, (argv, out, err)
+    assert err.count("\n") == 1 and err.startswith("error: ") and "Traceback" not in out + err, err
+    assert time.monotonic() - t0 < within, argv
+    return err
