@@ -39,7 +39,7 @@ from orchestrator.exceptions import (
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
-from orchestrator.slurm.checks import placement_problem
+from orchestrator.slurm.checks import nodes_problem, placement_problem
 from orchestrator.slurm.events import EventReader
 from orchestrator.slurm.script import base_env, job_name, job_script, sbatch_options, worker_argv
 from orchestrator.slurm.worker import JOB, STOP
@@ -100,7 +100,8 @@ class SlurmBackend(Backend):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        return placement_problem(pool, reachable_only=True) or _inner(pool).check_config(config, pool)
+        return (placement_problem(pool, reachable_only=True) or nodes_problem(pool, config)
+                or _inner(pool).check_config(config, pool))
 
     @classmethod
     def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:

@@ -22,7 +22,7 @@ from orchestrator.backends.verl_cpu.assets import asset_values
 from orchestrator.backends.verl_memory import check_memory
 from orchestrator.backends.verl_preflight import preflight
 from orchestrator.backends.verl_run import require_cpu_verl, run_attempt
-from orchestrator.backends.verl_topology import config_value, world_size
+from orchestrator.backends.verl_topology import RAY_INIT, config_value, world_size
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError
@@ -191,21 +191,27 @@ class VerlBackend(Backend):
     def command(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
                 checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
                 python: str = "python", ray_temp_dir: str | None = None,
-                assets_root: str | None = None) -> list[str]:
+                assets_root: str | None = None, ray_address: str | None = None) -> list[str]:
         """argv of the job (never a shell string).
 
         ``ray_temp_dir``: run the job on its own local Ray (``address=local``, this temp dir),
         never on a cluster found through ``RAY_ADDRESS`` or on this node (local attempts).
+        ``ray_address``: run it on the Ray cluster the caller started there (a multi-node
+        Slurm job); the pool's ``ray_init`` resources were given to each node's ``ray start``
+        (:func:`ray_node_resources`), and Ray refuses them from a driver that connects.
         """
         if resume_path is not None and "global_step_" not in Path(resume_path).name:
             raise CheckpointError(f"resume path {resume_path!r} is not a verl global_step_N dir")
-        isolate = [] if ray_temp_dir is None else [
-            verl_map.override("+ray_kwargs.ray_init.address", "local"),
-            verl_map.override("+ray_kwargs.ray_init._temp_dir", ray_temp_dir)]
-        return [python, "-m", "verl.trainer.main_ppo",
-                *cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
-                               resume_path=resume_path, save_freq=save_freq,
-                               assets_root=assets_root), *isolate]
+        items = cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
+                              resume_path=resume_path, save_freq=save_freq,
+                              assets_root=assets_root)
+        if ray_address is not None:
+            items = [i for i in items if not i.lstrip("+").startswith(RAY_INIT)]
+            items.append(verl_map.override("+ray_kwargs.ray_init.address", ray_address))
+        elif ray_temp_dir is not None:
+            items += [verl_map.override("+ray_kwargs.ray_init.address", "local"),
+                      verl_map.override("+ray_kwargs.ray_init._temp_dir", ray_temp_dir)]
+        return [python, "-m", "verl.trainer.main_ppo", *items]
 
     @staticmethod
     def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,

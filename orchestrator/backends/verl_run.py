@@ -28,7 +28,7 @@ from orchestrator import metrics as M
 from orchestrator.backends import engine_hook, engine_provenance
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
-from orchestrator.backends.verl_topology import world_size
+from orchestrator.backends.verl_topology import ray_node_resources, world_size
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
@@ -192,10 +192,13 @@ def require_cpu_verl(pools: Iterable[PoolSpec], *, where: str = "") -> None:
             "tests/constraints.txt -e '.[verl]')")
 
 
-def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: int) -> None:
+def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: int,
+                           spread: bool = False) -> None:
+    """``spread``: the run context starts Ray across ``nodes`` nodes (a multi-node Slurm job),
+    so this node needs only its own share."""
     if pool.kind == "cpu":
         require_cpu_verl([pool])
-        if nodes > 1:
+        if nodes > 1 and not spread:
             raise BackendUnavailableError(f"cpu pool {pool.name}: one node only (trainer.nnodes "
                                           f"is {nodes})")
         return
@@ -206,7 +209,7 @@ def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: i
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0
-    if nodes > 1 or have < gpus:
+    if (nodes > 1 and not spread) or have < gpus:
         raise BackendUnavailableError(
             f"trial {trial.trial_id} needs {nodes} node(s) x {gpus} GPUs, this machine has {have} "
             "GPU(s); run it on its pool through the k8s backend (or a pool_catalog entry that "
@@ -219,9 +222,10 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     from orchestrator.backends.verl_cpu import procs  # cpu pools only: their process reaper
     from orchestrator.backends.verl_cpu.envvars import LOAD_LOG_ENV, SYNC_LOG_ENV
 
-    world = world_size(ctx.pool, config)
-    _require_local_devices(trial, ctx.pool, world // ctx.pool.gpus_per_node,
-                           ctx.pool.gpus_per_node)
+    nodes = world_size(ctx.pool, config) // ctx.pool.gpus_per_node
+    # A context that can start Ray across several nodes (a multi-node Slurm job) offers it.
+    spread = getattr(ctx, "ray_cluster", None) if nodes > 1 else None
+    _require_local_devices(trial, ctx.pool, nodes, ctx.pool.gpus_per_node, spread is not None)
     work = Path(ctx.workdir)
     work.mkdir(parents=True, exist_ok=True)  # verl opens the logger path without creating dirs
     ckpt_dir = work / "verl_checkpoints"
@@ -235,11 +239,8 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
         build_assets(config, assets_root)
     # Its own Ray: never a cluster found through RAY_ADDRESS or on this node. Unix socket paths
     # are limited to ~107 bytes, so the temp dir is short.
-    ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"
-    argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
-                           resume_path=resume_path, save_freq=ctx.checkpoint_every,
-                           python=sys.executable, ray_temp_dir=ray_tmp,
-                           assets_root=assets_root)
+    tag = uuid.uuid4().hex[:8]
+    ray_tmp = f"/tmp/ablate-ray-{tag}"
     # The runner may expose the trial's MLflow child run (same attribute names as the k8s backend).
     uri = getattr(ctx, "tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
     # An inherited MLFLOW_RUN_ID belongs to some other run; only the trial's own may reach verl.
@@ -272,8 +273,19 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     # the job started, and the sampler reaps the dead ones at once (procs' docstring says why).
     log = logs / f"verl.attempt{ctx.attempt}.log"
     try:
-        with procs.subreaper(), open(log, "ab") as out, procs.RssSampler() as sampler:
+        with procs.subreaper(), open(log, "ab") as out, procs.RssSampler() as sampler, \
+                contextlib.ExitStack() as ray_cluster:
             before = frozenset(p.pid for p in procs.descendants())
+            address = None
+            if spread is not None:  # Ray on every node first, with the env the driver gets
+                num_cpus, num_gpus = ray_node_resources(ctx.pool)
+                address, joined = ray_cluster.enter_context(spread(
+                    env, log_dir=logs, num_cpus=num_cpus, num_gpus=num_gpus, tag=tag))
+                ctx.describe_environment({"ray.address": address, "ray.nodes": ",".join(joined)})
+            argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
+                                   resume_path=resume_path, save_freq=ctx.checkpoint_every,
+                                   python=sys.executable, assets_root=assets_root,
+                                   ray_temp_dir=None if address else ray_tmp, ray_address=address)
             started = time.monotonic()
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
                                     stderr=subprocess.STDOUT,
@@ -285,6 +297,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
             finally:
                 if proc.poll() is None:
                     terminate(proc)
+                ray_cluster.close()  # the Ray nodes this attempt started, by pid, gracefully
                 reaped = procs.kill_tree(keep=before)
                 summary = write_job_summary(logs / f"job.attempt{ctx.attempt}.json", proc,
                                             started, sampler, reaped)

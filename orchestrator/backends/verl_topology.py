@@ -15,6 +15,7 @@ from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.pools import PoolSpec
 
 _SHARD = re.compile(r"^model_world_size_(\d+)_rank_(\d+)\.pt$")
+RAY_INIT = "ray_kwargs.ray_init."
 
 
 def config_value(config: Mapping[str, Any], dotted: str, default: Any = None) -> Any:
@@ -80,3 +81,14 @@ def _fits(pool: PoolSpec, config: Mapping[str, Any] | None, world: int) -> bool:
 def shard_names(world: int) -> Sequence[str]:
     """The model shard files verl writes for ``world`` ranks (used by tests and resume checks)."""
     return [f"model_world_size_{world}_rank_{r}.pt" for r in range(world)]
+
+
+def ray_node_resources(pool: PoolSpec) -> tuple[int | None, int | None]:
+    """(CPUs, GPUs) each Ray node of a multi-node job announces: the pool's ``ray_init``
+    values (a cpu pool's fake GPUs), or None where Ray should detect them."""
+    found: dict[str, int | None] = {"num_cpus": None, "num_gpus": None}
+    for key, value in pool.verl_overrides.items():
+        name = key.lstrip("+").removeprefix(RAY_INIT)
+        if name in found and isinstance(value, int):
+            found[name] = value
+    return found["num_cpus"], found["num_gpus"]

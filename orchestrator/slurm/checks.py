@@ -1,11 +1,14 @@
 """Plan- and submit-time checks of a pool's ``slurm:`` block: the hardware pin (a gpu or cpu
-pool needs a partition, constraint or GRES), what the backend can launch (one node), and, when
+pool needs a partition, constraint or GRES), a verl trial's node count against its pool's, and, when
 the cluster answers, its partitions (``sinfo``) and the whole request (``sbatch --test-only``).
 Each problem is one line naming the pool, the key and the fix."""
 from __future__ import annotations
 
 import tempfile
+from collections.abc import Mapping
+from typing import Any
 
+from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import BackendUnavailableError, UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
@@ -22,10 +25,6 @@ def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
         return (f"pool {pool.name}: no slurm: placement (partition, constraint or gres): its "
                 "trials could land on any node, and hardware is pinned; fix: add e.g. "
                 "slurm: {partition: gpu, gres: 'gpu:h100:8'} to the pool")
-    if pool.kind != "sim" and pool.nodes > 1:
-        return (f"pool {pool.name}: nodes {pool.nodes}: a verl trial in a Slurm job runs on "
-                "one node (Ray across the allocation's nodes is not built yet); fix: a 1-node "
-                "pool, or start Ray in your allocation and use `ablate submit --address`")
     if sc.missing_clients():
         return None if reachable_only else f"pool {pool.name}: no Slurm clients here"
     key = (pool.model_dump_json(), reachable_only)
@@ -35,6 +34,20 @@ def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
 
 
 _CHECKED: dict[tuple[str, bool], str | None] = {}
+
+
+def nodes_problem(pool: PoolSpec, config: Mapping[str, Any]) -> str | None:
+    """A verl trial's ``trainer.nnodes`` must be its pool's ``nodes``: the job asks Slurm for
+    the pool's nodes and starts one Ray node on each."""
+    if pool.kind == "sim":
+        return None
+    nodes = world_size(pool, config) // pool.gpus_per_node
+    if nodes == pool.nodes:
+        return None
+    return (f"pool {pool.name}: nodes {pool.nodes}, but the trial's trainer.nnodes is {nodes}; "
+            f"the Slurm job gets the pool's nodes and verl must span all of them; fix: set "
+            f"trainer.nnodes: {pool.nodes} for this pool's trials (grid overrides, or a bundle "
+            "axis with exclude), or use a pool whose nodes match")
 
 
 def _ask_cluster(pool: PoolSpec, reachable_only: bool) -> str | None:

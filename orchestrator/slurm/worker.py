@@ -44,6 +44,12 @@ class FileContext:
         self.resume_step = spec.get("resume_step")
         self._resume_path = spec.get("resume_path")
         self._events = events
+        # A job on several nodes: verl's Ray spans them (run_attempt asks for this launcher).
+        self.ray_cluster = None
+        if int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1:
+            from orchestrator.slurm import raycluster  # multi-node jobs only
+
+            self.ray_cluster = raycluster.cluster
         for d in (self.workdir, self.log_dir, job_dir / "ckpt"):
             d.mkdir(parents=True, exist_ok=True)
 

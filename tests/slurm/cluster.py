@@ -4,7 +4,8 @@ started and stopped by pid.
 
 Node ``n1`` is partition ``pa`` with feature ``fa`` and a typed GRES ``gpu:h100:1``; node ``n2``
 is partition ``pb`` with feature ``fb`` and ``gpu:a100:1``, and also partition ``urgent``,
-whose jobs preempt (cancel) the jobs of ``pb`` in their way. The GPUs are empty placeholder files
+whose jobs preempt (cancel) the jobs of ``pb`` in their way; partition ``duo`` has both (the
+multi-node jobs). The GPUs are empty placeholder files
 (``gres.conf`` ``File=``): Slurm schedules them, nothing computes on them. ``auth/none`` and
 ``cred/none`` (both built into Debian's 22.05) replace munge, so no third daemon runs.
 ``JobCompType=jobcomp/filetxt`` records finished jobs without a database; there is no
@@ -93,6 +94,8 @@ class Cluster:
                          "PriorityTier=1" + (" Default=YES" if name == "n1" else ""))
         lines.append("PartitionName=urgent Nodes=n2 MaxTime=INFINITE State=UP PriorityTier=10 "
                      "PreemptMode=OFF")
+        lines.append(f"PartitionName=duo Nodes={','.join(NODES)} MaxTime=INFINITE State=UP "
+                     "PriorityTier=1")
         self.conf.write_text("\n".join(lines) + "\n")
         (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
 

@@ -253,31 +253,61 @@ def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluste
         assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
 
 
-def test_verl_cpu_trial_as_a_slurm_job(tmp_path: Path, slurm_cluster) -> None:
-    """A real verl job (the cpu-fp32 pool's, 2 steps) inside a Slurm job on partition pb: verl
-    starts its own Ray in the allocation; its metrics and checkpoint reach the trial's records
-    and MLflow through the job's events file."""
+def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
+    """Real verl jobs (the cpu-fp32 pool's, 2 steps each), one grid, one submission: a 1-node
+    trial on partition pb, where verl starts its own Ray in the allocation, and a 2-node trial
+    on partition duo (n1 + n2), where the job starts the Ray head on n1 and a Ray worker on n2
+    through srun and verl runs with trainer.nnodes=2 (two gloo ranks). Metrics, checkpoints and
+    verdicts reach the trial's records and MLflow through the job's events file."""
+    import json
+
     import yaml
+    from mlflow.tracking import MlflowClient
 
     from orchestrator.pools import load_catalog
 
     body = load_catalog().pools["cpu-fp32"].model_dump(mode="json", exclude={"name"})
-    body["slurm"] = {"partition": "pb", "cpus_per_task": 2}
-    (tmp_path / "verl_pools.yaml").write_text(yaml.safe_dump({"pools": {"slurm-cpu": body}}))
+    pools = {"slurm-cpu": {**body, "slurm": {"partition": "pb", "cpus_per_task": 2}},
+             "slurm-cpu2": {**body, "nodes": 2, "slurm": {"partition": "duo", "cpus_per_task": 2}}}
+    (tmp_path / "verl_pools.yaml").write_text(yaml.safe_dump({"pools": pools}))
     grid = tmp_path / "slurm-verl.yaml"
     grid.write_text("name: slurm-verl\nrecipe: verl/cpu_tiny\nbackend: slurm\n"
-                    "pool_catalog: verl_pools.yaml\nsteps: 2\nseeds: [0]\npool: slurm-cpu\n"
-                    "checkpoint: {every: 1, keep: 2}\n")
+                    "pool_catalog: verl_pools.yaml\nsteps: 2\nseeds: [0]\n"
+                    "checkpoint: {every: 1, keep: 2}\n"
+                    "axes:\n  pool: [slurm-cpu, slurm-cpu2]\n"
+                    "  nodes: {one: {trainer.nnodes: 1}, two: {trainer.nnodes: 2}}\n"
+                    "exclude: [{pool: slurm-cpu, nodes: two}, {pool: slurm-cpu2, nodes: one}]\n")
     env = _env(tmp_path, slurm_cluster)
-    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=600)
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=900)
     assert res.returncode == 0, res.stdout + res.stderr
     grid_dir = tmp_path / ".ablate" / "slurm-verl"
-    (t,) = trials(grid_dir).values()
-    assert t["state"].state.value == "done" and t["steps"] == [1, 2], t["state"]
-    (job,) = job_ids(t["paths"].root)
-    shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
-    assert "NodeList=n2 " in shown and "JobState=COMPLETED" in shown, shown
+    got = {t["spec"]["pool"]: t for t in trials(grid_dir).values()}
+    assert set(got) == {"slurm-cpu", "slurm-cpu2"}
+    client = MlflowClient(_tracking(tmp_path))
+    for pool, nodelist, world in (("slurm-cpu", "n2", 1), ("slurm-cpu2", "n[1-2]", 2)):
+        t = got[pool]
+        assert t["state"].state.value == "done" and t["steps"] == [1, 2], (pool, t["state"])
+        (job,) = job_ids(t["paths"].root)
+        shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
+        assert f"NodeList={nodelist} " in shown and "JobState=COMPLETED" in shown, shown
+        job_logs = t["paths"].root / "logs" / "slurm-attempt-1" / "logs"
+        assert (job_logs / "verl.attempt1.log").stat().st_size > 0
+        # verl's FSDP shards name the world size: one rank per fake GPU, one GPU per Ray node.
+        shards = sorted(p.name for p in (t["paths"].root / "checkpoints").glob("*2/actor/model_*"))
+        assert shards == [f"model_world_size_{world}_rank_{r}.pt" for r in range(world)], shards
+        run = client.get_run(t["state"].mlflow_run_id)
+        assert run.data.tags["verdict"] == "healthy" and run.data.tags["slurm.job_id"] == job
+    env1 = got["slurm-cpu"]["attempts"][0].environment
+    assert env1["slurm.node"] == "n2" and "ray.nodes" not in env1
+    # The 2-node trial: both Ray nodes joined (each marked with its Slurm node), and processes
+    # that loaded the verl cpu plugin ran as Ray workers on each of them.
+    t = got["slurm-cpu2"]
+    assert t["attempts"][0].environment["ray.nodes"] == "n1,n2"
+    assert client.get_run(t["state"].mlflow_run_id).data.tags["ray.nodes"] == "n1,n2"
     job_logs = t["paths"].root / "logs" / "slurm-attempt-1" / "logs"
-    assert (job_logs / "verl.attempt1.log").stat().st_size > 0
-    assert t["attempts"][0].environment["slurm.node"] == "n2"
+    loaded = {json.loads(line)["pid"] for line in
+              (job_logs / "plugin_loads.attempt1.jsonl").read_text().splitlines()}
+    for node in ("n1", "n2"):
+        ran = set(json.loads((job_logs / f"ray-node-{node}.json").read_text())["worker_pids"])
+        assert ran & loaded, (node, sorted(ran), sorted(loaded))
     _check_steps_once(tmp_path, grid_dir, 2)

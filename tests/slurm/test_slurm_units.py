@@ -99,12 +99,15 @@ def test_no_slurm_clients_is_one_line_and_starts_nothing(tmp_path: Path) -> None
     assert not (tmp_path / ".ablate").exists()
 
 
-def test_gpu_pool_without_placement_or_multi_node_refused_at_plan(tmp_path: Path) -> None:
+def test_gpu_pool_without_placement_or_nodes_unlike_nnodes_refused_at_plan(tmp_path: Path) -> None:
+    """A 2-node pool is fine for a 2-node trial; a trial whose trainer.nnodes (the recipe's 1)
+    is not its pool's node count is refused: the job would hold nodes verl does not use."""
     extra = ("  bare-gpu:\n    kind: gpu\n    accelerator: H100\n    gpus_per_node: 8\n"
              "  two-nodes:\n    kind: gpu\n    accelerator: H100\n    gpus_per_node: 8\n"
              "    nodes: 2\n    slurm: {partition: gpu}\n")
     with cliproc.ablate_env(tmp_path, {"PATH": os.defpath}) as env:
-        for pool, words in (("bare-gpu", "no slurm: placement"), ("two-nodes", "nodes 2")):
+        for pool, words in (("bare-gpu", "no slurm: placement"),
+                            ("two-nodes", "nodes 2, but the trial's trainer.nnodes is 1")):
             grid = write_grid(tmp_path, f"g-{pool}", steps=2, pools=[pool], seeds=[0],
                               every=1, extra_pools=extra)
             text = grid.read_text().replace("recipe: sim/grpo_tiny", "recipe: verl/cpu_tiny")
@@ -112,3 +115,30 @@ def test_gpu_pool_without_placement_or_multi_node_refused_at_plan(tmp_path: Path
             res = cliproc.run(["plan", str(grid)], env, tmp_path)
             assert res.returncode == 2, res.stdout + res.stderr
             assert f"pool {pool}" in res.stderr and words in res.stderr, res.stderr
+
+
+def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
+    """On a multi-node job verl connects to the Ray the job started: the pool's ray_init
+    resources move to each node's `ray start` (Ray refuses them from a connecting driver)."""
+    from orchestrator.backends.verl import VerlBackend
+    from orchestrator.backends.verl_topology import ray_node_resources
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.slurm.raycluster import NODE_RESOURCE, node_argv
+
+    pool = load_catalog().pools["cpu-fp32"].model_copy(update={"nodes": 2})
+    assert ray_node_resources(pool) == (16, 1)
+    grid = load_grid(str(Path(__file__).parents[2] / "grids" / "verl_cpu.yaml"))
+    trial = expand(grid)[0]
+    config = {**grid.trial_config(trial), "trainer": {"nnodes": 2}}
+    argv = VerlBackend.command(trial, config, pool, checkpoint_dir="/c",
+                               ray_address="127.0.0.1:6379")
+    ray = [a for a in argv if a.lstrip("+").startswith("ray_kwargs.ray_init.")]
+    assert ray == ["+ray_kwargs.ray_init.address='127.0.0.1:6379'"], ray
+    assert "trainer.nnodes=2" in argv
+    head = node_argv(temp_dir="/tmp/x", node="n1", num_cpus=16, num_gpus=1, head_port=6379)
+    worker = node_argv(temp_dir="/tmp/y", node="n2", num_cpus=16, num_gpus=1,
+                       address="127.0.0.1:6379")
+    assert "--head" in head and "--address=127.0.0.1:6379" in worker
+    assert f'--resources={{"{NODE_RESOURCE}n2": 1}}' in worker and "--num-gpus=1" in worker
+    ports = [a for a in head + worker if a.endswith(tuple("0123456789")) and "-port=" in a]
+    assert len({p.split("=")[1] for p in ports}) == len(ports)  # two nodes on one machine
