@@ -50,19 +50,25 @@ def _free_ports(n: int) -> list[int]:
 class Cluster:
     """The cluster's files under ``root``; ``env`` is what a client needs (``SLURM_CONF``)."""
 
-    def __init__(self, root: Path) -> None:
+    def __init__(self, root: Path, *, name: str = "ablate-test",
+                 nodes: dict[str, tuple[str, str, str]] | None = None,
+                 extra: tuple[str, ...] = ()) -> None:
+        """``nodes``: name -> (partition, feature, GPU type), ``NODES`` by default (with the
+        ``urgent`` and ``duo`` partitions); ``extra``: slurm.conf lines that replace the lines
+        of the same keys (accounting, ``MinJobAge``)."""
         self.root = root
         self.conf = root / "slurm.conf"
         self.pids: dict[str, int] = {}
         self.env = {"SLURM_CONF": str(self.conf)}
+        self.name, self.nodes, self.extra = name, nodes or NODES, extra
 
     def write_config(self) -> None:
         host = socket.gethostname()
-        ctl, *node_ports = _free_ports(1 + len(NODES))
+        ctl, *node_ports = _free_ports(1 + len(self.nodes))
         (self.root / "state").mkdir(parents=True, exist_ok=True)
         (self.root / "dev").mkdir(exist_ok=True)
         lines = [
-            "ClusterName=ablate-test", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={ctl}",
+            f"ClusterName={self.name}", f"SlurmctldHost={host}(127.0.0.1)", f"SlurmctldPort={ctl}",
             "AuthType=auth/none", "CredType=cred/none", "SlurmUser=root", "SlurmdUser=root",
             f"StateSaveLocation={self.root}/state", f"SlurmdSpoolDir={self.root}/spool-%n",
             f"SlurmctldPidFile={self.root}/slurmctld.pid",
@@ -81,36 +87,41 @@ class Cluster:
             # A job in partition `urgent` (n2) cancels lower-tier jobs in its way (PREEMPTED).
             "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",
         ]
+        keys = {line.split("=", 1)[0] for line in self.extra}
+        lines = [line for line in lines if line.split("=", 1)[0] not in keys] + list(self.extra)
         gres = []
-        for (name, (part, feature, gpu)), port in zip(NODES.items(), node_ports, strict=True):
+        for (name, (part, feature, gpu)), port in zip(self.nodes.items(), node_ports, strict=True):
             dev = self.root / "dev" / f"{gpu}-0"
             dev.touch()
             lines.append(f"NodeName={name} NodeHostname={host} NodeAddr=127.0.0.1 Port={port} "
                          f"CPUs=2 RealMemory=2000 Features={feature} Gres=gpu:{gpu}:1 "
                          "State=UNKNOWN")
             gres.append(f"NodeName={name} Name=gpu Type={gpu} File={dev}")
-        for name, (part, _, _) in NODES.items():
+        first = next(iter(self.nodes))
+        for name, (part, _, _) in self.nodes.items():
             lines.append(f"PartitionName={part} Nodes={name} MaxTime=INFINITE State=UP "
-                         "PriorityTier=1" + (" Default=YES" if name == "n1" else ""))
-        lines.append("PartitionName=urgent Nodes=n2 MaxTime=INFINITE State=UP PriorityTier=10 "
-                     "PreemptMode=OFF")
-        lines.append(f"PartitionName=duo Nodes={','.join(NODES)} MaxTime=INFINITE State=UP "
-                     "PriorityTier=1")
+                         "PriorityTier=1" + (" Default=YES" if name == first else ""))
+        if self.nodes is NODES:
+            lines.append("PartitionName=urgent Nodes=n2 MaxTime=INFINITE State=UP "
+                         "PriorityTier=10 PreemptMode=OFF")
+            lines.append(f"PartitionName=duo Nodes={','.join(NODES)} MaxTime=INFINITE State=UP "
+                         "PriorityTier=1")
         self.conf.write_text("\n".join(lines) + "\n")
         (self.root / "gres.conf").write_text("\n".join(gres) + "\n")
 
-    def start(self, timeout: float = 60.0) -> None:
-        self.write_config()
+    def start(self, timeout: float = 60.0, *, write: bool = True) -> None:
+        if write:
+            self.write_config()
         env = {**os.environ, **self.env}
         # -D: stay in the foreground, so the pid we hold is the daemon's (stopped by that pid).
         self._spawn("slurmctld", ["slurmctld", "-D", "-i", "-f", str(self.conf)], env)
-        for name in NODES:
+        for name in self.nodes:
             self._spawn(f"slurmd-{name}", ["slurmd", "-D", "-N", name, "-f", str(self.conf)], env)
         deadline = time.monotonic() + timeout
         while time.monotonic() < deadline:
             out = self.run(["sinfo", "-h", "-N", "-o", "%N %t"], check=False)
             states = dict(line.split() for line in out.splitlines() if line.strip())
-            if len(states) == len(NODES) and all(s == "idle" for s in states.values()):
+            if len(states) == len(self.nodes) and all(s == "idle" for s in states.values()):
                 return
             for label, pid in self.pids.items():
                 if _exited(pid):

@@ -1,6 +1,8 @@
-"""The session's Slurm cluster (``cluster.py``): started once for every test that asks for it,
-stopped by pid at the end of the session; the tests are skipped with the reason where it cannot
-start (not root, Slurm not installed)."""
+"""The session's Slurm clusters: ``slurm_cluster`` (``cluster.py``, two nodes, no accounting)
+and ``slurm_accounting`` (``accounting.py``: MariaDB + slurmdbd + a one-node cluster enforcing
+associations and QOS), each started once for the tests that ask for it and stopped by pid at
+the end of the session; the tests are skipped with the reason where one cannot start (not root,
+Slurm or slurmdbd/MariaDB not installed)."""
 from __future__ import annotations
 
 import os
@@ -14,6 +16,7 @@ import pytest
 
 sys.path.insert(0, str(Path(__file__).resolve().parent))  # cluster, slurmgrids
 
+import accounting
 import cluster
 
 
@@ -35,3 +38,17 @@ def slurm_cluster() -> Iterator[cluster.Cluster]:
             os.environ.pop("SLURM_CONF", None)
         else:
             os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture(scope="session")
+def slurm_accounting() -> Iterator[accounting.Accounting]:
+    reason = cluster.missing() or accounting.missing()
+    if reason:
+        pytest.skip(reason)
+    acct = accounting.Accounting(Path(tempfile.mkdtemp(prefix="slurm-acct-", dir="/tmp")))
+    try:
+        acct.start()
+        yield acct
+    finally:
+        acct.stop()
+        shutil.rmtree(acct.root, ignore_errors=True)
