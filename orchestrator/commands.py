@@ -51,8 +51,6 @@ def submit_body(args: argparse.Namespace) -> int:
                                      workdir=args.workdir) or 0)
         from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
 
-        if args.out is not None:
-            workspace.check_out_dir(args.out, "--out")
         return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
     if args.out is not None:  # not silently ignored: the grid would run for real
         raise UserError(f"--out {args.out}: only for --dry-run (where the k8s manifests go); "

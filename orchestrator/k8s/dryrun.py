@@ -4,9 +4,7 @@ plus the RayJob that runs ``ablate submit`` on the control RayCluster of ``k8s/b
 
 from __future__ import annotations
 
-import json
 import shlex
-from pathlib import Path
 from typing import Any
 
 from orchestrator.grid import expand, load_grid
@@ -14,6 +12,7 @@ from orchestrator.k8s import names
 from orchestrator.k8s.queues import dump, render_kueue
 from orchestrator.k8s.render import RAYJOB_API, render_rayjob, submitter_template
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, ClusterSettings
+from orchestrator.store import workspace
 
 CONTROL_CLUSTER = "ablate-control"
 WORKSPACE = "/ablate/workspace"
@@ -74,11 +73,8 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     settings = ClusterSettings.from_env()
     grid = load_grid(grid_path, backend="k8s", limit_trials=not force)
     trials = expand(grid, force=force)
-    out = Path(out_dir or f"k8s-dry-run/{grid.name}")
-    jobs_dir = out / "rayjobs"
-    jobs_dir.mkdir(parents=True, exist_ok=True)
-    for stale in jobs_dir.glob("ab-*.yaml"):  # only files this function writes
-        stale.unlink()
+    out, jobs_dir = workspace.dry_run_dir(out_dir, default=f"k8s-dry-run/{grid.name}",
+                                          files="rayjobs", pattern="ab-*.yaml")
     index = []
     for trial in trials:
         manifest = render_rayjob(
@@ -103,12 +99,7 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     (out / "control-rayjob.yaml").write_text(
         dump([render_control_rayjob(grid.name, str(grid_path), settings)]), encoding="utf-8"
     )
-    (out / "index.json").write_text(
-        json.dumps(
-            {"grid": grid.name, "namespace": settings.namespace, "trials": index}, indent=1
-        ),
-        encoding="utf-8",
-    )
+    workspace.write_dry_run_index(out, grid.name, index, namespace=settings.namespace)
     print(
         f"wrote {len(index)} RayJob manifest(s) for grid {grid.name!r} on pool(s) "
         f"{', '.join(pools)} to {out}"

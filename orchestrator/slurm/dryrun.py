@@ -7,9 +7,6 @@ where ``ablate submit`` would put it under the workdir (``--workdir``/``ABLATE_W
 """
 from __future__ import annotations
 
-import json
-from pathlib import Path
-
 from orchestrator.backends.slurm import _inner, inner_ref
 from orchestrator.grid import expand, load_grid
 from orchestrator.slurm.script import base_env, job_name, job_script, sbatch_options, worker_argv
@@ -20,11 +17,8 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
             workdir: str | None = None) -> int:
     grid = load_grid(grid_path, backend="slurm", limit_trials=not force)
     trials = expand(grid, force=force)
-    out = Path(out_dir or f"slurm-dry-run/{grid.name}")
-    jobs = out / "jobs"
-    jobs.mkdir(parents=True, exist_ok=True)
-    for stale in jobs.glob("t*.sbatch"):  # only files this function writes
-        stale.unlink()
+    out, jobs = workspace.dry_run_dir(out_dir, default=f"slurm-dry-run/{grid.name}",
+                                      files="jobs", pattern="t*.sbatch")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     index = []
     for trial in trials:
@@ -40,8 +34,7 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
                       "runs": ".".join(inner_ref(pool)),
                       "sbatch": ["sbatch", f"--output={job_dir}/slurm-%j.out",
                                  f"jobs/{trial.trial_id}.sbatch"]})
-    (out / "index.json").write_text(json.dumps({"grid": grid.name, "trials": index}, indent=1),
-                                    encoding="utf-8")
+    workspace.write_dry_run_index(out, grid.name, index)
     pools = sorted({t.pool for t in trials})
     print(f"wrote {len(index)} Slurm job script(s) for grid {grid.name!r} on pool(s) "
           f"{', '.join(pools)} to {out}")

@@ -16,6 +16,7 @@ Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
 from __future__ import annotations
 
 import errno
+import json
 import os
 import shutil
 import tempfile
@@ -128,6 +129,24 @@ def check_out_dir(path: str | os.PathLike[str], flag: str) -> Path:
     except OSError as exc:
         raise UserError(f"{flag} {path}: {probe} is not writable ({exc.strerror}); {fix}") from None
     return out
+
+
+def dry_run_dir(out_dir: str | None, *, default: str, files: str, pattern: str) -> tuple[Path, Path]:
+    """The directory ``ablate submit --dry-run`` writes (k8s manifests, Slurm job scripts):
+    ``out_dir`` (``--out``, checked) or ``default``, and its ``files`` subdirectory, emptied of
+    the files an earlier dry run wrote there (``pattern``; nothing else is touched)."""
+    out = check_out_dir(out_dir, "--out") if out_dir is not None else Path(default)
+    sub = out / files
+    sub.mkdir(parents=True, exist_ok=True)
+    for stale in sub.glob(pattern):
+        stale.unlink()
+    return out, sub
+
+
+def write_dry_run_index(out: Path, grid: str, trials: list[dict], **extra: object) -> None:
+    """``<out>/index.json``: the grid, what the backend adds, one entry per trial."""
+    (out / "index.json").write_text(json.dumps({"grid": grid, **extra, "trials": trials},
+                                               indent=1), encoding="utf-8")
 
 
 # What a full disk is (the device, or the user's quota).

@@ -76,9 +76,19 @@ def test_sbatch_refusal_names_pool_key_and_fix(stderr: str, key: str) -> None:
 def test_dry_run_writes_job_scripts_with_values_as_data(tmp_path: Path) -> None:
     grid = write_grid(tmp_path, "slurm-dry", steps=4, pools=["slurm-h100", "slurm-a100"],
                       seeds=[0, 1], every=2, extra=f"description: {json.dumps(HOSTILE)}\n")
+    (tmp_path / "dr" / "jobs").mkdir(parents=True)
+    (tmp_path / "dr" / "jobs" / "t0000stale.sbatch").write_text("old")  # an earlier dry run's
+    (tmp_path / "dr" / "jobs" / "notes.txt").write_text("mine")  # not the dry run's: kept
+    (tmp_path / "afile").write_text("")
     with cliproc.ablate_env(tmp_path) as env:
+        bad = cliproc.run(["submit", str(grid), "--dry-run", "--out", "afile"], env, tmp_path)
         res = cliproc.run(["submit", str(grid), "--dry-run", "--out", "dr"], env, tmp_path)
+    assert bad.returncode == 2 and len(bad.stderr.strip().splitlines()) == 1, bad.stderr
+    assert "--out afile" in bad.stderr and "is a file" in bad.stderr, bad.stderr
     assert res.returncode == 0, res.stderr
+    assert sorted(p.name for p in (tmp_path / "dr" / "jobs").iterdir() if p.suffix != ".sbatch"
+                  ) == ["notes.txt"]
+    assert not (tmp_path / "dr" / "jobs" / "t0000stale.sbatch").exists()
     index = json.loads((tmp_path / "dr" / "index.json").read_text())
     assert len(index["trials"]) == 4
     for t in index["trials"]:
