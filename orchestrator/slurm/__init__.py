@@ -3,7 +3,8 @@
 ``script`` turns a pool's ``slurm:`` block and the in-job command into sbatch options and a job
 script (argument lists, each word ``shlex.quote``d); ``client`` calls sbatch, squeue, scontrol,
 sacct, scancel and sinfo; ``events`` is the file protocol between the job and the orchestrator;
-``worker`` is what the job runs; ``dryrun`` writes every job script of a grid.
+``worker`` is what the job runs; ``raycluster`` (with ``raynode`` on the other nodes) starts Ray
+across a multi-node allocation for verl; ``dryrun`` writes every job script of a grid.
 
 The cluster and this machine share a filesystem: the job runs the same Python
 (``sys.executable``) from the same checkout and writes under the orchestrator's workdir.
