@@ -100,7 +100,8 @@ class SlurmBackend(Backend):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        return (placement_problem(pool, reachable_only=True) or nodes_problem(pool, config)
+        # The node count first: it needs no cluster, and a wrong one is wrong on any cluster.
+        return (nodes_problem(pool, config) or placement_problem(pool, reachable_only=True)
                 or _inner(pool).check_config(config, pool))
 
     @classmethod

@@ -64,7 +64,7 @@ def node_argv(*, temp_dir: str, node: str, num_cpus: int | None, num_gpus: int |
             f"--node-manager-port={mgr}", f"--object-manager-port={obj}",
             f"--dashboard-agent-listen-port={agent}", f"--dashboard-agent-grpc-port={grpc}",
             f"--runtime-env-agent-port={env_agent}", f"--metrics-export-port={metrics}",
-            f'--resources={{"{NODE_RESOURCE}{node}": 1}}']
+            f"--resources={json.dumps({NODE_RESOURCE + node: 1})}"]
     if num_cpus is not None:
         argv.append(f"--num-cpus={num_cpus}")
     if num_gpus is not None:
@@ -98,7 +98,11 @@ def node_ip(node: str) -> str:
                          text=True, timeout=30, check=False)
     addr = next((w.split("=", 1)[1] for w in res.stdout.split() if w.startswith("NodeAddr=")),
                 node)
-    return socket.gethostbyname(addr)
+    try:
+        return socket.gethostbyname(addr)
+    except OSError as exc:
+        raise InfraFailure(f"infra_failure: node {node}: its NodeAddr {addr!r} does not "
+                           f"resolve ({exc})") from None
 
 
 @contextlib.contextmanager
