@@ -135,11 +135,15 @@ def cluster(env: Mapping[str, str], *, log_dir: Path, num_cpus: int | None,
         _wait_joined(address, nodes, [head, *workers], timeout, env)
         yield address, nodes
     finally:
-        for proc in workers:  # srun forwards SIGUSR1 to raynode, which stops its node
+        # srun forwards SIGUSR1 to raynode, which stops its node and cleans up; SIGTERM to
+        # srun would make Slurm kill the step KillWait later, cutting that short.
+        for proc in workers:
             if proc.poll() is None:
                 proc.send_signal(signal.SIGUSR1)
         for proc in workers:
-            stop_process(proc, grace=30.0)
+            with contextlib.suppress(subprocess.TimeoutExpired):
+                proc.wait(timeout=60)
+            stop_process(proc)
         if head is not None:
             record_node(log_dir, nodes[0], head_tmp)
             stop_process(head)
@@ -154,8 +158,14 @@ def record_node(log_dir: Path, node: str, temp_dir: str) -> None:
     (log_dir / f"ray-node-{node}.json").write_text(json.dumps({"node": node, "worker_pids": pids}))
 
 
-def remove_temp(temp_dir: str) -> None:
-    shutil.rmtree(temp_dir, ignore_errors=True)
+def remove_temp(temp_dir: str, tries: int = 20) -> None:
+    """Remove a Ray node's temp dir. Its raylet may outlive ``ray start`` by a moment and
+    write there while the first removal runs, so it is retried (bounded) until gone."""
+    for _ in range(tries):
+        shutil.rmtree(temp_dir, ignore_errors=True)
+        if not os.path.exists(temp_dir):
+            return
+        time.sleep(0.5)
 
 
 def stop_process(proc: subprocess.Popen[bytes], grace: float = 20.0) -> None:

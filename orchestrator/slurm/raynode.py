@@ -9,11 +9,14 @@ which lives on this node's disk where the batch node cannot reach it."""
 from __future__ import annotations
 
 import argparse
+import contextlib
 import signal
 import subprocess
 import sys
 import threading
 from pathlib import Path
+
+import psutil
 
 from orchestrator.slurm.raycluster import node_argv, record_node, remove_temp, stop_process
 
@@ -38,7 +41,17 @@ def main(argv: list[str]) -> int:
             pass
         record_node(a.log_dir, a.node, a.temp_dir)
     finally:
+        # Ray's daemons (raylet, agents) can outlive `ray start` by a moment: wait for each
+        # (bounded) and kill what is left, by pid, so the step leaves nothing behind.
+        try:
+            node = psutil.Process(proc.pid).children(recursive=True)
+        except psutil.Error:
+            node = []
         stop_process(proc)
+        _, alive = psutil.wait_procs(node, timeout=15)
+        for p in alive:
+            with contextlib.suppress(psutil.Error):
+                p.kill()
         remove_temp(a.temp_dir)
     return 0 if stop.is_set() else (proc.returncode or 1)
 
