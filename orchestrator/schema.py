@@ -218,6 +218,34 @@ class CompareDecl(Strict):
     paired: StrictBool = False
 
 
+# The metrics a grid may declare a range for: ``reward`` is the reward metric the tables and
+# the ``final_reward`` target read (eval/reward, else critic/score/mean), final and peak alike.
+RANGED_METRICS = ("reward",)
+DEFAULT_RANGE = (0.0, 1.0)  # a verifiable task's reward (GSM8K, the simulator): right or wrong
+
+
+class MetricsSpec(Strict):
+    """What the grid declares about its metrics. ``range``: the interval a metric's values lie
+    in, which its per-cell intervals then stay inside (``orchestrator.intervals.bounded_mean``);
+    undeclared: ``DEFAULT_RANGE``."""
+
+    range: dict[Literal["reward"], Annotated[list[StrictFloat | StrictInt],
+                                             Field(min_length=2, max_length=2)]] = Field(default_factory=dict)
+
+    @field_validator("range")
+    @classmethod
+    def _ordered(cls, v: dict[str, list[float]]) -> dict[str, list[float]]:
+        for metric, (lo, hi) in v.items():
+            _finite([lo, hi])
+            if not lo < hi:
+                raise ValueError(f"{metric}: low {lo} must be below high {hi}, e.g. [{lo}, {lo + 1}]")
+        return v
+
+    def bounds(self, metric: str = "reward") -> tuple[float, float]:
+        lo, hi = self.range.get(metric, DEFAULT_RANGE)  # type: ignore[call-overload]
+        return float(lo), float(hi)
+
+
 class RetrySpec(Strict):
     max: StrictInt = Field(2, ge=0, le=100)
     # Preemptions a trial survives on top of `max` (a busy cluster reclaims nodes often).
@@ -301,6 +329,8 @@ class GridFile(Strict):
     compare: CompareDecl | list[CompareDecl] | None = None
     # How the p-values of the declared comparisons are adjusted (orchestrator.hypotheses).
     multiplicity: Literal["holm", "bh", "none"] = "holm"
+    # What the grid declares about its metrics: the range a bounded one lies in.
+    metrics: MetricsSpec = Field(default_factory=MetricsSpec)
 
     _finite_overrides = field_validator("overrides")(_finite)
 

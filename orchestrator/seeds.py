@@ -40,7 +40,7 @@ from orchestrator.intervals import (
     rate_difference,
     wilson,
 )
-from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
+from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 
 CellKey = tuple[tuple[str, str], ...]
 
@@ -75,15 +75,15 @@ def cell_text(cell: CellKey) -> str:
 
 
 def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95,
-                  horizon: int = 0) -> Interval:
+                  horizon: int = 0, reward_range: tuple[float, float] = DEFAULT_RANGE) -> Interval:
     """The cell's interval for ``target`` over its finished seeds (time to collapse: the RMST up
-    to ``horizon`` steps)."""
+    to ``horizon`` steps; the final reward: inside ``reward_range``)."""
     if target == "collapse_rate":
         judged = [o.collapsed for o in outcomes if o.collapsed is not None]
         return wilson(sum(judged), len(judged), level)
     if target == "time_to_collapse":
         return _rmst_for_seeds(observations(outcomes), horizon, level)
-    return bounded_mean([o.reward for o in outcomes], level=level)
+    return bounded_mean([o.reward for o in outcomes], *reward_range, level=level)
 
 
 def _rmst_for_seeds(obs: Sequence[survival.Observation], horizon: int, level: float) -> Interval:
@@ -98,9 +98,15 @@ def _rmst_for_seeds(obs: Sequence[survival.Observation], horizon: int, level: fl
     return Interval(iv.estimate, min(iv.low, share.low * horizon), max(iv.high, share.high * horizon), iv.n)
 
 
-def relative_width(iv: Interval, target: str, horizon: int = 0) -> float:
-    """The interval's width on a 0-1 scale (``ci_width``'s): RMST widths over the horizon."""
-    return iv.width / horizon if target == "time_to_collapse" and horizon > 0 else iv.width
+def relative_width(iv: Interval, target: str, horizon: int = 0,
+                   reward_range: tuple[float, float] = DEFAULT_RANGE) -> float:
+    """The interval's width on a 0-1 scale (``ci_width``'s): RMST widths over the horizon,
+    reward widths over the reward's range."""
+    if target == "time_to_collapse":
+        return iv.width / horizon if horizon > 0 else iv.width
+    if target == "final_reward":
+        return iv.width / (reward_range[1] - reward_range[0])
+    return iv.width
 
 
 def paired_rewards(a: Sequence[Outcome], b: Sequence[Outcome]) -> list[tuple[float, float]]:
@@ -204,7 +210,7 @@ def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[Comp
 
 def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSpec,
                comps: Sequence[Comparison], started: Mapping[CellKey, int],
-               horizon: int = 0) -> list[CellKey]:
+               horizon: int = 0, reward_range: tuple[float, float] = DEFAULT_RANGE) -> list[CellKey]:
     """Cells that should get another seed, most useful first (``started``: seeds a cell has
     begun, finished or not; a cell with one still running, or whose comparison partner has one,
     waits for that result)."""
@@ -223,8 +229,8 @@ def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSp
         mine = involved.get(cell, [])
         if any(pending(c.base_cell if c.cell == cell else c.cell) for c in mine):
             continue  # the other side's running seed may decide it: wait for its result
-        width = relative_width(cell_interval(outcomes, spec.target, spec.level, horizon),
-                               spec.target, horizon)
+        width = relative_width(cell_interval(outcomes, spec.target, spec.level, horizon, reward_range),
+                               spec.target, horizon, reward_range)
         undecided = any(not c.decided for c in mine)
         settled = bool(mine) and not undecided
         if n >= spec.min and (width <= spec.ci_width or settled):

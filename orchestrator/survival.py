@@ -16,18 +16,21 @@ informative (the curve is then optimistic); ``compare`` counts these trials.
 Estimators (the standard ones; the tests check them against lifelines 0.30.3 and a hand example):
 
 - Kaplan-Meier survival with Greenwood's variance and the log(-log) ("exponential Greenwood")
-  pointwise interval, as lifelines and R's ``survival`` default to;
+  pointwise interval: ``scipy.stats.ecdf`` on ``scipy.stats.CensoredData`` and its
+  ``confidence_interval(method="log-log")``, the interval lifelines and R's ``survival`` default
+  to (scipy's own default, ``"linear"``, is the plain Greenwood interval clipped to [0, 1]; it is
+  not used); where every trial still at risk collapsed (S = 0) scipy leaves the band undefined
+  and it is the point 0 here;
 - the median time to collapse, and its interval where the interval's bands cross 0.5
   (Brookmeyer-Crowley, as lifelines' ``median_survival_times`` of the bands); ``inf`` when the
   curve (or a band) never reaches 0.5 (fewer than half the trials collapsed);
-- the restricted mean survival time up to ``horizon`` (the grid's ``steps``): the area under the
-  curve, "collapse-free steps out of ``horizon``", with the Greenwood-type variance
-  ``sum_j A_j^2 d_j / (n_j (n_j - d_j))`` (``A_j``: the area from event time ``j`` to the horizon)
-  and a normal interval clipped to ``[0, horizon]``;
+- the restricted mean survival time up to ``horizon`` (the grid's ``steps``): the integral of
+  that Kaplan-Meier curve, "collapse-free steps out of ``horizon``", with the Greenwood-type
+  variance ``sum_j A_j^2 d_j / (n_j (n_j - d_j))`` (``A_j``: the area from event time ``j`` to
+  the horizon) and a normal interval clipped to ``[0, horizon]`` (scipy has no RMST);
 - the log-rank test of two cells (``scipy.stats.logrank``).
 
-lifelines is not a dependency: 0.30.3 pins ``pandas<3`` and this project runs pandas 3; the
-estimators are a few lines each, scipy provides the log-rank test.
+lifelines is not a dependency: 0.30.3 pins ``pandas<3`` and this project runs pandas 3.
 
 Small n: Greenwood's variance is 0 when every trial of a cell collapses at the same step or none
 collapses, so an RMST interval at 2-3 seeds is too narrow; comparisons are therefore *decided* by
@@ -40,6 +43,7 @@ import dataclasses
 import math
 from collections.abc import Sequence
 from statistics import NormalDist
+from typing import Any
 
 from orchestrator.intervals import NAN, Interval
 
@@ -69,23 +73,39 @@ def _z(level: float) -> float:
 
 
 def kaplan_meier(obs: Sequence[Observation], level: float = 0.95) -> list[KMStep]:
-    """The curve at each distinct event time (censorings only shrink the risk set)."""
-    z = _z(level)
+    """The curve at each distinct event time (censorings only shrink the risk set): survival and
+    its log(-log) band from ``scipy.stats.ecdf``; the risk set and event counts (for the RMST
+    variance) counted here."""
     times = sorted({o.time for o in obs if o.event})
-    surv, green, out = 1.0, 0.0, []
-    for t in times:
+    if not times:
+        return []
+    import warnings
+
+    from scipy import stats  # deferred: slow to import
+
+    sf = stats.ecdf(_censored(obs)).sf
+    with warnings.catch_warnings():
+        # scipy warns where the band is undefined: after the last trial collapsed (S = 0).
+        warnings.simplefilter("ignore", RuntimeWarning)
+        band = sf.confidence_interval(level, method="log-log")
+    surv, low, high = sf.evaluate(times), band.low.evaluate(times), band.high.evaluate(times)
+    out = []
+    for t, s, lo, hi in zip(times, surv, low, high):
         n = sum(1 for o in obs if o.time >= t)
         d = sum(1 for o in obs if o.time == t and o.event)
-        surv *= 1 - d / n
-        green = green + d / (n * (n - d)) if n > d else math.inf
-        if surv <= 0 or not math.isfinite(green):
-            low = high = 0.0 if surv <= 0 else surv
-        else:
-            # log(-log S) transform: the band stays inside (0, 1).
-            se = math.sqrt(green) / abs(math.log(surv)) if surv < 1 else 0.0
-            low, high = surv ** math.exp(z * se), surv ** math.exp(-z * se)
-        out.append(KMStep(t, n, d, surv, low, high))
+        s = float(s)
+        # S = 0 (every trial at risk collapsed): the band is the point 0.
+        lo, hi = (0.0, 0.0) if s <= 0 or not math.isfinite(lo) else (float(lo), float(hi))
+        out.append(KMStep(t, n, d, s, lo, hi))
     return out
+
+
+def _censored(obs: Sequence[Observation]) -> Any:
+    """``obs`` as ``scipy.stats.CensoredData`` (events exact, the rest right-censored)."""
+    from scipy import stats
+
+    return stats.CensoredData(uncensored=[o.time for o in obs if o.event],
+                              right=[o.time for o in obs if not o.event])
 
 
 def _first_below_half(curve: Sequence[KMStep], attr: str) -> float:
@@ -139,11 +159,7 @@ def logrank_p(a: Sequence[Observation], b: Sequence[Observation]) -> float:
         return 1.0
     from scipy import stats  # deferred: slow to import
 
-    def data(obs: Sequence[Observation]) -> stats.CensoredData:
-        return stats.CensoredData(uncensored=[o.time for o in obs if o.event],
-                                  right=[o.time for o in obs if not o.event])
-
-    return float(stats.logrank(data(a), data(b)).pvalue)
+    return float(stats.logrank(_censored(a), _censored(b)).pvalue)
 
 
 __all__ = ["KMStep", "Observation", "kaplan_meier", "logrank_p", "median_time", "rmst",

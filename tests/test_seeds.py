@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
 from orchestrator.seeds import Outcome, comparisons, needs_seed, seeds_to_decide
@@ -99,3 +100,25 @@ def test_time_to_collapse_cells_without_collapses_keep_getting_seeds() -> None:
     assert needs_seed(cells, spec, [], {k: 2 for k in cells}, 120) == list(cells)
     many = {(("corr", "tis"),): [Outcome(i, False, math.nan, 1.0, 120) for i in range(10)]}
     assert needs_seed(many, spec, [], {k: 10 for k in many}, 120) == []
+
+
+def test_a_declared_reward_range_bounds_the_cell_interval_and_scales_its_width(tmp_path: Path) -> None:
+    from orchestrator.grid import load_grid
+    from orchestrator.seeds import cell_interval, relative_width
+
+    rewards = [Outcome(i, False, r) for i, r in enumerate([-0.99, -0.95, -0.2])]
+    plain = cell_interval(rewards, "final_reward")  # outside [0, 1]: the plain t interval
+    assert plain.low < -1
+    iv = cell_interval(rewards, "final_reward", reward_range=(-1.0, 1.0))
+    assert -1 < iv.low < iv.estimate < iv.high < 1 and iv.estimate == plain.estimate
+    assert relative_width(iv, "final_reward", reward_range=(-1.0, 1.0)) == iv.width / 2
+    (tmp_path / "g.yaml").write_text("name: g\nrecipe: sim/grpo_tiny\nsteps: 10\npool: sim-h100\n"
+                                     "metrics: {range: {reward: [-1, 1]}}\n")
+    grid = load_grid(tmp_path / "g.yaml")
+    assert load_grid(Path(__file__).parents[1] / "grids" / "quickstart.yaml").spec.metrics.bounds() == (0.0, 1.0)
+    assert grid.spec.metrics.bounds("reward") == (-1.0, 1.0)
+    # Width 1.87 of the range's 2 meets ci_width 0.95; read on [0, 1] (2.2 wide) it would not.
+    spec = SPEC.model_copy(update={"target": "final_reward", "ci_width": 0.95})
+    cells = {_cell("none", "a"): rewards}
+    assert needs_seed(cells, spec, [], {_cell("none", "a"): 3}) == [_cell("none", "a")]
+    assert needs_seed(cells, spec, [], {_cell("none", "a"): 3}, reward_range=grid.spec.metrics.bounds()) == []

@@ -79,3 +79,12 @@ def test_rmst_difference_is_later_minus_earlier() -> None:
     d = rmst_difference(later, B, 50)
     assert d.estimate == pytest.approx(50 - rmst(B, 50)[0].estimate) and d.estimate > 0
     assert d.low < d.estimate < d.high
+
+
+@pytest.mark.filterwarnings("error")
+def test_curve_that_reaches_zero_has_a_point_band_and_no_warning() -> None:
+    # scipy leaves the log(-log) band undefined (nan, with a RuntimeWarning) where S = 0.
+    curve = kaplan_meier(_obs([2, 3, 3], [1, 1, 1]))
+    assert [(s.time, s.at_risk, s.events) for s in curve] == [(2, 3, 1), (3, 2, 2)]
+    assert (curve[-1].survival, curve[-1].low, curve[-1].high) == (0.0, 0.0, 0.0)
+    assert 0 < curve[0].low < curve[0].survival < curve[0].high < 1

@@ -40,7 +40,7 @@ from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.numerics import environments
 from orchestrator.scheduler import renamed, stored_stores
-from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
+from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import ROLE_TAG, client, store_exists
 
@@ -108,7 +108,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                           store=workspace.display_uri(uri, workdir),
                           unfinished=unfinished.describe() if unfinished else None,
                           compare=grid.spec.comparisons, adaptive=grid.spec.adaptive,
-                          steps=grid.spec.steps, multiplicity=grid.spec.multiplicity)
+                          steps=grid.spec.steps, multiplicity=grid.spec.multiplicity,
+                          reward_range=grid.spec.metrics.bounds("reward"))
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
         r.numerics for r in results)))
     _log_to_parent(mlc, exp.experiment_id, out)
@@ -137,14 +138,16 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                  cols: str | None, out: Path, *, grid_name: str, store: str,
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
                  adaptive: AdaptiveSeedsSpec | None = None, steps: int = 0,
-                 multiplicity: str = "holm") -> dict[str, Any]:
+                 multiplicity: str = "holm",
+                 reward_range: tuple[float, float] = DEFAULT_RANGE) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
-    grid's steps (the horizon of the time to collapse; 0: the longest trial's)."""
+    grid's steps (the horizon of the time to collapse; 0: the longest trial's); ``reward_range``:
+    the reward's declared range (``metrics.range.reward``), which its cell intervals stay in."""
     variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
-    cells = pivot(results, row_keys, cols)
+    cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
     importance = {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")}
@@ -187,12 +190,13 @@ def _row_of(r: TrialResult, row_keys: Sequence[str]) -> tuple[str, ...]:
     return tuple(out)
 
 
-def pivot(results: Sequence[TrialResult], row_keys: Sequence[str], col: str | None) -> list[dict[str, Any]]:
+def pivot(results: Sequence[TrialResult], row_keys: Sequence[str], col: str | None,
+          reward_range: tuple[float, float] = DEFAULT_RANGE) -> list[dict[str, Any]]:
     """One cell per (row label, column value): the seeds of one configuration, aggregated."""
     groups: dict[tuple[tuple[str, ...], str], list[TrialResult]] = {}
     for r in results:
         groups.setdefault((_row_of(r, row_keys), r.axes.get(col, "") if col else ""), []).append(r)
-    return [{"row": row, "col": c, "trials": [t.trial_id for t in members], "stats": cell_stats(members)}
+    return [{"row": row, "col": c, "trials": [t.trial_id for t in members], "stats": cell_stats(members, reward_range)}
             for (row, c), members in sorted(groups.items())]
 
 

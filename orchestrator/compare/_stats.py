@@ -1,5 +1,6 @@
 """Statistics for ``ablate compare``: per-cell aggregates over seeds (mean and 95% interval:
-``orchestrator.intervals.bounded_mean``, inside [0, 1] for a reward there), and per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
+``orchestrator.intervals.bounded_mean``, inside the reward's range: [0, 1] unless the grid
+declares ``metrics: {range: {reward: [lo, hi]}}``), and per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
 from __future__ import annotations
 
 import math
@@ -10,6 +11,7 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 from orchestrator.intervals import bounded_mean
+from orchestrator.schema import DEFAULT_RANGE
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:
@@ -26,15 +28,15 @@ def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float,
     return statistics.fmean(xs), half, len(xs)
 
 
-def cell_stats(results: Sequence[TrialResult]) -> dict[str, Any]:
-    """Aggregates of the trials (seeds) in one table cell."""
+def cell_stats(results: Sequence[TrialResult], reward_range: tuple[float, float] = DEFAULT_RANGE) -> dict[str, Any]:
+    """Aggregates of the trials (seeds) in one table cell (reward intervals inside ``reward_range``)."""
     reward = [r.final(r.reward_key) for r in results]
     peak = [r.peak(r.reward_key) for r in results]
     judged = [r for r in results if r.collapsed is not None]
     collapsed = [r for r in judged if r.collapsed]
     steps = [r.verdict_step for r in collapsed if r.verdict_step is not None]
     k3 = [r.peak(M.K3_KL) for r in results]
-    final, top = bounded_mean(reward), bounded_mean(peak)
+    final, top = bounded_mean(reward, *reward_range), bounded_mean(peak, *reward_range)
     k3_finite = [v for v in k3 if math.isfinite(v)]
     return {
         "n": len(results), "n_reward": final.n,

@@ -15,7 +15,8 @@ from typing import Any
 
 from orchestrator import recipes
 from orchestrator.exceptions import GridError
-from orchestrator.grid._validation import SECTIONS, Axis, build, validate_schema
+from orchestrator.grid._schema_errors import validate_schema
+from orchestrator.grid._validation import SECTIONS, Axis, build
 from orchestrator.pools import PoolCatalog, load_catalog
 from orchestrator.safeyaml import format_path, load_yaml
 from orchestrator.schema import GridFile

@@ -242,7 +242,8 @@ class Planner:
         spec = self.grid.spec
         comps = comparisons(cells, spec.comparisons, self.adaptive.target, self.adaptive.level,
                             label=axis_label, horizon=spec.steps, multiplicity=spec.multiplicity)
-        for cell in needs_seed(cells, self.adaptive, comps, started, spec.steps):
+        for cell in needs_seed(cells, self.adaptive, comps, started, spec.steps,
+                               spec.metrics.bounds("reward")):
             if started[cell] >= len(self.cells[cell]):
                 continue  # `exclude:` took some of its seeds (or `include:` gave it one): at its max
             trial = self.cells[cell][started[cell]]
@@ -305,10 +306,11 @@ class Planner:
                             horizon=spec.steps, multiplicity=spec.multiplicity)
         rows = []
         for cell, outs in cells.items():
-            iv = cell_interval(outs, ad.target, ad.level, spec.steps)
+            iv = cell_interval(outs, ad.target, ad.level, spec.steps, spec.metrics.bounds("reward"))
             rows.append({"cell": cell_text(cell), "seeds": len(outs), "estimate": _num(iv.estimate),
                          "low": _num(iv.low), "high": _num(iv.high),
-                         "met": relative_width(iv, ad.target, spec.steps) <= ad.ci_width,
+                         "met": relative_width(iv, ad.target, spec.steps,
+                                                spec.metrics.bounds("reward")) <= ad.ci_width,
                          "at_max": started[cell] >= min(ad.max, len(self.cells[cell]))})
         undecided = []
         for c in comps:
