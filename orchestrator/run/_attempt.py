@@ -59,6 +59,7 @@ class AttemptJob:
     reopen: bool = False  # run even if the trial is finished (`ablate resume`, `run-trial --fresh`)
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
+    tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
 
 
 def _node_id() -> str:
@@ -324,6 +325,14 @@ class AttemptRun:
         self.pending = [(s, m) for s, m in self.pending if s > upto]
         if not rows:
             return
+        every = self.job.tracking_every
+        if every > 1:
+            # `tracking.every`: the N-th steps, this commit's last step, and every step the
+            # verdict can name. An onset a rule reports later is the start of a streak that is
+            # running now, so `event_steps` taken at each commit keeps it before it is sent
+            # (the store takes steps in order only).
+            named = self.engine.event_steps()
+            rows = [(s, m) for s, m in rows if s % every == 0 or s == rows[-1][0] or s in named]
         if self.tracker is not None:
             self._maybe_go_live()
             self.tracker.log(rows)
