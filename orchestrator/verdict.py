@@ -388,20 +388,6 @@ class VerdictEngine:
                 self._obs_since_warning += 1
         return self._stop_reason()
 
-    def event_steps(self) -> set[int]:
-        """The steps a verdict can name, as far as known now: each episode's onset and fire
-        step, the start of every streak in progress (the onset of a fire still to come) and
-        the early warning's onset."""
-        out: set[int] = set()
-        for rule in self.rules:
-            for f in [*rule.episodes, *([rule.firing] if rule.firing else [])]:
-                out.update((f.onset, f.fired))
-            if rule.streak.start is not None:
-                out.add(rule.streak.start)
-        if self.warning is not None:
-            out.update(s for s in (self.warning.step, self.warning.streak.start) if s is not None)
-        return out
-
     def _snapshot_at(self, step: int) -> dict[str, float]:
         for s, snap in self._snapshots:
             if s == step:

@@ -62,6 +62,22 @@ class AttemptJob:
     tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
 
 
+def verdict_steps(engine: VerdictEngine) -> set[int]:
+    """The steps a verdict can name, as far as ``engine`` knows now: each episode's onset and
+    fire step, the start of every streak in progress (the onset of a fire still to come) and
+    the early warning's onset. (Here, not in ``orchestrator.verdict``: that module decides
+    results' numbers, and this decides only what MLflow is sent.)"""
+    out: set[int] = set()
+    for rule in engine.rules:
+        for f in [*rule.episodes, *([rule.firing] if rule.firing else [])]:
+            out.update((f.onset, f.fired))
+        if rule.streak.start is not None:
+            out.add(rule.streak.start)
+    if engine.warning is not None:
+        out.update(s for s in (engine.warning.step, engine.warning.streak.start) if s is not None)
+    return out
+
+
 def _node_id() -> str:
     try:
         import ray
@@ -329,9 +345,9 @@ class AttemptRun:
         if every > 1:
             # `tracking.every`: the N-th steps, this commit's last step, and every step the
             # verdict can name. An onset a rule reports later is the start of a streak that is
-            # running now, so `event_steps` taken at each commit keeps it before it is sent
+            # running now, so `verdict_steps` taken at each commit keeps it before it is sent
             # (the store takes steps in order only).
-            named = self.engine.event_steps()
+            named = verdict_steps(self.engine)
             rows = [(s, m) for s, m in rows if s % every == 0 or s == rows[-1][0] or s in named]
         if self.tracker is not None:
             self._maybe_go_live()
