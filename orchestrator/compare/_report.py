@@ -247,8 +247,11 @@ def _table(report: dict[str, Any], fmt: Any) -> tuple[list[str], list[list[str]]
     col_key = report["cols"]
     header = list(report["rows"]) + [f"{col_key}={c}" if col_key else "all" for c in cols]
     body = []
-    for row in sorted({c["row"] for c in report["cells"]}):
-        by_col = {c["col"]: c for c in report["cells"] if c["row"] == row}
+    by_row: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}  # grouped once: O(cells)
+    for c in report["cells"]:
+        by_row.setdefault(c["row"], {})[c["col"]] = c
+    for row in sorted(by_row):
+        by_col = by_row[row]
         body.append(list(row) + [fmt(by_col[c]["stats"]) if c in by_col else "" for c in cols])
     return header, body
 
