@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
 from orchestrator.cost import pool_rate
 from orchestrator.pools import PoolSpec
+from orchestrator.run._tracked import tracked_rows, verdict_steps
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.store import (
     CheckpointStore,
@@ -60,22 +61,6 @@ class AttemptJob:
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
     tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
-
-
-def verdict_steps(engine: VerdictEngine) -> set[int]:
-    """The steps a verdict can name, as far as ``engine`` knows now: each episode's onset and
-    fire step, the start of every streak in progress (the onset of a fire still to come) and
-    the early warning's onset. (Here, not in ``orchestrator.verdict``: that module decides
-    results' numbers, and this decides only what MLflow is sent.)"""
-    out: set[int] = set()
-    for rule in engine.rules:
-        for f in [*rule.episodes, *([rule.firing] if rule.firing else [])]:
-            out.update((f.onset, f.fired))
-        if rule.streak.start is not None:
-            out.add(rule.streak.start)
-    if engine.warning is not None:
-        out.update(s for s in (engine.warning.step, engine.warning.streak.start) if s is not None)
-    return out
 
 
 def _node_id() -> str:
@@ -137,6 +122,7 @@ class AttemptRun:
         self.cancelled = False
         self._cancel_checked = 0.0
         self._metrics_fh: Any = None
+        self._prev_keys: frozenset[str] = frozenset()  # metric names of the last row committed
         # Set by prepare(); until it has created the attempt record, ``started`` is False.
         self.resume_step: int | None = None  # the checkpoint this attempt starts from
         self.number = 0  # this attempt's number (1-based)
@@ -347,8 +333,7 @@ class AttemptRun:
             # verdict can name. An onset a rule reports later is the start of a streak that is
             # running now, so `verdict_steps` taken at each commit keeps it before it is sent
             # (the store takes steps in order only).
-            named = verdict_steps(self.engine)
-            rows = [(s, m) for s, m in rows if s % every == 0 or s == rows[-1][0] or s in named]
+            rows, self._prev_keys = tracked_rows(rows, every, verdict_steps(self.engine), self._prev_keys)
         if self.tracker is not None:
             self._maybe_go_live()
             self.tracker.log(rows)

@@ -423,3 +423,14 @@ def test_tracking_every_reaches_the_job_and_bad_values_are_refused(isolated: Pat
         with pytest.raises(UserError) as err:
             load_grid(path)
         assert "\n" not in str(err.value) and "tracking.every" in str(err.value), str(err.value)
+
+
+def test_tracked_rows_keep_sparse_metrics_named_steps_and_the_last() -> None:
+    from orchestrator.run._tracked import tracked_rows
+
+    rows = [(s, {"loss": 1.0, **({"eval/reward": 0.5} if s % 7 == 0 else {})}) for s in range(1, 31)]
+    kept, prev = tracked_rows(rows, 10, {13}, frozenset())
+    assert [s for s, _ in kept] == [1, 7, 10, 13, 14, 20, 21, 28, 30]
+    assert prev == frozenset({"loss"})
+    # The next commit goes on from the last row's names: a dense row is thinned at once.
+    assert [s for s, _ in tracked_rows([(31, {"loss": 2.0}), (32, {"loss": 2.0})], 10, set(), prev)[0]] == [32]
