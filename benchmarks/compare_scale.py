@@ -53,8 +53,9 @@ GRID_NAME = "compare-scale"
 SEEDS = 5  # trials = lr values x 2 IS levels x 2 pools x 5 seeds
 
 
-def grid_yaml(trials: int, steps: int) -> str:
-    """A sim grid of exactly ``trials`` trials (a multiple of 20)."""
+def grid_yaml(trials: int, steps: int, every: int = 1) -> str:
+    """A sim grid of exactly ``trials`` trials (a multiple of 20); ``every``: its
+    ``tracking.every`` (1: the line is left out, the schema's default)."""
     n = trials // (4 * SEEDS)
     lrs = ", ".join(f"{1e-4 * (1 + i):.6g}" for i in range(n))
     return (f"name: {GRID_NAME}\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: {steps}\n"
@@ -62,7 +63,8 @@ def grid_yaml(trials: int, steps: int) -> str:
             f"axes:\n  train.lr: [{lrs}]\n  correction.is_level: [token, sequence]\n"
             f"  pool: [sim-h100, sim-a100]\n"
             f"early_stop: false\nbudget: {{max_trials: {max(trials, 1)}}}\n"
-            f"checkpoint: {{every: {steps}}}\n")
+            f"checkpoint: {{every: {steps}}}\n"
+            + (f"tracking: {{every: {every}}}\n" if every != 1 else ""))
 
 
 def metric_names(n: int) -> list[str]:
@@ -107,7 +109,8 @@ class GeneratedBackend:
         return AttemptResult(AttemptOutcome.COMPLETED, trial.steps, None)
 
 
-def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool = True) -> float:
+def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool = True,
+                every: int = 1) -> float:
     """Write the grid's files and (if ``tracked``) MLflow runs under ``root``; returns the
     seconds it took."""
     from orchestrator.grid import expand, load_grid
@@ -117,7 +120,7 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
     from orchestrator.tracking import parent_run
 
     GeneratedBackend.metrics = metrics
-    (root / "grid.yaml").write_text(grid_yaml(trials, steps))
+    (root / "grid.yaml").write_text(grid_yaml(trials, steps, every))
     grid = load_grid(root / "grid.yaml")
     specs = expand(grid, force=True)
     assert len(specs) == trials, (len(specs), trials)
@@ -134,8 +137,8 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
             if (i + 1) % 100 == 0:
                 print(f"  recorded {i + 1}/{trials} trials ({time.perf_counter() - t0:.0f} s)",
                       file=sys.stderr, flush=True)
-    (root / "recorded.json").write_text(json.dumps({"trials": trials, "steps": steps,
-                                                    "metrics": metrics, "tracked": tracked}))
+    (root / "recorded.json").write_text(json.dumps({"trials": trials, "steps": steps, "metrics": metrics,
+                                                    "tracked": tracked, "every": every}))
     return time.perf_counter() - t0
 
 
@@ -143,8 +146,11 @@ def _ablate(code: Path, args: list[str], cwd: Path, timeout: float) -> float:
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     t0 = time.perf_counter()
-    out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
-                         capture_output=True, text=True, timeout=timeout, check=False)
+    try:
+        out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
+                             capture_output=True, text=True, timeout=timeout, check=False)
+    except subprocess.TimeoutExpired:
+        return math.inf  # recorded as null with ``timed_out_after_s``
     dt = time.perf_counter() - t0
     if out.returncode != 0:
         raise RuntimeError(f"ablate {' '.join(args)} (code {code}) exited {out.returncode}: "
@@ -198,12 +204,17 @@ def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str 
     empty = root / "empty-workdir"
     shutil.rmtree(empty, ignore_errors=True)
     empty.mkdir()
+    for o in (f"out-local{tag}", f"out-server{tag}"):  # a kept grid's earlier outputs
+        shutil.rmtree(root / o, ignore_errors=True)
     out = {"status_s": _ablate(code, ["status", grid, "--workdir", str(wd)], root, timeout)}
     out["compare_local_s"] = _ablate(code, ["compare", grid, "--workdir", str(wd), "--out",
                                             str(root / f"out-local{tag}")], root, timeout)
     out["compare_server_s"] = _ablate(code, ["compare", grid, "--workdir", str(empty), "--tracking-uri",
                                              server, "--out", str(root / f"out-server{tag}")], root, timeout)
-    return {k: round(v, 2) for k, v in out.items()}
+    timed = {k: (round(v, 2) if math.isfinite(v) else None) for k, v in out.items()}
+    if not all(math.isfinite(v) for v in out.values()):
+        timed["timed_out_after_s"] = timeout
+    return timed
 
 
 TABLE_COLUMNS = ("trial_id", "verdict", "last_step", "final_reward", "peak_reward", "max_k3_kl",
@@ -218,11 +229,13 @@ def _code_label(code: Path) -> str:
 
 
 def _tables_agree(root: Path, baseline: bool) -> bool:
-    """The per-trial tables (trials.csv) of every compare run here hold the same numbers."""
+    """The per-trial tables (trials.csv) of every compare run here that finished hold the same
+    numbers."""
     import numpy as np
     import pandas as pd
 
-    outs = ["out-local", "out-server"] + (["out-local-baseline", "out-server-baseline"] if baseline else [])
+    outs = [o for o in ["out-local", "out-server"] + (["out-local-baseline", "out-server-baseline"]
+                                                     if baseline else []) if (root / o / "trials.csv").exists()]
     frames = [pd.read_csv(root / o / "trials.csv")[list(TABLE_COLUMNS)].sort_values("trial_id")
               .reset_index(drop=True) for o in outs]
     ref = frames[0]
@@ -244,12 +257,13 @@ def _loadavg() -> str:
     return ""
 
 
-def _record_in(code: Path, root: Path, trials: int, steps: int, metrics: int, tracked: bool) -> float:
+def _record_in(code: Path, root: Path, trials: int, steps: int, metrics: int, tracked: bool,
+               every: int = 1) -> float:
     """``record_grid`` with the code at ``code``, in a subprocess (its imports are that code's)."""
     env = {**os.environ, "COMPARE_SCALE_CODE": str(code), "PYTHONPATH": str(code)}
     env.pop("MLFLOW_TRACKING_URI", None)
     out = subprocess.run([sys.executable, __file__, "--record", str(root), str(trials), str(steps),
-                          str(metrics), "tracked" if tracked else "status"], env=env, check=True, stdout=subprocess.PIPE, text=True)
+                          str(metrics), f"tracked:{every}" if tracked else "status"], env=env, check=True, stdout=subprocess.PIPE, text=True)
     return float(out.stdout.strip().splitlines()[-1])
 
 
@@ -270,22 +284,24 @@ def _locked(path: Path | None) -> Iterator[None]:
 
 def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path,
             baseline: Path | None, timeout: float, lock: Path | None,
-            status_only: bool = False) -> dict[str, Any]:
+            status_only: bool = False, every: int = 1, baseline_timeout: float | None = None) -> dict[str, Any]:
     with contextlib.ExitStack() as stack:
         if keep is not None:
-            root = keep / (f"t{trials}-s{steps}-m{metrics}" + ("-status" if status_only else ""))
+            root = keep / (f"t{trials}-s{steps}-m{metrics}" + ("-status" if status_only else "")
+                           + (f"-e{every}" if every != 1 else ""))
             root.mkdir(parents=True, exist_ok=True)
         else:
             root = Path(stack.enter_context(tempfile.TemporaryDirectory(prefix="compare-scale-")))
         build_s = None
         marker = root / "recorded.json"
-        done = {"tracked": True, **json.loads(marker.read_text())} if marker.exists() else None
-        if done != {"trials": trials, "steps": steps, "metrics": metrics, "tracked": not status_only}:
+        done = {"tracked": True, "every": 1, **json.loads(marker.read_text())} if marker.exists() else None
+        if done != {"trials": trials, "steps": steps, "metrics": metrics, "tracked": not status_only,
+                    "every": every}:
             shutil.rmtree(root / "workdir", ignore_errors=True)
             print(f"recording {trials} trials x {steps} steps x {metrics} metrics in {root}",
                   file=sys.stderr, flush=True)
-            build_s = round(_record_in(code, root, trials, steps, metrics, not status_only), 1)
-        row: dict[str, Any] = {"trials": trials, "steps": steps, "metrics": metrics,
+            build_s = round(_record_in(code, root, trials, steps, metrics, not status_only, every), 1)
+        row: dict[str, Any] = {"trials": trials, "steps": steps, "metrics": metrics, "tracking_every": every,
                                "record_s": build_s, "store_mb": _size_mb(root / "workdir" / "mlflow.db"),
                                "workdir_mb": _size_mb(root / "workdir" / GRID_NAME), "code": _code_label(code)}
         if status_only:
@@ -301,7 +317,7 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
             row["loadavg_before"] = _loadavg()
             if baseline is not None:  # first: the page cache is then as warm for ours
                 row["baseline"] = {"code": _code_label(baseline),
-                                   **time_commands(baseline, root, url, timeout, "-baseline")}
+                                   **time_commands(baseline, root, url, baseline_timeout or timeout, "-baseline")}
             row.update(time_commands(code, root, url, timeout))
             row["loadavg_after"] = _loadavg()
         row["tables_agree"] = _tables_agree(root, baseline is not None)
@@ -323,18 +339,23 @@ def main() -> None:
                    help=argparse.SUPPRESS)  # internal: record one grid with this process's code
     p.add_argument("--keep", type=Path, help="keep (and reuse) the recorded grids under this directory")
     p.add_argument("--timeout", type=float, default=1800.0, help="per command, seconds")
+    p.add_argument("--baseline-timeout", type=float,
+                   help="per command of the baseline (a command past it is recorded as timed out)")
+    p.add_argument("--tracking-every", type=int, default=1, help="the recorded grid's tracking.every")
     p.add_argument("--json", type=Path, help="write the rows here")
     args = p.parse_args()
     if args.record:
         root, t, st, m, mode = args.record
         os.nice(10)  # recording is not timed: it yields the 2 shared cores to what is
-        print(record_grid(Path(root), int(t), int(st), int(m), mode == "tracked"))
+        kind, _, every = mode.partition(":")
+        print(record_grid(Path(root), int(t), int(st), int(m), kind == "tracked", int(every or 1)))
         return
     bad = [t for t in args.trials if t <= 0 or t % (4 * SEEDS)]
     if bad:
         p.error(f"--trials {bad}: each must be a positive multiple of {4 * SEEDS}")
     rows = [measure(t, args.steps, args.metrics, args.keep, args.code.resolve(), args.baseline,
-                    args.timeout, args.lock, args.status_only) for t in args.trials]
+                    args.timeout, args.lock, args.status_only, args.tracking_every, args.baseline_timeout)
+            for t in args.trials]
     out = {"benchmark": "compare_scale", "rows": rows}
     text = json.dumps(out, indent=2)
     print(text)

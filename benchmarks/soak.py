@@ -18,6 +18,13 @@ fds and process count grow by less than 5 per 100 trials, RSS by less than 50 MB
 
 Run: ``.venv/bin/python benchmarks/soak.py --out results/benchmarks/soak.json`` (~10-20 minutes
 on 2 shared cores). ``tests/reliability/test_soak.py`` (marker ``soak``) runs it and asserts.
+
+``--queued 100 2000`` measures instead how ``ablate submit``'s own cost depends on the number of
+queued trials (issue 27): for each count, in a fresh process, it submits that many trials,
+waits until the first has finished (Ray and MLflow warm), then for ``--window`` seconds reads
+the submitting process's CPU time (its threads only: Ray's workers, where the trials run, are
+other processes) and RSS, and then cancels the grid. Printed per count: CPU seconds per wall
+second, RSS at the window's start and its peak, the trials finished in the window.
 """
 
 from __future__ import annotations
@@ -185,6 +192,69 @@ def run(trials: int, steps: int, parallel: int, every: float, workdir: Path) -> 
     }
 
 
+def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: Path) -> dict[str, Any]:
+    """``submit`` of ``trials`` trials in this process, its CPU and RSS over ``window`` seconds
+    once the first trial has finished, then the grid cancelled (see the module docstring)."""
+    import psutil
+
+    from orchestrator import scheduler
+
+    os.environ["ABLATE_WORKDIR"] = str(workdir)
+    os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
+    os.environ.pop("MLFLOW_TRACKING_URI", None)
+    os.environ.setdefault("OMP_NUM_THREADS", "1")
+    grid = workdir / "soak.yaml"
+    workdir.mkdir(parents=True, exist_ok=True)
+    grid.write_text(GRID.format(steps=steps, seeds=list(range(trials)), every=steps, parallel=parallel))
+    trials_dir = workdir / "soak" / "trials"
+    proc, out, t0 = psutil.Process(), {}, time.time()
+
+    def measure() -> None:
+        while not any(trials_dir.glob("*/result.json")):
+            if time.time() - t0 > 900:
+                out["error"] = "no trial finished in 900 s"
+                break
+            time.sleep(0.5)
+        else:
+            out["warm_s"] = round(time.time() - t0, 1)
+            done0 = sum(1 for _ in trials_dir.glob("*/result.json"))
+            cpu0, w0 = proc.cpu_times(), time.time()
+            rss = [proc.memory_info().rss]
+            while time.time() - w0 < window:
+                time.sleep(1.0)
+                rss.append(proc.memory_info().rss)
+            cpu1, w1 = proc.cpu_times(), time.time()
+            out.update(cpu_s_per_s=round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (w1 - w0), 3),
+                       rss_mb_start=round(rss[0] / 2**20, 1), rss_mb_peak=round(max(rss) / 2**20, 1),
+                       finished_in_window=sum(1 for _ in trials_dir.glob("*/result.json")) - done0,
+                       window_s=round(w1 - w0, 1))
+        scheduler.cancel(str(grid), workdir=str(workdir))
+
+    th = threading.Thread(target=measure, daemon=True)
+    th.start()
+    scheduler.submit(str(grid), progress=False, ray_tmp=str(workdir / "ray"))
+    th.join(60)
+    return {"queued": trials, "steps": steps, "max_parallel": parallel, **out}
+
+
+def queued_main(counts: list[int], steps: int, parallel: int, window: float) -> dict[str, Any]:
+    """``run_queued`` for each count, each in a fresh process (RSS and imports comparable)."""
+    import subprocess
+
+    rows = []
+    for n in counts:
+        tmp = tempfile.mkdtemp(prefix="soakq", dir="/tmp")
+        try:
+            res = subprocess.run([sys.executable, __file__, "--queued-one", str(n), "--steps", str(steps),
+                                  "--max-parallel", str(parallel), "--window", str(window), "--workdir", tmp],
+                                 capture_output=True, text=True, check=True)
+            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+        finally:
+            shutil.rmtree(tmp, ignore_errors=True)
+        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+    return {"benchmark": "submit_queued", "rows": rows}
+
+
 def print_figures(res: dict[str, Any]) -> None:
     f = res["figures"]
     print(
@@ -218,7 +288,22 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--every", type=float, default=1.0, help="seconds between samples")
     p.add_argument("--workdir", help="state directory (default: a temp dir, removed after)")
     p.add_argument("--out", help="write the figures and samples as JSON here")
+    p.add_argument("--queued", type=int, nargs="+", help="queued-trial counts: submit's CPU and RSS")
+    p.add_argument("--window", type=float, default=60.0, help="--queued: seconds measured")
+    p.add_argument("--queued-one", type=int, help=argparse.SUPPRESS)  # internal: one count
     args = p.parse_args(argv)
+    if args.queued_one:
+        print(json.dumps(run_queued(args.queued_one, args.steps, args.max_parallel, args.window,
+                                    Path(args.workdir))))
+        return 0
+    if args.queued:
+        before = Path("/proc/loadavg").read_text().strip()
+        res = {**queued_main(args.queued, args.steps, args.max_parallel, args.window),
+               "loadavg_before": before, "loadavg_after": Path("/proc/loadavg").read_text().strip()}
+        print(json.dumps(res, indent=1))
+        if args.out:
+            Path(args.out).write_text(json.dumps(res, indent=1) + "\n")
+        return 0
     tmp = None
     if args.workdir:
         workdir = Path(args.workdir)

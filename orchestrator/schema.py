@@ -261,6 +261,15 @@ class CheckpointSpec(Strict):
     healthy_margin: StrictInt = Field(0, ge=0, le=10_000_000)
 
 
+class TrackingSpec(Strict):
+    """How much of each trial's metric stream goes to MLflow (``metrics.jsonl`` keeps every step)."""
+
+    # MLflow gets every N-th step, plus each checkpoint's step, the last step and every step a
+    # collapse rule or the early warning can name (onsets, fire steps), so no verdict loses its
+    # point; the tables come from the per-trial summary either way (docs/scale.md).
+    every: StrictInt = Field(1, ge=1, le=10_000_000)
+
+
 class SearchParam(Strict):
     low: StrictFloat | StrictInt
     high: StrictFloat | StrictInt
@@ -324,6 +333,7 @@ class GridFile(Strict):
     budget: BudgetSpec = Field(default_factory=BudgetSpec)
     retries: RetrySpec = Field(default_factory=RetrySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
+    tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     compare: CompareDecl | list[CompareDecl] | None = None

@@ -171,6 +171,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
     local = LocalMetrics.read(grid_dir) if local is None else local
     seen: dict[str, TrialResult] = {}
     remote: dict[str, dict[str, int]] = {}  # run id -> curve metric -> points expected
+    exact: dict[str, tuple[dict[str, float], dict[str, float], int]] = {}  # run id -> summary tags
     for run in search_trial_runs(mlc, experiment_id):
         tags, params = run.data.tags, run.data.params
         tid = tags.get("trial_id", "")
@@ -181,6 +182,8 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
         if tid not in local.summaries and (state is None or state.is_finished()):
             tagged = summary.from_tags(tags)
             steps = int(params.get("steps", 0) or 0)
+            if tagged and tags.get(f"{summary.TAG_PREFIX}last_step", "").isdigit():
+                exact[run.info.run_id] = (tagged[0], tagged[1], int(tags[f"{summary.TAG_PREFIX}last_step"]))
             remote[run.info.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
                                        for k in CURVE_METRICS if k in run.data.metrics}
         axes, variant = trial_cell(tags, params, axis_names, grid_dir, tid, fixed_pool)
@@ -198,7 +201,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
             variant=variant, config=tags.get(CONFIG_TAG, ""),
         )
-    _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote)
+    _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
                                                 r.variant, r.seed, r.trial_id))
@@ -253,9 +256,12 @@ def split_configs(results: Iterable[TrialResult], axis_names: Sequence[str]) -> 
 
 
 def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: LocalMetrics,
-                 remote: Mapping[str, Mapping[str, int]]) -> None:
+                 remote: Mapping[str, Mapping[str, int]],
+                 exact: Mapping[str, tuple[dict[str, float], dict[str, float], int]]) -> None:
     """Curves, final and peak values: from the trial's summary on disk, else from MLflow (in
-    bulk). An unfinished trial on disk gets none: compare leaves it out."""
+    bulk), the final and peak values then from the run's ``summary.*`` tags when it has them
+    (exact even when ``tracking.every`` sent MLflow a share of the steps). An unfinished trial
+    on disk gets none: compare leaves it out."""
     fetched = fetch_curves(mlc, uri or mlc.tracking_uri, remote) if remote else {}
     for r in results:
         if r.trial_id in local.summaries:
@@ -264,6 +270,10 @@ def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: Loca
         elif r.run_id in fetched:
             r.curves, r.finals, r.peaks = summarised(fetched[r.run_id])
             r.steps_done = max((pts[-1][0] for pts in fetched[r.run_id].values() if pts), default=0)
+            if r.run_id in exact:
+                final, peak, r.steps_done = exact[r.run_id]
+                r.finals.update(final)
+                r.peaks.update(peak)
 
 
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:

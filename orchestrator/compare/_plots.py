@@ -63,8 +63,11 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
             ax = axs[i][j]
             cell = [r for r in have if (rows is None or r.axes.get(rows, "") in rv)
                     and (cols is None or r.axes.get(cols, "") in cv)]
+            groups: dict[tuple[Any, str], list[Any]] = {}  # one LineCollection per colour, style
+            marks: list[tuple[int, float]] = []
             for r in cell:
-                _draw_trial(ax, r, metric, colours[_label(r, others)])
+                _draw_trial(ax, r, metric, colours[_label(r, others)], groups, marks)
+            _draw_groups(ax, groups, marks, log_y)
             ax.set_title(" / ".join(x for x in (rtitle, ctitle) if x), fontsize=8)
             if log_y:
                 ax.set_yscale("log")
@@ -92,23 +95,40 @@ def _label(r: TrialResult, axes: Sequence[str]) -> str:
     return lab + (f" [derived {r.derived_from}]" if r.derived_from else "")
 
 
-def _draw_trial(ax: Any, r: TrialResult, metric: str, colour: Any) -> None:
+def _draw_trial(ax: Any, r: TrialResult, metric: str, colour: Any,
+                groups: dict[tuple[Any, str], list[Any]], marks: list[tuple[int, float]]) -> None:
+    """One trial's curve into ``groups`` (drawn per facet as one collection per colour and
+    style: 1,000 trials are 3,000 Line2D artists otherwise), its collapse point into ``marks``."""
     pts = [(s, v) for s, v in r.curves[metric] if math.isfinite(v)]
     if not pts:
         return
-    xs, ys = zip(*pts)
-    ax.plot(xs, ys, color=colour, lw=1.0, alpha=0.85, ls="--" if r.derived_from else "-")
+    groups.setdefault((colour, "--" if r.derived_from else "-"), []).append(pts)
     for tail in r.superseded:  # what a resume replaced (the collapse it rescued), faint
         old = [(s, v) for s, v in tail.get(metric, []) if math.isfinite(v)]
         if old:
             ax.plot(*zip(*old), color=colour, lw=0.8, alpha=0.4, ls=":")
     if r.collapsed and r.verdict_step is not None:
-        near = min(pts, key=lambda p: abs(p[0] - r.verdict_step))  # type: ignore[operator]
-        ax.plot([near[0]], [near[1]], marker="x", color="k", ms=7, mew=1.5)
+        marks.append(min(pts, key=lambda p: abs(p[0] - r.verdict_step)))  # type: ignore[operator]
     for seg in r.segments[1:]:
         ax.axvline(seg.start - 0.5, color="grey", ls=":", lw=1)
         ax.annotate(seg.pool, (seg.start, 1), xycoords=("data", "axes fraction"), fontsize=6,
                     va="top", rotation=90, color="grey")
+
+
+def _draw_groups(ax: Any, groups: dict[tuple[Any, str], list[Any]], marks: list[tuple[int, float]],
+                 log_y: bool) -> None:
+    """The facet's curves, one ``LineCollection`` per (colour, style), and its collapse crosses;
+    the axis limits cover them (on a log axis, their positive values, as ``plot`` would)."""
+    from matplotlib.collections import LineCollection
+
+    for (colour, ls), lines in groups.items():
+        ax.add_collection(LineCollection(lines, colors=[colour], linewidths=1.0, alpha=0.85, linestyles=ls))
+        pts = [p for line in lines for p in line if not log_y or p[1] > 0]
+        if pts:
+            ax.update_datalim(pts)
+    if marks:
+        ax.plot(*zip(*marks), marker="x", color="k", ms=7, mew=1.5, ls="")
+    ax.autoscale_view()
 
 
 def mismatch_by_bucket(results: Sequence[TrialResult], group: str | None, out: Path) -> Path | None:

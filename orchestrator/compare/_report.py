@@ -35,7 +35,13 @@ from orchestrator.compare import _plots as P
 from orchestrator.compare import _survival as S
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._fetch import LocalMetrics
-from orchestrator.compare._stats import cell_stats, fanova_importance, format_cell, main_effects
+from orchestrator.compare._stats import (
+    cell_stats,
+    fanova_importance,
+    fanova_note,
+    format_cell,
+    main_effects,
+)
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.numerics import environments
@@ -172,7 +178,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
               "cost": C.cost_section(results, axis_names, out),
               "comparisons": C.comparison_section(results, axis_names, compare, adaptive, out,
                                                   steps=surv["horizon"], multiplicity=multiplicity),
-              "survival": surv, "level": level}
+              "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names)}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
@@ -245,8 +251,11 @@ def _table(report: dict[str, Any], fmt: Any) -> tuple[list[str], list[list[str]]
     col_key = report["cols"]
     header = list(report["rows"]) + [f"{col_key}={c}" if col_key else "all" for c in cols]
     body = []
-    for row in sorted({c["row"] for c in report["cells"]}):
-        by_col = {c["col"]: c for c in report["cells"] if c["row"] == row}
+    by_row: dict[tuple[str, ...], dict[str, dict[str, Any]]] = {}  # grouped once: O(cells)
+    for c in report["cells"]:
+        by_row.setdefault(c["row"], {})[c["col"]] = c
+    for row in sorted(by_row):
+        by_col = by_row[row]
         body.append(list(row) + [fmt(by_col[c]["stats"]) if c in by_col else "" for c in cols])
     return header, body
 
@@ -284,6 +293,8 @@ def render_markdown(report: dict[str, Any]) -> str:
         imp = report["importance"].get(target, {}).get(e["axis"])
         lines.append(f"| {md.text(e['axis'])} | {md.text(e['target'])} | {_num(e['effect'])} | "
                      f"{'–' if imp is None else f'{imp:.3f}'} |")
+    if report.get("fanova_note"):
+        lines += ["", md.text(report["fanova_note"])]
     if "survival" in report:
         lines += ["", *S.markdown(report["survival"], md.text)]
     if "cost" in report:
@@ -360,6 +371,8 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(f"<tr><td>{esc(e['axis'])}</td><td>{esc(e['target'])}</td><td>{_num(e['effect'])}</td>"
                      f"<td>{'–' if imp is None else f'{imp:.3f}'}</td></tr>")
     parts.append("</table>")
+    if report.get("fanova_note"):
+        parts.append(f"<p>{esc(report['fanova_note'])}</p>")
     if "survival" in report:
         parts.append(S.html_section(report["survival"]))
     if "cost" in report:

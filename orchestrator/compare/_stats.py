@@ -94,17 +94,47 @@ def main_effects(results: Sequence[TrialResult], axes: Sequence[str]) -> list[di
     return rows
 
 
+# Optuna one-hot encodes a categorical param, and its fANOVA tree then visits every
+# combination of the split columns of that param: 2**levels points per tree, so an axis of 15
+# values cost ~200 s and one of 50 would never finish. An axis with more values than this is
+# given to the forest as its rank instead (one ordered column: at most levels - 1 midpoints).
+MAX_ONE_HOT = 8
+
+
+def _rank_order(labels: set[str]) -> list[str]:
+    """An axis's labels in numeric order when they are all numbers (a learning rate), else sorted."""
+    try:
+        return sorted(labels, key=float)
+    except ValueError:
+        return sorted(labels)
+
+
+def fanova_encoding(results: Sequence[TrialResult], axes: Sequence[str]) -> dict[str, str]:
+    """How each varying axis enters the fANOVA forest: ``categorical`` (one-hot, Optuna's
+    default) up to ``MAX_ONE_HOT`` values, ``rank`` (its values' order) past it."""
+    out = {}
+    for a in axes:
+        n = len({r.axes.get(a, "") for r in results})
+        if n > 1:
+            out[a] = "categorical" if n <= MAX_ONE_HOT else "rank"
+    return out
+
+
 def fanova_importance(results: Sequence[TrialResult], axes: Sequence[str], target: str,
                       seed: int = 0) -> dict[str, float]:
     """fANOVA importance of each varying axis for ``target`` (final_reward | collapsed).
 
-    Each finished trial becomes a completed Optuna trial with categorical params (its axis
-    labels); Optuna's ``FanovaImportanceEvaluator`` (random forest + functional ANOVA) does the rest.
-    Returns {} when the target does not vary or fewer than 3 trials qualify.
+    Each finished trial becomes a completed Optuna trial with its axis labels as params;
+    Optuna's ``FanovaImportanceEvaluator`` (random forest + functional ANOVA) does the rest.
+    An axis of up to ``MAX_ONE_HOT`` values is a categorical param (as Optuna encodes it); a
+    longer one is the rank of its value (``fanova_encoding``), which keeps the cost linear in
+    the values instead of exponential. Returns {} when the target does not vary or fewer than
+    3 trials qualify.
     """
     import optuna
 
-    varying = [a for a in axes if len({r.axes.get(a, "") for r in results}) > 1]
+    encoding = fanova_encoding(results, axes)
+    varying = list(encoding)
     points = []
     for r in results:
         y = (r.final(r.reward_key) if target == "final_reward"
@@ -113,10 +143,31 @@ def fanova_importance(results: Sequence[TrialResult], axes: Sequence[str], targe
             points.append(({a: r.axes.get(a, "") for a in varying}, y))
     if not varying or len(points) < 3 or len({y for _, y in points}) < 2:
         return {}
-    dists = {a: optuna.distributions.CategoricalDistribution(sorted({p[a] for p, _ in points}))
-             for a in varying}
+    dists: dict[str, optuna.distributions.BaseDistribution] = {}
+    ranks: dict[str, dict[str, int]] = {}
+    for a in varying:
+        labels = {p[a] for p, _ in points}
+        if encoding[a] == "categorical" or len(labels) < 2:
+            dists[a] = optuna.distributions.CategoricalDistribution(sorted(labels))
+        else:
+            ranks[a] = {v: i for i, v in enumerate(_rank_order(labels))}
+            dists[a] = optuna.distributions.IntDistribution(0, len(labels) - 1)
     optuna.logging.set_verbosity(optuna.logging.WARNING)
     study = optuna.create_study(direction="maximize")
-    study.add_trials([optuna.trial.create_trial(params=p, distributions=dists, value=y) for p, y in points])
+    study.add_trials([optuna.trial.create_trial(
+        params={a: ranks[a][v] if a in ranks else v for a, v in p.items()}, distributions=dists, value=y)
+        for p, y in points])
     evaluator = optuna.importance.FanovaImportanceEvaluator(seed=seed)
     return dict(optuna.importance.get_param_importances(study, evaluator=evaluator))
+
+
+def fanova_note(results: Sequence[TrialResult], axis_names: Sequence[str]) -> str | None:
+    """What the fANOVA forest was fitted on, when an axis entered it as a rank (None otherwise:
+    every axis categorical, Optuna's own encoding)."""
+    enc = fanova_encoding(results, axis_names)
+    ranked = [a for a, how in enc.items() if how == "rank"]
+    if not ranked:
+        return None
+    sizes = ", ".join(f"{a} ({len({r.axes.get(a, '') for r in results})} values)" for a in ranked)
+    return (f"fANOVA fitted on {len(results)} trials; axes with more than {MAX_ONE_HOT} values enter "
+            f"it as the rank of their value (numeric order), not one-hot: {sizes}")

@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator.backends.base import AttemptOutcome, AttemptResult
 from orchestrator.cost import pool_rate
 from orchestrator.pools import PoolSpec
+from orchestrator.run._tracked import tracked_rows, verdict_steps
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.store import (
     CheckpointStore,
@@ -59,6 +60,7 @@ class AttemptJob:
     reopen: bool = False  # run even if the trial is finished (`ablate resume`, `run-trial --fresh`)
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
+    tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
 
 
 def _node_id() -> str:
@@ -120,6 +122,7 @@ class AttemptRun:
         self.cancelled = False
         self._cancel_checked = 0.0
         self._metrics_fh: Any = None
+        self._prev_keys: frozenset[str] = frozenset()  # metric names of the last row committed
         # Set by prepare(); until it has created the attempt record, ``started`` is False.
         self.resume_step: int | None = None  # the checkpoint this attempt starts from
         self.number = 0  # this attempt's number (1-based)
@@ -324,6 +327,13 @@ class AttemptRun:
         self.pending = [(s, m) for s, m in self.pending if s > upto]
         if not rows:
             return
+        every = self.job.tracking_every
+        if every > 1:
+            # `tracking.every`: the N-th steps, this commit's last step, and every step the
+            # verdict can name. An onset a rule reports later is the start of a streak that is
+            # running now, so `verdict_steps` taken at each commit keeps it before it is sent
+            # (the store takes steps in order only).
+            rows, self._prev_keys = tracked_rows(rows, every, verdict_steps(self.engine), self._prev_keys)
         if self.tracker is not None:
             self._maybe_go_live()
             self.tracker.log(rows)

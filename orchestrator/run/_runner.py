@@ -11,6 +11,9 @@ it holds and drops anything at or below it. When MLflow already holds steps afte
 resume`` from an earlier checkpoint), the child run is replaced by a fresh one refilled from the
 local file (``orchestrator/scheduler/_resume.py`` explains why); the replaced rows are kept in
 ``superseded/attempt-N.jsonl`` and as an artifact.
+With ``tracking: {every: N}`` a commit sends MLflow only a share of its rows (every N-th step,
+the commit's last step, the steps the verdict can name: ``_attempt.AttemptRun.commit``);
+``metrics.jsonl`` still holds every step.
 
 Infra failures (exceptions, a killed worker) are recorded as an attempt and re-raised so Ray Tune
 retries the trial; collapse and numeric failure are results and return normally.
@@ -130,4 +133,5 @@ def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: Trac
         grid_dir=str(grid_dir), trial=trial, config=dict(config or grid.trial_config(trial)),
         pool=grid.pools.get(pool or trial.pool), checkpoint=spec.checkpoint,
         collapse=spec.collapse, early_stop=spec.early_stop_spec, tracking=tracking,
-        submission=submission, backend_ref=_REGISTRY[trial.backend], start=start, reopen=reopen)
+        submission=submission, backend_ref=_REGISTRY[trial.backend], start=start, reopen=reopen,
+        tracking_every=spec.tracking.every)

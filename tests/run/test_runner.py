@@ -366,3 +366,71 @@ def test_a_finished_trial_writes_its_summary_and_stamp(env) -> None:
     paths.metrics.write_text(paths.metrics.read_text() + "{torn")
     assert not stamp.matches(paths.metrics)
     assert summary.stamped_check(paths, rec).torn
+
+
+def test_tracking_every_sends_a_share_of_the_steps_but_every_step_a_verdict_names(env) -> None:
+    """`tracking: {every: N}` (N = 6 here): MLflow gets the N-th steps, each checkpoint's step, the last step
+    and the steps the verdict names (the onset 9 of a rule that fired at a later checkpoint);
+    metrics.jsonl keeps every step, and the summary tags hold the exact final and peak values."""
+    from orchestrator.store import summary
+    from orchestrator.tracking import client
+
+    _grid, trials, grid_dir, job, uri = env
+    for key, want_kind in ((("none", "sim-a100"), "collapsed"), (("token", "sim-h100"), "healthy")):
+        t = trials[key]
+        out = run_attempt(dataclasses.replace(job(t), tracking_every=6))
+        assert out["verdict"]["kind"] == want_kind
+        last, paths = out["last_step"], TrialPaths(grid_dir, t.trial_id)
+        assert _file_steps(grid_dir, t.trial_id) == list(range(1, last + 1))
+        rec = records.load_state(paths, t.trial_id)
+        sent = mlflow_steps(uri, rec.mlflow_run_id, "acc")
+        assert len(sent) == len(set(sent)) < last
+        must = {s for s in range(6, last + 1, 6)} | {s for s in (5, 10, 15) if s <= last} | {last}
+        if want_kind == "collapsed":
+            assert out["verdict"]["step"] == 9 and last > 10  # onset before the checkpoint at 10
+            must.add(9)
+        assert must <= set(sent), sorted(must - set(sent))
+        s = summary.read_summary(paths)
+        assert summary.from_tags(client(uri).get_run(rec.mlflow_run_id).data.tags) == (s.final, s.peak, s.points)
+        # compare without the workdir: the tables' final and peak values are the summary's
+        # (exact), not those of the thinned curves MLflow holds.
+        from orchestrator.compare._data import load_results
+
+        mlc = client(uri)
+        got = {r.trial_id: r for r in load_results(mlc, rec_experiment(mlc, rec.mlflow_run_id), [],
+                                                   grid_dir=None, tracking_uri=uri)}[t.trial_id]
+        assert (got.finals, got.peaks, got.last_step) == (s.final, s.peak, last)
+        if want_kind == "healthy":  # the thinned history misses k3's peaks (steps 4, 9, 14, 19)
+            k3 = "rollout_corr/k3_kl"
+            assert max(m.value for m in mlc.get_metric_history(rec.mlflow_run_id, k3)) < s.peak[k3]
+
+
+def rec_experiment(mlc, run_id: str) -> str:
+    return mlc.get_run(run_id).info.experiment_id
+
+
+def test_tracking_every_reaches_the_job_and_bad_values_are_refused(isolated: Path) -> None:
+    from orchestrator.exceptions import UserError
+
+    path = write_grid(isolated / "grid.yaml", "every-test", steps=20, seeds=[0], levels=["none"],
+                      pools=["sim-h100"], extra="tracking: {every: 10}\n")
+    grid = load_grid(path)
+    job = make_job(grid, expand(grid)[0], grid_dir=isolated, tracking=None, submission="s")
+    assert job.tracking_every == 10
+    for bad in ("0", "-3", "2.5", "'ten'"):
+        write_grid(path, "every-test", steps=20, seeds=[0], levels=["none"], pools=["sim-h100"],
+                   extra=f"tracking: {{every: {bad}}}\n")
+        with pytest.raises(UserError) as err:
+            load_grid(path)
+        assert "\n" not in str(err.value) and "tracking.every" in str(err.value), str(err.value)
+
+
+def test_tracked_rows_keep_sparse_metrics_named_steps_and_the_last() -> None:
+    from orchestrator.run._tracked import tracked_rows
+
+    rows = [(s, {"loss": 1.0, **({"eval/reward": 0.5} if s % 7 == 0 else {})}) for s in range(1, 31)]
+    kept, prev = tracked_rows(rows, 10, {13}, frozenset())
+    assert [s for s, _ in kept] == [1, 7, 10, 13, 14, 20, 21, 28, 30]
+    assert prev == frozenset({"loss"})
+    # The next commit goes on from the last row's names: a dense row is thinned at once.
+    assert [s for s, _ in tracked_rows([(31, {"loss": 2.0}), (32, {"loss": 2.0})], 10, set(), prev)[0]] == [32]
