@@ -68,9 +68,12 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
             for r in cell:
                 _draw_trial(ax, r, metric, colours[_label(r, others)], groups, marks)
             _draw_groups(ax, groups, marks, log_y)
-            ax.set_title(" / ".join(x for x in (rtitle, ctitle) if x), fontsize=8)
+            # y=1: where matplotlib puts it anyway (no tick labels on top), without measuring
+            # every tick of the facet to decide so (a third of a 16-facet plot's time).
+            ax.set_title(" / ".join(x for x in (rtitle, ctitle) if x), fontsize=8, y=1.0)
             if log_y:
                 ax.set_yscale("log")
+                ax.minorticks_off()
             ax.grid(alpha=0.3)
             if i == len(rvals) - 1:
                 ax.set_xlabel("step")
@@ -84,10 +87,24 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
                                   label="replaced by a resume"))
     fig.legend(handles=handles, loc="lower center", ncol=min(len(handles), 4), fontsize=7, frameon=False)
     fig.suptitle(title, fontsize=10)
-    fig.tight_layout(rect=(0, 0.08, 1, 0.96))
+    _facet_margins(fig, len(rvals), len(cvals))
     fig.savefig(out, dpi=110)
     plt.close(fig)
     return out
+
+
+def _facet_margins(fig: Any, nrows: int, ncols: int) -> None:
+    """Fixed margins in inches for a facet grid with shared axes (tick labels only on the left
+    column and bottom row): ``tight_layout`` measures every facet's ticks for the same answer,
+    about half the time of a 16-facet plot."""
+    width, height = fig.get_size_inches()
+    # top: the suptitle (at 98% of the height) and a facet title; bottom: the legend's 8%, tick labels, 'step'
+    left, right, top, bottom = 0.75, 0.15, 0.02 * height + 0.55, 0.08 * height + 0.5
+    gap_w, gap_h = 0.15, 0.35  # between facets: no tick labels; a facet title above each row
+    axw = (width - left - right - gap_w * (ncols - 1)) / ncols
+    axh = (height - top - bottom - gap_h * (nrows - 1)) / nrows
+    fig.subplots_adjust(left=left / width, right=1 - right / width, bottom=bottom / height,
+                        top=1 - top / height, wspace=gap_w / axw, hspace=gap_h / axh)
 
 
 def _label(r: TrialResult, axes: Sequence[str]) -> str:
