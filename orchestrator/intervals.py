@@ -18,6 +18,7 @@ A comparison is *decided* when its interval excludes 0.
 from __future__ import annotations
 
 import dataclasses
+import functools
 import math
 import statistics
 from collections.abc import Sequence
@@ -52,7 +53,10 @@ def _z(level: float) -> float:
     return NormalDist().inv_cdf(0.5 + level / 2)
 
 
+@functools.lru_cache(maxsize=256)
 def _t(level: float, df: float) -> float:
+    """Student t quantile; cached: a 1,000-trial compare asks for a handful of (level, df)
+    pairs hundreds of times, and scipy's lazy ``from scipy import stats`` costs ~1 ms a call."""
     from scipy import stats  # deferred: scipy is slow to import and ablate plan never needs it
 
     return float(stats.t.ppf(0.5 + level / 2, df))

@@ -21,6 +21,7 @@ from typing import Any
 
 from orchestrator import survival
 from orchestrator.compare._data import TrialResult
+from orchestrator.compare._plots import MAX_LEGEND
 
 WARNING_STOP = "mismatch early warning"  # how verdict reasons name a stop on the warning alone
 
@@ -78,6 +79,7 @@ def _plot(rows: Sequence[dict[str, Any]], horizon: int, path: Path) -> Path | No
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.lines import Line2D
 
     fig, ax = plt.subplots(figsize=(8, 4.5))
     for r in rows:
@@ -96,7 +98,11 @@ def _plot(rows: Sequence[dict[str, Any]], horizon: int, path: Path) -> Path | No
         ax.plot(cens, [_at(curve, t) for t in cens], "|", color=line.get_color(), markersize=10, mew=1.5)
     ax.set(xlabel="step", ylabel="share not collapsed (Kaplan-Meier)", ylim=(-0.03, 1.03),
            xlim=(0, horizon), title="time to collapse (| censored: ended without a collapse)")
-    ax.legend(fontsize=7, loc="lower left")
+    handles, labels = ax.get_legend_handles_labels()
+    if len(handles) > MAX_LEGEND:  # past that the legend overflows the figure (and takes a second to draw)
+        handles = [*handles[:MAX_LEGEND], Line2D([], [], color="none")]
+        labels = [*labels[:MAX_LEGEND], f"… {len(labels) - MAX_LEGEND} more cells (survival.csv)"]
+    ax.legend(handles, labels, fontsize=7, loc="lower left")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
