@@ -153,31 +153,31 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
+    reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
+    curves = P.curve_plots(results, [
+        (reward, out / "curves_reward.png", f"{reward} vs step", False),
+        (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
+        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True)], rows, cols)
     cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
     importance = {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")}
     _write_importance(effects, importance, out)
-    reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
-    plots = [
-        P.curves(results, reward, rows, cols, out / "curves_reward.png", title=f"{reward} vs step"),
-        P.curves(results, M.K3_KL, rows, cols, out / "curves_k3_kl.png", title="k3 KL (rollout vs trainer)",
-                 log_y=True),
-        P.curves(results, M.GRAD_NORM, rows, cols, out / "curves_grad_norm.png", title="grad norm",
-                 log_y=True),
+    other_plots = [
         P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png"),
         P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"),
         P.importance_bars(importance, out / "importance.png"),
     ]
     level = adaptive.level if adaptive else 0.95
     surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
-    plots = [p for p in [*plots, surv["plot"]] if p is not None]
+    cost = C.cost_section(results, axis_names, out)
+    comparisons = C.comparison_section(results, axis_names, compare, adaptive, out,
+                                       steps=surv["horizon"], multiplicity=multiplicity)
+    plots = [p for p in [*curves(), *other_plots, surv["plot"]] if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results),
-              "cost": C.cost_section(results, axis_names, out),
-              "comparisons": C.comparison_section(results, axis_names, compare, adaptive, out,
-                                                  steps=surv["horizon"], multiplicity=multiplicity),
+              "cost": cost, "comparisons": comparisons,
               "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names)}
     if unfinished:
         report["unfinished"] = unfinished

@@ -2,6 +2,7 @@
 named facets) and the verdict map stops growing."""
 from __future__ import annotations
 
+import os
 from pathlib import Path
 
 import matplotlib.image
@@ -39,3 +40,49 @@ def test_verdict_map_of_500_rows_keeps_a_sensible_size(tmp_path: Path) -> None:
     assert height_px <= P.MAX_MAP_HEIGHT_IN * 110 + 1  # 0.5 in a row would be 27,700 px
     small = P.verdict_map(pivot(results[:20], ["lr"], "pool"), ["lr"], "pool", tmp_path / "s.png")
     assert matplotlib.image.imread(small).shape[0] == round((0.5 * 10 + 1.8) * 110)
+
+
+def _specs(d: Path) -> list[tuple[str, Path, str, bool]]:
+    d.mkdir()
+    return [(M.TRAIN_REWARD, d / "reward.png", "reward", False), (M.K3_KL, d / "k3.png", "k3", True)]
+
+
+def test_curve_plots_in_a_forked_child_write_the_same_files(tmp_path: Path, monkeypatch) -> None:
+    results = [_result(i, f"{i:02d}", pool) for i in range(12) for pool in ("a", "b")]
+    parent, real, pids = os.getpid(), P.curves, tmp_path / "pids"
+
+    def recorded(*args, **kwargs):  # which process drew each plot
+        with pids.open("a") as f:
+            f.write(f"{os.getpid()}\n")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(P, "curves", recorded)
+    monkeypatch.setattr(P.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(P, "CURVES_IN_CHILD", 10**9)
+    serial = P.curve_plots(results, _specs(tmp_path / "serial"), "lr", "pool")()
+    assert pids.read_text().split() == [str(parent)] * 2
+    pids.unlink()
+    monkeypatch.setattr(P, "CURVES_IN_CHILD", 1)
+    forked = P.curve_plots(results, _specs(tmp_path / "forked"), "lr", "pool")()
+    assert serial == [tmp_path / "serial" / "reward.png", None]  # no trial has k3 KL
+    assert forked == [tmp_path / "forked" / "reward.png", None]
+    drawn_by = set(pids.read_text().split())
+    assert drawn_by and str(parent) not in drawn_by
+    assert (tmp_path / "serial" / "reward.png").read_bytes() == (tmp_path / "forked" / "reward.png").read_bytes()
+
+
+def test_curve_plots_drawn_again_here_when_the_child_fails(tmp_path: Path, monkeypatch) -> None:
+    results = [_result(i, f"{i:02d}", "a") for i in range(4)]
+    parent, real = os.getpid(), P.curves
+
+    def fails_in_child(*args, **kwargs):
+        if os.getpid() != parent:
+            raise RuntimeError("child")
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(P, "curves", fails_in_child)
+    monkeypatch.setattr(P.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(P, "CURVES_IN_CHILD", 1)
+    paths = P.curve_plots(results, _specs(tmp_path / "out"), "lr", None)()
+    assert paths == [tmp_path / "out" / "reward.png", None]
+    assert matplotlib.image.imread(paths[0]).shape[0] > 0
