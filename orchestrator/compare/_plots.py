@@ -8,20 +8,18 @@ a resume replaced (the collapse it rescued). Derived trials are dashed.
 from __future__ import annotations
 
 import math
-import multiprocessing
-import os
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.compare._background import start
 from orchestrator.compare._data import TrialResult
 
 MAX_FACETS = 8  # per direction; more values than that share facets (consecutive values, named)
 MAX_LEGEND = 16  # legend entries; the rest are counted in one more entry
 MAX_MAP_ROWS = 60  # verdict-map rows that get their own label and counts; more are thinned
 MAX_MAP_HEIGHT_IN = 20.0
-CURVES_IN_CHILD = 200  # trials from which the curve plots are drawn in a forked process
 
 
 def _plt() -> Any:
@@ -98,38 +96,11 @@ def curves(results: Sequence[TrialResult], metric: str, rows: str | None, cols: 
 
 def curve_plots(results: Sequence[TrialResult], specs: Sequence[tuple[str, Path, str, bool]],
                 rows: str | None, cols: str | None) -> Callable[[], list[Path | None]]:
-    """Start the curve plots ``specs`` = (metric, path, title, log_y); returns a function that
-    waits for them and returns their paths (None: no trial has that metric).
-
-    From ``CURVES_IN_CHILD`` trials on, with two CPUs or more, they are drawn in a forked child
-    while the caller computes the tables and statistics, which need nothing from them (a third
-    of a 1,000-trial compare otherwise). The child inherits ``results`` (nothing is pickled) and
-    writes only these files; if it fails, they are drawn again here, so an error surfaces as
-    it would without the child."""
-    def draw() -> list[Path | None]:
-        return [curves(results, m, rows, cols, path, title=title, log_y=log_y)
-                for m, path, title, log_y in specs]
-
-    if (len(results) < CURVES_IN_CHILD or (os.cpu_count() or 1) < 2
-            or "fork" not in multiprocessing.get_all_start_methods()):
-        done = draw()
-        return lambda: done
-    child = multiprocessing.get_context("fork").Process(target=_draw_in_child, args=(draw,), daemon=True)
-    child.start()
-
-    def wait() -> list[Path | None]:
-        child.join()
-        if child.exitcode != 0:
-            return draw()
-        return [path if any(r.curves.get(m) for r in results) else None for m, path, _, _ in specs]
-    return wait
-
-
-def _draw_in_child(draw: Callable[[], object]) -> None:
-    try:
-        draw()
-    except Exception:  # noqa: BLE001 - silent: the parent draws them again and reports the error
-        os._exit(1)
+    """Start the curve plots ``specs`` = (metric, path, title, log_y), in a forked child past
+    ``_background.CHILD_FROM`` trials; returns a function that waits for them and returns their
+    paths (None: no trial has that metric)."""
+    return start(lambda: [curves(results, m, rows, cols, path, title=title, log_y=log_y)
+                          for m, path, title, log_y in specs], trials=len(results))
 
 
 def _facet_margins(fig: Any, nrows: int, ncols: int) -> None:

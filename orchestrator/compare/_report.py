@@ -33,6 +33,7 @@ from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
 from orchestrator.compare import _survival as S
+from orchestrator.compare._background import start
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._fetch import LocalMetrics
 from orchestrator.compare._stats import (
@@ -158,21 +159,21 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
         (reward, out / "curves_reward.png", f"{reward} vs step", False),
         (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
         (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True)], rows, cols)
+    forests = start(lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
+                    trials=len(results))  # in a child too past CHILD_FROM trials: a third of the rest
     cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
-    importance = {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")}
-    _write_importance(effects, importance, out)
-    other_plots = [
-        P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png"),
-        P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"),
-        P.importance_bars(importance, out / "importance.png"),
-    ]
+    mismatch = P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png")
+    verdicts = P.verdict_map(cells, row_keys, cols, out / "verdict_map.png")
     level = adaptive.level if adaptive else 0.95
     surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
     cost = C.cost_section(results, axis_names, out)
     comparisons = C.comparison_section(results, axis_names, compare, adaptive, out,
                                        steps=surv["horizon"], multiplicity=multiplicity)
+    importance = forests()
+    _write_importance(effects, importance, out)
+    other_plots = [mismatch, verdicts, P.importance_bars(importance, out / "importance.png")]
     plots = [p for p in [*curves(), *other_plots, surv["plot"]] if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,

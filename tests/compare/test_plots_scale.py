@@ -8,6 +8,7 @@ from pathlib import Path
 import matplotlib.image
 
 from orchestrator import metrics as M
+from orchestrator.compare import _background as B
 from orchestrator.compare import _plots as P
 from orchestrator.compare._data import Segment, TrialResult
 from orchestrator.compare._report import pivot
@@ -57,12 +58,12 @@ def test_curve_plots_in_a_forked_child_write_the_same_files(tmp_path: Path, monk
         return real(*args, **kwargs)
 
     monkeypatch.setattr(P, "curves", recorded)
-    monkeypatch.setattr(P.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(P, "CURVES_IN_CHILD", 10**9)
+    monkeypatch.setattr(B.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(B, "CHILD_FROM", 10**9)
     serial = P.curve_plots(results, _specs(tmp_path / "serial"), "lr", "pool")()
     assert pids.read_text().split() == [str(parent)] * 2
     pids.unlink()
-    monkeypatch.setattr(P, "CURVES_IN_CHILD", 1)
+    monkeypatch.setattr(B, "CHILD_FROM", 1)
     forked = P.curve_plots(results, _specs(tmp_path / "forked"), "lr", "pool")()
     assert serial == [tmp_path / "serial" / "reward.png", None]  # no trial has k3 KL
     assert forked == [tmp_path / "forked" / "reward.png", None]
@@ -81,8 +82,25 @@ def test_curve_plots_drawn_again_here_when_the_child_fails(tmp_path: Path, monke
         return real(*args, **kwargs)
 
     monkeypatch.setattr(P, "curves", fails_in_child)
-    monkeypatch.setattr(P.os, "cpu_count", lambda: 2)
-    monkeypatch.setattr(P, "CURVES_IN_CHILD", 1)
+    monkeypatch.setattr(B.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(B, "CHILD_FROM", 1)
     paths = P.curve_plots(results, _specs(tmp_path / "out"), "lr", None)()
     assert paths == [tmp_path / "out" / "reward.png", None]
     assert matplotlib.image.imread(paths[0]).shape[0] > 0
+
+
+def test_background_returns_the_childs_value_and_reruns_here_when_it_fails(monkeypatch) -> None:
+    parent = os.getpid()
+    monkeypatch.setattr(B.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(B, "CHILD_FROM", 1)
+    value = B.start(lambda: {"pid": os.getpid(), "x": 0.1 + 0.2}, trials=5)()
+    assert value["pid"] != parent and value["x"] == 0.1 + 0.2  # ran in a child, float exact
+
+    def fails_in_child() -> int:
+        if os.getpid() != parent:
+            raise RuntimeError("child")
+        return os.getpid()
+
+    assert B.start(fails_in_child, trials=5)() == parent
+    monkeypatch.setattr(B, "CHILD_FROM", 10)
+    assert B.start(os.getpid, trials=5)() == parent  # below CHILD_FROM: here
