@@ -18,7 +18,8 @@ on the same recorded grid, in the same run (``baseline`` in each row); that code
 files it does not know. ``--keep DIR`` keeps the recorded grids and reuses them on a later run
 (recording 1,000 trials takes about half an hour on 2 cores: MLflow's SQLite store takes about
 7,000 metric values a second). ``--lock FILE`` holds an exclusive ``flock`` on FILE while timing
-(not while recording), for a machine shared with other benchmarks.
+(not while recording), for a machine shared with other benchmarks. An existing ``--json`` FILE keeps
+its earlier runs under ``history`` (newest first).
 
     python benchmarks/compare_scale.py --trials 100 1000 --steps 300 --json FILE
 """
@@ -356,7 +357,12 @@ def main() -> None:
     rows = [measure(t, args.steps, args.metrics, args.keep, args.code.resolve(), args.baseline,
                     args.timeout, args.lock, args.status_only, args.tracking_every, args.baseline_timeout)
             for t in args.trials]
-    out = {"benchmark": "compare_scale", "rows": rows}
+    out: dict[str, Any] = {"benchmark": "compare_scale", "rows": rows}
+    if args.json and args.json.is_file():  # earlier runs stay, newest first, under "history"
+        with contextlib.suppress(ValueError, AttributeError):
+            old = json.loads(args.json.read_text())
+            earlier = [{"rows": old["rows"]}] if old.get("rows") else []
+            out["history"] = earlier + list(old.get("history", []))
     text = json.dumps(out, indent=2)
     print(text)
     if args.json:
