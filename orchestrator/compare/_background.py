@@ -16,6 +16,10 @@ from typing import Any, TypeVar
 
 T = TypeVar("T")
 CHILD_FROM = 200  # trials from which a piece runs in a child (below, forking costs more than it saves)
+# How long the parent waits for a child's value: a child that deadlocks after the fork (a lock
+# some other thread held when it was taken) is killed and its piece redone in the parent, so a
+# compare never hangs on it. Far above the seconds the pieces take at 5,000 trials.
+CHILD_TIMEOUT_S = 600.0
 
 
 def start(fn: Callable[[], T], *, trials: int) -> Callable[[], T]:
@@ -31,12 +35,16 @@ def start(fn: Callable[[], T], *, trials: int) -> Callable[[], T]:
     send.close()  # the parent's copy: recv() then ends with EOFError if the child dies
 
     def wait() -> T:
+        ok = False
         try:
-            value, ok = receive.recv(), True  # before join: a large value would block the child
+            if receive.poll(CHILD_TIMEOUT_S):
+                value, ok = receive.recv(), True  # before join: a large value would block the child
         except EOFError:
-            ok = False
+            pass
         finally:
             receive.close()
+        if not ok and child.is_alive():
+            child.kill()
         child.join()
         return value if ok and child.exitcode == 0 else fn()
     return wait

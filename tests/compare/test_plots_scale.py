@@ -3,6 +3,7 @@ named facets) and the verdict map stops growing."""
 from __future__ import annotations
 
 import os
+import time
 from pathlib import Path
 
 import matplotlib.image
@@ -104,3 +105,19 @@ def test_background_returns_the_childs_value_and_reruns_here_when_it_fails(monke
     assert B.start(fails_in_child, trials=5)() == parent
     monkeypatch.setattr(B, "CHILD_FROM", 10)
     assert B.start(os.getpid, trials=5)() == parent  # below CHILD_FROM: here
+
+
+def test_background_kills_a_child_that_hangs_and_does_the_piece_here(monkeypatch) -> None:
+    parent = os.getpid()
+    monkeypatch.setattr(B.os, "cpu_count", lambda: 2)
+    monkeypatch.setattr(B, "CHILD_FROM", 1)
+    monkeypatch.setattr(B, "CHILD_TIMEOUT_S", 1.0)
+
+    def hangs_in_child() -> int:
+        if os.getpid() != parent:
+            time.sleep(60)  # a deadlocked child, as far as the parent can tell
+        return os.getpid()
+
+    started = time.monotonic()
+    assert B.start(hangs_in_child, trials=5)() == parent
+    assert time.monotonic() - started < 30
