@@ -363,11 +363,16 @@ def main() -> None:
             old = json.loads(args.json.read_text())
             earlier = [{"rows": old["rows"]}] if old.get("rows") else []
             out["history"] = earlier + list(old.get("history", []))
+    emit(out, args.json)
+
+
+def emit(out: dict[str, Any], path: Path | None) -> None:
+    """Print ``out`` as JSON and, with ``path``, write it there too."""
     text = json.dumps(out, indent=2)
     print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    if path:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(text + "\n")
 
 
 if __name__ == "__main__":

@@ -156,20 +156,23 @@ def summarize(samples: list[dict[str, float]], trials: int) -> dict[str, Any]:
     return out
 
 
-def run(trials: int, steps: int, parallel: int, every: float, workdir: Path) -> dict[str, Any]:
-    from orchestrator import scheduler
-
+def _soak_grid(workdir: Path, trials: int, steps: int, parallel: int, checkpoint_every: int) -> Path:
+    """This process's environment pointed at ``workdir`` and the soak grid written there."""
     os.environ["ABLATE_WORKDIR"] = str(workdir)
     os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
     os.environ.pop("MLFLOW_TRACKING_URI", None)
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     grid = workdir / "soak.yaml"
     workdir.mkdir(parents=True, exist_ok=True)
-    grid.write_text(
-        GRID.format(
-            steps=steps, seeds=list(range(trials)), every=max(1, steps // 2), parallel=parallel
-        )
-    )
+    grid.write_text(GRID.format(steps=steps, seeds=list(range(trials)), every=checkpoint_every,
+                                parallel=parallel))
+    return grid
+
+
+def run(trials: int, steps: int, parallel: int, every: float, workdir: Path) -> dict[str, Any]:
+    from orchestrator import scheduler
+
+    grid = _soak_grid(workdir, trials, steps, parallel, checkpoint_every=max(1, steps // 2))
     sampler = Sampler(workdir / "soak" / "trials", every)
     sampler.start()
     t0 = time.time()
@@ -199,13 +202,7 @@ def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: P
 
     from orchestrator import scheduler
 
-    os.environ["ABLATE_WORKDIR"] = str(workdir)
-    os.environ.setdefault("ABLATE_RECIPES", str(REPO / "recipes"))
-    os.environ.pop("MLFLOW_TRACKING_URI", None)
-    os.environ.setdefault("OMP_NUM_THREADS", "1")
-    grid = workdir / "soak.yaml"
-    workdir.mkdir(parents=True, exist_ok=True)
-    grid.write_text(GRID.format(steps=steps, seeds=list(range(trials)), every=steps, parallel=parallel))
+    grid = _soak_grid(workdir, trials, steps, parallel, checkpoint_every=steps)
     trials_dir = workdir / "soak" / "trials"
     proc, out, t0 = psutil.Process(), {}, time.time()
 

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 import shutil
 import sqlite3
 import sys
@@ -95,11 +94,7 @@ def main() -> None:
            "metrics": args.metrics, "repeat": args.repeat, "code": C._code_label(C.REPO),
            "loadavg_before": load_before, "rows": rows, "tables_agree": agree,
            "loadavg_after": C._loadavg()}
-    text = json.dumps(out, indent=2)
-    print(text)
-    if args.json:
-        args.json.parent.mkdir(parents=True, exist_ok=True)
-        args.json.write_text(text + "\n")
+    C.emit(out, args.json)
 
 
 if __name__ == "__main__":

@@ -36,12 +36,12 @@ NODE_RESOURCE = "slurm_node_"  # + the Slurm node name: which Ray node is which 
 JOIN_TIMEOUT_S = 180.0
 
 
-def free_ports(n: int) -> list[int]:
-    """``n`` distinct TCP ports free on this machine now."""
+def free_ports(n: int, host: str = "") -> list[int]:
+    """``n`` distinct TCP ports free on ``host`` (every interface by default) now."""
     socks = [socket.socket() for _ in range(n)]
     try:
         for s in socks:
-            s.bind(("", 0))
+            s.bind((host, 0))
         return [s.getsockname()[1] for s in socks]
     finally:
         for s in socks:

@@ -16,7 +16,9 @@ import subprocess
 import time
 from pathlib import Path
 
-from cluster import Cluster, _exited, _free_ports, _signal
+from cluster import Cluster, _exited, _signal
+
+from orchestrator.slurm.raycluster import free_ports
 
 NODE = {"a1": ("pacct", "fa", "h100")}
 ACCOUNT, QOS = "lab", "fast"
@@ -36,7 +38,7 @@ class Accounting:
 
     def __init__(self, root: Path) -> None:
         self.root = root
-        self.db_port, self.dbd_port = _free_ports(2)
+        self.db_port, self.dbd_port = free_ports(2, host="127.0.0.1")
         self.cluster = Cluster(root, name="ablate-acct", nodes=NODE, extra=(
             "AccountingStorageType=accounting_storage/slurmdbd",
             "AccountingStorageHost=127.0.0.1", f"AccountingStoragePort={self.dbd_port}",

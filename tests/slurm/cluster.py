@@ -21,6 +21,8 @@ import subprocess
 import time
 from pathlib import Path
 
+from orchestrator.slurm.raycluster import free_ports
+
 DAEMONS = ("slurmctld", "slurmd")
 NODES = {"n1": ("pa", "fa", "h100"), "n2": ("pb", "fb", "a100")}
 
@@ -34,17 +36,6 @@ def missing() -> str | None:
             return (f"{exe} is not installed (apt-get install -y slurmctld slurmd "
                     "slurm-client; .ci/run does it as root)")
     return None
-
-
-def _free_ports(n: int) -> list[int]:
-    socks = [socket.socket() for _ in range(n)]
-    try:
-        for s in socks:
-            s.bind(("127.0.0.1", 0))
-        return [s.getsockname()[1] for s in socks]
-    finally:
-        for s in socks:
-            s.close()
 
 
 class Cluster:
@@ -64,7 +55,7 @@ class Cluster:
 
     def write_config(self) -> None:
         host = socket.gethostname()
-        ctl, *node_ports = _free_ports(1 + len(self.nodes))
+        ctl, *node_ports = free_ports(1 + len(self.nodes), host="127.0.0.1")
         (self.root / "state").mkdir(parents=True, exist_ok=True)
         (self.root / "dev").mkdir(exist_ok=True)
         lines = [
