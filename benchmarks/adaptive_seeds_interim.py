@@ -24,7 +24,18 @@ On the recorded trials of ``benchmarks/adaptive_seeds.py --grid benchmarks/adapt
 - the fixed arm: ``n`` seeds per cell run to the end, the smallest ``n`` whose Holm-adjusted
   log-rank tests decide every comparison (chosen with hindsight, as in ``adaptive_seeds.py``).
 
-    .venv/bin/python benchmarks/adaptive_seeds_interim.py --cache DIR [--every 10] [--json PATH]
+``--slots`` repeats both replays with more slots than the pool has (``slots`` in the JSON: each
+count's median and max), since a look mid-way holds as many part-run trials as there are slots.
+
+**A bound for any policy** (``oracle`` in the JSON): per rotation, the cheapest run chosen with
+hindsight among every choice of a seed count per cell (the first ``n_c`` seeds of cell ``c``,
+``min`` to ``max``) and of one horizon for all trials (40 steps to ``steps`` by 10, a trial
+censored there), such that the Holm-adjusted log-rank tests at 0.05 decide every comparison (no
+control of the error across looks: the best case). No policy that allocates seeds in this order
+and runs its trials to a common horizon can cost less under the same test; ``stop_at_collapse``
+repeats it (and the fixed arm) with every trial stopped at the step its collapse is seen.
+
+    .venv/bin/python benchmarks/adaptive_seeds_interim.py --cache DIR [--every 10] [--slots 8 20] [--json PATH]
 """
 from __future__ import annotations
 
@@ -173,10 +184,57 @@ def fixed_arm(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any) ->
     return None, math.nan
 
 
+def stopped_at_collapse(cells: Mapping[tuple, Sequence[Trial]]) -> dict[tuple, list[Trial]]:
+    """The same trials, each ending at the step its collapse is seen (the rest run to the end)."""
+    return {k: [(seen, onset, cpu, seen if seen is not None else steps) for seen, onset, cpu, steps in v]
+            for k, v in cells.items()}
+
+
+def censored_at(trials: Sequence[Trial], h: int) -> list[Any]:
+    """``trials`` run to step ``h`` (or their end): an event at its onset if seen by then, else censored."""
+    from orchestrator.survival import Observation
+
+    return [Observation(float(onset), True) if seen is not None and seen <= h  # type: ignore[arg-type]
+            else Observation(float(min(h, steps)), False) for seen, onset, _, steps in trials]
+
+
+def oracle(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, horizon: int) -> dict[str, Any]:
+    """The cheapest seed counts per cell and common horizon that decide every comparison (see the
+    module docstring), chosen with hindsight; its cost, counts and horizon."""
+    import itertools
+
+    from orchestrator import hypotheses
+    from orchestrator.survival import logrank_p
+
+    others = [k for k in cells if k != base]
+    counts = range(spec.min, spec.max + 1)
+
+    def cost(trials: Sequence[Trial], h: int) -> float:
+        return sum(cpu * min(h, steps) for _, _, cpu, steps in trials)
+
+    best: dict[str, Any] = {"cpu_s": math.inf}
+    for h in range(min(40, horizon), horizon + 1, 10):
+        c_other = {k: {m: cost(cells[k][:m], h) for m in counts} for k in others}
+        for n0 in counts:
+            b = censored_at(cells[base][:n0], h)
+            p = {k: {m: logrank_p(censored_at(cells[k][:m], h), b) for m in counts} for k in others}
+            for ms in itertools.product(counts, repeat=len(others)):
+                c = cost(cells[base][:n0], h) + sum(c_other[k][m] for k, m in zip(others, ms))
+                if c >= best["cpu_s"]:
+                    continue
+                ps = [p[k][m] if math.isfinite(p[k][m]) else 1.0 for k, m in zip(others, ms)]
+                if all(a < ALPHA for a in hypotheses.adjust(ps, "holm")):
+                    best = {"cpu_s": c, "horizon": h, "seeds_per_cell": {
+                        ",".join(f"{a}={v}" for a, v in k): m for k, m in zip([base, *others], [n0, *ms])}}
+    return best
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, required=True, help="adaptive_seeds.py's --cache")
     ap.add_argument("--every", type=int, default=10, help="steps between looks")
+    ap.add_argument("--slots", type=int, nargs="*", default=[8, 20],
+                    help="also replay on these slot counts (the pool's own count always runs)")
     ap.add_argument("--json", type=Path, default=REPO / "results" / "benchmarks" / "adaptive_seeds_interim.json")
     args = ap.parse_args()
     from orchestrator.grid import axis_label, load_grid
@@ -204,6 +262,33 @@ def main() -> None:
         ratios = [x["cost_ratio"] if x["cost_ratio"] is not None else math.inf for x in rows]
         out[mode] = {"median": statistics.median(ratios), "max": max(ratios), "rotations": rows}
         print(f"{mode}: cost ratio median {statistics.median(ratios):.0%}, max {max(ratios):.0%}")
+    out["slots_study"] = {}
+    for n_slots in args.slots:
+        for mode in ("nominal", "spending"):
+            ratios = []
+            for r in range(spec.max):
+                rot = {k: list(v[r:]) + list(v[:r]) for k, v in cells.items()}
+                n, fixed = fixed_arm(rot, base, spec)
+                a = replay(rot, base, spec, mode, n_slots, args.every, grid.spec.steps)
+                ratios.append(a["cpu_s"] / fixed if n and a["decided"] == len(cells) - 1 else math.inf)
+            out["slots_study"][f"{n_slots}/{mode}"] = {"median": statistics.median(ratios), "max": max(ratios)}
+            print(f"{n_slots} slots, {mode}: cost ratio median {statistics.median(ratios):.0%}, "
+                  f"max {max(ratios):.0%}", flush=True)
+    for variant, data in (("run_to_horizon", cells), ("stop_at_collapse", stopped_at_collapse(cells))):
+        rows = []
+        for r in range(spec.max):
+            rot = {k: list(v[r:]) + list(v[:r]) for k, v in data.items()}
+            n, fixed = fixed_arm(rot, base, spec)
+            best = oracle(rot, base, spec, grid.spec.steps)
+            rows.append({"rotation": r, "fixed_seeds": n, "fixed_cpu_s": fixed, **best,
+                         "cost_ratio": best["cpu_s"] / fixed if n else None})
+            print(f"oracle ({variant}) rotation {r}: fixed n {n}, cheapest {best.get('seeds_per_cell')} "
+                  f"to step {best.get('horizon')}, cost ratio {rows[-1]['cost_ratio']:.3f}", flush=True)
+        ratios = [x["cost_ratio"] if x["cost_ratio"] is not None else math.inf for x in rows]
+        out.setdefault("oracle", {})[variant] = {"median": statistics.median(ratios), "min": min(ratios),
+                                                 "max": max(ratios), "rotations": rows}
+        print(f"oracle ({variant}): cost ratio median {statistics.median(ratios):.0%}, "
+              f"min {min(ratios):.0%}, max {max(ratios):.0%}", flush=True)
     out["load_average"] = Path("/proc/loadavg").read_text().split()[:3] if Path("/proc/loadavg").exists() else None
     args.json.parent.mkdir(parents=True, exist_ok=True)
     args.json.write_text(json.dumps(out, indent=1, default=str) + "\n")

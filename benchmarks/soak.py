@@ -24,7 +24,11 @@ queued trials (issue 27): for each count, in a fresh process, it submits that ma
 waits until the first has finished (Ray and MLflow warm), then for ``--window`` seconds reads
 the submitting process's CPU time (its threads only: Ray's workers, where the trials run, are
 other processes) and RSS, and then cancels the grid. Printed per count: CPU seconds per wall
-second, RSS at the window's start and its peak, the trials finished in the window.
+second, CPU seconds per trial finished in the window, RSS at the window's start and its peak.
+Trials finishing cost submit CPU each (events, results, MLflow), so CPU per second follows how
+many finished; ``--hold-steps N`` measures each count again with trials of N steps that outlast
+the window (warm once the first step is logged, plus 15 s): the CPU per second of a submit with
+nothing finishing, which is what a growing queue would make grow.
 """
 
 from __future__ import annotations
@@ -195,9 +199,15 @@ def run(trials: int, steps: int, parallel: int, every: float, workdir: Path) -> 
     }
 
 
-def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: Path) -> dict[str, Any]:
+def _first_step_seen(trials_dir: Path) -> bool:
+    return any(f.stat().st_size > 0 for f in trials_dir.glob("*/metrics.jsonl"))
+
+
+def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: Path,
+               hold: bool = False) -> dict[str, Any]:
     """``submit`` of ``trials`` trials in this process, its CPU and RSS over ``window`` seconds
-    once the first trial has finished, then the grid cancelled (see the module docstring)."""
+    once the first trial has finished (``hold``: once the first trial has logged a step, plus 15 s;
+    its trials are meant to outlast the window), then the grid cancelled (see the module docstring)."""
     import psutil
 
     from orchestrator import scheduler
@@ -205,14 +215,17 @@ def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: P
     grid = _soak_grid(workdir, trials, steps, parallel, checkpoint_every=steps)
     trials_dir = workdir / "soak" / "trials"
     proc, out, t0 = psutil.Process(), {}, time.time()
+    warm = (lambda: _first_step_seen(trials_dir)) if hold else (lambda: any(trials_dir.glob("*/result.json")))
 
     def measure() -> None:
-        while not any(trials_dir.glob("*/result.json")):
+        while not warm():
             if time.time() - t0 > 900:
-                out["error"] = "no trial finished in 900 s"
+                out["error"] = "not warm in 900 s"
                 break
             time.sleep(0.5)
         else:
+            if hold:
+                time.sleep(15.0)
             out["warm_s"] = round(time.time() - t0, 1)
             done0 = sum(1 for _ in trials_dir.glob("*/result.json"))
             cpu0, w0 = proc.cpu_times(), time.time()
@@ -221,34 +234,43 @@ def run_queued(trials: int, steps: int, parallel: int, window: float, workdir: P
                 time.sleep(1.0)
                 rss.append(proc.memory_info().rss)
             cpu1, w1 = proc.cpu_times(), time.time()
-            out.update(cpu_s_per_s=round((cpu1.user + cpu1.system - cpu0.user - cpu0.system) / (w1 - w0), 3),
+            cpu = cpu1.user + cpu1.system - cpu0.user - cpu0.system
+            finished = sum(1 for _ in trials_dir.glob("*/result.json")) - done0
+            out.update(cpu_s_per_s=round(cpu / (w1 - w0), 3),
+                       cpu_s_per_finished=round(cpu / finished, 3) if finished else None,
                        rss_mb_start=round(rss[0] / 2**20, 1), rss_mb_peak=round(max(rss) / 2**20, 1),
-                       finished_in_window=sum(1 for _ in trials_dir.glob("*/result.json")) - done0,
-                       window_s=round(w1 - w0, 1))
+                       finished_in_window=finished, window_s=round(w1 - w0, 1))
         scheduler.cancel(str(grid), workdir=str(workdir))
 
     th = threading.Thread(target=measure, daemon=True)
     th.start()
     scheduler.submit(str(grid), progress=False, ray_tmp=str(workdir / "ray"))
     th.join(60)
-    return {"queued": trials, "steps": steps, "max_parallel": parallel, **out}
+    return {"queued": trials, "steps": steps, "max_parallel": parallel,
+            "window_kind": "running, none finishing" if hold else "trials finishing", **out}
 
 
-def queued_main(counts: list[int], steps: int, parallel: int, window: float) -> dict[str, Any]:
-    """``run_queued`` for each count, each in a fresh process (RSS and imports comparable)."""
+def queued_main(counts: list[int], steps: int, parallel: int, window: float,
+                hold_steps: int | None = None) -> dict[str, Any]:
+    """``run_queued`` for each count, each in a fresh process (RSS and imports comparable); with
+    ``hold_steps``, each count is measured a second time with trials of that many steps, which
+    outlast the window: submit's CPU per second with nothing finishing, the part that a growing
+    queue could make grow (with trials finishing, their events add CPU per finished trial)."""
     import subprocess
 
     rows = []
     for n in counts:
-        tmp = tempfile.mkdtemp(prefix="soakq", dir="/tmp")
-        try:
-            res = subprocess.run([sys.executable, __file__, "--queued-one", str(n), "--steps", str(steps),
-                                  "--max-parallel", str(parallel), "--window", str(window), "--workdir", tmp],
-                                 capture_output=True, text=True, check=True)
-            rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
-        finally:
-            shutil.rmtree(tmp, ignore_errors=True)
-        print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
+        for st, hold in ((steps, False), *(((hold_steps, True),) if hold_steps else ())):
+            tmp = tempfile.mkdtemp(prefix="soakq", dir="/tmp")
+            try:
+                res = subprocess.run([sys.executable, __file__, "--queued-one", str(n), "--steps", str(st),
+                                      "--max-parallel", str(parallel), "--window", str(window), "--workdir", tmp,
+                                      *(["--hold"] if hold else [])],
+                                     capture_output=True, text=True, check=True)
+                rows.append(json.loads(res.stdout.strip().splitlines()[-1]))
+            finally:
+                shutil.rmtree(tmp, ignore_errors=True)
+            print(json.dumps(rows[-1]), file=sys.stderr, flush=True)
     return {"benchmark": "submit_queued", "rows": rows}
 
 
@@ -287,15 +309,18 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--out", help="write the figures and samples as JSON here")
     p.add_argument("--queued", type=int, nargs="+", help="queued-trial counts: submit's CPU and RSS")
     p.add_argument("--window", type=float, default=60.0, help="--queued: seconds measured")
+    p.add_argument("--hold-steps", type=int,
+                   help="--queued: also measure each count with trials of this many steps (none finish in the window)")
     p.add_argument("--queued-one", type=int, help=argparse.SUPPRESS)  # internal: one count
+    p.add_argument("--hold", action="store_true", help=argparse.SUPPRESS)  # internal: with --queued-one
     args = p.parse_args(argv)
     if args.queued_one:
         print(json.dumps(run_queued(args.queued_one, args.steps, args.max_parallel, args.window,
-                                    Path(args.workdir))))
+                                    Path(args.workdir), hold=args.hold)))
         return 0
     if args.queued:
         before = Path("/proc/loadavg").read_text().strip()
-        res = {**queued_main(args.queued, args.steps, args.max_parallel, args.window),
+        res = {**queued_main(args.queued, args.steps, args.max_parallel, args.window, args.hold_steps),
                "loadavg_before": before, "loadavg_after": Path("/proc/loadavg").read_text().strip()}
         print(json.dumps(res, indent=1))
         if args.out:

@@ -152,14 +152,21 @@ def rmst_difference(a: Sequence[Observation], b: Sequence[Observation], horizon:
 
 
 def logrank_p(a: Sequence[Observation], b: Sequence[Observation]) -> float:
-    """Two-sided log-rank p-value of ``a`` against ``b`` (1.0 when neither has an event)."""
+    """Two-sided log-rank p-value of ``a`` against ``b``: 1.0 (no evidence) when neither has an
+    event, or when no event happens while both have a trial at risk (the test's variance is 0:
+    e.g. every collapse of ``a`` after the last trial of ``b`` was censored)."""
     if not a or not b:
         return math.nan
     if not any(o.event for o in (*a, *b)):
         return 1.0
+    import warnings
+
     from scipy import stats  # deferred: slow to import
 
-    return float(stats.logrank(_censored(a), _censored(b)).pvalue)
+    with warnings.catch_warnings():  # scipy divides by a zero variance in the case above
+        warnings.simplefilter("ignore", RuntimeWarning)
+        p = float(stats.logrank(_censored(a), _censored(b)).pvalue)
+    return p if math.isfinite(p) else 1.0
 
 
 __all__ = ["KMStep", "Observation", "kaplan_meier", "logrank_p", "median_time", "rmst",

@@ -88,3 +88,16 @@ def test_curve_that_reaches_zero_has_a_point_band_and_no_warning() -> None:
     assert [(s.time, s.at_risk, s.events) for s in curve] == [(2, 3, 1), (3, 2, 2)]
     assert (curve[-1].survival, curve[-1].low, curve[-1].high) == (0.0, 0.0, 0.0)
     assert 0 < curve[0].low < curve[0].survival < curve[0].high < 1
+
+
+def test_log_rank_without_a_shared_risk_set_is_no_evidence_and_silent() -> None:
+    """Every collapse of one arm comes after the other arm's last trial was censored: the test's
+    variance is 0; scipy gives nan with a RuntimeWarning, the comparison must read p = 1."""
+    import warnings
+
+    late = _obs([50, 60], [1, 1])
+    short = _obs([10, 20], [0, 0])
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert logrank_p(late, short) == 1.0
+        assert logrank_p(short, late) == 1.0
