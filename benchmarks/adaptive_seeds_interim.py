@@ -229,6 +229,30 @@ def oracle(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, horiz
     return best
 
 
+def rotated(cells: Mapping[tuple, Sequence[Trial]], r: int) -> dict[tuple, list[Trial]]:
+    """Every cell's trials in the seed order that starts at its ``r``-th seed."""
+    return {k: list(v[r:]) + list(v[:r]) for k, v in cells.items()}
+
+
+def replay_rotations(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, mode: str,
+                     slots: int, every: int, horizon: int) -> list[dict[str, Any]]:
+    """``replay`` on each rotation of the seed order against that rotation's fixed arm."""
+    rows = []
+    for r in range(spec.max):
+        rot = rotated(cells, r)
+        n, fixed = fixed_arm(rot, base, spec)
+        a = replay(rot, base, spec, mode, slots, every, horizon)
+        ratio = a["cpu_s"] / fixed if n and a["decided"] == len(cells) - 1 else None
+        rows.append({"rotation": r, "fixed_seeds": n, "fixed_cpu_s": fixed, **a, "cost_ratio": ratio})
+    return rows
+
+
+def median_max(rows: Sequence[Mapping[str, Any]]) -> tuple[float, float]:
+    """The median and max cost ratio of ``rows`` (a rotation that did not decide counts as inf)."""
+    ratios = [x["cost_ratio"] if x["cost_ratio"] is not None else math.inf for x in rows]
+    return statistics.median(ratios), max(ratios)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--cache", type=Path, required=True, help="adaptive_seeds.py's --cache")
@@ -249,35 +273,24 @@ def main() -> None:
                            "collapse_seen_at": {",".join(f"{a}={v}" for a, v in k): [t[0] for t in v]
                                                 for k, v in cells.items()}}
     for mode in ("nominal", "spending"):
-        rows = []
-        for r in range(spec.max):
-            rot = {k: list(v[r:]) + list(v[:r]) for k, v in cells.items()}
-            n, fixed = fixed_arm(rot, base, spec)
-            a = replay(rot, base, spec, mode, slots, args.every, grid.spec.steps)
-            ratio = a["cpu_s"] / fixed if n and a["decided"] == len(cells) - 1 else None
-            rows.append({"rotation": r, "fixed_seeds": n, "fixed_cpu_s": fixed, **a, "cost_ratio": ratio})
-            print(f"{mode} rotation {r}: fixed n {n}, adaptive decided {a['decided']} ({a['later']} with a later RMST than "
-                  f"the baseline) at step {a['last_step']}, "
-                  f"cost ratio {ratio if ratio is None else round(ratio, 3)}", flush=True)
-        ratios = [x["cost_ratio"] if x["cost_ratio"] is not None else math.inf for x in rows]
-        out[mode] = {"median": statistics.median(ratios), "max": max(ratios), "rotations": rows}
-        print(f"{mode}: cost ratio median {statistics.median(ratios):.0%}, max {max(ratios):.0%}")
+        rows = replay_rotations(cells, base, spec, mode, slots, args.every, grid.spec.steps)
+        for x in rows:
+            print(f"{mode} rotation {x['rotation']}: fixed n {x['fixed_seeds']}, adaptive decided {x['decided']} "
+                  f"({x['later']} with a later RMST than the baseline) at step {x['last_step']}, cost ratio "
+                  f"{x['cost_ratio'] if x['cost_ratio'] is None else round(x['cost_ratio'], 3)}", flush=True)
+        med, top = median_max(rows)
+        out[mode] = {"median": med, "max": top, "rotations": rows}
+        print(f"{mode}: cost ratio median {med:.0%}, max {top:.0%}")
     out["slots_study"] = {}
     for n_slots in args.slots:
         for mode in ("nominal", "spending"):
-            ratios = []
-            for r in range(spec.max):
-                rot = {k: list(v[r:]) + list(v[:r]) for k, v in cells.items()}
-                n, fixed = fixed_arm(rot, base, spec)
-                a = replay(rot, base, spec, mode, n_slots, args.every, grid.spec.steps)
-                ratios.append(a["cpu_s"] / fixed if n and a["decided"] == len(cells) - 1 else math.inf)
-            out["slots_study"][f"{n_slots}/{mode}"] = {"median": statistics.median(ratios), "max": max(ratios)}
-            print(f"{n_slots} slots, {mode}: cost ratio median {statistics.median(ratios):.0%}, "
-                  f"max {max(ratios):.0%}", flush=True)
+            med, top = median_max(replay_rotations(cells, base, spec, mode, n_slots, args.every, grid.spec.steps))
+            out["slots_study"][f"{n_slots}/{mode}"] = {"median": med, "max": top}
+            print(f"{n_slots} slots, {mode}: cost ratio median {med:.0%}, max {top:.0%}", flush=True)
     for variant, data in (("run_to_horizon", cells), ("stop_at_collapse", stopped_at_collapse(cells))):
         rows = []
         for r in range(spec.max):
-            rot = {k: list(v[r:]) + list(v[:r]) for k, v in data.items()}
+            rot = rotated(data, r)
             n, fixed = fixed_arm(rot, base, spec)
             best = oracle(rot, base, spec, grid.spec.steps)
             rows.append({"rotation": r, "fixed_seeds": n, "fixed_cpu_s": fixed, **best,
