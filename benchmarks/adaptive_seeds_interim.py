@@ -190,14 +190,6 @@ def stopped_at_collapse(cells: Mapping[tuple, Sequence[Trial]]) -> dict[tuple, l
             for k, v in cells.items()}
 
 
-def censored_at(trials: Sequence[Trial], h: int) -> list[Any]:
-    """``trials`` run to step ``h`` (or their end): an event at its onset if seen by then, else censored."""
-    from orchestrator.survival import Observation
-
-    return [Observation(float(onset), True) if seen is not None and seen <= h  # type: ignore[arg-type]
-            else Observation(float(min(h, steps)), False) for seen, onset, _, steps in trials]
-
-
 def oracle(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, horizon: int) -> dict[str, Any]:
     """The cheapest seed counts per cell and common horizon that decide every comparison (see the
     module docstring), chosen with hindsight; its cost, counts and horizon."""
@@ -216,8 +208,8 @@ def oracle(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, horiz
     for h in range(min(40, horizon), horizon + 1, 10):
         c_other = {k: {m: cost(cells[k][:m], h) for m in counts} for k in others}
         for n0 in counts:
-            b = censored_at(cells[base][:n0], h)
-            p = {k: {m: logrank_p(censored_at(cells[k][:m], h), b) for m in counts} for k in others}
+            b = observed([(t, 0) for t in cells[base][:n0]], h)
+            p = {k: {m: logrank_p(observed([(t, 0) for t in cells[k][:m]], h), b) for m in counts} for k in others}
             for ms in itertools.product(counts, repeat=len(others)):
                 c = cost(cells[base][:n0], h) + sum(c_other[k][m] for k, m in zip(others, ms))
                 if c >= best["cpu_s"]:

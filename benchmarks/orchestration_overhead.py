@@ -100,19 +100,15 @@ def _plain(args: argparse.Namespace, work: Path, run: int) -> float:
 
     t0 = time.perf_counter()
     with scoped_environ({"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if args.bare_tune else {}):
-        results = _plain_fit(tune, args, work, run)
+        results = tune.Tuner(
+            tune.with_resources(plain_trainable, {"CPU": 1, "pool:sim-h100": 1}),
+            param_space={"steps": args.steps, "i": tune.grid_search(list(range(args.trials)))},
+            tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=args.parallel),
+            run_config=tune.RunConfig(name=f"plain{run}", storage_path=str(work / "plain"), verbose=0),
+        ).fit()
     elapsed = time.perf_counter() - t0
     assert len(results) == args.trials and not results.errors
     return elapsed
-
-
-def _plain_fit(tune: Any, args: argparse.Namespace, work: Path, run: int) -> Any:
-    return tune.Tuner(
-        tune.with_resources(plain_trainable, {"CPU": 1, "pool:sim-h100": 1}),
-        param_space={"steps": args.steps, "i": tune.grid_search(list(range(args.trials)))},
-        tune_config=tune.TuneConfig(reuse_actors=True, max_concurrent_trials=args.parallel),
-        run_config=tune.RunConfig(name=f"plain{run}", storage_path=str(work / "plain"), verbose=0),
-    ).fit()
 
 
 def _ablate(args: argparse.Namespace, work: Path, run: int) -> float:
