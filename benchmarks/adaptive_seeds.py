@@ -3,7 +3,7 @@
 The grid (``benchmarks/adaptive_seeds_grid.yaml``: four learning rates, each compared with the
 recipe's 5e-4 on the final eval reward) runs every cell to the adaptive block's ``max`` seeds
 once: that is the ground truth (a comparison is decided there when its p-value, adjusted over the
-grid's comparisons with Holm, is below 0.05; ``orchestrator.seeds.comparisons``). ``--target``
+grid's comparisons with Holm, is below 0.05; ``orchestrator.stats.seeds.comparisons``). ``--target``
 replays the same recorded trials on another target (``time_to_collapse`` on
 ``benchmarks/adaptive_seeds_collapse.yaml``: the log-rank test, RMST widths). Trials run in this machine's processes (``SimBackend``, two at a time, pinned numerics) and
 are cached by trial id under ``--cache``; their cost is the trial process's CPU time in
@@ -14,7 +14,7 @@ Both arms are then replayed on those recorded trials, in seed order, so they see
 outcomes a live run would have produced (a trial's result depends only on its configuration and
 seed; the scheduler's adaptive seed ``n`` is the same content-hashed trial as listed seed ``n``):
 
-- adaptive: every cell starts with ``min`` seeds, then ``orchestrator.seeds.needs_seed`` (the
+- adaptive: every cell starts with ``min`` seeds, then ``orchestrator.stats.seeds.needs_seed`` (the
   code the scheduler runs) picks the next cell after each finished trial, one at a time, until no
   cell needs one;
 - fixed: every cell gets seeds ``0..n-1``, for each ``n`` from ``min`` to ``max``.
@@ -91,7 +91,7 @@ def outcomes(grid_file: Path, recorded: Mapping[str, Mapping[str, Any]]) -> dict
     """Per cell, its trials' outcomes in seed order (verdict, final eval reward, CPU-hours)."""
     from orchestrator import metrics as M
     from orchestrator.grid import expand, load_grid
-    from orchestrator.seeds import Outcome
+    from orchestrator.stats.seeds import Outcome
     from orchestrator.verdict import judge
 
     grid = load_grid(grid_file)
@@ -123,7 +123,7 @@ def adaptive_spec(grid: Any) -> Any:
 def comps_of(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> list[Any]:
     """The grid's declared comparisons on its target, as the scheduler computes them."""
     from orchestrator.grid import axis_label
-    from orchestrator.seeds import comparisons
+    from orchestrator.stats.seeds import comparisons
 
     ad = adaptive_spec(grid)
     return comparisons(cells, grid.spec.comparisons, ad.target, ad.level, label=axis_label,
@@ -146,7 +146,7 @@ def score(got: Mapping[tuple, int], truth: Mapping[tuple, int]) -> dict[str, int
 
 def adaptive_arm(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> tuple[dict[tuple, list[Any]], int]:
     """Replay the scheduler's allocation one finished trial at a time; (cells as run, trials)."""
-    from orchestrator.seeds import needs_seed
+    from orchestrator.stats.seeds import needs_seed
 
     ad = adaptive_spec(grid)
     run = {k: list(v[:ad.min]) for k, v in cells.items()}
@@ -165,7 +165,7 @@ def _cost(cells: Mapping[tuple, Sequence[Any]]) -> float:
 
 def replay(cells: Mapping[tuple, Sequence[Any]], grid: Any) -> dict[str, Any]:
     """Both arms on one seed order."""
-    from orchestrator.seeds import cell_text
+    from orchestrator.stats.seeds import cell_text
 
     ad = adaptive_spec(grid)
     truth = decisions(cells, grid)
@@ -216,7 +216,7 @@ def report(res: Mapping[str, Any]) -> None:
 
 
 def main() -> None:
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     numerics.ensure_pinned()  # the recorded trials are reproducible on any x86-64 AVX2 machine
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
@@ -229,7 +229,7 @@ def main() -> None:
     args = ap.parse_args()
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     from orchestrator.grid import load_grid
-    from orchestrator.seeds import cell_text
+    from orchestrator.stats.seeds import cell_text
 
     grid = load_grid(args.grid)
     if args.target:

@@ -16,7 +16,7 @@ On the recorded trials of ``benchmarks/adaptive_seeds.py --grid benchmarks/adapt
 - decisions: ``nominal``: the log-rank p-values, Holm-adjusted, below 0.05 at the current look
   (no control of the error across looks, the best case); ``spending``: a comparison is decided
   the first time its log-rank |Z| crosses the Lan-DeMets O'Brien-Fleming boundary
-  (``orchestrator.sequential``) at information fraction = (steps observed in the two cells) /
+  (``orchestrator.stats.sequential``) at information fraction = (steps observed in the two cells) /
   (2 x max x steps), with Holm's levels recycled as comparisons are decided (the graphical
   approach of Maurer and Bretz, 2013);
 - a decision's direction is the sign of the RMST difference at the stop (the ground truth at
@@ -80,7 +80,7 @@ def recorded(grid: Any, cache: Path) -> dict[tuple, list[Trial]]:
 
 def observed(runs: Sequence[tuple[Trial, int]], now: int) -> list[Any]:
     """The trials started at ``runs``' times, as survival data at time ``now``."""
-    from orchestrator.survival import Observation
+    from orchestrator.stats.survival import Observation
 
     out = []
     for (seen, onset, _, steps), start in runs:
@@ -101,7 +101,7 @@ class Decider:
         self.bounds: dict[tuple[Any, float], Any] = {}
 
     def look(self, p: Mapping[Any, float], fraction: Mapping[Any, float]) -> set[Any]:
-        from orchestrator import hypotheses
+        from orchestrator.stats import hypotheses
 
         if self.mode == "nominal":
             adj = hypotheses.adjust([p[k] for k in self.names], "holm")
@@ -118,7 +118,7 @@ class Decider:
             rejected |= new
 
     def _crossed(self, k: Any, level: float) -> bool:
-        from orchestrator.sequential import Boundaries, z_of_p
+        from orchestrator.stats.sequential import Boundaries, z_of_p
 
         b = self.bounds.setdefault((k, level), Boundaries(level))
         while len(b.values) < len(self.looks[k]):
@@ -129,7 +129,7 @@ class Decider:
 def replay(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, mode: str,
            slots: int, every: int, horizon: int) -> dict[str, Any]:
     """One run of the interim-look policy; its decisions, cost and seeds per cell."""
-    from orchestrator.survival import logrank_p, rmst_difference
+    from orchestrator.stats.survival import logrank_p, rmst_difference
 
     others = [k for k in cells if k != base]
     started = {k: 0 for k in cells}
@@ -172,8 +172,8 @@ def replay(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, mode:
 
 def fixed_arm(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any) -> tuple[int | None, float]:
     """The smallest n deciding every comparison (Holm, log-rank on full trials) and its CPU-s."""
-    from orchestrator import hypotheses
-    from orchestrator.survival import logrank_p
+    from orchestrator.stats import hypotheses
+    from orchestrator.stats.survival import logrank_p
 
     others = [k for k in cells if k != base]
     for n in range(spec.min, spec.max + 1):
@@ -195,8 +195,8 @@ def oracle(cells: Mapping[tuple, Sequence[Trial]], base: tuple, spec: Any, horiz
     module docstring), chosen with hindsight; its cost, counts and horizon."""
     import itertools
 
-    from orchestrator import hypotheses
-    from orchestrator.survival import logrank_p
+    from orchestrator.stats import hypotheses
+    from orchestrator.stats.survival import logrank_p
 
     others = [k for k in cells if k != base]
     counts = range(spec.min, spec.max + 1)

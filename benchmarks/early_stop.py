@@ -250,7 +250,7 @@ def report(res: Mapping[str, object], source: str) -> None:
 
 
 def main() -> None:
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])

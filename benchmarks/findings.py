@@ -455,7 +455,7 @@ def write_manifest(res: Sequence[Any]) -> Path:
     recipe and pools, the simulator's sources, this script and its checks), the code version and
     the trials' numeric environments; ``tests/test_results_manifest.py`` compares the hash with
     the current code's."""
-    from orchestrator import manifest
+    from orchestrator.compare import manifest
 
     return manifest.write(OUT, manifest.for_script(
         GRID, SCRIPTS, regenerate=REGENERATE,
@@ -464,7 +464,7 @@ def write_manifest(res: Sequence[Any]) -> Path:
 
 def main(argv: Sequence[str] | None = None) -> int:
     """Run the grid and derived trials (unless ``--skip-run``) and write the report."""
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)

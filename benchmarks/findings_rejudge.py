@@ -52,7 +52,7 @@ def _observations(trials: Sequence[Any]) -> list[Any]:
 
 def survival_contrast(a: Sequence[Any], b: Sequence[Any]) -> dict[str, float]:
     """Log-rank p of ``a`` vs ``b`` and their RMST (up to the longest trial) and difference."""
-    from orchestrator import survival
+    from orchestrator.stats import survival
 
     oa, ob = _observations(a), _observations(b)
     horizon = max((o.time for o in (*oa, *ob)), default=0.0)
@@ -86,8 +86,8 @@ def f4(res: Sequence[Any]) -> Finding:
 
 
 def f6(res: Sequence[Any]) -> Finding:
-    from orchestrator import hypotheses
-    from orchestrator.intervals import mean_difference
+    from orchestrator.stats import hypotheses
+    from orchestrator.stats.intervals import mean_difference
 
     base = [final_eval(r) for r in select(res, **{**BASE, "pool": "sim-h100"})]
     parts, p_ni, shown_worse = [], [], []

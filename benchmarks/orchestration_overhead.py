@@ -96,7 +96,7 @@ def _register() -> None:
 def _plain(args: argparse.Namespace, work: Path, run: int) -> float:
     from ray import tune
 
-    from orchestrator.environment import scoped_environ
+    from orchestrator.store.workspace import scoped_environ
 
     t0 = time.perf_counter()
     with scoped_environ({"TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"} if args.bare_tune else {}):

@@ -2,7 +2,7 @@
 
 For every comparison of a correction with ``none`` (same pool and other axes) over the seeds both
 arms ran: the width of the paired t interval over the width of Welch's interval, and both p-values
-(``orchestrator.intervals``, ``orchestrator.hypotheses``). Reads ``results/findings/trials.csv``
+(``orchestrator.stats.intervals``, ``orchestrator.stats.hypotheses``). Reads ``results/findings/trials.csv``
 and ``results/quickstart/trials.csv`` (committed), and optionally the adaptive-seeds benchmark's
 cache of recorded sim trials (``--cache``: 10 seeds per cell).
 
@@ -24,8 +24,8 @@ SOURCES = [("findings", REPO / "results/findings/trials.csv", ["arch", "pool", "
 
 def compare_arms(name: str, groups: dict[tuple, dict[str, dict[int, float]]]) -> list[dict[str, Any]]:
     """Paired vs Welch for each (context, arm vs none) over the shared seeds."""
-    from orchestrator.hypotheses import p_from_interval
-    from orchestrator.intervals import mean_difference, paired_difference
+    from orchestrator.stats.hypotheses import p_from_interval
+    from orchestrator.stats.intervals import mean_difference, paired_difference
 
     rows = []
     for ctx, arms in groups.items():

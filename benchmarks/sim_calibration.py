@@ -49,7 +49,7 @@ def one(pool: str, arch: str, steps: int, seed: int) -> dict[str, float | str]:
 
 
 def main() -> None:
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

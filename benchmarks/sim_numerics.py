@@ -4,7 +4,7 @@ In one run, interleaved, each configuration in its own process (the numeric vari
 once, when torch first dispatches), N steps of the quickstart trial on sim-h100 (token TIS):
 
 - ``explicit, pinned``: what every trial runs (fp32 GEMMs over rounded operands; ATen/MKL/oneDNN
-  pinned to AVX2, ``orchestrator/numerics.py``);
+  pinned to AVX2, ``orchestrator/sim/numerics.py``);
 - ``explicit, unpinned``: the same arithmetic at the CPU's own instruction-set level;
 - ``native, unpinned``: the engine's GEMMs on the CPU's own bf16/fp16 kernels (``sim-1``);
 - ``native, AVX2 kernels``: the same with the libraries capped at AVX2, i.e. the kernels an AVX2
@@ -64,7 +64,7 @@ def child(kernels: str, steps: int) -> None:
 
 
 def run_config(name: str, steps: int) -> dict:
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     kernels, pinned, _ = CONFIGS[name]
     env = dict(os.environ)

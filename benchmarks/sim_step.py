@@ -104,7 +104,7 @@ def deterministic_ratio(pool: str, reps: int) -> tuple[float, float, float]:
 
 
 def main() -> None:
-    from orchestrator import numerics
+    from orchestrator.sim import numerics
 
     numerics.ensure_pinned()  # figures hold on every x86-64 AVX2 machine only pinned
     ap = argparse.ArgumentParser(description=__doc__.splitlines()[0])

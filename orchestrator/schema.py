@@ -154,7 +154,7 @@ class BudgetSpec(Strict):
     gpu_hours_per_pool: dict[StrictStr, Hours] = Field(default_factory=dict)
 
 
-# What a comparison or adaptive seeds measure (``orchestrator.seeds``).
+# What a comparison or adaptive seeds measure (``orchestrator.stats.seeds``).
 Target = Literal["collapse_rate", "final_reward", "time_to_collapse"]
 
 
@@ -162,7 +162,7 @@ class AdaptiveSeedsSpec(Strict):
     """``seeds: {adaptive: ...}``: each cell starts with ``min`` seeds (0, 1, ...); the scheduler
     adds the next seed where the interval of ``target`` is widest or a declared comparison is
     undecided, until each cell's interval is at most ``ci_width`` wide or it has ``max`` seeds
-    (``orchestrator.seeds``). Intervals: Wilson score for collapse_rate, Student t (logit scale
+    (``orchestrator.stats.seeds``). Intervals: Wilson score for collapse_rate, Student t (logit scale
     for a reward in [0, 1]) for final_reward, the restricted mean survival time up to ``steps``
     for time_to_collapse (its width as a share of ``steps``), all at ``level``."""
 
@@ -226,7 +226,7 @@ DEFAULT_RANGE = (0.0, 1.0)  # a verifiable task's reward (GSM8K, the simulator):
 
 class MetricsSpec(Strict):
     """What the grid declares about its metrics. ``range``: the interval a metric's values lie
-    in, which its per-cell intervals then stay inside (``orchestrator.intervals.bounded_mean``);
+    in, which its per-cell intervals then stay inside (``orchestrator.stats.intervals.bounded_mean``);
     undeclared: ``DEFAULT_RANGE``."""
 
     range: dict[Literal["reward"], Annotated[list[StrictFloat | StrictInt],
@@ -337,7 +337,7 @@ class GridFile(Strict):
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     compare: CompareDecl | list[CompareDecl] | None = None
-    # How the p-values of the declared comparisons are adjusted (orchestrator.hypotheses).
+    # How the p-values of the declared comparisons are adjusted (orchestrator.stats.hypotheses).
     multiplicity: Literal["holm", "bh", "none"] = "holm"
     # What the grid declares about its metrics: the range a bounded one lies in.
     metrics: MetricsSpec = Field(default_factory=MetricsSpec)

@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import numerics
+from orchestrator.sim import numerics
 
 # Before anything imports torch: every simulator number a test checks (the golden run, the
 # calibration bounds) holds on any x86-64 AVX2 machine only under the pinned numerics, and the

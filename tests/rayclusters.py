@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.environment import scoped_environ
+from orchestrator.store.workspace import scoped_environ
 
 # A tiny simulator config: ~0.15 s per step on a 2-core machine.
 TINY = """\

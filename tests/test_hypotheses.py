@@ -6,8 +6,13 @@ import math
 import pytest
 from scipy import stats
 
-from orchestrator.hypotheses import adjust, equivalence, p_from_interval
-from orchestrator.intervals import bounded_mean, mean_difference, paired_difference, t_interval
+from orchestrator.stats.hypotheses import adjust, equivalence, p_from_interval
+from orchestrator.stats.intervals import (
+    bounded_mean,
+    mean_difference,
+    paired_difference,
+    t_interval,
+)
 
 XS = [0.5, 0.6, 0.55, 0.7]
 YS = [0.4, 0.45, 0.5, 0.42, 0.3]

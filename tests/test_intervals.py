@@ -6,7 +6,7 @@ import math
 
 import pytest
 
-from orchestrator.intervals import mean_difference, rate_difference, t_interval, wilson
+from orchestrator.stats.intervals import mean_difference, rate_difference, t_interval, wilson
 
 
 @pytest.mark.parametrize(("k", "n", "low", "high"), [

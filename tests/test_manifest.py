@@ -1,5 +1,5 @@
 """Committed results match the code: every generated ``results/`` directory has a
-``MANIFEST.json`` whose input hash is what the current code computes (``orchestrator.manifest``)."""
+``MANIFEST.json`` whose input hash is what the current code computes (``orchestrator.compare.manifest``)."""
 from __future__ import annotations
 
 import json
@@ -8,7 +8,7 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator import manifest
+from orchestrator.compare import manifest
 from orchestrator.store.workspace import display_uri
 
 REPO = Path(__file__).resolve().parents[1]

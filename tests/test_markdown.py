@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import pytest
 
-from orchestrator import markdown as md
+from orchestrator.compare import markdown as md
 
 HOSTILE = [
     "<img src=x onerror=alert(1)>",

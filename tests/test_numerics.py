@@ -14,9 +14,10 @@ import pytest
 from rayclusters import write_grid
 from trialrecords import trials as read_trials
 
-from orchestrator import numerics, scheduler
+from orchestrator import scheduler
 from orchestrator.compare import compare
 from orchestrator.run import run_single
+from orchestrator.sim import numerics
 from orchestrator.tracking import client
 
 REPO = Path(__file__).resolve().parent.parent
@@ -99,12 +100,12 @@ def _run_python(code: str, env: dict[str, str]) -> str:
 def test_an_unpinned_process_says_why_and_ensure_pinned_reexecutes_it() -> None:
     bare = {k: v for k, v in os.environ.items() if k not in numerics.PINNED}
     described = _run_python(
-        "import torch, json; from orchestrator import numerics; "
+        "import torch, json; from orchestrator.sim import numerics; "
         "print(json.dumps(numerics.describe(True)))", bare)
     env = json.loads(described)
     assert env["reproducible"] is False
     assert "did not start with the pinned numeric variables" in env["why"]
     # A command-line entry point that imported torch first is run again, pinned.
-    code = ("import torch, sys; from orchestrator import numerics; numerics.ensure_pinned(); "
+    code = ("import torch, sys; from orchestrator.sim import numerics; numerics.ensure_pinned(); "
             "print(torch.backends.cpu.get_cpu_capability(), numerics.describe(True)['reproducible'])")
     assert _run_python(code, bare) == "AVX2 True"

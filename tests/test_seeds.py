@@ -5,7 +5,7 @@ import math
 from pathlib import Path
 
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.seeds import Outcome, comparisons, needs_seed, seeds_to_decide
+from orchestrator.stats.seeds import Outcome, comparisons, needs_seed, seeds_to_decide
 
 SPEC = AdaptiveSeedsSpec(min=2, max=6, target="collapse_rate", ci_width=0.4)
 DECL = [CompareDecl(axis="corr", baseline="none")]
@@ -90,7 +90,7 @@ def test_time_to_collapse_is_decided_by_log_rank_and_sized_by_rmst() -> None:
 def test_time_to_collapse_cells_without_collapses_keep_getting_seeds() -> None:
     """Greenwood's RMST interval is a point for a cell with no collapse; adaptive seeds widen it to
     the Wilson interval of the collapse-free share, so 2 healthy seeds do not settle a cell."""
-    from orchestrator.seeds import cell_interval, relative_width
+    from orchestrator.stats.seeds import cell_interval, relative_width
 
     spec = AdaptiveSeedsSpec(min=2, max=10, target="time_to_collapse", ci_width=0.3)
     healthy = [Outcome(i, False, math.nan, 1.0, 120) for i in range(2)]
@@ -104,7 +104,7 @@ def test_time_to_collapse_cells_without_collapses_keep_getting_seeds() -> None:
 
 def test_a_declared_reward_range_bounds_the_cell_interval_and_scales_its_width(tmp_path: Path) -> None:
     from orchestrator.grid import load_grid
-    from orchestrator.seeds import cell_interval, relative_width
+    from orchestrator.stats.seeds import cell_interval, relative_width
 
     rewards = [Outcome(i, False, r) for i, r in enumerate([-0.99, -0.95, -0.2])]
     plain = cell_interval(rewards, "final_reward")  # outside [0, 1]: the plain t interval

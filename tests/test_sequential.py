@@ -7,7 +7,7 @@ import math
 import numpy as np
 import pytest
 
-from orchestrator.sequential import Boundaries, boundaries, crossed, obf_spent, z_of_p
+from orchestrator.stats.sequential import Boundaries, boundaries, crossed, obf_spent, z_of_p
 
 
 def test_boundaries_match_gsdesign() -> None:

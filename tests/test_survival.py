@@ -10,7 +10,7 @@ import math
 
 import pytest
 
-from orchestrator.survival import (
+from orchestrator.stats.survival import (
     Observation,
     kaplan_meier,
     logrank_p,

@@ -1,4 +1,4 @@
-"""The CLI reference, generated from the argument parser (``orchestrator.cli.build_parser``)."""
+"""The CLI reference, generated from the argument parser (``orchestrator.cli.parser.build_parser``)."""
 from __future__ import annotations
 
 import argparse

@@ -5,7 +5,7 @@ Markers a page may hold (each replaced at build time; an unknown one fails the b
 
 - ``<!-- gen:grid-reference -->``: every key of a grid file (``orchestrator/schema.py``);
 - ``<!-- gen:vocabularies -->``: every vocabulary value and what each backend does with it;
-- ``<!-- gen:cli -->``: every command and option (``orchestrator/cli.py``'s parser);
+- ``<!-- gen:cli -->``: every command and option (``orchestrator/cli/parser.py``'s parser);
 - ``<!-- include:PATH -->``: a repository file's Markdown (e.g. ``ARCHITECTURE.md``);
 - ``<!-- table:PATH N -->``: the N-th Markdown table of a repository file (e.g. a summary.md);
 - ``<!-- jsontable:PATH[#a.b] x,y:.2f -->``: a table of fields x, y of a JSON list of objects

@@ -11,13 +11,13 @@ from collections.abc import Iterable, Mapping
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
-from orchestrator import numerics
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, NumericFailure, UserError
 from orchestrator.learner import LearnerSpec, rollout_for
 from orchestrator.pools import PoolSpec
+from orchestrator.sim import numerics
 from orchestrator.sim.config import build_setup, check_learner, reproducible
 from orchestrator.sim.profile import check_rollout, parse_profile
 from orchestrator.trial import TrialSpec
@@ -72,7 +72,7 @@ class SimBackend(Backend):
 
     @classmethod
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
-        """Pinned CPU numerics for every simulator process (``orchestrator/numerics.py``)."""
+        """Pinned CPU numerics for every simulator process (``orchestrator/sim/numerics.py``)."""
         return numerics.target_env(reproducible(config))
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:

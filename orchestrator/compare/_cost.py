@@ -5,12 +5,12 @@
   simulator's CPU-hours are never summed together).
 - ``comparisons.csv``: for each comparison the grid declares (``compare: {axis, baseline}``),
   every cell against its baseline cell: the difference of the target with its interval
-  (``orchestrator.intervals``: Newcombe for collapse rates, Welch or paired t for final reward;
-  ``orchestrator.survival``: the RMST difference for the time to collapse), its p-value (the
+  (``orchestrator.stats.intervals``: Newcombe for collapse rates, Welch or paired t for final reward;
+  ``orchestrator.stats.survival``: the RMST difference for the time to collapse), its p-value (the
   log-rank test for the time to collapse) and the p-value adjusted over the declared comparisons
   (``multiplicity:``, Holm by default), whether it is decided (adjusted p below ``1 - level``),
   the equivalence verdict where a margin is declared, and for an undecided one the expected
-  further seeds and accelerator-hours to decide it (``orchestrator.seeds.seeds_to_decide``).
+  further seeds and accelerator-hours to decide it (``orchestrator.stats.seeds.seeds_to_decide``).
 
 Both also go into ``summary.md``/``summary.html`` and a few lines on the terminal.
 """
@@ -27,7 +27,7 @@ from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
 from orchestrator.grid import axis_label
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
-from orchestrator.seeds import (
+from orchestrator.stats.seeds import (
     CellKey,
     Outcome,
     cell_text,
@@ -72,7 +72,7 @@ def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out:
 
 def outcome(r: TrialResult) -> Outcome:
     """A trial as adaptive seeds and the comparisons see it (its time: the collapse step, else
-    the last observed step; see ``orchestrator.survival`` for early-stopped trials)."""
+    the last observed step; see ``orchestrator.stats.survival`` for early-stopped trials)."""
     step = r.verdict_step if r.collapsed and r.verdict_step is not None else r.last_step
     return Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None,
                    step if r.collapsed is not None else None)

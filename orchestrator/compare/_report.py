@@ -10,7 +10,7 @@ draws the plots (``compare_plots``) and writes ``results/<grid>/``:
   collapse per cell, ``_survival``);
 - ``survival.png``, ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
   ``verdict_map.png``, ``importance.png``;
-- ``MANIFEST.json`` (``orchestrator.manifest``): code version, the hash of what decides the numbers,
+- ``MANIFEST.json`` (``orchestrator.compare.manifest``): code version, the hash of what decides the numbers,
   the trials' numeric environments, the command that regenerates the directory.
 
 The same files are logged as artifacts (``results/``) of the grid's newest parent run, and a
@@ -27,12 +27,12 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import manifest
-from orchestrator import markdown as md
 from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
 from orchestrator.compare import _survival as S
+from orchestrator.compare import manifest
+from orchestrator.compare import markdown as md
 from orchestrator.compare._background import start
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._fetch import LocalMetrics
@@ -45,9 +45,9 @@ from orchestrator.compare._stats import (
 )
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import GridSpec, load_grid
-from orchestrator.numerics import environments
 from orchestrator.scheduler import renamed, stored_stores
 from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
+from orchestrator.sim.numerics import environments
 from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import ROLE_TAG, client, store_exists
 
@@ -314,7 +314,7 @@ def render_markdown(report: dict[str, Any]) -> str:
 def environment_lines(report: dict[str, Any]) -> list[str]:
     """Where the numbers were computed: one line, or a warning listing each environment when
     the compared trials ran under different ones (their numbers are then not comparable bit
-    for bit; see orchestrator/numerics.py)."""
+    for bit; see orchestrator/sim/numerics.py)."""
     envs = report.get("environments") or {}
     if not envs:
         return []

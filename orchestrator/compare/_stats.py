@@ -1,5 +1,5 @@
 """Statistics for ``ablate compare``: per-cell aggregates over seeds (mean and 95% interval:
-``orchestrator.intervals.bounded_mean``, inside the reward's range: [0, 1] unless the grid
+``orchestrator.stats.intervals.bounded_mean``, inside the reward's range: [0, 1] unless the grid
 declares ``metrics: {range: {reward: [lo, hi]}}``), and per-axis main effects and fANOVA importance (Optuna's evaluator over the finished trials)."""
 from __future__ import annotations
 
@@ -10,8 +10,8 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
-from orchestrator.intervals import bounded_mean
 from orchestrator.schema import DEFAULT_RANGE
+from orchestrator.stats.intervals import bounded_mean
 
 
 def mean_ci(values: Sequence[float], level: float = 0.95) -> tuple[float, float, int]:

@@ -2,7 +2,7 @@
 "Time to collapse" section of ``summary.md``/``summary.html`` (and so of the MLflow parent run's
 note and artifacts).
 
-Each cell's judged trials are survival data (``orchestrator.survival``: a collapse is an event at
+Each cell's judged trials are survival data (``orchestrator.stats.survival``: a collapse is an event at
 its verdict step, any other judged trial is censored at its last step, infra failures are left out
 and counted): the Kaplan-Meier median steps to collapse with its interval, and the restricted mean
 collapse-free steps up to the grid's ``steps`` (RMST) with its interval. Unlike the median step of
@@ -19,9 +19,9 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator import survival
 from orchestrator.compare._data import TrialResult
 from orchestrator.compare._plots import MAX_LEGEND
+from orchestrator.stats import survival
 
 WARNING_STOP = "mismatch early warning"  # how verdict reasons name a stop on the warning alone
 

@@ -28,12 +28,12 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import _REGISTRY, backend_class
-from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import expand, load_grid
 from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun
 from orchestrator.store import TrialPaths, atomic_write_json, records, workspace
 from orchestrator.store.records import mark_cancelled, stored_result
+from orchestrator.store.workspace import scoped_environ
 from orchestrator.tracking import TrackingTarget, parent_run
 from orchestrator.trial import TrialSpec
 

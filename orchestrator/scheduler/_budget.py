@@ -13,7 +13,7 @@ the reason; a re-submit retries it); one that fits only once the running trials 
 pool with neither a measurement nor an estimate runs one trial at a time until it has one.
 
 Adaptive seeds (``seeds: {adaptive: ...}``): each cell starts with its first ``min`` seeds;
-``orchestrator.seeds.needs_seed`` picks the next cell after every finished trial.
+``orchestrator.stats.seeds.needs_seed`` picks the next cell after every finished trial.
 """
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ from orchestrator import metrics as M
 from orchestrator.cost import TrialCost, fmt_hours, pool_rate, total, trial_cost
 from orchestrator.grid import axis_label
 from orchestrator.pools import PoolSpec
-from orchestrator.seeds import (
+from orchestrator.stats.seeds import (
     CellKey,
     Outcome,
     cell_interval,
@@ -340,7 +340,7 @@ def _outcome(spec: TrialSpec, rec: records.TrialRecord, paths: TrialPaths,
     summary = records.stored_result(paths, rec).get("summary") or {}
     reward = next((records.finite_or_none(summary.get(k)) for k in (M.EVAL_REWARD, M.TRAIN_REWARD)
                    if records.finite_or_none(summary.get(k)) is not None), None)
-    # Its time to collapse (orchestrator.survival): the collapse step, else the last step seen.
+    # Its time to collapse (orchestrator.stats.survival): the collapse step, else the last step seen.
     vstep = (rec.verdict or {}).get("step")
     step = vstep if collapsed and isinstance(vstep, int) else rec.last_step
     return Outcome(spec.seed, collapsed, math.nan if reward is None else reward,

@@ -23,9 +23,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import UserError
 from orchestrator.pools import PoolSpec
+from orchestrator.store.workspace import scoped_environ
 
 log = logging.getLogger(__name__)
 LABEL_ACCELERATOR = "ray.io/accelerator-type"

@@ -47,7 +47,6 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import _REGISTRY, backend_class
 from orchestrator.cost import total_metrics
-from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import PoolSpec
@@ -69,6 +68,7 @@ from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext, _trainable
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
+from orchestrator.store.workspace import scoped_environ
 from orchestrator.tracking import Sender, check_store, is_remote
 from orchestrator.trial import TrialSpec
 

@@ -13,12 +13,13 @@ import time
 from pathlib import Path
 
 from orchestrator import metrics as M
-from orchestrator import numerics, recipes
+from orchestrator import recipes
 from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.pools import load_catalog
+from orchestrator.sim import numerics
 from orchestrator.sim.config import reproducible
 from orchestrator.sim.local import LocalContext, make_trial
 

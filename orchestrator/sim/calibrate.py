@@ -20,10 +20,11 @@ from typing import Any
 import torch
 
 from orchestrator import metrics as M
-from orchestrator import numerics, recipes
+from orchestrator import recipes
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec, load_catalog
+from orchestrator.sim import numerics
 from orchestrator.sim.config import build_setup
 from orchestrator.sim.correction_math import (
     mismatch_metrics,

@@ -142,7 +142,7 @@ class SimSetup:
     rollout: RolloutSpec
     numerics: Numerics
     threads: int
-    reproducible: bool = True  # pinned CPU numerics (orchestrator/numerics.py)
+    reproducible: bool = True  # pinned CPU numerics (orchestrator/sim/numerics.py)
     learner: LearnerSpec = dataclasses.field(default_factory=LearnerSpec)
 
 

@@ -103,7 +103,7 @@ def matmul_rounded(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     Computed as an fp32 GEMM, never by a native bf16/fp16 kernel: which of those a CPU has
     (AVX512-BF16, AMX, a slow fallback) and how it sums would make the numbers a property of the
     processor, and the fallback is ~25x slower than fp32 on AVX2. The order of the fp32 sum is
-    the pinned BLAS's (``orchestrator/numerics.py``). fp32 operands: a plain matmul."""
+    the pinned BLAS's (``orchestrator/sim/numerics.py``). fp32 operands: a plain matmul."""
     if a.dtype == torch.float32:
         return torch.matmul(a, b)
     return torch.matmul(a.float(), b.float()).to(a.dtype)

@@ -1,4 +1,5 @@
-"""Where a grid's durable state lives on disk, and the default MLflow store.
+"""Where a grid's durable state lives on disk, the default MLflow store, and the process
+environment they are read from (``scoped_environ``).
 
 Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
 
@@ -15,11 +16,13 @@ Layout (``--workdir``, default ``./.ablate``, or ``$ABLATE_WORKDIR``)::
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import json
 import os
 import shutil
 import tempfile
+from collections.abc import Iterator, Mapping
 from pathlib import Path
 
 from orchestrator.exceptions import UserError
@@ -171,3 +174,24 @@ def human(n: float) -> str:
             return f"{n:.0f} {unit}" if unit == "B" else f"{n:.1f} {unit}"
         n /= 1024
     return f"{n:.1f} TB"
+
+
+@contextlib.contextmanager
+def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
+    """Set (None: unset) environment variables for the duration of a block, then restore them.
+    Libraries that read settings only from the environment (Tune, MLflow's HTTP client, a Ray
+    node starting its workers) need it."""
+    saved = {k: os.environ.get(k) for k in values}
+    for k, v in values.items():
+        if v is None:
+            os.environ.pop(k, None)
+        else:
+            os.environ[k] = v
+    try:
+        yield
+    finally:
+        for k, v in saved.items():
+            if v is None:
+                os.environ.pop(k, None)
+            else:
+                os.environ[k] = v

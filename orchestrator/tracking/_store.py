@@ -20,9 +20,9 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 from urllib.parse import urlparse
 
-from orchestrator.environment import scoped_environ
 from orchestrator.exceptions import UserError
 from orchestrator.metrics import mlflow_key
+from orchestrator.store.workspace import scoped_environ
 
 if TYPE_CHECKING:
     from mlflow import MlflowClient

@@ -229,7 +229,7 @@ def test_plan_refuses_a_flag_the_installed_vllm_lacks_in_one_line(tmp_path: Path
 
 def test_ablate_env_lists_the_engines_installed_here(tmp_path: Path,
                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    from orchestrator import environment
+    from orchestrator.cli import environment
 
     site = tmp_path / "site"
     _fake_engine(site, "vllm", "0.33.0", {})

@@ -10,9 +10,8 @@ import pytest
 import trackedruns
 import verdict_streams as V
 
-from orchestrator import manifest
 from orchestrator import metrics as M
-from orchestrator.compare import compare, pick_axes
+from orchestrator.compare import compare, manifest, pick_axes
 from orchestrator.compare._stats import mean_ci
 from orchestrator.exceptions import UserError
 from orchestrator.grid import derive_trial, expand
@@ -175,7 +174,7 @@ def test_compare_user_errors(populated) -> None:
 
 
 def test_compare_writes_a_manifest_and_names_no_absolute_path(populated) -> None:
-    """results/<grid>/MANIFEST.json (orchestrator.manifest) and the store named from the current
+    """results/<grid>/MANIFEST.json (orchestrator.compare.manifest) and the store named from the current
     directory, not by this machine's absolute path."""
     _, gfile, *_ = populated
     isolated = gfile.parent

@@ -5,10 +5,10 @@ import csv
 import math
 from pathlib import Path
 
-from orchestrator import markdown as md
 from orchestrator.compare import _survival as S
+from orchestrator.compare import markdown as md
 from orchestrator.compare._data import TrialResult
-from orchestrator.survival import Observation
+from orchestrator.stats.survival import Observation
 
 
 def _trial(tid: str, verdict: str | None, step: int | None, last: int, reason: str = "") -> TrialResult:

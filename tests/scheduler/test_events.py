@@ -143,7 +143,7 @@ def test_quiet_prints_the_final_summary_and_failed_trials_only(tmp_path: Path,
 
 def test_output_mode_follows_the_terminal_and_the_flags() -> None:
     from orchestrator.cli import build_parser
-    from orchestrator.commands import _output_mode
+    from orchestrator.cli.commands import _output_mode
 
     def mode(*flags: str, tty: bool) -> str:
         return _output_mode(build_parser().parse_args(["submit", "g.yaml", *flags]), tty)

@@ -18,7 +18,7 @@ from typing import Any
 
 import pytest
 
-from orchestrator import numerics
+from orchestrator.sim import numerics
 
 GOLDEN = Path(__file__).with_name("golden") / "runs.json"
 STEPS = 16

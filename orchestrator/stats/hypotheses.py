@@ -1,7 +1,7 @@
 """Tests on declared comparisons: p-values, many comparisons at once, equivalence.
 
 - **p-value of an interval**: the smallest ``1 - level`` at which the comparison's interval
-  (``orchestrator.intervals``) still excludes 0. For Welch's interval this is Welch's p-value; for
+  (``orchestrator.stats.intervals``) still excludes 0. For Welch's interval this is Welch's p-value; for
   Newcombe's it is the test that interval inverts. So with one comparison "p < 1 - level" is
   exactly "the interval excludes 0", and the p-values and intervals never disagree.
 - **Multiplicity**: a grid's declared comparisons on one target are one family. Holm's step-down
@@ -20,7 +20,7 @@ from __future__ import annotations
 import math
 from collections.abc import Callable, Sequence
 
-from orchestrator.intervals import Interval
+from orchestrator.stats.intervals import Interval
 
 METHODS = ("holm", "bh", "none")
 
@@ -29,7 +29,7 @@ def p_from_interval(interval_at: Callable[[float], Interval], tol: float = 1e-6)
     """Smallest ``alpha`` whose ``1 - alpha`` interval excludes 0 (NaN: no interval at all).
 
     ``interval_at(level)`` must give nested intervals (wider at a higher level), as every
-    interval in ``orchestrator.intervals`` does; bisection on ``alpha``.
+    interval in ``orchestrator.stats.intervals`` does; bisection on ``alpha``.
     """
     if not _finite(interval_at(0.5)):
         return math.nan

@@ -45,7 +45,7 @@ from collections.abc import Sequence
 from statistics import NormalDist
 from typing import Any
 
-from orchestrator.intervals import NAN, Interval
+from orchestrator.stats.intervals import NAN, Interval
 
 
 @dataclasses.dataclass(frozen=True)

@@ -1,12 +1,10 @@
 """``ablate env``: versions, devices and endpoints, for bug reports."""
 from __future__ import annotations
 
-import contextlib
 import importlib.metadata
 import os
 import platform
 import sys
-from collections.abc import Iterator, Mapping
 from typing import Any
 
 from orchestrator.store import workspace
@@ -15,27 +13,6 @@ PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omeg
             "verl", "kubernetes")
 # Rollout engines of gpu pools (pip install -e '.[gpu]' / '.[gpu-vllm]'); listed as engine.<name>.
 ENGINE_PACKAGES = {"sglang": "sglang", "vllm": "vllm"}
-
-
-@contextlib.contextmanager
-def scoped_environ(values: Mapping[str, str | None]) -> Iterator[None]:
-    """Set (None: unset) environment variables for the duration of a block, then restore them.
-    Libraries that read settings only from the environment (Tune, MLflow's HTTP client, a Ray
-    node starting its workers) need it."""
-    saved = {k: os.environ.get(k) for k in values}
-    for k, v in values.items():
-        if v is None:
-            os.environ.pop(k, None)
-        else:
-            os.environ[k] = v
-    try:
-        yield
-    finally:
-        for k, v in saved.items():
-            if v is None:
-                os.environ.pop(k, None)
-            else:
-                os.environ[k] = v
 
 
 def _version(name: str) -> str:

@@ -14,9 +14,9 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import __version__
 from orchestrator.backends import backend_class
-from orchestrator.cliguard import guarded_streams, missing_package, refused_path
-from orchestrator.commands import add_commands
-from orchestrator.environment import collect
+from orchestrator.cli.commands import add_commands
+from orchestrator.cli.environment import collect
+from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
 from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid, plan_lines
 from orchestrator.recipes import flatten

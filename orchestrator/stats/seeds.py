@@ -2,12 +2,12 @@
 
 A *cell* is one configuration (a grid trial's axis labels; the seed is not an axis). For the
 grid's target (``collapse_rate``, ``final_reward`` or ``time_to_collapse``) each cell has an
-interval over its finished seeds (``orchestrator.intervals``: Wilson score / Student t on the
-logit scale for a reward in [0, 1]; ``orchestrator.survival``: the restricted mean survival time
+interval over its finished seeds (``orchestrator.stats.intervals``: Wilson score / Student t on the
+logit scale for a reward in [0, 1]; ``orchestrator.stats.survival``: the restricted mean survival time
 up to the grid's ``steps``, its width as a share of ``steps``), and each declared comparison
 (``compare: {axis, baseline}``) a difference with its interval (Newcombe / Welch or paired t /
 RMST difference) and a p-value (the interval's own test; the log-rank test for the time to
-collapse), adjusted over the declared comparisons (``orchestrator.hypotheses``: Holm unless the
+collapse), adjusted over the declared comparisons (``orchestrator.stats.hypotheses``: Holm unless the
 grid says ``multiplicity:``). A comparison is decided when its adjusted p-value is below
 ``1 - level``; with one comparison that is exactly "its interval excludes 0".
 
@@ -30,8 +30,9 @@ import statistics
 from collections.abc import Mapping, Sequence
 from statistics import NormalDist
 
-from orchestrator import hypotheses, survival
-from orchestrator.intervals import (
+from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
+from orchestrator.stats import hypotheses, survival
+from orchestrator.stats.intervals import (
     NAN,
     Interval,
     bounded_mean,
@@ -40,7 +41,6 @@ from orchestrator.intervals import (
     rate_difference,
     wilson,
 )
-from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 
 CellKey = tuple[tuple[str, str], ...]
 
@@ -59,7 +59,7 @@ class Outcome:
 
     @property
     def observation(self) -> survival.Observation | None:
-        """The trial as survival data (``orchestrator.survival``); None when not judged."""
+        """The trial as survival data (``orchestrator.stats.survival``); None when not judged."""
         if self.collapsed is None or self.step is None:
             return None
         return survival.Observation(float(self.step), bool(self.collapsed))

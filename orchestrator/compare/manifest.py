@@ -9,7 +9,7 @@ Every directory the report writers generate (``results/<grid>/`` from ``ablate c
   for the findings report the scripts that analyse it. Documentation, the CLI and the table
   layout are left out, so a README edit or a new column does not make committed numbers stale;
 - ``code``: the package version and git commit (with a dirty flag) of the run that wrote it;
-- ``numerics``: the numeric environments the trials ran under (``orchestrator/numerics.py``:
+- ``numerics``: the numeric environments the trials ran under (``orchestrator/sim/numerics.py``:
   pinned or not, CPU, instruction set, torch/MKL/oneDNN versions), each with its trial count;
 - ``regenerate``: the command that writes the directory again.
 
@@ -28,11 +28,11 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.grid import expand, load_grid
-from orchestrator.numerics import DECIDING, fingerprint
+from orchestrator.sim.numerics import DECIDING, fingerprint
 
 NAME = "MANIFEST.json"
 SCHEMA_VERSION = 1
-REPO = Path(__file__).resolve().parent.parent
+REPO = Path(__file__).resolve().parents[2]
 # Source files, relative to the repository, whose content decides a simulator grid's numbers:
 # the simulator's training path (not its calibration or command-line modules), the backend adapter
 # that builds its config, the correction and engine vocabularies (defaults and validation), the
@@ -41,7 +41,7 @@ REPO = Path(__file__).resolve().parent.parent
 NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_math.py",
                    "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
                    "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/backends/sim.py",
-                   "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/numerics.py",
+                   "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/sim/numerics.py",
                    "orchestrator/verdict.py", "orchestrator/learner.py", "orchestrator/sim/loss_math.py",
                    "orchestrator/sim/precision.py")
 # The fields of a pool that decide a trial's numbers: its simulator profile, or for verl the
