@@ -131,8 +131,11 @@ def expand_preset(raw: Any) -> Any:
     A field given beside the preset must equal the preset's value or its own default (the
     grid loader fills every default in): anything else would silently lose one of the two.
     """
-    if not isinstance(raw, dict) or raw.get("preset") not in PRESETS:
-        return raw  # no preset, or an unknown name (refused by the field's own validator)
+    preset = raw.get("preset") if isinstance(raw, dict) else None
+    if not isinstance(preset, str) or preset not in PRESETS:
+        # No preset, an unknown name or not a name at all (a list, a mapping): the field's
+        # own validator refuses it with the allowed names.
+        return raw
     name = raw["preset"]
     fields = preset_fields(name)
     out = dict(raw)

@@ -81,7 +81,7 @@ class SlurmPlacement(BaseModel):
     account: str | None = Field(None, pattern=SLURM_TOKEN)
     qos: str | None = Field(None, pattern=SLURM_TOKEN)
     time_limit: str | None = Field(None, pattern=SLURM_TIME)  # minutes, H:MM:SS or D-HH:MM:SS
-    cpus_per_task: int | None = Field(None, ge=1, le=1024)
+    cpus_per_task: StrictInt | None = Field(None, ge=1, le=1024)  # strict: `true` is no count
     extra: tuple[str, ...] = ()
 
     @field_validator("extra")

@@ -31,7 +31,13 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.schema import NAME_PATTERN
-from orchestrator.store import TrialPaths, atomic_write_json, read_json, records
+from orchestrator.store import (
+    TrialPaths,
+    atomic_write_json,
+    corrupt_state_file,
+    read_json,
+    records,
+)
 from orchestrator.tracking import recorded_elsewhere
 from orchestrator.trial import ID_SCHEME
 
@@ -99,15 +105,35 @@ def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None =
         stored = read_json(path)
     # Without identity.json (trials run by `ablate run-trial`, or before the file existed) the
     # trials' own specs tell: a spec written under scheme 2 has its config id.
-    scheme = int(stored.get("id_scheme") or 1) if stored is not None else _specs_scheme(grid_dir)
+    scheme = _stored_scheme(stored, path) if stored is not None else _specs_scheme(grid_dir)
     if scheme == ID_SCHEME:
         return
+    if scheme > ID_SCHEME:
+        raise UserError(
+            f"{grid.file}: grid {grid.name!r} in {Path(grid_dir).parent} was recorded by a newer "
+            f"rl-ablate (trial-id scheme {scheme}; this one knows up to {ID_SCHEME}), so this version "
+            f"cannot tell which of its trials a grid means; fix: upgrade rl-ablate "
+            f"(`ablate --version` says which one runs), or submit under a new name: "
+            f"`ablate submit {grid.file} --name {_new_name(grid.name)}`")
     raise UserError(
         f"{grid.file}: grid {grid.name!r} in {Path(grid_dir).parent} was recorded with trial ids "
         f"of an older rl-ablate (id scheme {scheme}; ids now also cover each pool's definition, "
         f"see docs/trial-identity.md), so its trials cannot be continued or extended; its results "
         f"stay readable (`ablate status`, `ablate compare`); fix: run it again under a new name: "
         f"`ablate submit {grid.file} --name {_new_name(grid.name)}`")
+
+
+def _stored_scheme(stored: Any, path: Path) -> int:
+    """The id scheme identity.json records (1 before the field existed); a value that is not a
+    positive whole number is a damaged file, refused in one line as ``read_json`` does."""
+    if not isinstance(stored, dict):
+        raise corrupt_state_file(path, "not a JSON object")
+    scheme = stored.get("id_scheme", 1)
+    if scheme is None:
+        return 1
+    if isinstance(scheme, bool) or not isinstance(scheme, int) or scheme < 1:
+        raise corrupt_state_file(path, f"id_scheme is {scheme!r}, not a positive whole number")
+    return scheme
 
 
 def _specs_scheme(grid_dir: Path, sample: int = 20) -> int:

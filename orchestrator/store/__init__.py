@@ -9,10 +9,17 @@ from __future__ import annotations
 
 from orchestrator.store import records, workspace
 from orchestrator.store._checkpoints import MANIFEST, CheckpointStore, step_dir_name
-from orchestrator.store._files import TrialPaths, atomic_write_json, atomic_write_text, read_json
+from orchestrator.store._files import (
+    TrialPaths,
+    atomic_write_json,
+    atomic_write_text,
+    corrupt_state_file,
+    read_json,
+)
 from orchestrator.store._lease import GridLease, active_holder, process_gone
 from orchestrator.store.records import ResumeRequest, TrialRecord
 
 __all__ = ["MANIFEST", "CheckpointStore", "GridLease", "ResumeRequest", "TrialPaths", "TrialRecord",
-           "active_holder", "atomic_write_json", "atomic_write_text", "process_gone", "read_json",
+           "active_holder", "atomic_write_json", "atomic_write_text", "corrupt_state_file",
+           "process_gone", "read_json",
            "records", "step_dir_name", "workspace"]

@@ -109,3 +109,39 @@ def test_trials_without_identity_json_tell_their_scheme_by_their_specs(isolated:
     paths.spec.write_text(json.dumps(data))
     with pytest.raises(UserError, match="id scheme 1"):
         check_scheme(grid, grid_dir)
+
+
+@pytest.mark.parametrize("scheme", ["two", [2], 0, -1, 2.5, True])
+def test_a_garbled_id_scheme_is_one_line_naming_the_file(isolated: Path, scheme: object) -> None:
+    path = isolated / "g.yaml"
+    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
+    grid = load_grid(path)
+    trials = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    grid_dir.mkdir(parents=True)
+    stored = {"fields": {}, "trials": [t.trial_id for t in trials], "id_scheme": scheme}
+    (grid_dir / IDENTITY).write_text(json.dumps(stored))
+    with pytest.raises(UserError) as info:
+        check_identity(grid, grid_dir, trials)
+    msg = str(info.value)
+    assert "\n" not in msg and str(grid_dir / IDENTITY) in msg and "id_scheme is" in msg
+    assert "fix:" in msg
+    assert json.loads((grid_dir / IDENTITY).read_text()) == stored  # nothing written
+
+
+def test_a_workdir_of_a_newer_id_scheme_asks_for_an_upgrade(isolated: Path) -> None:
+    from orchestrator.trial import ID_SCHEME
+
+    path = isolated / "g.yaml"
+    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
+    grid = load_grid(path)
+    trials = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    grid_dir.mkdir(parents=True)
+    stored = {"fields": {}, "trials": [], "id_scheme": ID_SCHEME + 1}
+    (grid_dir / IDENTITY).write_text(json.dumps(stored))
+    with pytest.raises(UserError) as info:
+        check_identity(grid, grid_dir, trials)
+    msg = str(info.value)
+    assert "\n" not in msg and "newer rl-ablate" in msg and "older" not in msg
+    assert "fix: upgrade rl-ablate" in msg

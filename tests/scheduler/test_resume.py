@@ -408,6 +408,12 @@ def test_a_derived_trial_must_run_a_step_under_its_setting(isolated: Path,
     assert main([*args, "--from", "9", "--set", "sim.reproducible=false"]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "sim.reproducible cannot vary between trials" in err, err
+    # A preset that is not a name (a list, a mapping) is refused in one line, never a traceback.
+    for bad in ("[a, b]", "{x: 1}"):
+        assert main([*args, "--from", "9", "--set", f"correction.preset={bad}"]) == 2
+        err = capsys.readouterr().err.strip()
+        assert len(err.splitlines()) == 1 and "correction.preset" in err, err
+        assert "Traceback" not in err
     assert _snapshot(grid_dir, t.trial_id) == before
     # From an earlier checkpoint it runs steps 10-12 under the new setting.
     got = resume(path, trial_ids=[t.trial_id], pool="sim-h20", start=9,
