@@ -74,6 +74,27 @@ def test_holm_adjusts_over_the_declared_comparisons() -> None:
         assert comps["pool=b"].p_value == 1.0
 
 
+def test_a_comparison_declared_twice_is_counted_once() -> None:
+    """The documented pattern (every target, and again with a margin on one) and a plain repeat
+    make one comparison: Holm adjusts over 1, not 2, so 2/2 vs 0/2 (p 0.028) stays decided, and
+    the margin joins it."""
+    cells = {_cell("none", "a"): _outs(True, True), _cell("tis", "a"): _outs(False, False)}
+    for decls in ([DECL[0], CompareDecl(axis="corr", baseline="none", target="collapse_rate",
+                                        margin=0.5)],
+                  [DECL[0], DECL[0]]):
+        [c] = comparisons(cells, decls, "collapse_rate")
+        assert c.family == 1 and c.decided and math.isclose(c.p_value, c.p_adjusted)
+    [c] = comparisons(cells, [DECL[0], CompareDecl(axis="corr", baseline="none",
+                                                   target="collapse_rate", margin=0.5)],
+                      "collapse_rate")
+    assert c.margin == 0.5 and c.equivalence
+    # The margin is on its own target only: on another target the comparison has none.
+    [r] = comparisons(cells, [DECL[0], CompareDecl(axis="corr", baseline="none",
+                                                   target="collapse_rate", margin=0.5)],
+                      "final_reward")
+    assert r.margin is None and r.family == 1
+
+
 def test_time_to_collapse_is_decided_by_log_rank_and_sized_by_rmst() -> None:
     late = [Outcome(i, False, math.nan, 1.0, 100) for i in range(6)]
     early = [Outcome(i, True, math.nan, 1.0, s) for i, s in enumerate([10, 12, 15, 20, 25, 30])]

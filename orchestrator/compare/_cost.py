@@ -107,6 +107,7 @@ def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str]
                          "context": c.context, "seeds": len(a), "baseline_seeds": len(b),
                          "difference": c.diff.estimate, "low": c.diff.low, "high": c.diff.high,
                          "p_value": c.p_value, "p_adjusted": c.p_adjusted, "multiplicity": multiplicity,
+                         "family": c.family,
                          "paired": c.paired, "margin": c.margin, "equivalence": c.equivalence,
                          "decided": c.decided, "more_seeds": more,
                          "expected_hours": None if more is None or per is None else more * per,
@@ -133,7 +134,12 @@ def _equiv(row: dict[str, Any]) -> str:
 
 def _method(comps: Sequence[dict[str, Any]]) -> str:
     m = comps[0]["multiplicity"] if comps else "holm"
-    return {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "not adjusted"}[m]
+    name = {"holm": "Holm", "bh": "Benjamini-Hochberg", "none": "not adjusted"}[m]
+    if m == "none":
+        return name
+    families = {r["target"]: r["family"] for r in comps}
+    sizes = ", ".join(f"{n} on {t}" for t, n in families.items())
+    return f"{name}; family sizes: {sizes}"
 
 
 def _more(row: dict[str, Any]) -> str:

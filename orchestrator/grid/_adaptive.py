@@ -63,10 +63,14 @@ def _check_tests(spec: GridFile, decl: CompareDecl, base: tuple, chk: Checker) -
             raise chk.err("a margin is on one target's scale, and this comparison names none",
                           base + ("margin",), fix="add target: final_reward (reward units), "
                           "collapse_rate (a rate) or time_to_collapse (steps)")
-        top = {"collapse_rate": 1.0, "time_to_collapse": float(spec.steps)}.get(decl.target, math.inf)
+        lo, hi = spec.metrics.bounds("reward")
+        # Every target's scale is bounded: a rate by 1, a step count by the trial's steps, the
+        # reward by its declared range (a margin as wide as the range accepts any difference).
+        top = {"collapse_rate": 1.0, "time_to_collapse": float(spec.steps),
+               "final_reward": hi - lo}.get(decl.target, math.inf)
         if not (math.isfinite(m) and 0 < m < top):
             raise chk.err(f"margin {m:g} must be above 0" + ("" if top == math.inf else
-                          f" and below {top:g} ({decl.target}'s range)"), base + ("margin",),
+                          f" and below {top:g} (the width of {decl.target}'s range)"), base + ("margin",),
                           got=m, fix="e.g. margin: " + (f"{max(spec.steps // 20, 1)} (steps)"
                                                         if decl.target == "time_to_collapse" else "0.05"))
     if decl.paired:
@@ -97,6 +101,23 @@ def _check_compare(spec: GridFile, axes: Sequence[Axis], chk: Checker, label: ob
         if len(axis.labels) < 2:
             raise chk.err(f"axis {decl.axis!r} has one value: nothing to compare", base + ("axis",))
         _check_tests(spec, decl, base, chk)
+    _check_repeats(spec, chk, label, many)
+
+
+def _check_repeats(spec: GridFile, chk: Checker, label: object, many: bool) -> None:
+    """A comparison declared twice is made once (``stats.seeds.merged``), so two declarations
+    may not give it two different margins on one target: one of them would be dropped."""
+    margins: dict[tuple[str, str, str], tuple[int, float]] = {}
+    for i, decl in enumerate(spec.comparisons):
+        if decl.margin is None or decl.target is None:
+            continue
+        key = (decl.axis, label(decl.baseline), decl.target)  # type: ignore[operator]
+        first = margins.setdefault(key, (i, float(decl.margin)))
+        if first[1] != float(decl.margin):
+            raise chk.err(f"{decl.axis} vs {key[1]} on {decl.target} already has margin "
+                          f"{first[1]:g} (compare[{first[0]}]); a comparison is made once, with "
+                          "one margin", ("compare", i, "margin") if many else ("compare", "margin"),
+                          got=decl.margin, fix="keep one of the two margins")
 
 
 def _pools_of(spec: GridFile, axes: Sequence[Axis]) -> list[str]:

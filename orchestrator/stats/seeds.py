@@ -156,6 +156,7 @@ class Comparison:
     margin: float | None = None
     equivalence: str = ""
     paired: bool = False
+    family: int = 1  # how many comparisons the p-value was adjusted over (this target's)
 
     @property
     def decided(self) -> bool:
@@ -178,16 +179,47 @@ def applies(decl: CompareDecl, target: str) -> bool:
     return decl.target is None or decl.target == target
 
 
-def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[CompareDecl],
-                target: str, level: float = 0.95, *, label: object = str, horizon: int = 0,
-                multiplicity: str = "holm") -> list[Comparison]:
-    """Every (cell, baseline cell) pair the declarations name on ``target``, with its
-    difference, p-value adjusted over them all (``multiplicity``) and equivalence verdict."""
-    out = []
+@dataclasses.dataclass(frozen=True)
+class _Declared:
+    """The declarations of one comparison on one target, merged: ``axis`` against ``baseline``
+    once, whatever number of declarations name it (one for every target and one with a margin
+    on a target, as docs/statistics.md shows), so the family Holm/BH adjusts over counts it once."""
+
+    axis: str
+    baseline: str
+    margin: float | None
+    paired: bool
+
+
+def merged(decls: Sequence[CompareDecl], target: str, label: object = str) -> list[_Declared]:
+    """The distinct comparisons ``decls`` make on ``target``, in declaration order: a margin
+    declared for this target joins its comparison; ``paired`` holds if any declaration says so
+    (a statement about the arms' seeds). Two margins for one comparison are refused at plan
+    (``grid._cells``), so the first one declared is the one."""
+    out: dict[tuple[str, str], _Declared] = {}
     for decl in decls:
         if not applies(decl, target):
             continue
-        base_label = label(decl.baseline)  # type: ignore[operator]
+        key = (decl.axis, label(decl.baseline))  # type: ignore[operator]
+        margin = decl.margin if decl.margin is not None and decl.target == target else None
+        seen = out.get(key)
+        if seen is None:
+            out[key] = _Declared(key[0], key[1], margin, decl.paired)
+        else:
+            out[key] = dataclasses.replace(seen, margin=seen.margin if seen.margin is not None
+                                           else margin, paired=seen.paired or decl.paired)
+    return list(out.values())
+
+
+def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[CompareDecl],
+                target: str, level: float = 0.95, *, label: object = str, horizon: int = 0,
+                multiplicity: str = "holm") -> list[Comparison]:
+    """Every (cell, baseline cell) pair the declarations name on ``target``, each once (however
+    many declarations repeat it: ``merged``), with its difference, p-value adjusted over them
+    all (``multiplicity``; ``family`` says how many) and equivalence verdict."""
+    out = []
+    for decl in merged(decls, target, label):
+        base_label = decl.baseline
         paired = decl.paired and target == "final_reward"
         for cell in cells:
             value = dict(cell).get(decl.axis)
@@ -197,7 +229,7 @@ def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[Comp
             if base not in cells:
                 continue
             a, b = cells[cell], cells[base]
-            margin = decl.margin if decl.margin is not None and decl.target == target else None
+            margin = decl.margin
             equiv = "" if margin is None else hypotheses.equivalence(
                 lambda lv, a=a, b=b, pr=paired: difference(a, b, target, lv, horizon, pr), margin, level)
             out.append(Comparison(decl.axis, value, base_label, cell, base,
@@ -205,7 +237,7 @@ def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[Comp
                                   p_value(a, b, target, horizon, paired), alpha=1 - level,
                                   margin=margin, equivalence=equiv, paired=paired))
     adjusted = hypotheses.adjust([c.p_value for c in out], multiplicity)
-    return [dataclasses.replace(c, p_adjusted=p) for c, p in zip(out, adjusted)]
+    return [dataclasses.replace(c, p_adjusted=p, family=len(out)) for c, p in zip(out, adjusted)]
 
 
 def needs_seed(cells: Mapping[CellKey, Sequence[Outcome]], spec: AdaptiveSeedsSpec,
