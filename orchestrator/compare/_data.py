@@ -19,6 +19,7 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
 from orchestrator.cost import TrialCost, from_tags, trial_cost
+from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
 from orchestrator.tracking import AXES_TAG, CONFIG_TAG
@@ -175,7 +176,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
     for run in search_trial_runs(mlc, experiment_id):
         tags, params = run.data.tags, run.data.params
         tid = tags.get("trial_id", "")
-        if not tid or tid in seen:
+        if not tid or tid in seen or tid in local.unreadable:  # never filed into a cell
             continue
         curves: dict[str, list[tuple[int, float]]] = {}  # filled below, by source
         state = local.states.get(tid)
@@ -325,7 +326,10 @@ def split_unfinished(results: Sequence[TrialResult], grid_dir: Path | None, *,
         states = {}
         if grid_dir is not None and Path(grid_dir).is_dir():
             for tid in records.trial_ids(grid_dir):
-                states[tid] = records.load_state(TrialPaths(grid_dir, tid), tid).state
+                try:
+                    states[tid] = records.load_state(TrialPaths(grid_dir, tid), tid).state
+                except StateFileError:
+                    continue  # left out of the tables (``LocalMetrics.unreadable``)
     done = []
     for r in results:
         state = states.get(r.trial_id)

@@ -22,6 +22,7 @@ from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
+from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, records
 from orchestrator.store.summary import (
     CURVE_METRICS,
@@ -52,6 +53,9 @@ class LocalMetrics:
     states: dict[str, TrialState] = dataclasses.field(default_factory=dict)
     summaries: dict[str, TrialSummary] = dataclasses.field(default_factory=dict)
     problems: list[str] = dataclasses.field(default_factory=list)
+    # Trials whose spec or state cannot be read as their own (corrupt, or another trial's),
+    # with the one-line error and its fix: left out of every cell.
+    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @classmethod
     def read(cls, grid_dir: Path | None) -> LocalMetrics:
@@ -60,7 +64,12 @@ class LocalMetrics:
             return out
         for tid in records.trial_ids(grid_dir):
             paths = TrialPaths(grid_dir, tid)
-            rec = records.load_state(paths, tid)
+            try:
+                records.load_spec(paths)
+                rec = records.load_state(paths, tid)
+            except StateFileError as exc:
+                out.unreadable[tid] = str(exc)
+                continue
             out.states[tid] = rec.state
             if not rec.state.is_finished():
                 continue  # may be mid-rewind; compare leaves it out anyway

@@ -100,6 +100,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
+    for tid, error in local.unreadable.items():
+        print(f"warning: trial {tid} is left out of every table: {error}", file=sys.stderr)
     for problem in local.problems:
         # The tables come from MLflow; the trial's own record of its steps is what is damaged.
         print(f"warning: {problem}; fix: `ablate submit` the grid again (it restores the steps "

@@ -70,6 +70,8 @@ def status_command(grid: str | None, *, workdir: str | None = None, as_json: boo
         if v.holder is None and any(t.state in ("running", "pending") for t in v.trials):
             console.print("no orchestrator is running this grid: `ablate submit` it again to resume")
         for t in v.trials:
+            if t.unreadable:  # the error names the file and its fix
+                print(f"warning: trial {t.trial_id}: {t.unreadable}", file=sys.stderr)
             if t.problem:
                 print(f"warning: trial {t.trial_id}: {t.problem}; fix: `ablate submit` the grid "
                       "again (it restores the steps from MLflow, or recomputes them from a "

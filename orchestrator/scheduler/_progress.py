@@ -16,6 +16,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import metrics as names
 from orchestrator.cost import TrialCost, fmt_hours, trial_cost
+from orchestrator.exceptions import StateFileError
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
@@ -45,6 +46,9 @@ class TrialView:
     cost: TrialCost | None = None  # accelerator-hours so far (orchestrator.cost)
     cell: str = ""  # the trial's axis labels (its cell: what seeds are aggregated over)
     problem: str = ""  # what is wrong with its metrics file (``ablate status`` checks)
+    # Its spec.json or state.json cannot be read as this trial's (corrupt, or another trial's):
+    # the one-line error with its fix; the trial is shown as "unreadable" and nothing else.
+    unreadable: str = ""
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cost": self.cost.to_json() if self.cost else None}
@@ -99,16 +103,28 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _specs(grid_dir: Path, cache: ViewCache | None) -> list[TrialSpec]:
-    if cache is None:
-        return list(records.known_trials(grid_dir).values())
-    out = []
+def _specs(grid_dir: Path, cache: ViewCache | None) -> tuple[list[TrialSpec], list[TrialView]]:
+    """The trials' specs, and a view of each trial whose spec cannot be read as its own."""
+    out, bad = [], []
     for tid in records.trial_ids(grid_dir):
-        spec = cache.specs.get(tid) or records.load_spec(TrialPaths(grid_dir, tid))
+        try:
+            spec = (cache.specs.get(tid) if cache is not None else None) or \
+                records.load_spec(TrialPaths(grid_dir, tid))
+        except StateFileError as exc:
+            bad.append(_unreadable(tid, exc))
+            continue
         if spec is not None:
-            cache.specs[tid] = spec
+            if cache is not None:
+                cache.specs[tid] = spec
             out.append(spec)
-    return out
+    return out, bad
+
+
+def _unreadable(trial_id: str, exc: StateFileError, spec: TrialSpec | None = None) -> TrialView:
+    return TrialView(trial_id=trial_id, pool=spec.pool if spec else "?",
+                     steps=spec.steps if spec else 0, state="unreadable",
+                     cell=cell_label(spec) if spec else "", note="records unreadable (see below)",
+                     unreadable=str(exc))
 
 
 def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False,
@@ -116,20 +132,25 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
     """Read the grid's trial files into a view (a trial without state.json is pending). With
     ``check`` (``ablate status``), a damaged ``metrics.jsonl`` of a finished trial is its
     ``problem`` (``ablate submit`` repairs it); every trial's ``attempts.json`` is read whole
-    either way (a corrupt one raises). With a ``cache`` (a live view, ticking once a second), a
+    either way. A trial whose spec, state or attempts cannot be read as its own is shown as
+    ``unreadable`` with the error (the other trials are read as usual). With a ``cache`` (a live view, ticking once a second), a
     finished trial whose ``state.json`` did not change is not read again."""
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
-    trials: list[TrialView] = []
-    for spec in _specs(grid_dir, cache):
+    specs, trials = _specs(grid_dir, cache)
+    for spec in specs:
         paths = TrialPaths(grid_dir, spec.trial_id)
         key = _stat_key(paths.state) if cache is not None and not check else None
         hit = cache.views.get(spec.trial_id) if cache is not None and key is not None else None
         if hit is not None and hit[0] == key:
             trials.append(hit[1])
             continue
-        rec = records.load_state(paths, spec.trial_id)
-        attempts = records.load_attempts(paths)  # once per trial (a corrupt file raises)
+        try:  # one trial's damaged records are that trial's problem, not the grid's
+            rec = records.load_state(paths, spec.trial_id)
+            attempts = records.load_attempts(paths)  # once per trial (a corrupt file raises)
+        except StateFileError as exc:
+            trials.append(_unreadable(spec.trial_id, exc, spec))
+            continue
         view = TrialView(trial_id=spec.trial_id, pool=rec.pool or spec.pool, steps=spec.steps,
                          state=rec.state.value, attempts=rec.attempts, cell=cell_label(spec),
                          cost=trial_cost(attempts, spec.steps))
@@ -201,7 +222,7 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
     for pool, c in sorted(view.pools().items()):
         pools.add_row(pool, *(str(c.get(k, 0)) for k in ("running", "pending", "done", "failed",
                                                           "cancelled")))
-    order = {"running": 0, "pending": 1, "failed": 2, "done": 3, "cancelled": 4}
+    order = {"unreadable": -1, "running": 0, "pending": 1, "failed": 2, "done": 3, "cancelled": 4}
     rows = sorted(view.trials, key=lambda t: (order.get(t.state, 9), t.pool, t.trial_id))
     table = Table()
     for col in ("trial", "pool", "state", "step", "reward", "k3 KL", "att", "cost", "verdict / note"):

@@ -18,6 +18,7 @@ from collections.abc import Callable, Iterable, Iterator, Mapping
 from pathlib import Path
 from typing import Any, TypeVar
 
+from orchestrator.exceptions import StateFileError
 from orchestrator.store._files import (
     TrialPaths,
     atomic_write_json,
@@ -95,10 +96,23 @@ def _parsed(path: Path, parse: Callable[[Any], T]) -> T:
         raise corrupt_state_file(path, f"unexpected content: {type(exc).__name__}: {exc}"[:200]) from None
 
 
+def _foreign(path: Path, what: str, folder: str) -> StateFileError:
+    """A record that belongs elsewhere (copied or moved by hand): never read as this trial's."""
+    return StateFileError(
+        f"{path}: holds the records of {what}, not of trial {folder} whose folder it is in; "
+        f"fix: put the file back where it belongs, or delete the folder trials/{folder}/ and "
+        "submit the grid again (the trial is rerun from the grid file)")
+
+
 def load_state(paths: TrialPaths, trial_id: str) -> TrialRecord:
+    """The trial's ``state.json`` (a fresh pending record if it has none). A file recording
+    another trial's id is refused like a corrupt one (``StateFileError``)."""
     if not paths.state.exists():
         return TrialRecord(trial_id=trial_id)
-    return _parsed(paths.state, TrialRecord.from_json)
+    record = _parsed(paths.state, TrialRecord.from_json)
+    if record.trial_id != trial_id:
+        raise _foreign(paths.state, f"trial {record.trial_id}", trial_id)
+    return record
 
 
 def save_state(paths: TrialPaths, record: TrialRecord) -> None:
@@ -114,7 +128,18 @@ def route_pool(record: TrialRecord, trial: TrialSpec) -> str:
 
 
 def load_spec(paths: TrialPaths) -> TrialSpec | None:
-    return _parsed(paths.spec, TrialSpec.from_json) if paths.spec.exists() else None
+    """The trial's ``spec.json``, or None before it is written. The spec names its trial and
+    grid; a spec of another trial or grid than its folder's is refused (``StateFileError``)."""
+    if not paths.spec.exists():
+        return None
+    spec = _parsed(paths.spec, TrialSpec.from_json)
+    folder, grid = paths.root.name, paths.root.parent.parent.name
+    if spec.trial_id != folder:
+        raise _foreign(paths.spec, f"trial {spec.trial_id}", folder)
+    if spec.grid != grid:
+        raise _foreign(paths.spec, f"trial {spec.trial_id} of grid {spec.grid!r} (this folder "
+                       f"is grid {grid!r}'s)", folder)
+    return spec
 
 
 def trial_ids(grid_dir: Path) -> list[str]:

@@ -188,3 +188,32 @@ def test_compare_writes_a_manifest_and_names_no_absolute_path(populated) -> None
     for name in ("summary.md", "summary.html", "MANIFEST.json", "cells.csv", "trials.csv"):
         assert str(isolated) not in (out / name).read_text(), name
     assert "`sqlite:///.ablate/mlflow.db`" in (out / "summary.md").read_text()
+
+
+def test_a_trial_folder_holding_another_trials_records_is_left_out(
+        populated, capsys: pytest.CaptureFixture) -> None:
+    """A trial folder whose spec.json is another trial's (copied by hand) is never filed into a
+    cell under either id: compare names it with the fix and goes on with the other trials."""
+    import shutil
+
+    from orchestrator.store import TrialPaths, records
+
+    grid, gfile, _uri, runs, *_ = populated
+    isolated = gfile.parent
+    grid_dir = isolated / ".ablate" / grid.name
+    ids = sorted(runs)
+    victim, donor = ids[0], ids[1]
+    trials = {t.trial_id: t for t in expand(grid)}
+    folder = TrialPaths(grid_dir, victim)
+    records.save_spec(folder, trials[donor])  # the donor's spec in the victim's folder
+    try:
+        capsys.readouterr()
+        out = compare(gfile, out_dir="results/cmp-foreign", workdir=str(isolated / ".ablate"))
+        err = capsys.readouterr().err
+        (line,) = [ln for ln in err.splitlines() if ln.startswith(f"warning: trial {victim} ")]
+        assert "left out of every table" in line and f"holds the records of trial {donor}" in line
+        assert "fix: " in line
+        listed = pd.read_csv(out / "trials.csv")["trial_id"].tolist()
+        assert victim not in listed and donor in listed and len(listed) == len(runs) - 1
+    finally:
+        shutil.rmtree(folder.root)
