@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator.compare import manifest
-from orchestrator.store.workspace import display_uri
+from orchestrator.store.workspace import canonical_uri, display_uri
 
 REPO = Path(__file__).resolve().parents[1]
 # A results directory is generated when a report writer made it: ``ablate compare`` writes
@@ -115,3 +115,15 @@ def test_display_uri_names_no_absolute_path(tmp_path: Path, monkeypatch: pytest.
     assert display_uri("sqlite:////somewhere/else/x.db", elsewhere) == "sqlite:///<...>/x.db"
     assert display_uri("http://user:pw@host:5000") == "http://***@host:5000"
     assert display_uri("http://host:5000") == "http://host:5000"
+
+
+def test_records_and_messages_name_a_store_by_its_absolute_path(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A relative SQLite address means the folder it was given in; identity.json and messages
+    keep the absolute one (generated files use display_uri); credentials never."""
+    monkeypatch.chdir(tmp_path)
+    assert canonical_uri("sqlite:///mlflow.db") == f"sqlite:///{(tmp_path / 'mlflow.db').resolve()}"
+    assert canonical_uri("sqlite:///../x/m.db") == f"sqlite:///{(tmp_path.parent / 'x' / 'm.db').resolve()}"
+    absolute = f"sqlite:///{(tmp_path / 'a.db').resolve()}"
+    assert canonical_uri(absolute) == absolute
+    assert canonical_uri("http://user:pw@host:5000") == "http://***@host:5000"

@@ -83,15 +83,15 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     uri = workspace.tracking_uri(tracking_uri, workdir)
     if not store_exists(uri):  # a reader creates no empty store (nor MLflow's INFO lines)
         raise UserError(f"grid {grid.name!r} has not run: there is no MLflow store at "
-                        f"{workspace.display_uri(uri, workdir)}; fix: `ablate submit "
+                        f"{workspace.canonical_uri(uri)}; fix: `ablate submit "
                         f"{grid_path}` first, or pass --tracking-uri (or --workdir) where it ran")
     mlc = client(uri)
     exp = mlc.get_experiment_by_name(grid.name)
     grid_dir = workspace.grid_dir(grid.name, workdir)
     if exp is None:
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
-                        f"{workspace.display_uri(uri, workdir)}; "
-                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
+                        f"{workspace.canonical_uri(uri)}; "
+                        + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
     local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
     results, unfinished = split_unfinished(
         load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
@@ -108,8 +108,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
               "from MLflow, or recomputes them from a checkpoint)", file=sys.stderr)
     if not results:
         raise UserError(f"grid {grid.name!r} has no trial runs in "
-                        f"{workspace.display_uri(uri, workdir)}; "
-                        + where_recorded(grid, grid_dir, workspace.display_uri(uri, workdir)))
+                        f"{workspace.canonical_uri(uri)}; "
+                        + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
     judge_missing(results, grid.spec.collapse, grid.spec.steps)
     out = Path(out_dir) if out_dir else Path("results") / grid.name
     out.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,7 @@ from orchestrator.store import (
     corrupt_state_file,
     read_json,
     records,
+    workspace,
 )
 from orchestrator.tracking import recorded_elsewhere
 from orchestrator.trial import ID_SCHEME
@@ -181,12 +182,14 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
     return f"grid {grid.name} {how}: {'; '.join(diff[:6])}; {len(added)} new trial(s)"
 
 
-def store_note(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], tracking_uri: str,
-               shown_uri: str) -> str | None:
-    """Record that the grid is tracked in ``tracking_uri`` (its display form, no credentials,
-    in ``identity.json``), and say when finished trials, which a submission does not run
-    again, have no run there: they were recorded in another store; ``ablate publish`` copies
-    them. None when there is nothing to say."""
+def store_note(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec],
+               tracking_uri: str) -> str | None:
+    """Record that the grid is tracked in ``tracking_uri`` (``workspace.canonical_uri``: a
+    SQLite file by its absolute path, no credentials, in ``identity.json``), and say when
+    finished trials, which a submission does not run again, have no run there: they were
+    recorded in another store; ``ablate publish`` copies them. None when there is nothing to
+    say."""
+    shown_uri = workspace.canonical_uri(tracking_uri)
     path = Path(grid_dir) / IDENTITY
     if path.exists():
         stored = read_json(path)
@@ -205,7 +208,8 @@ def store_note(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], trac
 
 
 def stored_stores(grid_dir: Path) -> list[str]:
-    """The tracking stores (display form) the grid was submitted to, oldest first."""
+    """The tracking stores the grid was submitted to (``workspace.canonical_uri``; a record
+    written before that form keeps what it holds), oldest first."""
     path = Path(grid_dir) / IDENTITY
     return list(read_json(path).get("stores") or []) if path.exists() else []
 

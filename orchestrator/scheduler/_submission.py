@@ -113,7 +113,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
             if note is not None:
                 print(note, file=sys.stderr, flush=True)
             uri = workspace.tracking_uri(tracking_uri, workdir)
-            note = store_note(grid, grid_dir, trials, uri, workspace.display_uri(uri, workdir))
+            note = store_note(grid, grid_dir, trials, uri)
             if note is not None:
                 print(note, file=sys.stderr, flush=True)
             return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,

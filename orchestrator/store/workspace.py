@@ -53,6 +53,23 @@ def artifact_root(root: str | os.PathLike[str] | None = None) -> Path:
     return workdir(root) / "mlartifacts"
 
 
+def canonical_uri(uri: str) -> str:
+    """``uri`` as a record or a message names it: a SQLite file by its absolute path (a relative
+    one is read from the current folder, which another command may not share), no credentials.
+    Generated files use ``display_uri`` instead (no path of this machine)."""
+    if uri.startswith("sqlite:///"):
+        path = Path(uri[len("sqlite:///"):])
+        return f"sqlite:///{(Path.cwd() / path).resolve().as_posix()}"
+    return _without_credentials(uri)
+
+
+def _without_credentials(uri: str) -> str:
+    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
+        scheme, rest = uri.split("://", 1)
+        return f"{scheme}://***@{rest.split('@', 1)[1]}"
+    return uri
+
+
 def display_uri(uri: str, root: str | os.PathLike[str] | None = None) -> str:
     """``uri`` as generated files name it: no absolute path of this machine, no credentials.
 
@@ -69,10 +86,7 @@ def display_uri(uri: str, root: str | os.PathLike[str] | None = None) -> str:
             except ValueError:
                 continue
         return f"sqlite:///<...>/{path.name}"
-    if "://" in uri and "@" in uri.split("://", 1)[1].split("/", 1)[0]:
-        scheme, rest = uri.split("://", 1)
-        return f"{scheme}://***@{rest.split('@', 1)[1]}"
-    return uri
+    return _without_credentials(uri)
 
 
 def check_workdir(path: str | os.PathLike[str] | None = None, *, write: bool = True) -> Path:

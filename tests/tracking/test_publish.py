@@ -66,7 +66,7 @@ def test_publish_copies_each_step_once_and_twice_writes_nothing(
     from orchestrator.scheduler._identity import check_identity
 
     check_identity(grid, grid_dir, trials)
-    note = store_note(grid, grid_dir, trials, other, other)
+    note = store_note(grid, grid_dir, trials, other)
     assert note is not None and "2 finished trial(s) are not run again and have no run in" in note
     assert f"`ablate publish {path} --tracking-uri {other}`" in note
     # Compare there finds nothing and says where the results are, and the command.
@@ -74,7 +74,10 @@ def test_publish_copies_each_step_once_and_twice_writes_nothing(
     assert main(["compare", str(path), "--tracking-uri", other]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "holds 2 finished trial(s) of it" in err, err
-    assert f"`ablate publish {path} --tracking-uri sqlite:///team/mlflow.db`" in err  # relative to cwd
+    # A message names a store by its absolute path: a relative one would depend on the folder
+    # the reader runs the next command in.
+    assert f"`ablate publish {path} --tracking-uri {other}`" in err
+    assert json.loads((grid_dir / "identity.json").read_text())["stores"] == [other]
 
     report = publish(grid, tracking_uri=other)
     assert sorted(report.published) == sorted(t.trial_id for t in trials)
@@ -106,7 +109,7 @@ def test_publish_copies_each_step_once_and_twice_writes_nothing(
     again = publish(grid, tracking_uri=other)
     assert again.published == [] and again.replaced == [] and len(again.unchanged) == 2
     assert snapshot() == before
-    assert store_note(grid, grid_dir, trials, other, other) is None
+    assert store_note(grid, grid_dir, trials, other) is None
     capsys.readouterr()
     assert main(["publish", str(path), "--tracking-uri", other]) == 0
     assert capsys.readouterr().out.startswith("published 0 trials of grid pub to ")
