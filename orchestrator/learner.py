@@ -62,6 +62,15 @@ PRESETS: dict[str, str] = {
     "true_on_policy": "learner.deterministic and rollout.deterministic together: the engine "
                       "computes exactly like the trainer, so k3 is 0 every step",
 }
+# Every key a preset decides, with the value its promise needs (None: the key must stay unset).
+# A key set beside the preset to anything else breaks the promise and is refused, whichever key
+# it is: the engine computing like the trainer needs the fp32 trainer, and k3 = 0 every step
+# needs the rollout to use the current weights (no lag, no asynchronous staleness).
+PRESET_KEYS: dict[str, dict[str, Any]] = {
+    "true_on_policy": {"learner.deterministic": True, "rollout.deterministic": True,
+                       "learner.precision": "fp32", "rollout.weight_lag": 0,
+                       "learner.max_staleness": None},
+}
 
 
 class LearnerSpec(BaseModel):
@@ -105,15 +114,31 @@ def combination_problem(learner: LearnerSpec, correction: CorrectionSpec,
                 "replaces the policy loss (verl's bypass_mode loss, correction.loss_type "
                 f"{correction.loss_type}), so {learner.loss} would not run; fix: learner.loss: "
                 "null, or correction.policy: decoupled")
-    if learner.preset == "true_on_policy" and rollout.deterministic is False:
-        return ("learner.preset: true_on_policy with rollout.deterministic: false: true "
-                "on-policy needs the engine to compute like the trainer; fix: drop "
-                "rollout.deterministic (the preset sets it)")
-    if learner.preset == "true_on_policy" and learner.precision not in (None, "fp32"):
-        return (f"learner.preset: true_on_policy with learner.precision: {learner.precision}: "
-                "the deterministic engine reproduces the fp32 trainer; fix: learner.precision: "
-                "fp32 (or null)")
+    if learner.preset is not None:
+        return preset_problem(learner, rollout)
     return None
+
+
+def preset_problem(learner: LearnerSpec, rollout: RolloutSpec) -> str | None:
+    """Why a key set beside ``learner.preset`` breaks what the preset promises, or None: every
+    key of ``PRESET_KEYS`` is checked, not some."""
+    name = learner.preset
+    if name is None:
+        return None
+    sections = {"learner": learner, "rollout": rollout}
+    for key, want in PRESET_KEYS[name].items():
+        section, field = key.split(".")
+        given = getattr(sections[section], field)
+        if given is None or given == want:
+            continue
+        need = "unset" if want is None else f"{key}: {_yaml(want)}"
+        return (f"learner.preset: {name} with {key}: {_yaml(given)}: the preset needs {need} "
+                f"({PRESETS[name]}); fix: drop {key} (the preset sets what it needs)")
+    return None
+
+
+def _yaml(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
 
 
 def rollout_for(learner: LearnerSpec, rollout: RolloutSpec) -> RolloutSpec:

@@ -90,6 +90,13 @@ def test_trainer_gemm_is_the_rounded_kernel(dtype) -> None:
     ({"learner.loss": "gspo", "correction.policy": "bypass"}, "bypass mode replaces the policy loss"),
     ({"learner.max_staleness": 2}, "rollout.weight_lag: 2"),
     ({"learner.preset": "true_on_policy", "learner.precision": "bf16"}, "learner.precision: fp32"),
+    # Every key the preset fixes, not only some: a lag or async staleness breaks k3 = 0.
+    ({"learner.preset": "true_on_policy", "rollout.weight_lag": 3},
+     "with rollout.weight_lag: 3: the preset needs rollout.weight_lag: 0"),
+    ({"learner.preset": "true_on_policy", "learner.max_staleness": 2},
+     "with learner.max_staleness: 2: the preset needs unset"),
+    ({"learner.preset": "true_on_policy", "rollout.deterministic": False},
+     "the preset needs rollout.deterministic: true"),
     ({"learner.deterministic": True, "sim.reproducible": False}, "sim.reproducible: true"),
 ])
 def test_refused_before_any_work(sim, tmp_path, over, needle) -> None:
