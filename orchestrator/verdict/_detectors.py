@@ -32,6 +32,8 @@ NOISE_MIN_OBS = 5
 
 @dataclasses.dataclass
 class Firing:
+    """One episode of a fired rule: where it began, what it fired on, and how it has held since."""
+
     onset: int  # first step of the run of observations that made the rule fire
     fired: int  # step at which it fired (onset + patience - 1 observations)
     value: float
