@@ -367,7 +367,7 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
         "Decoupled (3-policy) PPO, RS off, no batch norm. Finding 9's 'MIS' is `mis-seq` (seed 000's MIS is "
         "sequence-level)."),
         "- **Engine** (finding 10): `rollout.lm_head_fp32: true`; `rollout.deterministic: true` (trainer's code path).",
-        "- Verdicts: the runner's default collapse rules (`orchestrator/verdict.py`), early stop off so every curve runs to 250.",
+        "- Verdicts: the runner's default collapse rules (`orchestrator/verdict/_rules.py`), early stop off so every curve runs to 250.",
         ("- Findings 7/8 use derived trials made by `ablate resume` (`orchestrator.scheduler.resume`): F7 "
         "`--trial <collapsed a100 trial> --pool sim-h20 --derive` (from the last checkpoint before the verdict "
         "step; the collapsed parent is kept for the comparison), F8 `--trial <uncorrected a100 trial> --pool "

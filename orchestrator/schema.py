@@ -62,7 +62,7 @@ class Strict(BaseModel):
 
 
 class CollapseRuleSpec(Strict):
-    """One collapse rule over the metric stream (semantics per ``kind`` in ``orchestrator/verdict.py``).
+    """One collapse rule over the metric stream (semantics per ``kind`` in ``orchestrator/verdict/_detectors.py``).
 
     ``window`` counts observations of ``metric`` (reference median for ``explode``, smoothing for
     ``blowup``/``drop_from_peak``); ``patience`` is how many consecutive observations the condition

@@ -1,6 +1,8 @@
-"""The package's layout stays what ARCHITECTURE.md says: no import circles, imports inside
-functions only where they defer something (with the reason next to them), private modules
-imported only inside their own package, and a face for every package."""
+"""The package's layout stays what ARCHITECTURE.md says: no import circles (imports for type
+checkers counted: a circle they close is a circle in the design), imports inside functions only
+where they defer something (with the reason next to them), private modules imported only inside
+their own package, a face for every package, no file over 450 lines and at most 12 modules
+directly in ``orchestrator/``."""
 from __future__ import annotations
 
 import ast
@@ -25,9 +27,13 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
-def _imports(name: str) -> Iterator[tuple[str, int, bool, list[str]]]:
-    """(imported module, line, inside a function, the lines of its import block) per internal
-    import of module ``name``; imports only for type checkers are skipped."""
+MAX_LINES = 450
+MAX_TOP_LEVEL_MODULES = 12
+
+
+def _imports(name: str) -> Iterator[tuple[str, int, bool, list[str], bool]]:
+    """(imported module, line, inside a function, the lines of its import block, only for type
+    checkers) per internal import of module ``name``."""
     path = MODULES[name]
     text = path.read_text()
     lines = text.splitlines()
@@ -48,14 +54,12 @@ def _imports(name: str) -> Iterator[tuple[str, int, bool, list[str]]]:
             in_function |= isinstance(up, (ast.FunctionDef, ast.AsyncFunctionDef))
             typing_only |= isinstance(up, ast.If) and "TYPE_CHECKING" in ast.unparse(up.test)
             up = parents.get(up)
-        if typing_only:
-            continue
         top = node.lineno - 1
         while top > 0 and (not lines[top - 1].strip()
                            or lines[top - 1].strip().startswith(("import ", "from "))):
             top -= 1
         block = lines[max(top - 1, 0):node.end_lineno]
-        yield max(targets, key=len), node.lineno, in_function, block
+        yield max(targets, key=len), node.lineno, in_function, block, typing_only
 
 
 def _graph(*, with_functions: bool) -> dict[str, set[str]]:
@@ -63,7 +67,7 @@ def _graph(*, with_functions: bool) -> dict[str, set[str]]:
     on its path (importing ``a.b.c`` runs ``a.b`` first), except the importer's own parents."""
     edges: dict[str, set[str]] = {name: set() for name in MODULES}
     for name in MODULES:
-        for target, _, in_function, _ in _imports(name):
+        for target, _, in_function, _, _ in _imports(name):
             if in_function and not with_functions:
                 continue
             parts = target.split(".")
@@ -111,16 +115,17 @@ def test_no_import_circles(with_functions: bool) -> None:
 
 
 def test_imports_inside_functions_say_why() -> None:
+    # An import for type checkers never runs, so it defers nothing and needs no reason.
     unexplained = [f"{name}:{line} -> {target}" for name in MODULES
-                   for target, line, in_function, block in _imports(name)
-                   if in_function and not any("#" in text for text in block)]
+                   for target, line, in_function, block, typing_only in _imports(name)
+                   if in_function and not typing_only and not any("#" in text for text in block)]
     assert unexplained == []
 
 
 def test_private_modules_are_imported_only_inside_their_package() -> None:
     leaks = []
     for name in MODULES:
-        for target, line, _, _ in _imports(name):
+        for target, line, _, _, _ in _imports(name):
             parts = target.split(".")
             private = next((i for i, p in enumerate(parts) if p.startswith("_")), None)
             owner = ".".join(parts[:private]) if private is not None else None
@@ -135,3 +140,16 @@ def test_every_package_states_what_it_owns(package: str) -> None:
     assert (module.__doc__ or "").strip(), f"{package} has no docstring"
     for public in getattr(module, "__all__", []):
         assert hasattr(module, public), f"{package}.__all__ names {public!r}, which it lacks"
+
+
+def test_no_file_is_over_the_line_limit() -> None:
+    """A file that grows past the limit is split by concern, not trimmed."""
+    long = sorted(f"{path.relative_to(PACKAGE.parent)}: {n} lines" for path in PACKAGE.rglob("*.py")
+                  if (n := len(path.read_text().splitlines())) > MAX_LINES)
+    assert long == []
+
+
+def test_few_modules_sit_directly_in_the_package() -> None:
+    """The top level holds the shared vocabulary; a concept with several modules is a package."""
+    top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
+    assert len(top) <= MAX_TOP_LEVEL_MODULES, top

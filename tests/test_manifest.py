@@ -67,7 +67,8 @@ def test_a_fresh_manifest_matches_and_records_what_produced_it(checkout: Path, m
     assert manifest.stale(out, root=checkout) is None
     assert m["regenerate"] == "ablate submit grids/quickstart.yaml && ablate compare grids/quickstart.yaml"
     assert {"grid:grids/quickstart.yaml", "recipe:sim/grpo_tiny", "pool:sim-h100", "pool:sim-a100",
-            "orchestrator/sim/trainer.py", "orchestrator/verdict.py"} <= set(m["inputs"])
+            "orchestrator/sim/trainer.py", "orchestrator/verdict/_value.py", "orchestrator/verdict/_rules.py",
+            "orchestrator/verdict/_detectors.py", "orchestrator/verdict/_engine.py"} <= set(m["inputs"])
     assert not any("README" in k or k.startswith("orchestrator/compare") for k in m["inputs"])
     assert m["code"]["package"] == "rl-ablate" and m["code"]["version"]
     assert m["numerics"][0]["trials"] == 2 and m["numerics"][0]["torch"] == "2.13.0"

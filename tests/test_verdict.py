@@ -329,7 +329,7 @@ def test_grad_norm_floor_is_set_in_the_grid(isolated, repo) -> None:
 def test_flat_near_zero_reward_is_not_a_collapse(monkeypatch) -> None:
     """A run that never learns (reward 0.03 +- 0.02): any dip is half of its near-zero peak and
     more than min_delta, but within the series' own noise. The noise floor keeps it healthy."""
-    import orchestrator.verdict as verdict_mod
+    import orchestrator.verdict._detectors as verdict_mod
 
     kinds = [judge(V.flat_near_zero_reward(seed=s), DEFAULT).kind for s in range(20)]
     assert kinds.count(VerdictKind.HEALTHY) >= 19 and kinds.count(VerdictKind.COLLAPSED) <= 1

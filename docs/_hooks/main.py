@@ -124,7 +124,7 @@ def _enum_comments(cls: type) -> dict[str, str]:
 
 
 def _default_rules() -> str:
-    """The default collapse rules, from ``orchestrator/verdict.py``."""
+    """The default collapse rules, from ``orchestrator/verdict/_rules.py``."""
     from orchestrator.verdict import DEFAULT_RULES
 
     rows = ["| rule | metric | kind | threshold | window | patience | min_step | min_delta | verdict |",

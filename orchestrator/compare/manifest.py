@@ -42,7 +42,9 @@ NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_ma
                    "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
                    "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/backends/sim.py",
                    "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/sim/numerics.py",
-                   "orchestrator/verdict.py", "orchestrator/learner.py", "orchestrator/sim/loss_math.py",
+                   "orchestrator/verdict/_value.py", "orchestrator/verdict/_rules.py",
+                   "orchestrator/verdict/_detectors.py", "orchestrator/verdict/_engine.py",
+                   "orchestrator/learner.py", "orchestrator/sim/loss_math.py",
                    "orchestrator/sim/precision.py")
 # The fields of a pool that decide a trial's numbers: its simulator profile, or for verl the
 # overrides, environment and world size it runs with.

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 from orchestrator.grid._adaptive import plan_lines
 from orchestrator.grid._expansion import derive_trial, expand, search_trial
-from orchestrator.grid._load import GridSpec, load_grid
-from orchestrator.grid._validation import SECTIONS, Axis, axis_label
+from orchestrator.grid._load import load_grid
+from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.safeyaml import load_yaml
 
 __all__ = ["SECTIONS", "Axis", "GridSpec", "axis_label", "derive_trial", "expand", "load_grid",

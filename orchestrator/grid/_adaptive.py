@@ -17,8 +17,8 @@ from orchestrator.pools import PoolCatalog
 from orchestrator.schema import CompareDecl, GridFile
 
 if TYPE_CHECKING:
-    from orchestrator.grid._load import GridSpec
-    from orchestrator.grid._validation import Axis, Checker
+    from orchestrator.grid._checker import Checker
+    from orchestrator.grid._spec import Axis, GridSpec
     from orchestrator.trial import TrialSpec
 
 

@@ -21,8 +21,8 @@ from orchestrator import metrics
 from orchestrator.metrics import param_key
 
 if TYPE_CHECKING:
-    from orchestrator.grid._load import GridSpec
-    from orchestrator.grid._validation import Axis, Checker
+    from orchestrator.grid._checker import Checker
+    from orchestrator.grid._spec import Axis, GridSpec
     from orchestrator.schema import GridFile
 
 RESERVED_PARAMS = ("pool", "seed", "steps")  # params every trial run has beside its axes

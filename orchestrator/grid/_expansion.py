@@ -9,7 +9,7 @@ from __future__ import annotations
 import itertools
 import json
 from collections.abc import Mapping, Sequence
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import ValidationError
 
@@ -19,7 +19,9 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.grid._cells import check_comparisons
-from orchestrator.grid._validation import SECTIONS, SUBMISSION_WIDE, Checker, axis_label
+from orchestrator.grid._checker import Checker
+from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
+from orchestrator.grid._validation import SUBMISSION_WIDE
 from orchestrator.learner import LearnerSpec
 from orchestrator.schema import split_index
 from orchestrator.trial import (
@@ -31,9 +33,6 @@ from orchestrator.trial import (
     thaw,
     trial_id_for,
 )
-
-if TYPE_CHECKING:
-    from orchestrator.grid._load import GridSpec
 
 
 class _Resolver:

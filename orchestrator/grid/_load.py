@@ -1,14 +1,13 @@
-"""Grid spec: load a grid file, validate it, expand it into content-hashed trials.
+"""Loading a grid: the file read safely, its schema and recipe checked, a ``GridSpec`` built.
 
 Pipeline (fixed): safe YAML load (``orchestrator.safeyaml``) -> pydantic schema (``schema``)
 -> recipe compose with Hydra (``recipes``) -> semantic checks (``validation``) -> frozen
-``GridSpec`` -> ``expand()`` (``expansion``) -> ``TrialSpec`` list. Every user mistake is a one-line
+``GridSpec`` (``_spec``) -> ``expand()`` (``expansion``) -> ``TrialSpec`` list. Every user mistake is a one-line
 ``GridError`` naming the file, line, key path, bad value, allowed values and a did-you-mean;
 nothing is started.
 """
 from __future__ import annotations
 
-import dataclasses
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -16,66 +15,11 @@ from typing import Any
 from orchestrator import recipes
 from orchestrator.exceptions import GridError
 from orchestrator.grid._schema_errors import validate_schema
-from orchestrator.grid._validation import SECTIONS, Axis, build
-from orchestrator.pools import PoolCatalog, load_catalog
-from orchestrator.safeyaml import format_path, load_yaml
+from orchestrator.grid._spec import SECTIONS, GridSpec
+from orchestrator.grid._validation import build
+from orchestrator.pools import load_catalog
+from orchestrator.safeyaml import load_yaml
 from orchestrator.schema import GridFile
-from orchestrator.trial import TrialSpec
-
-
-@dataclasses.dataclass(frozen=True)
-class GridSpec:
-    """A validated grid; ``expand(grid)`` yields its trials."""
-
-    file: str
-    spec: GridFile
-    axes: tuple[Axis, ...]
-    fixed: tuple[tuple[str, Any], ...]
-    recipe_config: Mapping[str, Any]
-    recipe_digest: str
-    recipes_root: str
-    pools: PoolCatalog
-    excludes: tuple[tuple[tuple[int, frozenset[int]], ...], ...]
-    includes: tuple[tuple[tuple[str, str], ...], ...]
-    lines: Mapping[tuple[Any, ...], int]
-
-    @property
-    def name(self) -> str:
-        return self.spec.name
-
-    @property
-    def backend(self) -> str:
-        return self.spec.backend
-
-    @property
-    def upper_bound(self) -> int:
-        n = len(self.spec.seed_values)
-        for a in self.axes:
-            n *= len(a.labels)
-        return n + len(self.includes) * len(self.spec.seed_values)
-
-    def line(self, *path: Any) -> int | None:
-        for cut in range(len(path), -1, -1):
-            if path[:cut] in self.lines:
-                return self.lines[path[:cut]]
-        return None
-
-    def error(self, problem: str, *path: Any, **kw: Any) -> GridError:
-        return GridError(problem, file=self.file, line=self.line(*path),
-                         key=format_path(tuple(path)) or None, **kw)
-
-    @property
-    def base_config(self) -> dict[str, Any]:
-        """The recipe with the grid's fixed ``overrides:`` applied (what every trial shares)."""
-        return recipes.apply_overrides(self.recipe_config, dict(self.fixed))
-
-    def trial_config(self, trial: TrialSpec) -> dict[str, Any]:
-        """The full resolved config of a trial (recipe + its overrides) as a nested dict."""
-        return recipes.apply_overrides(self.recipe_config, trial.override_map)
-
-
-# --------------------------------------------------------------------------- loading
-
 
 
 def load_grid(path: str | Path, *, backend: str | None = None,

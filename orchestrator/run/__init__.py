@@ -6,7 +6,7 @@ single trial without Ray (``run_single``, ``ablate run-trial``).
 """
 from __future__ import annotations
 
-from orchestrator.run._attempt import AttemptJob
 from orchestrator.run._runner import make_job, run_attempt, run_single
+from orchestrator.run._state import AttemptJob
 
 __all__ = ["AttemptJob", "make_job", "run_attempt", "run_single"]

@@ -12,7 +12,7 @@ resume`` from an earlier checkpoint), the child run is replaced by a fresh one r
 local file (``orchestrator/scheduler/_resume.py`` explains why); the replaced rows are kept in
 ``superseded/attempt-N.jsonl`` and as an artifact.
 With ``tracking: {every: N}`` a commit sends MLflow only a share of its rows (every N-th step,
-the commit's last step, the steps the verdict can name: ``_attempt.AttemptRun.commit``);
+the commit's last step, the steps the verdict can name: ``_commits.AttemptCommits.commit``);
 ``metrics.jsonl`` still holds every step.
 
 Infra failures (exceptions, a killed worker) are recorded as an attempt and re-raised so Ray Tune
@@ -30,7 +30,8 @@ from typing import TYPE_CHECKING, Any
 from orchestrator.backends import _REGISTRY, backend_class
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import expand, load_grid
-from orchestrator.run._attempt import AttemptContext, AttemptJob, AttemptRun
+from orchestrator.run._attempt import AttemptContext, AttemptRun
+from orchestrator.run._state import AttemptJob
 from orchestrator.store import TrialPaths, atomic_write_json, records, workspace
 from orchestrator.store.records import mark_cancelled, stored_result
 from orchestrator.store.workspace import scoped_environ

@@ -11,7 +11,7 @@ copy cut short, an editor) must never pass for a shorter run: a finished trial w
   ``committed_step``) are written back from its metric history, value for value;
 * otherwise the trial resumes from its newest verified checkpoint at or before the last step
   the file still holds (a ``ResumeRequest``; from scratch without one), so the steps after it
-  are computed again and its MLflow run is replaced by a refilled one (``run._attempt``).
+  are computed again and its MLflow run is replaced by a refilled one (``run._commits``).
 
 Every repair is said (one line per trial, on stderr, and in the submission's summary).
 """

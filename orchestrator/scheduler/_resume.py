@@ -4,7 +4,7 @@ pool, with lineage kept; and the grid's automatic ``on_collapse: {resume: ...}``
 Two kinds of resume:
 
 * without ``--set`` the same trial goes on: its ``state.json`` gets a ``ResumeRequest`` (pool,
-  start, reason) that the next attempt consumes (``run._attempt.AttemptRun``), and a new attempt
+  start, reason) that the next attempt consumes (``run._start.AttemptStart``), and a new attempt
   record holds its pool and step range. ``--pool`` is the only way a trial ever leaves its pool.
 * with ``--set`` (or ``--derive``) a new trial is derived (``grid.derive_trial``): its own
   ``derived_from = (parent id, step)`` link, the parent's checkpoint at that step copied into its

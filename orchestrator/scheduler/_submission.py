@@ -16,23 +16,15 @@ from its latest verified checkpoint; the grid lease and per-trial locks keep it 
 
 Keeping a slot busy: Tune runs trials in reused worker processes (``reuse_actors``); MLflow
 writes of an attempt happen in this process (``tracking.Sender``), not in the slot, and so does
-opening the parent run, beside Ray's start-up; see ``_tune_env``, ``_trainable._warm_up`` and
+opening the parent run, beside Ray's start-up; see ``_tune.tune_env``, ``_trainable._warm_up`` and
 the gate's standby trial for the three ways Tune would otherwise leave a slot idle between
 short trials.
-
-Tune's own files under ``<grid>/tune/<submission>/``: its experiment state and the searcher
-state (``searcher-state-*.pkl``, which holds the gate's JSON despite its name) are written
-during the fit and only read by ``Tuner.restore``, which we never call; the per-trial logger
-files are off except ``progress.csv``. Tune always pickles the Tuner (``tuner.pkl``) and a
-failed trial's exception (``error.pkl``): there is no switch, so ``_drop_tune_pickles`` deletes
-them after each fit (a SIGKILLed fit can leave them; nothing reads them).
 
 ray is imported by the functions that use it: ``ablate status`` and ``ablate plan`` import this
 module without starting anything.
 """
 from __future__ import annotations
 
-import contextlib
 import functools
 import logging
 import math
@@ -41,7 +33,7 @@ import socket
 import sys
 import time
 import uuid
-from collections.abc import Iterator, Mapping
+from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -60,13 +52,18 @@ from orchestrator.scheduler._placement import (
     check_address,
     connect,
     plan_placement,
-    resource_fn,
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
 from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
-from orchestrator.scheduler._trainable import GridContext, _trainable
+from orchestrator.scheduler._trainable import GridContext
+from orchestrator.scheduler._tune import (
+    drop_tune_pickles,
+    stop_credential_propagation,
+    tune_env,
+    tuner,
+)
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
 from orchestrator.store.workspace import scoped_environ
 from orchestrator.tracking import Sender, check_store, is_remote
@@ -333,10 +330,11 @@ class Submission:
                         on_trial_over=self.sender.send,
                         abort=lambda: self.sender.error or fault_error(gate.results),
                         events=self.events)
-        _stop_credential_propagation()
+        stop_credential_propagation()
         try:
-            with _tune_env(self.max_parallel + sum(self.standby.values())):
-                self._tuner(gctx, gate, live, name).fit()
+            with tune_env(self.max_parallel + sum(self.standby.values())):
+                tuner(gctx, gate, live, name, self.placements, self.grid_dir,
+                      self.grid.spec.retries.max).fit()
         except Exception:
             if self.sender.error is not None:  # the store is unreachable: the callback stopped Tune
                 raise self.sender.error from None
@@ -345,28 +343,12 @@ class Submission:
             raise
         finally:
             live.stop()
-            _drop_tune_pickles(self.grid_dir / "tune" / name)
+            drop_tune_pickles(self.grid_dir / "tune" / name)
         if fault_error(gate.results) is not None:  # the fit ended before the callback saw it
             raise fault_error(gate.results)
         self.sender.drain()  # run ids in state.json before anything below reads them
         mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
-
-    def _tuner(self, gctx: GridContext, gate: Any, live: LiveView, name: str) -> Any:
-        from ray import tune
-        from ray.tune.logger import CSVLoggerCallback
-
-        return tune.Tuner(
-            tune.with_resources(tune.with_parameters(_trainable, gctx=gctx),
-                                resource_fn(self.placements)),
-            tune_config=tune.TuneConfig(search_alg=gate, num_samples=-1, reuse_actors=True,
-                                        trial_name_creator=_trial_name,
-                                        trial_dirname_creator=_trial_name),
-            run_config=tune.RunConfig(
-                name=name, storage_path=str(self.grid_dir / "tune"), verbose=0,
-                failure_config=tune.FailureConfig(max_failures=self.grid.spec.retries.max),
-                callbacks=[live.callback, CSVLoggerCallback()]),
-        )
 
     def _remember(self, trial: TrialSpec, stored: dict[str, Any]) -> None:
         """A new search point's trial (the gate calls it): its spec and the point in its state."""
@@ -423,47 +405,6 @@ class Submission:
         return summary
 
 
-# --------------------------------------------------------------------------- stages' helpers
-
-
-@contextlib.contextmanager
-def _tune_env(max_pending: int) -> Iterator[None]:
-    """Tune settings that are only environment variables, for the duration of one fit.
-
-    ``TUNE_MAX_PENDING_TRIALS_PG``: with a custom searcher Tune keeps ONE trial pending, so slots
-    freed together refill one per actor start-up and a newly starting actor is dropped for a
-    cached one; the gate already bounds what is pending (the running ones and the standbys).
-    ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``: no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
-    records are ours, in JSON); only the CSV logger is added back, for Tune's own result grid.
-    """
-    with scoped_environ({"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending),
-                         "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
-        yield
-
-
-# Ray Tune copies these from the driver's environment into every trainable's runtime_env, and
-# Ray's runtime-env agent logs runtime_envs in plain text (session_*/logs/runtime_env_agent.log).
-# Credentials reach workers through the node's own environment instead: inherited from this
-# process on the embedded cluster, the pod's secrets on KubeRay.
-_TUNE_PROPAGATED_CREDENTIALS = frozenset(
-    {"AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SECURITY_TOKEN", "AWS_SESSION_TOKEN"})
-
-
-def _stop_credential_propagation() -> None:
-    from ray.tune.execution import class_cache
-
-    names = getattr(class_cache, "ENV_VARS_TO_PROPAGATE", None)
-    if isinstance(names, (set, frozenset)) and names & _TUNE_PROPAGATED_CREDENTIALS:
-        class_cache.ENV_VARS_TO_PROPAGATE = type(names)(names - _TUNE_PROPAGATED_CREDENTIALS)
-
-
-def _drop_tune_pickles(tune_dir: Path) -> None:
-    """Tune pickles its Tuner (``tuner.pkl``, for ``Tuner.restore``, which we never use: see the
-    module docstring) and errors (``error.pkl``; ``error.txt`` stays). Our state is JSON."""
-    for pkl in tune_dir.rglob("*.pkl"):
-        pkl.unlink(missing_ok=True)
-
-
 def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
              max_parallel: int) -> dict[str, int]:
     """One standby trial (``_gate.PoolGate``) for each pool that Ray itself keeps at its limit,
@@ -471,8 +412,3 @@ def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
     if sum(limits.values()) > max_parallel:
         return {}
     return {p: 1 for p, pl in placements.items() if pl.enforced and 0 < limits[p] == pl.capacity}
-
-
-def _trial_name(trial: Any) -> str:
-    """Tune's trial (and directory) name: our trial id, not the whole config."""
-    return f"{trial.config.get('trial_id', 'trial')}-{trial.trial_id}"

@@ -8,15 +8,9 @@ timeouts, WAL), the grid's UI view and ``ablate ui``, the clean-up of orphaned p
 from __future__ import annotations
 
 from orchestrator.tracking._deferred import DeferredRun
+from orchestrator.tracking._grid_run import GridRun, TrackingTarget, parent_run
 from orchestrator.tracking._publish import PublishReport, publish, recorded_elsewhere
-from orchestrator.tracking._runs import (
-    GridRun,
-    TrackingTarget,
-    TrialRun,
-    drain,
-    parent_run,
-    supersede,
-)
+from orchestrator.tracking._runs import TrialRun, drain, supersede
 from orchestrator.tracking._sender import Sender, send_trial
 from orchestrator.tracking._store import (
     AXES_TAG,

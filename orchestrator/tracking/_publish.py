@@ -25,14 +25,13 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.store import TrialPaths, records, workspace
-from orchestrator.tracking._runs import (
+from orchestrator.tracking._grid_run import GridRun, experiment_for
+from orchestrator.tracking._labels import (
     MAX_METRICS,
     MAX_PARAMS_TAGS,
     THROUGH_TAG,
-    GridRun,
     _tags,
     attempt_tags,
-    experiment_for,
     trial_params,
     trial_run_name,
     trial_tags,

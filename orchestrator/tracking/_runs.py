@@ -1,267 +1,49 @@
-"""The MLflow runs of a grid: one experiment per grid, a parent run per submission
-(``GridRun``), a nested child run per trial (``TrialRun``) with its axis values as params,
-placement and versions as tags, batched per-step metrics, attempts, lineage and the verdict.
+"""The MLflow child run of one trial (``TrialRun``): batched per-step metrics, attempts, the
+verdict, its end, and what becomes of it later (``supersede``, ``drain``).
 
 A ``TrialRun`` never raises for a tracking outage: rows go to an on-disk outbox
 (``_outbox.Outbox``) first and are sent in ``log_batch`` calls of up to 1000 values; if the store
 is unreachable they stay there and go out on a later call (with exponential back-off between
 attempts) or at ``flush``/``end``. ``drain(buffer_dir, tracking_uri)`` finishes the outbox of a
-run whose process is gone.
+run whose process is gone. The grid's parent run is ``_grid_run``; the params and tags a run is
+labelled with are ``_labels``.
 """
 from __future__ import annotations
 
-import contextlib
-import dataclasses
-import functools
-import importlib.metadata
-import json
 import logging
-import subprocess
-import sys
 import time
-from collections.abc import Iterator, Mapping, Sequence
+from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.cost import cost_tags, trial_cost
-from orchestrator.exceptions import UserError
-from orchestrator.metrics import param_key
-from orchestrator.store import workspace
-from orchestrator.store.records import effective_ranges
-from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
+from orchestrator.tracking._labels import (
+    MAX_METRICS,
+    MAX_PARAMS_TAGS,
+    THROUGH_TAG,
+    _chunks,
+    _tags,
+    attempt_tags,
+    trial_params,
+    trial_run_name,
+    trial_tags,
+)
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._store import (
-    AXES_TAG,
-    CONFIG_TAG,
-    PARENT_TAG,
-    ROLE_TAG,
     client,
     fail_fast,
     is_permanent,
-    is_remote,
     sanitize_key,
-    use_wal,
 )
-from orchestrator.tracking._views import save_trials_view
 
 if TYPE_CHECKING:
-    from mlflow import MlflowClient
 
-    from orchestrator.grid import GridSpec
     from orchestrator.pools import PoolSpec
     from orchestrator.trial import Attempt, TrialSpec
     from orchestrator.verdict import Verdict
 
 log = logging.getLogger(__name__)
 
-THROUGH_TAG = "ablate.logged_through_step"  # last step whose metrics are all in the store
-MAX_METRICS = 999  # MLflow: 1000 entities per log_batch; one slot is the THROUGH_TAG
-MAX_PARAMS_TAGS = 100
-MAX_TAG_LEN = 5000
 BACKOFF_MAX_S = 30.0
-VERSION_PACKAGES = ("rl-ablate", "torch", "mlflow", "ray", "verl", "sglang", "vllm", "transformers")
-
-
-@dataclasses.dataclass(frozen=True)
-class TrackingTarget:
-    """Where the trial's MLflow child run lives (the parent run is the grid submission)."""
-
-    uri: str
-    experiment_id: str  # "" while the orchestrator is still opening the parent run
-    parent_run_id: str | None
-
-
-@functools.lru_cache(maxsize=1)
-def provenance_tags() -> dict[str, str]:
-    """Package versions and the git commit of the orchestrator (never environment values)."""
-    tags = {"version.python": ".".join(map(str, sys.version_info[:3]))}
-    for pkg in VERSION_PACKAGES:
-        with contextlib.suppress(importlib.metadata.PackageNotFoundError):
-            tags[f"version.{pkg}"] = importlib.metadata.version(pkg)
-    repo = Path(__file__).resolve().parents[2]
-    with contextlib.suppress(OSError, subprocess.SubprocessError):
-        out = subprocess.run(["git", "-C", str(repo), "rev-parse", "HEAD"], capture_output=True,
-                             text=True, timeout=5, check=False)
-        if out.returncode == 0 and out.stdout.strip():
-            tags["git.commit"] = tags["mlflow.source.git.commit"] = out.stdout.strip()
-    return tags
-
-
-def experiment_for(mlc: MlflowClient, name: str, tracking_uri: str, workdir: Path | None) -> str:
-    """Id of the grid's experiment, created on first use (artifacts under the workdir locally)."""
-    exp = mlc.get_experiment_by_name(name)
-    if exp is not None:
-        if exp.lifecycle_stage == "deleted":
-            mlc.restore_experiment(exp.experiment_id)
-        return str(exp.experiment_id)
-    location = None
-    if not is_remote(tracking_uri):
-        location = (workspace.artifact_root(workdir) / name).as_uri()
-    from mlflow.exceptions import MlflowException
-
-    try:
-        return str(mlc.create_experiment(name, artifact_location=location, tags={ROLE_TAG: "grid"}))
-    except MlflowException:  # created concurrently by another process
-        exp = mlc.get_experiment_by_name(name)
-        if exp is None:
-            raise
-        return str(exp.experiment_id)
-
-
-def _chunks(items: Sequence[Any], n: int) -> Iterator[Sequence[Any]]:
-    for i in range(0, len(items), n):
-        yield items[i:i + n]
-
-
-def _tags(mapping: Mapping[str, Any]) -> list[Any]:
-    from mlflow.entities import RunTag
-
-    return [RunTag(str(k), str(v)[:MAX_TAG_LEN]) for k, v in mapping.items()]
-
-
-class GridRun:
-    """The grid's experiment and the parent run of one submission."""
-
-    def __init__(self, tracking_uri: str, experiment_id: str, run_id: str) -> None:
-        self.tracking_uri = tracking_uri
-        self.experiment_id = experiment_id
-        self.run_id = run_id
-
-    @classmethod
-    def open(cls, grid: GridSpec, *, tracking_uri: str, workdir: Path,
-             run_id: str | None = None) -> GridRun:
-        """Create (or reopen with ``run_id``) the parent run; an unreachable store is a user error."""
-        mlc = client(tracking_uri)
-        try:
-            with fail_fast(tracking_uri, timeout_s=30):
-                exp_id = experiment_for(mlc, grid.name, tracking_uri, workdir)
-                use_wal(tracking_uri)  # the store file exists now
-                if run_id is not None:
-                    mlc.update_run(run_id, status="RUNNING")
-                    return cls(tracking_uri, exp_id, run_id)
-                tags = {ROLE_TAG: "grid", "grid": grid.name, "grid.file": str(grid.file),
-                        "grid.recipe_digest": grid.recipe_digest, "backend": grid.backend,
-                        "axes": ", ".join(a.name for a in grid.axes), **provenance_tags(),
-                        **process_tags()}
-                run = mlc.create_run(exp_id, run_name=f"{grid.name} {time.strftime('%Y-%m-%d %H:%M:%S')}",
-                                     tags=tags)
-                from mlflow.entities import Param
-
-                params = {"recipe": grid.spec.recipe, "backend": grid.backend, "steps": grid.spec.steps,
-                          "seeds": ",".join(map(str, grid.spec.seed_values))}
-                mlc.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
-                save_trials_view(mlc, exp_id, [a.name for a in grid.axes])
-                close_orphaned_parents(mlc, exp_id, keep=run.info.run_id)
-                return cls(tracking_uri, exp_id, run.info.run_id)
-        except Exception as exc:
-            if is_permanent(exc):
-                raise
-            raise UserError(f"MLflow tracking store {tracking_uri} is unreachable ({type(exc).__name__}); "
-                            "fix: start the server or pass --tracking-uri") from None
-
-    @property
-    def target(self) -> TrackingTarget:
-        """Where the submission's trial runs go: its experiment, under this parent run."""
-        return TrackingTarget(self.tracking_uri, self.experiment_id, self.run_id)
-
-    def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
-        client(self.tracking_uri).log_artifacts(self.run_id, str(directory), artifact_path)
-
-    def log_cost(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
-        """The grid's cost (``orchestrator.cost.total_metrics``) and budget on the parent run;
-        never fails the submission (the trial files hold the same numbers)."""
-        from mlflow.entities import Metric
-
-        now = int(time.time() * 1000)
-        try:
-            with fail_fast(self.tracking_uri):
-                client(self.tracking_uri).log_batch(
-                    self.run_id, metrics=[Metric(k, float(v), now, 0) for k, v in metrics.items()],
-                    tags=_tags(tags))
-        except Exception as exc:  # noqa: BLE001 - the cost is on disk too (ablate status)
-            log.warning("could not log the grid's cost to run %s: %s", self.run_id, exc)
-
-    def end(self, status: str = "FINISHED") -> None:
-        with fail_fast(self.tracking_uri):
-            try:
-                client(self.tracking_uri).set_terminated(self.run_id, status)
-            except Exception as exc:  # noqa: BLE001 - trial state is on disk; the parent status is cosmetic
-                log.warning("could not end grid run %s: %s", self.run_id, exc)
-
-
-@contextlib.contextmanager
-def parent_run(grid: GridSpec, *, tracking_uri: str, workdir: Path) -> Iterator[TrackingTarget]:
-    """A submission's parent run around work done in this process (``ablate run-trial``, a
-    local resume): opened first, ended FINISHED, or FAILED if the work raised (re-raised)."""
-    parent = GridRun.open(grid, tracking_uri=tracking_uri, workdir=workdir)
-    try:
-        yield parent.target
-    except BaseException:
-        parent.end("FAILED")
-        raise
-    parent.end("FINISHED")
-
-
-def trial_run_name(trial: TrialSpec) -> str:
-    label = "/".join(v for k, v in trial.axes if k != "pool")
-    return f"{label or trial.recipe} {trial.pool} s{trial.seed} ({trial.trial_id})"[:240]
-
-
-def trial_params(trial: TrialSpec) -> dict[str, str]:
-    """Every axis value, then the seed and resolved overrides that are not axes (string values)."""
-    params = {k: str(v) for k, v in trial.axes}  # a derived trial's --set values come last: they win
-    params["pool"] = trial.pool  # the pool it runs on (a derived trial may move)
-    params.setdefault("seed", str(trial.seed))
-    params.setdefault("steps", str(trial.steps))
-    for key, value in trial.overrides:
-        params.setdefault(key, str(value))
-    return {param_key(k): v[:6000] for k, v in params.items()}
-
-
-def trial_tags(trial: TrialSpec, pool: PoolSpec, parent_run_id: str | None) -> dict[str, str]:
-    tags = {ROLE_TAG: "trial", "trial_id": trial.trial_id, "grid": trial.grid,
-            "backend": trial.backend, "recipe": trial.recipe, "seed": str(trial.seed),
-            "pool": pool.name, "pool.kind": pool.kind, "accelerator": pool.accelerator,
-            "mlflow.runName": trial_run_name(trial), **provenance_tags(),
-            AXES_TAG: json.dumps([list(a) for a in trial.axes], ensure_ascii=False)}
-    if trial.config:
-        tags[CONFIG_TAG] = trial.config
-    if parent_run_id:
-        tags[PARENT_TAG] = parent_run_id
-    if pool.kind == "gpu":
-        tags["pool.gpus_per_node"], tags["pool.nodes"] = str(pool.gpus_per_node), str(pool.nodes)
-        if pool.kueue_flavor:
-            tags["pool.kueue_flavor"] = pool.kueue_flavor
-    for key, value in trial.overrides:
-        if key.startswith("rollout."):  # inference-engine flags
-            tags[f"engine.{key.removeprefix('rollout.')}"] = str(value)
-    if trial.derived_from:
-        parent, step = trial.derived_from
-        tags["derived_from"] = f"{parent}@{step}"
-    return tags
-
-
-def attempt_tags(attempts: Sequence[Attempt], steps: int, pool: PoolSpec | None) -> dict[str, str]:
-    """Tags per attempt (pool, step range, outcome), the pool per step range and the cost."""
-    tags: dict[str, str] = {"attempts": str(len(attempts)),
-                            "pools": ",".join(dict.fromkeys(a.pool for a in attempts))}
-    for a in attempts:
-        end = "" if a.end_step is None else str(a.end_step)
-        tags[f"attempt.{a.number}.pool"] = a.pool
-        tags[f"attempt.{a.number}.steps"] = f"{a.start_step}-{end}"
-        tags[f"attempt.{a.number}.outcome"] = a.outcome or "running"
-        if a.resumed_from_step is not None:
-            tags[f"attempt.{a.number}.resumed_from_step"] = str(a.resumed_from_step)
-    # The run's one step axis by pool, e.g. "sim-a100:1-6,sim-h20:7-" (what compare draws).
-    tags["pool_steps"] = ",".join(f"{p}:{lo}-{'' if hi is None else hi}"
-                                  for p, lo, hi in effective_ranges(attempts))
-    if len(attempts) > 1:
-        prev = attempts[-2]
-        tags["resumed_from"] = f"attempt {prev.number} on {prev.pool} at step {attempts[-1].start_step - 1}"
-    # Attempts carry their pool's rate; the run's pool covers attempts recorded before that.
-    tags.update(cost_tags(trial_cost(attempts, steps,
-                                     pools={pool.name: pool} if pool is not None else None)))
-    return tags
 
 
 class TrialRun:

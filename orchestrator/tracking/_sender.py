@@ -21,8 +21,9 @@ from typing import TYPE_CHECKING
 
 from orchestrator.store import TrialPaths, records
 from orchestrator.tracking._deferred import DeferredRun
+from orchestrator.tracking._grid_run import GridRun, TrackingTarget
 from orchestrator.tracking._outbox import Outbox
-from orchestrator.tracking._runs import GridRun, TrackingTarget, TrialRun, drain
+from orchestrator.tracking._runs import TrialRun, drain
 from orchestrator.trial import TrialState
 from orchestrator.verdict import Verdict
 

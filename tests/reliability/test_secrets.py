@@ -128,7 +128,7 @@ def test_credentials_never_reach_ray_logs(
     leaks: dict[str, list[str]],
 ) -> None:
     # Not even the AWS variables Ray Tune copies into every trainable's runtime_env by default
-    # (orchestrator/scheduler/_submission.py stops that propagation; Ray logs runtime_envs in plain text).
+    # (orchestrator/scheduler/_tune.py stops that propagation; Ray logs runtime_envs in plain text).
     assert leaks["ray_logs"] == [], leaks["ray_logs"]
 
 

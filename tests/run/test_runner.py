@@ -426,7 +426,7 @@ def test_tracking_every_reaches_the_job_and_bad_values_are_refused(isolated: Pat
 
 
 def test_tracked_rows_keep_sparse_metrics_named_steps_and_the_last() -> None:
-    from orchestrator.run._tracked import tracked_rows
+    from orchestrator.run._commits import tracked_rows
 
     rows = [(s, {"loss": 1.0, **({"eval/reward": 0.5} if s % 7 == 0 else {})}) for s in range(1, 31)]
     kept, prev = tracked_rows(rows, 10, {13}, frozenset())

@@ -21,7 +21,7 @@ from orchestrator import metrics as M
 from orchestrator.grid import expand, load_grid
 from orchestrator.schema import CollapseSpec
 from orchestrator.tracking import GridRun, TrialRun, client, drain, use_wal
-from orchestrator.tracking._runs import THROUGH_TAG, trial_run_name
+from orchestrator.tracking._labels import THROUGH_TAG, trial_run_name
 from orchestrator.tracking._store import sanitize_key
 from orchestrator.trial import Attempt
 from orchestrator.verdict import judge
