@@ -65,7 +65,6 @@ from orchestrator.scheduler._tune import (
     tuner,
 )
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
-from orchestrator.store.workspace import scoped_environ
 from orchestrator.tracking import Sender, check_store, is_remote
 from orchestrator.trial import TrialSpec
 

@@ -23,10 +23,10 @@ from collections.abc import Iterator, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.environment import scoped_environ
 from orchestrator.scheduler._placement import Placement, resource_fn
 from orchestrator.scheduler._progress import LiveView
 from orchestrator.scheduler._trainable import GridContext, _trainable
+from orchestrator.store.workspace import scoped_environ
 
 
 def tuner(gctx: GridContext, gate: Any, live: LiveView, name: str,
