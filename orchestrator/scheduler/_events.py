@@ -203,8 +203,10 @@ class EventWatcher:
             return
         if now.attempts > before.attempts:
             self._attempts(spec, paths, before.attempts, now.attempts)
+        # The commit of the last step is the trial's end, which FINISHED reports: a poll that
+        # lands between that commit and the state's DONE must not print it as a checkpoint.
         if (now.committed > before.committed and now.state is TrialState.RUNNING
-                and now.attempts == before.attempts):
+                and now.attempts == before.attempts and now.committed < spec.steps):
             self._emit(spec, now, EventKind.CHECKPOINT, now.committed, now.attempts)
         if now.state is not before.state or now.attempts > before.attempts:
             self._ended(spec, paths, rec, now)
