@@ -206,7 +206,8 @@ class Launcher(abc.ABC):
         return []
 
     @classmethod
-    def worker_env(cls, trainer: type[Trainer], config: Mapping[str, Any]) -> dict[str, str | None]:
+    def worker_env(cls, trainer: type[Trainer],
+                   config: Mapping[str, Any]) -> dict[str, str | None]:
         """The environment the orchestrator's workers start with: by default the trainer's
         (it trains in them); a launcher whose job trains elsewhere sets it there instead."""
         return trainer.worker_env(config)

@@ -1,8 +1,9 @@
 """The Kubernetes launcher: each attempt of a trial is one KubeRay RayJob running the verl job.
 
 The job is exactly what ``VerlTrainer`` runs locally (same argv and environment; the launcher
-has no ``version`` of its own, hence the same trial ids), and progress is followed the same way as ``verl.supervise`` does it, from
-files on the shared checkpoint volume that the control plane mounts at the trial pods' path:
+has no ``version`` of its own, hence the same trial ids), and progress is followed the same way
+as ``verl.supervise`` does it, from files on the shared checkpoint volume that the control plane
+mounts at the trial pods' path:
 
 * metrics: verl's file logger of this attempt, tailed and normalised by ``verl.files.MetricTail``,
   -> ``ctx.log_metrics``;

@@ -101,8 +101,9 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
         raise no_such_trial(trial_id, trials, where=grid_path, scope=f" in grid {grid.name}",
                             see="see `ablate plan` for ids")
     trial = trials[trial_id]
-    backends.backend(trial.backend).require([grid.pools.get(trial.pool)],  # before anything is written
-                                         where=f"{grid.file}: pool")
+    # Before anything is written.
+    backends.backend(trial.backend).require([grid.pools.get(trial.pool)],
+                                            where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     uri = workspace.tracking_uri(tracking_uri, workdir)
     with parent_run(grid, tracking_uri=uri, workdir=workspace.workdir(workdir)) as target:
@@ -127,5 +128,6 @@ def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: Trac
         grid_dir=str(grid_dir), trial=trial, config=dict(config or grid.trial_config(trial)),
         pool=grid.pools.get(pool or trial.pool), checkpoint=spec.checkpoint,
         collapse=spec.collapse, early_stop=spec.early_stop_spec, tracking=tracking,
-        submission=submission, backend_ref=backends.backend(trial.backend), start=start, reopen=reopen,
+        submission=submission, backend_ref=backends.backend(trial.backend), start=start,
+        reopen=reopen,
         tracking_every=spec.tracking.every)

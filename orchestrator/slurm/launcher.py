@@ -2,8 +2,8 @@
 
 The job runs the trial's trainer (the registry gives ``SimTrainer`` on a sim pool,
 ``VerlTrainer`` on a cpu or gpu pool) through ``orchestrator.slurm.worker``; this module, in the
-Tune trial, submits the job and follows it as ``k8s.launcher`` follows a RayJob: the job's ``events.jsonl`` records are
-fed to the run context (metrics, checkpoints, environment), ``ctx.should_stop()`` (early stop,
+Tune trial, submits the job and follows it as ``k8s.launcher`` follows a RayJob: the job's
+``events.jsonl`` records are fed to the run context (metrics, checkpoints, environment), ``ctx.should_stop()`` (early stop,
 ``ablate cancel``) becomes ``scancel``, and a job the cluster ended (NODE_FAIL, a node set
 down, TIMEOUT, PREEMPTED, a requeue) raises ``InfraFailure``: the scheduler retries the trial
 from its last checkpoint with a new job.
@@ -71,7 +71,8 @@ class SlurmLauncher(Launcher):
         return [f"#SBATCH {o}" for o in sbatch_options(pool, name=name)]
 
     @classmethod
-    def worker_env(cls, trainer: type[Trainer], config: Mapping[str, Any]) -> dict[str, str | None]:
+    def worker_env(cls, trainer: type[Trainer],
+                   config: Mapping[str, Any]) -> dict[str, str | None]:
         """None: the trainer's environment goes into each job's script, not the watchers'."""
         return {}
 
