@@ -167,11 +167,11 @@ class Backend:
 
     def require(self, pools: Iterable[PoolSpec], *, where: str = "") -> None:
         """Refuse one line early if this machine cannot launch trials on ``pools``."""
-        pools = list(pools)
-        for cls in self.trainers:
-            mine = [p for p in pools if self.trainer(p) is cls]
-            if mine or len(self.trainers) == 1:
-                self.launcher.require(cls, mine, where=where)
+        by_trainer: dict[type[Trainer], list[PoolSpec]] = {}
+        for pool in pools:
+            by_trainer.setdefault(self.trainer(pool), []).append(pool)
+        for cls, mine in (by_trainer or {self.trainers[0]: []}).items():
+            self.launcher.require(cls, mine, where=where)
 
     def worker_env(self, config: Mapping[str, Any]) -> dict[str, str | None]:
         """The environment the orchestrator's workers start with (before Ray starts them)."""

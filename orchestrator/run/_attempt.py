@@ -18,8 +18,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends import Backend
-from orchestrator.backends.base import AttemptOutcome, AttemptResult
+from orchestrator.backends import AttemptOutcome, AttemptResult, Backend
 from orchestrator.cost import pool_rate
 from orchestrator.pools import PoolSpec
 from orchestrator.run._tracked import tracked_rows, verdict_steps

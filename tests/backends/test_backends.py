@@ -46,3 +46,12 @@ def test_slurm_runs_the_trainer_of_each_pools_kind() -> None:
     assert slurm.trainer(catalog.get("cpu-fp32")) is VerlTrainer
     assert slurm.trainer(catalog.get("h100")) is VerlTrainer
     assert backend("verl").pool_kinds == ("gpu", "cpu") and backend("sim").pool_kinds == ("sim",)
+
+
+def test_every_backend_a_grid_may_name_is_registered() -> None:
+    import typing
+
+    from orchestrator.backends import names
+    from orchestrator.schema import GridFile
+
+    assert set(names()) == set(typing.get_args(GridFile.model_fields["backend"].annotation))
