@@ -1,8 +1,9 @@
 """How many GPUs a verl trial spans and whether its checkpoint can move to another pool.
 
 verl's FSDP shards are keyed by world size (``model_world_size_<N>_rank_<r>.pt``), so a verl
-checkpoint resumes only on a pool that gives the same GPU count: the plan-time checks of the verl
-backend, the RayJob it renders for Kubernetes and ``ablate resume`` all ask this module.
+checkpoint resumes only on a pool that gives the same GPU count: the verl trainer's plan-time
+checks (and ``check_checkpoint``, which ``ablate resume`` asks), the RayJob the Kubernetes
+launcher renders and a Slurm job's node count all ask this module.
 """
 from __future__ import annotations
 
