@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import recipes
-from orchestrator.backends import backend_class
+from orchestrator.backends import backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
@@ -44,7 +44,7 @@ class _Resolver:
         self.section_base = {s: dict(base[s]) for s in SECTIONS}
         self.leaves = dict(recipes.flatten({k: v for k, v in base.items() if k not in SECTIONS}))
         self.cache: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[tuple[str, Any], ...]] = {}
-        self.backend_cls = backend_class(grid.backend)
+        self.backend = backend(grid.backend)
         self.checked: set[tuple[Any, ...]] = set()
 
     def section(self, name: str, items: tuple[tuple[str, Any], ...],
@@ -97,11 +97,11 @@ class _Resolver:
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
         spec = self.grid.pools.pools[pool]
-        problem = self.backend_cls.check_values(items, config, spec)
+        problem = self.backend.check_values(items, config, spec)
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        problem = self.backend_cls.check_config(config, spec)
+        problem = self.backend.check_config(config, spec)
         if problem:  # it names its own fix
             # The line of the grid key it is about if the grid sets it, else of the pool.
             grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
@@ -137,8 +137,8 @@ class _Resolver:
             {**self.section_base["learner"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("learner.")}})
         pool_spec = self.grid.pools.pools[pool]
-        problem = (self.backend_cls.check(corr, roll, pool_spec)
-                   or self.backend_cls.check_learner(learn, corr, roll, pool_spec))
+        problem = (self.backend.check(corr, roll, pool_spec)
+                   or self.backend.check_learner(learn, corr, roll, pool_spec))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem
@@ -157,7 +157,7 @@ class _Resolver:
             {**self.section_base["rollout"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in rollout_items}})
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in rest})
-        problem = self.backend_cls.check_engine(roll, config, self.grid.pools.pools[pool])
+        problem = self.backend.check_engine(roll, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix="exclude this combination or change "
@@ -176,14 +176,13 @@ def _context(axes: Any) -> str:
 
 
 def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...]) -> dict:
-    """What a trial's id hashes, but its seed: the resolved configuration, the backend
-    version (k8s runs the same verl job as verl, so both give one id) and what the pool
-    computes with (its definition, not only its name: a ``pool_catalog:`` that redefines a
-    pool, or an edited ``sim_profile``, gives new ids)."""
+    """What a trial's id hashes, but its seed: the resolved configuration, the backend's name
+    and version (``Backend.identity``: k8s runs the same verl job as verl, so both give one
+    id) and what the pool computes with (its definition, not only its name: a ``pool_catalog:``
+    that redefines a pool, or an edited ``sim_profile``, gives new ids)."""
     return {
         "id_scheme": ID_SCHEME,
-        "backend": grid.backend if grid.backend != "k8s" else "verl",
-        "backend_version": backend_class(grid.backend).version,
+        **backend(grid.backend).identity(),
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,
