@@ -132,7 +132,7 @@ class Backend:
         return self.trainer(pool).check(correction, rollout, pool)
 
     def check_pool(self, pool: PoolSpec) -> tuple[str, str] | None:
-        return self.trainer(pool).check_pool(pool)
+        return self.trainer(pool).check_pool(pool) or self.launcher.check_pool(pool)
 
     def check_learner(self, learner: LearnerSpec, correction: CorrectionSpec,
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:

@@ -194,6 +194,12 @@ class Launcher(abc.ABC):
         call it before anything starts. By default every machine can."""
 
     @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """Plan-time refusal of a pool's own launcher settings in the catalogue (Slurm: an
+        ``extra`` option the launcher sets itself): (the pool key, the reason), or None."""
+        return None
+
+    @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
         """Plan-time refusal of a trial's placement (Slurm: its pool's nodes and ``slurm:``
         block), checked before the trainer's own ``check_config``; by default none."""

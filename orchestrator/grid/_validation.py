@@ -256,8 +256,9 @@ def check_catalog_pool(backend: Backend, catalog: PoolCatalog, name: str) -> Non
     if problem is not None:
         key, why = problem
         file, line = catalog.where(name, key)
+        own_fix = "; fix: " in why  # the trainer's or launcher's reason names its own fix
         raise GridError(why.removeprefix(f"pool {name}: "), file=file, line=line,
-                        key=f"pools.{name}", fix="correct it in the pool catalogue")
+                        key=f"pools.{name}", fix=None if own_fix else "correct it in the pool catalogue")
 
 
 def _check_conflicts(axes: Sequence[Axis], chk: Checker) -> None:

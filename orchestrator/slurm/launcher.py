@@ -36,7 +36,7 @@ from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.checks import nodes_problem, placement_problem
 from orchestrator.slurm.events import EventReader
-from orchestrator.slurm.script import job_name, sbatch_options, script_text
+from orchestrator.slurm.script import extra_problem, job_name, sbatch_options, script_text
 from orchestrator.slurm.worker import JOB, STOP
 from orchestrator.trial import TrialSpec
 
@@ -59,6 +59,11 @@ class SlurmLauncher(Launcher):
         self._sleep = sleep
 
     # ------------------------------------------------------------------ plan time
+
+    @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """The pool's ``slurm.extra`` may not give an option the launcher owns."""
+        return extra_problem(pool)
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:

@@ -27,6 +27,31 @@ def job_name(trial_id: str, grid_dir: str | Path) -> str:
     return f"ablate-{trial_id}-{where}"
 
 
+# sbatch options the launcher sets itself (``sbatch_options``, ``SlurmClient.submit``) or that
+# would break one job per attempt: a pool's ``slurm.extra`` may not give them. ``--partition``
+# there would run a trial elsewhere than its records say, ``--array`` one attempt twice into one
+# events file, ``--job-name`` hide the job from ``ablate cancel``.
+OWNED_OPTIONS = frozenset({
+    "job-name", "nodes", "ntasks-per-node", "ntasks", "partition", "constraint", "gres",
+    "account", "qos", "time", "cpus-per-task", "gpus-per-node", "gpus", "output", "error",
+    "array", "chdir", "export", "wrap", "parsable", "test-only", "open-mode", "hold",
+})  # fmt: skip
+
+
+def extra_problem(pool: PoolSpec) -> tuple[str, str] | None:
+    """An option of the pool's ``slurm.extra`` that the launcher owns: (the pool key, why)."""
+    for opt in pool.slurm.extra if pool.slurm is not None else ():
+        name = opt[2:].split("=", 1)[0]
+        if name in OWNED_OPTIONS:
+            block = {"time": "time_limit", "cpus-per-task": "cpus_per_task"}.get(name, name)
+            where = (f"the pool's slurm.{block}" if block in type(pool.slurm).model_fields
+                     else "the launcher")
+            return "slurm", (f"pool {pool.name}: slurm.extra {opt!r}: --{name} is set by {where} "
+                             "for every job of the pool; fix: drop it from extra"
+                             + (f" (set slurm.{block} instead)" if where != "the launcher" else ""))
+    return None
+
+
 def sbatch_options(pool: PoolSpec, *, name: str) -> list[str]:
     """The sbatch options that place one trial of ``pool``: its ``slurm:`` block, its node
     count and, for a GPU pool without a ``gres``, its GPUs per node. (The job's log path goes

@@ -37,6 +37,17 @@ OWNED_KEYS = frozenset({
     "data.seed", "actor_rollout_ref.rollout.seed", "actor_rollout_ref.actor.fsdp_config.seed",
     "actor_rollout_ref.ref.fsdp_config.seed", "actor_rollout_ref.actor.data_loader_seed",
 })  # fmt: skip
+# Besides OWNED_KEYS, what the trainer sets per trial from the pool and the grid's checkpoint
+# cadence: a pool may not set these either (its overrides are applied after the trial's keys).
+POOL_OWNED_KEYS = frozenset({"trainer.nnodes", "trainer.save_freq"})
+# A pool override key: a dotted verl key, optionally with Hydra's '+' (add) or '++' (force);
+# Hydra's other key syntax (``~key`` deletes, ``key@pkg``, list indices) is not passed through.
+POOL_KEY = re.compile(r"\+{0,2}[A-Za-z_][A-Za-z0-9_]*(?:\.[A-Za-z_][A-Za-z0-9_]*)*")
+# Environment variables the trainer sets for every job (``VerlTrainer.environment``): a pool's
+# ``verl_env`` may not set them (one would point verl's logger or MLflow run elsewhere).
+OWNED_ENV = frozenset({"VERL_FILE_LOGGER_PATH", "PYTHONUNBUFFERED", "ABLATE_TRIAL_ID",
+                       "RAY_USAGE_STATS_ENABLED", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID"})
+ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Recipe paths that verl opens on the workers: relative ones are resolved against the repo.
 PATH_KEYS = ("function_tool_path", "tool_config_path")
 # Recipe sections that are not verl keys: the vocabularies, and ``assets`` (model, tokenizer and
@@ -299,3 +310,35 @@ def recipe_leaves(config: Mapping[str, Any]) -> Iterator[tuple[str, Any]]:
 
 def owned(key: str) -> bool:
     return key in OWNED_KEYS or key.startswith(OWNED_PREFIXES)
+
+
+def pool_settings_problem(pool: PoolSpec) -> tuple[str, str] | None:
+    """A pool's ``verl_overrides`` or ``verl_env`` that would replace what the trainer sets
+    for every trial, or is not a plain key / variable: (the pool key, the reason), or None.
+    Without it a catalogue could give every seed the same data order (``data.seed``), replace
+    ``steps`` (``trainer.total_training_steps``) or put trials in one checkpoint folder."""
+    for key, value in pool.verl_overrides.items():
+        bare = key.lstrip("+")
+        if not POOL_KEY.fullmatch(key):
+            return "verl_overrides", (
+                f"pool {pool.name}: verl_overrides key {key!r} is not a dotted verl key; fix: "
+                "write it as in a recipe (letters, digits and '_' between dots, '+' or '++' "
+                "first to add a key)")
+        if owned(bare) or bare in POOL_OWNED_KEYS:
+            return "verl_overrides", (
+                f"pool {pool.name}: verl_overrides.{key}: the verl trainer sets {bare} for every "
+                "trial (from the grid's steps, seeds, checkpoint and correction keys, and the "
+                "pool's size); fix: drop it from the pool")
+        problem = unsafe_text(value)
+        if problem:
+            return "verl_overrides", f"pool {pool.name}: verl_overrides.{key}: {problem}"
+    for name, value in pool.verl_env.items():
+        if not ENV_NAME.fullmatch(name):
+            return "verl_env", (f"pool {pool.name}: verl_env name {name!r} is not an "
+                                "environment variable name; fix: letters, digits and '_'")
+        if name in OWNED_ENV:
+            return "verl_env", (f"pool {pool.name}: verl_env.{name}: the verl trainer sets it for "
+                                "every job (its metrics file, MLflow run and logging); fix: drop it")
+        if isinstance(value, str) and "\x00" in value:
+            return "verl_env", f"pool {pool.name}: verl_env.{name}: its value contains a NUL byte"
+    return None

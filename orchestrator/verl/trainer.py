@@ -73,6 +73,12 @@ class VerlTrainer(Trainer):
         return refusals[0] if all(refusals) else None
 
     @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """The pool's ``verl_overrides`` and ``verl_env``: none may set what the trainer sets
+        itself (``mapping.pool_settings_problem``)."""
+        return mapping.pool_settings_problem(pool)
+
+    @classmethod
     def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
@@ -251,6 +257,7 @@ class VerlTrainer(Trainer):
                     file_logger_path: str, pool: PoolSpec | None = None) -> dict[str, str | None]:
         """Environment of the job: the trial's MLflow run, a per-attempt file-logger path and
         the pool's ``verl_env`` (a None value unsets the variable)."""
+        # Every variable set here is in mapping.OWNED_ENV, which a pool's verl_env may not set.
         env: dict[str, str | None] = {
             "VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
             "ABLATE_TRIAL_ID": trial.trial_id, "RAY_USAGE_STATS_ENABLED": "0"}

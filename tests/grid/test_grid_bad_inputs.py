@@ -62,3 +62,38 @@ def test_error_names_line_key_allowed_and_suggestion(isolated: Path,
 def test_over_limit_passes_with_force(isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
     assert main(["plan", str(BAD / "over_trial_limit.yaml"), "--force", "--json"]) == 0
     assert '"count": 4' in capsys.readouterr().out
+
+
+OWNED = Path(__file__).parents[1] / "data" / "owned_grids"
+OWNED_CASES = sorted(OWNED.glob("*.yaml"))
+
+
+@pytest.mark.parametrize("path", OWNED_CASES, ids=[p.stem for p in OWNED_CASES])
+def test_a_catalogue_setting_what_the_tool_owns_is_refused(
+        path: Path, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool's verl_overrides, verl_env or slurm.extra that would replace what the trainer or
+    launcher sets for every trial (or is not a plain key / variable name): refused at plan in one
+    line at the catalogue's file and line, naming the pool field, exit 2, nothing written."""
+    rc = main(["plan", str(path)])
+    out, err = capsys.readouterr()
+    assert rc == 2, f"exit {rc}; stderr: {err}"
+    lines = err.strip().splitlines()
+    assert len(lines) == 1, err
+    catalog = path.read_text().split("pool_catalog: ../", 1)[1].split()[0]
+    assert lines[0].startswith("error: ") and catalog in lines[0], lines[0]
+    assert _expect(path) in lines[0] and "; fix: " in lines[0], lines[0]
+    assert lines[0].count("fix:") == 1, lines[0]
+    assert "Traceback" not in err and out == ""
+    assert not (isolated / ".ablate").exists()
+
+
+def test_the_built_in_catalogue_sets_nothing_the_tool_owns() -> None:
+    from orchestrator import backends
+    from orchestrator.pools import load_catalog
+
+    catalog = load_catalog()
+    for name, pool in catalog.pools.items():
+        for kind in ("sim", "verl", "slurm"):
+            b = backends.backend(kind)
+            if pool.kind in b.pool_kinds:
+                assert b.check_pool(pool) is None, (name, kind)
