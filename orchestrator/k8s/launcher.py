@@ -21,18 +21,21 @@ Placement, names and pod hygiene are in ``orchestrator.k8s.render``; API calls i
 from __future__ import annotations
 
 import logging
+import re
 import time
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Launcher, RunContext, Trainer
-from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import BackendUnavailableError, InfraFailure, UserError
 from orchestrator.k8s.client import Phase, RayJobClient, load_config
-from orchestrator.k8s.render import render_rayjob
+from orchestrator.k8s.render import check_pool, pool_image, render_rayjob
 from orchestrator.k8s.settings import ClusterSettings
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+from orchestrator.verl.engines import engine_of
 from orchestrator.verl.files import MetricTail, hand_over_checkpoint, prepare_resume
 from orchestrator.verl.trainer import VerlTrainer
 
@@ -58,6 +61,36 @@ class K8sLauncher(Launcher):
         self._settings = settings
         self._client = client
         self._sleep = sleep
+
+    @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        """What the dry run and a submission check of a pool (``render.check_pool``: node
+        labels, Kueue flavour, CPUs and memory per node), at plan time."""
+        try:
+            check_pool(pool)
+        except UserError as exc:
+            text = str(exc)  # "pools.NAME[.KEY][:] ...": the catalogue key, for its line
+            match = re.match(rf"pools\.{re.escape(pool.name)}(?:\.(\w+))?(: )?", text)
+            key = (match.group(1) or "") if match else ""
+            return key, text[match.end():] if match and match.group(2) else text
+        return None
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """The image a trial of this engine runs on ``pool`` (``render.pool_image``, from the
+        pool's ``images``/``image`` or ``ABLATE_K8S_IMAGE``), checked as the dry run checks it.
+        An image given nowhere yet passes here: it comes from the environment of the process
+        that submits (``ABLATE_K8S_IMAGE``), which the dry run and the submission check."""
+        rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
+        engine = str(engine_of(rollout, config))
+        settings = ClusterSettings.from_env()
+        if not (pool.images.get(engine) or pool.image or settings.image):
+            return None
+        try:
+            pool_image(pool, settings, engine)
+        except UserError as exc:
+            return str(exc)
+        return None
 
     @classmethod
     def require(cls, trainer: type[Trainer], pools: Iterable[PoolSpec], *,

@@ -497,3 +497,31 @@ def test_k8s_and_verl_trial_ids_agree(gpu_grid: str) -> None:
     _, k8s_trials = loaded(gpu_grid)
     verl_trials = expand(load_grid(REPO / gpu_grid, backend="verl"))
     assert [t.trial_id for t in k8s_trials] == [t.trial_id for t in verl_trials]
+
+
+K8S_BAD = Path(__file__).parents[1] / "data" / "k8s_bad_catalogs"
+
+
+@pytest.mark.parametrize(("catalog", "needle"), [
+    ("no_cpus_memory", "gpus_per_node, cpus_per_node and memory_per_node must be set"),
+    ("bad_image", "image 'repo img' contains whitespace"),
+    ("bad_flavor", "kueue_flavor 'Bad_Flavor' is not a valid Kubernetes DNS-1123 subdomain"),
+    ("bad_label", "is not a valid Kubernetes label key"),
+])
+def test_plan_refuses_what_the_dry_run_refuses(tmp_path: Path, monkeypatch, capsys,
+                                                 catalog: str, needle: str) -> None:
+    """`ablate plan` of a k8s grid runs the pool checks the dry run runs (node labels, Kueue
+    flavour, CPUs and memory, the image's form): the same one line, exit 2, from either."""
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABLATE_K8S_IMAGE", IMAGE)
+    grid = tmp_path / "k.yaml"
+    grid.write_text(f"name: k\nrecipe: verl/qwen3_4b_dapo\nbackend: k8s\nsteps: 2\npool: gpu-x\n"
+                    f"pool_catalog: {K8S_BAD / (catalog + '.yaml')}\n")
+    for argv in (["plan", str(grid)], ["submit", str(grid), "--dry-run", "--out", "o"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        errors = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
+        assert len(errors) == 1 and needle in errors[0], (argv, err)
+    assert not (tmp_path / "o").exists()
