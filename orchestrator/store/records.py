@@ -128,17 +128,15 @@ def route_pool(record: TrialRecord, trial: TrialSpec) -> str:
 
 
 def load_spec(paths: TrialPaths) -> TrialSpec | None:
-    """The trial's ``spec.json``, or None before it is written. The spec names its trial and
-    grid; a spec of another trial or grid than its folder's is refused (``StateFileError``)."""
+    """The trial's ``spec.json``, or None before it is written. A spec of another trial than
+    its folder's is refused (``StateFileError``). (Its grid is not compared with the folder's:
+    one configuration has one id in every grid, and a grid's directory may be named apart from
+    it, e.g. ``--workdir`` layouts and tests.)"""
     if not paths.spec.exists():
         return None
     spec = _parsed(paths.spec, TrialSpec.from_json)
-    folder, grid = paths.root.name, paths.root.parent.parent.name
-    if spec.trial_id != folder:
-        raise _foreign(paths.spec, f"trial {spec.trial_id}", folder)
-    if spec.grid != grid:
-        raise _foreign(paths.spec, f"trial {spec.trial_id} of grid {spec.grid!r} (this folder "
-                       f"is grid {grid!r}'s)", folder)
+    if spec.trial_id != paths.root.name:
+        raise _foreign(paths.spec, f"trial {spec.trial_id}", paths.root.name)
     return spec
 
 

@@ -38,7 +38,6 @@ def test_a_state_file_from_an_existing_workdir_loads_its_request(tmp_path: Path)
 
 
 def test_the_trials_of_a_grid_are_the_directories_with_a_spec(tmp_path: Path) -> None:
-    tmp_path = tmp_path / SPEC.grid  # a grid's directory is named by its grid
     for tid in ("t3", "t1", "t2"):
         records.save_spec(TrialPaths(tmp_path, tid), _spec(tid))
     (tmp_path / "trials" / "t0").mkdir()  # no spec.json: not a trial

@@ -25,6 +25,9 @@ pytest.importorskip("transfer_queue")
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "grids" / "verl_cpu.yaml"
 SUBMIT_TIMEOUT_S = 1500
+# The module's grid is submitted once, in a fixture, within SUBMIT_TIMEOUT_S: pytest's default
+# 600 s per test (the fixture's setup included) would cut it on a loaded machine.
+pytestmark = pytest.mark.timeout(SUBMIT_TIMEOUT_S + 300)
 VERL_METRICS = ("rollout_corr/k3_kl", "actor/grad_norm", "critic/score/mean")
 
 
