@@ -242,10 +242,12 @@ class GRPOTrainer:
                 _finite("loss", loss, step)
                 self.opt.zero_grad()
                 if self.scaler is not None:
-                    gn = self._scaled_backward(loss)
+                    gn, finite = self._scaled_backward(loss)
                     parts[M.LOSS_SCALE] = self.scaler.scale
-                    parts[M.SKIPPED_UPDATE] = float(gn is None)
-                    if gn is None:  # overflow: the update is skipped, as GradScaler does
+                    parts[M.SKIPPED_SHARE] = float(not finite)
+                    if not finite:  # overflow: the update is skipped, as GradScaler does, and
+                        # the non-finite grad norm is logged, as verl logs it
+                        parts[M.GRAD_NORM] = gn.item()
                         for k, v in parts.items():
                             acc.setdefault(k, []).append(v)
                         continue
@@ -259,9 +261,11 @@ class GRPOTrainer:
                     acc.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
-    def _scaled_backward(self, loss: torch.Tensor) -> torch.Tensor | None:
-        """fp16: backward of the scaled loss, gradients unscaled and clipped; None (and the
-        scale halved) if any gradient overflowed, else the grad norm (the scale may grow)."""
+    def _scaled_backward(self, loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """fp16, in verl's order (transformer_impl.py:798-834): backward of the scaled loss,
+        gradients unscaled, then clipped; (grad norm, whether it is finite). On overflow the
+        grad norm is non-finite, the gradients are dropped (the update is skipped) and the scale
+        halves; otherwise the scale may grow."""
         assert self.scaler is not None
         (loss * self.scaler.scale).backward()
         grads = [p.grad for p in self.params.values() if p.grad is not None]
@@ -269,9 +273,10 @@ class GRPOTrainer:
         finite = all(bool(torch.isfinite(g).all()) for g in grads)
         self.scaler.update(finite)
         if not finite:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             self.opt.zero_grad()
-            return None
-        return torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
+            return norm, False
+        return torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip), True
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:
