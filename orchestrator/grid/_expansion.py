@@ -22,7 +22,7 @@ from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
-from orchestrator.learner import LearnerSpec
+from orchestrator.learner import LOSS_SETTINGS, LearnerSpec, loss_companions
 from orchestrator.schema import split_index
 from orchestrator.trial import (
     ID_SCHEME,
@@ -69,6 +69,7 @@ class _Resolver:
         return out
 
     def resolve(self, merged: dict[str, Any], pool: str, context: Any) -> tuple[tuple[str, Any], ...]:
+        merged = self._with_companions(merged)
         by_section: dict[str, list[tuple[str, Any]]] = {s: [] for s in SECTIONS}
         rest = []
         for k, v in merged.items():
@@ -88,6 +89,24 @@ class _Resolver:
         self._value_check(tuple(rest + learner), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
+
+    def _with_companions(self, merged: dict[str, Any]) -> dict[str, Any]:
+        """``merged`` plus the companion settings of its ``learner.loss`` (``learner.
+        LOSS_COMPANIONS``: verl's example values for that loss) that neither the grid nor the
+        recipe's ``learner:`` section sets. They become the trial's overrides: shown by ``plan
+        --show-overrides``, recorded with the trial and hashed into its id, so a trial whose loss
+        now runs at its own settings has a new id while every other id stays."""
+        base = self.section_base["learner"]
+        if self.grid.backend not in COMPANION_BACKENDS:
+            for key in LOSS_SETTINGS:
+                if f"learner.{key}" in merged or base.get(key) is not None:
+                    raise self.grid.error(
+                        f"learner.{key} is not mapped to backend {self.grid.backend!r} yet",
+                        "overrides", fix=f"set actor_rollout_ref.actor.{key} under 'overrides:'")
+            return merged
+        loss = thaw(merged["learner.loss"]) if "learner.loss" in merged else base.get("loss")
+        given = set(merged) | {f"learner.{k}" for k, v in base.items() if v is not None}
+        return {**merged, **loss_companions(loss, given)}
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
@@ -166,6 +185,12 @@ class _Resolver:
 
 
 _MISSING = object()
+
+
+# The backends whose trainer applies the companions (the learner.* loss settings). verl's
+# mapping does not map them yet (docs/learner.md): its trials keep the recipe's values, with
+# nothing recorded that does not run.
+COMPANION_BACKENDS = ("sim",)
 
 
 def _context(axes: Any) -> str:

@@ -133,6 +133,9 @@ class GRPOTrainer:
         # learner.precision: the trainer's own arithmetic (None: plain fp32, sim/precision.py)
         self.ops = trainer_ops(self.learner.precision)
         self.scaler = LossScaler() if self.learner.precision == "fp16" else None
+        # learner.loss's settings: the trial's learner.* keys (its loss's companions, added at
+        # plan by grid._expansion), else train.clip_eps and verl's ActorConfig defaults
+        self.loss_params = loss_math.LossParams.of(self.learner, train.clip_eps)
         self.params = {k: v.requires_grad_() for k, v in init_params(model, seed).items()}
         self.ref = init_params(model, seed) if train.kl_coef > 0 else None
         self.opt = AdamW(self.params, train.lr, (train.adam_beta1, train.adam_beta2),
@@ -223,7 +226,7 @@ class GRPOTrainer:
                     keep = c.loss_mask if extra is None else c.loss_mask * extra
                     loss, frac = loss_math.policy_loss(
                         self.learner.loss, logp, anchor, adv[idx], keep, c.weights,
-                        c.denom_mask.sum().clamp_min(1.0), cfg.clip_eps)
+                        c.denom_mask.sum().clamp_min(1.0), self.loss_params)
                     m = {"pg_clipfrac": frac}
                 parts = {M.PG_LOSS: loss.item(), M.PG_CLIPFRAC: m["pg_clipfrac"],
                          M.PPO_KL: ((anchor - logp.detach()) * mask).sum().item()
