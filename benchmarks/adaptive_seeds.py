@@ -5,7 +5,7 @@ recipe's 5e-4 on the final eval reward) runs every cell to the adaptive block's 
 once: that is the ground truth (a comparison is decided there when its p-value, adjusted over the
 grid's comparisons with Holm, is below 0.05; ``orchestrator.stats.seeds.comparisons``). ``--target``
 replays the same recorded trials on another target (``time_to_collapse`` on
-``benchmarks/adaptive_seeds_collapse.yaml``: the log-rank test, RMST widths). Trials run in this machine's processes (``SimBackend``, two at a time, pinned numerics) and
+``benchmarks/adaptive_seeds_collapse.yaml``: the log-rank test, RMST widths). Trials run in this machine's processes (``SimTrainer``, two at a time, pinned numerics) and
 are cached by trial id under ``--cache``; their cost is the trial process's CPU time in
 CPU-hours (on a shared machine the wall time measures the neighbours' load, the CPU time the
 trial).
@@ -48,8 +48,8 @@ GRID = REPO / "benchmarks" / "adaptive_seeds_grid.yaml"
 
 def _run_one(args: tuple[str, str, str]) -> str:
     """Run one trial of the grid to its end in this process and cache its history and cost."""
-    from orchestrator.backends.sim import SimBackend
     from orchestrator.grid import expand, load_grid
+    from orchestrator.sim.job import SimTrainer
     from orchestrator.sim.local import LocalContext
 
     grid_file, cache, tid = args
@@ -60,7 +60,7 @@ def _run_one(args: tuple[str, str, str]) -> str:
     trial = next(t for t in expand(grid) if t.trial_id == tid)
     t0, c0 = time.time(), time.process_time()
     ctx = LocalContext(trial=trial, pool=grid.pools.get(trial.pool), workdir=Path(cache) / "work" / tid)
-    result = SimBackend().run(trial, grid.trial_config(trial), ctx)
+    result = SimTrainer().run(trial, grid.trial_config(trial), ctx)
     tmp = path.with_suffix(".tmp")
     tmp.write_text(json.dumps({"outcome": result.outcome.value, "wall_s": time.time() - t0,
                                "cpu_s": time.process_time() - c0, "history": sorted(ctx.metrics.items())}))

@@ -80,9 +80,10 @@ def metric_names(n: int) -> list[str]:
     return names[:n]
 
 
-class GeneratedBackend:
+class GeneratedTrainer:
     """Logs generated values through the runner's ``RunContext`` (nothing is trained)."""
 
+    pool_kinds = ("sim",)
     metrics = 40
 
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
@@ -120,7 +121,7 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
     from orchestrator.store import workspace
     from orchestrator.tracking import parent_run
 
-    GeneratedBackend.metrics = metrics
+    GeneratedTrainer.metrics = metrics
     (root / "grid.yaml").write_text(grid_yaml(trials, steps, every))
     grid = load_grid(root / "grid.yaml")
     specs = expand(grid, force=True)
@@ -133,7 +134,8 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
         for i, trial in enumerate(specs):
             job = make_job(grid, trial, grid_dir=workspace.grid_dir(grid.name, wd), tracking=target,
                            submission="compare-scale")
-            job = dataclasses.replace(job, backend_ref=(__name__, "GeneratedBackend"))
+            job = dataclasses.replace(job, backend_ref=dataclasses.replace(
+                job.backend_ref, trainer_refs=(("sim", (__name__, "GeneratedTrainer")),)))
             run_attempt(job)
             if (i + 1) % 100 == 0:
                 print(f"  recorded {i + 1}/{trials} trials ({time.perf_counter() - t0:.0f} s)",

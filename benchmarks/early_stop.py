@@ -1,7 +1,7 @@
 """Early stop on a grid with real collapses: compute saved, healthy trials wrongly stopped, and
 agreement of the early verdicts with the full-run verdicts.
 
-Every trial of the grid runs to its end on the CPU simulator (``SimBackend`` in this process,
+Every trial of the grid runs to its end on the CPU simulator (``SimTrainer`` in this process,
 early stop off) and its metric history is cached as JSON. The full-run verdict is judged on the
 whole history. Early stop is then replayed on the same history with ``VerdictEngine`` exactly as
 the runner drives it (``observe`` per step, stop at the first reason). That gives the same stop
@@ -48,8 +48,8 @@ SETTINGS = [  # (label, margin, on_warning); margin 20 is the default
 
 def run_sim_grid(grid_file: Path, cache: Path) -> list[tuple[str, int, History, str]]:
     """(trial id, total steps, full history, label) per trial; cached by trial id."""
-    from orchestrator.backends.sim import SimBackend
     from orchestrator.grid import expand, load_grid
+    from orchestrator.sim.job import SimTrainer
     from orchestrator.sim.local import LocalContext
 
     grid = load_grid(grid_file)
@@ -62,7 +62,7 @@ def run_sim_grid(grid_file: Path, cache: Path) -> list[tuple[str, int, History, 
         if not path.exists():
             t0 = time.time()
             ctx = LocalContext(trial=t, pool=grid.pools.get(t.pool), workdir=cache / "work" / t.trial_id)
-            result = SimBackend().run(t, grid.trial_config(t), ctx)
+            result = SimTrainer().run(t, grid.trial_config(t), ctx)
             path.write_text(json.dumps({"outcome": result.outcome.value, "label": label, "steps": t.steps,
                                         "history": sorted(ctx.metrics.items())}))
             print(f"  [{i}/{len(trials)}] {label}: {result.outcome.value} at step {result.last_step} "

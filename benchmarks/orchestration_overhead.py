@@ -42,10 +42,10 @@ HERE = Path(__file__).resolve().parent
 REPO = HERE.parent
 sys.path.insert(0, str(HERE))
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Trainer
 
 
-class TrivialBackend(Backend):
+class TrivialTrainer(Trainer):
     """Sleeps ``BENCH_STEP_S`` per step, logs 4 metrics, checkpoints a tiny JSON file if asked."""
 
     name = "sim"
@@ -67,7 +67,7 @@ class TrivialBackend(Backend):
 
 
 def plain_trainable(config: dict[str, Any]) -> None:
-    """The same work as TrivialBackend, as a plain Ray Tune function trainable."""
+    """The same work as TrivialTrainer, as a plain Ray Tune function trainable."""
     from ray import tune
 
     step_s = float(os.environ["BENCH_STEP_S"])
@@ -90,7 +90,7 @@ def _grid_file(path: Path, name: str, *, trials: int, steps: int, pools: list[st
 def _register() -> None:
     from orchestrator import backends
 
-    backends._REGISTRY["sim"] = ("orchestration_overhead", "TrivialBackend")
+    backends._TRAINERS["sim"] = ("orchestration_overhead", "TrivialTrainer")
 
 
 def _plain(args: argparse.Namespace, work: Path, run: int) -> float:

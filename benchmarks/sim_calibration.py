@@ -19,8 +19,8 @@ from pathlib import Path
 import torch
 
 from orchestrator import metrics as M
-from orchestrator.backends.sim import SimBackend
 from orchestrator.pools import load_catalog
+from orchestrator.sim.job import SimTrainer
 from orchestrator.sim.local import LocalContext, make_trial
 
 POOLS = ("sim-h20", "sim-h100", "sim-l20", "sim-a100")
@@ -34,7 +34,7 @@ def one(pool: str, arch: str, steps: int, seed: int) -> dict[str, float | str]:
     with tempfile.TemporaryDirectory() as tmp:
         ctx = LocalContext(trial=trial, pool=load_catalog().get(pool), workdir=Path(tmp))
         t0 = time.perf_counter()
-        res = SimBackend().run(trial, config(over), ctx)
+        res = SimTrainer().run(trial, config(over), ctx)
         wall = time.perf_counter() - t0
     k3 = [m[M.K3_KL] for m in ctx.metrics.values()]
     ent = [m[M.ENTROPY] for m in ctx.metrics.values()]

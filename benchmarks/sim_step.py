@@ -23,11 +23,11 @@ import torch
 
 from orchestrator import metrics as M
 from orchestrator import recipes
-from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import load_catalog
 from orchestrator.sim.config import build_setup
+from orchestrator.sim.job import SimTrainer
 from orchestrator.sim.local import LocalContext, make_trial
 from orchestrator.sim.model import ModelConfig, forward
 from orchestrator.sim.task import Task
@@ -51,7 +51,7 @@ def full_trial(steps: int, pool: str) -> tuple[float, float, list[float]]:
         ctx = LocalContext(trial=trial, pool=load_catalog().get(pool), workdir=Path(tmp),
                            checkpoint_every=25)
         t0, c0 = time.perf_counter(), time.process_time()
-        res = SimBackend().run(trial, config(QUICKSTART), ctx)
+        res = SimTrainer().run(trial, config(QUICKSTART), ctx)
         wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert res.outcome.value == "completed", res
     return wall, cpu, [m[M.TIME_PER_STEP] for m in ctx.metrics.values()]

@@ -4,7 +4,7 @@ The same tiny trial (recipe ``verl/cpu_tiny``, pool ``cpu-fp32``, no correction,
 steps, a verl checkpoint every 2 steps) runs (a) the way ablate runs it, ``ablate run-trial
 --fresh`` (attempt records, metric tail, checkpoint hand-over, MLflow child run on the SQLite
 store, process reaping), and (b) bare: ``python -m verl.trainer.main_ppo`` with the very argv
-and environment the verl backend builds for that trial (``VerlBackend.command`` /
+and environment the verl backend builds for that trial (``VerlTrainer.command`` /
 ``environment``: the same overrides, the same CPU plugin through ``VERL_USE_EXTERNAL_MODULES``,
 its own local Ray), nothing of the orchestrator around it. a and b alternate ``--repeat`` times;
 the model, tokenizer and data are built once beforehand (both read the same cache entry).
@@ -113,7 +113,7 @@ def read_jsonl(path: Path) -> list[dict[str, Any]]:
 def run_measured(argv: list[str], env: dict[str, str], cwd: Path, log: Path, watch_root: Path,
                  watch_glob: str) -> dict[str, Any]:
     """Run ``argv`` to its end; wall time, start-up and the peak RSS of all its processes."""
-    from orchestrator.backends.verl_cpu import procs
+    from orchestrator.verl.cpu import procs
 
     before = frozenset(p.pid for p in procs.descendants())
     t0 = time.monotonic()
@@ -151,19 +151,19 @@ def run_ablate(grid: Path, trial_id: str, workdir: Path, base_env: dict[str, str
 def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_env: dict[str, str],
              checkpoint_every: int, i: int) -> dict[str, Any]:
     """The verl backend's own argv and environment for the trial, launched with nothing around it."""
-    from orchestrator.backends.verl import VerlBackend
+    from orchestrator.verl.trainer import VerlTrainer
 
     work = workdir / f"bare-{i}"
     shutil.rmtree(work, ignore_errors=True)
     (work / "verl_checkpoints").mkdir(parents=True)
     logger = work / "metrics.jsonl"
     ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"  # short: Unix socket paths
-    argv = VerlBackend.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
+    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
                                save_freq=checkpoint_every, python=sys.executable,
                                ray_temp_dir=ray_tmp,
                                assets_root=str(workdir / "assets" / "verl_cpu"))
     env = dict(base_env)
-    for key, value in VerlBackend.environment(trial, tracking_uri=None, run_id=None,
+    for key, value in VerlTrainer.environment(trial, tracking_uri=None, run_id=None,
                                               file_logger_path=str(logger), pool=pool).items():
         if value is None:
             env.pop(key, None)
@@ -202,8 +202,8 @@ def main() -> None:
     if args.steps < 3:
         ap.error("--steps must be >= 3 (step 1 is start-up; steps >= 2 give the step time)")
 
-    from orchestrator.backends.verl_run import build_assets
     from orchestrator.grid import expand, load_grid
+    from orchestrator.verl.supervise import build_assets
 
     tmp = Path(tempfile.mkdtemp(prefix="verl-cpu-bench-"))
     try:

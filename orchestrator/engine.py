@@ -4,7 +4,7 @@ Every flag defaults to ``None`` = "whatever the recipe / pool / backend does by 
 ``rollout.engine`` picks the engine (``sglang`` or ``vllm``; default: the recipe's
 ``actor_rollout_ref.rollout.name``) and is an axis like any other. Backends map the flags they
 can express (the simulator emulates the numerics; verl maps each flag per engine through the
-tables of ``backends/verl_engines.py``) and refuse the rest at plan time with the nearest setting.
+tables of ``verl/engines.py``) and refuse the rest at plan time with the nearest setting.
 """
 from __future__ import annotations
 

@@ -6,7 +6,7 @@ does not name ``learner.*`` runs exactly what it ran before. The tables below ar
 one description per value (the reference pages are generated from them); the simulator's math
 is ``orchestrator/sim/loss_math.py`` (policy losses, checked against verl 0.9.1's own
 ``core_algos`` by ``tests/backends/test_loss_parity.py``) and ``orchestrator/sim/precision.py``
-(the trainer's arithmetic); the verl mapping is ``orchestrator/backends/verl_learner.py``.
+(the trainer's arithmetic); the verl mapping is ``orchestrator/verl/learner.py``.
 
 =================  ==========================================================================
 key                meaning

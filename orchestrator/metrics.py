@@ -112,10 +112,11 @@ TIME_GEN = "timing_s/gen"
 TIME_UPDATE = "timing_s/update_actor"
 
 
-# --------------------------------------------------------------------------- who reports what
+# --------------------------------------------------------------------------- verl's names
+# (which names each trainer reports is the trainer's to say: ``backends.base.Trainer.reported``)
 
 # Namespaces of the metrics verl's file logger writes; the verl backend passes every one of them
-# through (``backends/verl_run.normalise``), plus the shared names above.
+# through (``verl/files.normalise``), plus the shared names above.
 VERL_NAMESPACES = (
     "actor/", "critic/", "rollout_corr/", "training/", "response_length/", "prompt_length/",
     "response/", "global_seqlen/", "timing_s/", "timing_per_token_ms/", "perf/", "val-core/",
@@ -123,11 +124,12 @@ VERL_NAMESPACES = (
 )
 
 
-# verl's name -> the shared name the verl backend also reports it under (verl_run.normalise).
+# verl's name -> the shared name the verl backend also reports it under (``verl/files.normalise``).
 VERL_ALIASES = {IS_OOB_RATIO: IS_MASKED_FRACTION}
 
 
-def _bucket_names() -> frozenset[str]:
+def bucket_names() -> frozenset[str]:
+    """Every per-probability-bucket name (mismatch and count) of ``PROB_BUCKETS``."""
     return frozenset(n for lo, hi in PROB_BUCKETS
                      for n in (bucket_name(lo, hi), bucket_count_name(lo, hi)))
 
@@ -136,35 +138,7 @@ def vocabulary() -> frozenset[str]:
     """Every metric name defined here: per-bucket mismatch and per-option RS names included."""
     names = {v for k, v in globals().items() if k.isupper() and isinstance(v, str)}
     names |= {n for opt in RS_OPTIONS for n in rs_option_names(opt)}
-    return frozenset(names | _bucket_names())
-
-
-def never_emitted(backend: str) -> frozenset[str]:
-    """Vocabulary names ``backend`` never reports. verl 0.9.1 has no TV, no veto (PR #4544), no
-    OPSM and no per-probability buckets (the simulator's); the simulator has none of verl's
-    debug metrics, its IcePop name or its per-option RS fractions."""
-    if backend in ("verl", "k8s"):
-        # LOSS_SCALE: verl keeps its GradScaler's scale to itself (the simulator logs its own);
-        # SKIPPED_SHARE: the verl metric tail does not derive it yet (docs/learner.md).
-        return frozenset({TV, VETO_FRACTION, OPSM_FRACTION, LOSS_SCALE, SKIPPED_SHARE}) | _bucket_names()
-    if backend == "sim":
-        return frozenset({IS_OOB_RATIO, PROB_DIFF_MAX, PROB_DIFF_STD, PROB_PEARSON}
-                         | {n for opt in RS_OPTIONS for n in rs_option_names(opt)})
-    return frozenset()
-
-
-def reported(name: str, backend: str) -> bool:
-    """Whether ``backend`` can ever report metric ``name`` (``*``: any). The simulator reports
-    names of this vocabulary only; verl (and k8s, which runs verl) also anything under one of
-    verl's namespaces; neither what :func:`never_emitted` lists. A collapse rule on another name
-    could never fire."""
-    if name == "*":
-        return True
-    if name in never_emitted(backend):
-        return False
-    if name in vocabulary():
-        return True
-    return backend in ("verl", "k8s", "slurm") and name.startswith(VERL_NAMESPACES)
+    return frozenset(names | bucket_names())
 
 
 # Our name -> (Miles' name, slime's name) for the same quantity, for users comparing runs of

@@ -22,7 +22,7 @@ REPO = TESTS.parent
 
 _DOUBLE_MAIN = (
     "import sys; from orchestrator import backends; "
-    "backends._REGISTRY['sim'] = ('doubles', 'DoubleBackend'); "
+    "backends._TRAINERS['sim'] = ('doubles', 'DoubleTrainer'); "
     "from orchestrator.cli import main; sys.exit(main(sys.argv[1:]))"
 )
 

@@ -3,8 +3,8 @@
 Every point of the correction matrix (IS level x mode x bounds x BN x RS x veto x denominator x
 policy x filters, enumerated from the vocabulary of ``CorrectionSpec``) is classified as invalid
 (``CorrectionSpec`` refuses it at plan time), refused by the verl backend
-(``verl_map.check_correction``) or allowed. Each allowed point is mapped with
-``verl_map.correction_settings``, run through verl's
+(``mapping.check_correction``) or allowed. Each allowed point is mapped with
+``mapping.correction_settings``, run through verl's
 ``compute_rollout_correction_and_rejection_mask`` and compared with
 ``correction_math.apply_correction`` on generated batches.
 
@@ -22,7 +22,7 @@ the mapping (which is what is under test):
   ``compute_policy_loss_bypass_mode``, ``agg_loss``).
 
 Only the public names ``CorrectionSpec``, ``apply_correction``, ``is_weights``,
-``verl_map.check_correction`` and ``verl_map.correction_settings`` are used, so the same harness
+``mapping.check_correction`` and ``mapping.correction_settings`` are used, so the same harness
 counts the disagreements of an older checkout (``run(classify().allowed, batches())`` groups them
 by input kind: plain, extreme log-ratios, non-finite padding; fp32 and bf16).
 """
@@ -41,9 +41,9 @@ import torch
 from pydantic import ValidationError
 
 from orchestrator import corrections
-from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.sim import correction_math
+from orchestrator.verl import mapping
 
 RTOL = 1e-5
 B, R = 24, 16  # rows x response positions of a generated batch
@@ -127,7 +127,7 @@ def classify(points: Iterator[dict[str, Any]] | None = None) -> Classified:
         if key in seen:
             continue
         seen.add(key)
-        problem = verl_map.check_correction(spec)
+        problem = mapping.check_correction(spec)
         if problem:
             out.refused[key] = (spec, problem)
         else:
@@ -255,7 +255,7 @@ def _close(a: torch.Tensor, b: torch.Tensor, where: torch.Tensor) -> bool:
 
 def compare(spec: CorrectionSpec, b: Batch, cache: dict[Any, Any]) -> list[str]:
     """Names of what differs between the simulator and verl for ``spec`` on ``b`` ([] = parity)."""
-    settings = verl_map.correction_settings(spec)
+    settings = mapping.correction_settings(spec)
     try:
         theirs = verl_side(spec, settings, b, cache)
     except Exception as exc:  # noqa: BLE001

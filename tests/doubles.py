@@ -1,4 +1,4 @@
-"""A small deterministic backend: a test double for the scheduler's and runner's own logic.
+"""A small deterministic trainer: a test double for the scheduler's and runner's own logic.
 
 It trains nothing: each step's metrics are a pure function of (seed, step, config), its
 checkpoint is one JSON file with the step and a running sum, so a resumed attempt continues
@@ -26,10 +26,10 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext, Trainer
 
 
-class DoubleBackend(Backend):
+class DoubleTrainer(Trainer):
     name = "double"
     version = "1"
     pool_kinds = ("sim",)
@@ -78,4 +78,4 @@ def register(monkeypatch: Any) -> None:
     """Make backend ``sim`` resolve to this double in the driver (and so in Ray workers)."""
     from orchestrator import backends
 
-    monkeypatch.setitem(backends._REGISTRY, "sim", ("doubles", "DoubleBackend"))
+    monkeypatch.setitem(backends._TRAINERS, "sim", ("doubles", "DoubleTrainer"))

@@ -7,8 +7,8 @@ import dataclasses
 import pytest
 from pydantic import ValidationError
 
-from orchestrator.backends import verl_map
 from orchestrator.corrections import PRESETS, CorrectionSpec, parse_lo_hi
+from orchestrator.verl import mapping
 
 KEYS = ("rollout_is", "rollout_is_threshold", "rollout_is_batch_normalize", "rollout_rs",
         "rollout_rs_threshold", "bypass_mode", "loss_type")
@@ -32,8 +32,8 @@ def test_preset_matches_verl_classmethod(name: str) -> None:
 
     theirs = dataclasses.asdict(getattr(RolloutCorrectionConfig, name)())
     spec = CorrectionSpec(preset=name).canonical()
-    assert verl_map.check_correction(spec) is None, name
-    ours = verl_map.correction_settings(spec)
+    assert mapping.check_correction(spec) is None, name
+    ours = mapping.correction_settings(spec)
     for key in KEYS:
         if key.endswith("threshold"):
             if key == "rollout_is_threshold" and theirs["rollout_is"] is None:
@@ -59,7 +59,7 @@ def test_dataclass_default_trap() -> None:
     from verl.trainer.config.algorithm import RolloutCorrectionConfig
 
     assert RolloutCorrectionConfig().rollout_is == "sequence"
-    assert verl_map.correction_settings(CorrectionSpec(preset="disabled"))["rollout_is"] is None
+    assert mapping.correction_settings(CorrectionSpec(preset="disabled"))["rollout_is"] is None
 
 
 def test_preset_hashes_like_its_fields() -> None:

@@ -209,7 +209,7 @@ def test_the_vocabulary_page_covers_every_vocabulary_key_and_maps_to_verl() -> N
         assert f"## `{section}.*`" in page
         for name in model.model_fields:
             assert f"### `{section}.{name}`" in page, f"{section}.{name} missing"
-    # What verl 0.9.1 gets and refuses, as the mapping in code says (backends/verl_map.py).
+    # What verl 0.9.1 gets and refuses, as the mapping in code says (verl/mapping.py).
     assert "`algorithm.rollout_correction.rollout_rs='seq_mean_k1'`" in page
     assert "refused: verl 0.9.1 has no geometric IS weights" in page
     assert "`+actor_rollout_ref.rollout.engine_kwargs.sglang.enable_fp32_lm_head=true`" in page

@@ -41,7 +41,11 @@ def test_verl_logs_no_loss_scale_or_skip_metric() -> None:
     assert "skipped_update" not in text and "skipped_share" not in text
     assert not re.search(r"[\"'][\w/]*/loss_scale[\"']", text)
     assert M.SKIPPED_SHARE.startswith("fp16/") and M.LOSS_SCALE.startswith("fp16/")
-    assert not M.reported(M.LOSS_SCALE, "verl") and M.reported(M.LOSS_SCALE, "sim")
+    from orchestrator.sim.job import SimTrainer
+    from orchestrator.verl.trainer import VerlTrainer
+
+    assert not VerlTrainer.reported(M.LOSS_SCALE) and SimTrainer.reported(M.LOSS_SCALE)
+    assert VerlTrainer.reported(M.SKIPPED_SHARE) and SimTrainer.reported(M.SKIPPED_SHARE)
 
 
 def _fp16(stream, skips: set[int]):
@@ -84,3 +88,26 @@ def test_a_nonfinite_grad_norm_without_a_skip_is_still_a_numeric_failure() -> No
     rows = _fp16(V.healthy(seed=0), {60})
     rows[59][1][M.PG_LOSS] = math.nan  # only the grad norm is excused on a skipped step
     assert judge(rows, CollapseSpec()).kind is VerdictKind.NUMERIC_FAILURE
+
+
+def test_verl_tail_derives_the_skipped_share_on_an_fp16_learner(tmp_path) -> None:
+    """verl logs no skip flag: on an fp16 learner the metric tail reads a non-finite grad norm
+    as a skipped step, and the stream it hands on is judged like the simulator's."""
+    import json
+
+    from orchestrator.verl.files import MetricTail, loss_scaled, normalise
+
+    assert loss_scaled({"learner": {"precision": "fp16"}})
+    assert not loss_scaled({"learner": {"precision": "bf16"}}) and not loss_scaled({})
+    assert normalise({M.GRAD_NORM: math.inf}, loss_scaled=True)[M.SKIPPED_SHARE] == 1.0
+    assert normalise({M.GRAD_NORM: 0.7}, loss_scaled=True)[M.SKIPPED_SHARE] == 0.0
+    assert M.SKIPPED_SHARE not in normalise({M.GRAD_NORM: math.inf})  # bf16: a real failure
+    path = tmp_path / "metrics.jsonl"
+    rows = [{"step": s, "data": {M.GRAD_NORM: "NaN" if s <= 3 else 0.5, M.TRAIN_REWARD: 0.5}}
+            for s in range(1, 30)]
+    path.write_text("".join(json.dumps(r).replace('"NaN"', "NaN") + "\n" for r in rows))
+    fp16 = MetricTail(path, 0, loss_scaled=True).poll()
+    assert [row[M.SKIPPED_SHARE] for _, row in fp16[:5]] == [1.0, 1.0, 1.0, 0.0, 0.0]
+    assert judge(fp16, CollapseSpec()).kind is not VerdictKind.NUMERIC_FAILURE
+    bf16 = MetricTail(path, 0).poll()
+    assert judge(bf16, CollapseSpec()).kind is VerdictKind.NUMERIC_FAILURE

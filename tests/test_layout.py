@@ -153,3 +153,47 @@ def test_few_modules_sit_directly_in_the_package() -> None:
     """The top level holds the shared vocabulary; a concept with several modules is a package."""
     top = sorted(p.name for p in PACKAGE.glob("*.py") if p.name not in ("__init__.py", "__main__.py"))
     assert len(top) <= MAX_TOP_LEVEL_MODULES, top
+
+
+def _layers() -> list[set[str]]:
+    """ARCHITECTURE.md's layer order, bottom first: the code block after ``<!-- layers -->``,
+    one layer a line (its first line is the top-level vocabulary)."""
+    text = (PACKAGE.parent / "ARCHITECTURE.md").read_text()
+    block = text.split("<!-- layers -->", 1)[1].split("```", 2)[1]
+    lines = [ln.strip() for ln in block.strip().splitlines() if ln.strip()]
+    return [{TOP}] + [set(ln.split()) for ln in lines[1:]]
+
+
+TOP = "(top level)"
+
+
+def _package(module: str) -> str | None:
+    """The package a module belongs to (``TOP`` for a top-level module); None for the package's
+    own face and entry point (``orchestrator``, ``orchestrator.__main__``)."""
+    parts = module.split(".")
+    if len(parts) == 1 or parts[1] == "__main__":
+        return None
+    return parts[1] if (PACKAGE / parts[1] / "__init__.py").exists() else TOP
+
+
+def test_the_layer_order_lists_every_package() -> None:
+    listed = [p for layer in _layers() for p in layer]
+    packages = {p.parent.name for p in PACKAGE.glob("*/__init__.py")} | {TOP}
+    assert sorted(listed) == sorted(packages), "each package on exactly one line of the order"
+
+
+def test_no_package_imports_upward_or_sideways() -> None:
+    """Every import between packages goes to a lower layer of ARCHITECTURE.md's order: none up,
+    none between two packages of one layer (imports inside functions and for type checkers
+    count)."""
+    rank = {p: i for i, layer in enumerate(_layers()) for p in layer}
+    wrong = []
+    for name, targets in _graph(with_functions=True).items():
+        here = _package(name)
+        for target in targets:
+            there = _package(target)
+            if here is None or there is None or here == there:
+                continue
+            if rank[there] >= rank[here]:
+                wrong.append(f"{name} -> {target} ({here} may not import {there})")
+    assert sorted(wrong) == []

@@ -36,10 +36,13 @@ overrides: {overrides}
 ALL = "vanilla, gspo, cispo, sapo, geo_mean, dppo_tv, dppo_kl"
 
 
-def _grid(tmp: Path, overrides: str = "{}", backend: str = "sim", losses: str = ALL):
+def _grid(tmp: Path, overrides: str = "{}", backend: str = "sim", losses: str = ALL,
+          gpu: bool = False):
     load_catalog.cache_clear()
     path = tmp / "g.yaml"
     recipe, pool = ("sim/grpo_tiny", "sim-a100") if backend == "sim" else ("verl/cpu_tiny", "cpu-fp32")
+    if gpu:  # a recipe with verl's loss keys (recipes/verl/_base.yaml)
+        recipe, pool = "verl/qwen3_4b_dapo", "h100"
     path.write_text(GRID.format(overrides=overrides, backend=backend, recipe=recipe, pool=pool,
                                 losses=losses))
     return load_grid(path)
@@ -59,7 +62,7 @@ def test_each_loss_gets_its_companions_and_only_those_ids_change(tmp_path, monke
     assert new["gspo"].override_map["learner.loss_agg_mode"] == "seq-mean-token-mean"
     assert new["cispo"].override_map["learner.clip_ratio_low"] == 10.0
     assert new["dppo_tv"].override_map["learner.clip_ratio_c"] == 20.0
-    monkeypatch.setattr(_expansion, "COMPANION_BACKENDS", ())  # what main computed before
+    monkeypatch.setattr(_expansion, "loss_companions", lambda loss, given: {})  # main before
     old = _by_loss(expand(_grid(tmp_path)))
     for loss in new:
         same = new[loss].trial_id == old[loss].trial_id
@@ -84,10 +87,38 @@ def test_a_setting_the_loss_does_not_read_is_refused(tmp_path) -> None:
         LearnerSpec(clip_ratio_low=0.1)
 
 
-def test_verl_refuses_learner_settings_until_its_mapping_applies_them(tmp_path) -> None:
+def test_verl_runs_the_companions_in_place_of_the_recipes_ppo_values(tmp_path) -> None:
+    """A gspo trial's command line sets the companions, after the recipe's values (the learner's
+    keys come last, one value per key: recipes/verl/_base.yaml's PPO 0.2/0.28 are replaced)."""
     pytest.importorskip("omegaconf")
-    with pytest.raises(UserError, match="learner.clip_ratio_high is not mapped to backend 'verl'"):
-        expand(_grid(tmp_path, "{learner.clip_ratio_high: 0.5}", backend="verl", losses="gspo"))
+    from orchestrator.verl.trainer import VerlTrainer
+
+    grid = _grid(tmp_path, backend="verl", losses="vanilla, gspo")
+    trials = _by_loss(expand(grid))
+    pool = load_catalog().get("cpu-fp32")
+    shown = {}
+    for loss, trial in trials.items():
+        config = recipes.apply_overrides(grid.recipe_config, trial.override_map)
+        items = VerlTrainer.describe(trial, config, pool)
+        shown[loss] = {i.split("=", 1)[0]: i.split("=", 1)[1].strip("'") for i in items
+                       if i.startswith("actor_rollout_ref.actor.") and "clip_ratio" in i
+                       or "loss_agg_mode" in i}
+    actor = "actor_rollout_ref.actor"
+    assert shown["gspo"] == {f"{actor}.clip_ratio_low": "0.0003", f"{actor}.clip_ratio_high": "0.0004",
+                             f"{actor}.loss_agg_mode": "seq-mean-token-mean"}
+    assert not set(shown["vanilla"].values()) & set(shown["gspo"].values())  # the recipe's
+
+
+def test_a_grid_setting_verls_key_keeps_it_and_both_spellings_are_refused(tmp_path) -> None:
+    pytest.importorskip("omegaconf")
+    key = "actor_rollout_ref.actor.clip_ratio_high"
+    over = _by_loss(expand(_grid(tmp_path, f"{{{key}: 0.5}}", backend="verl", losses="gspo",
+                                 gpu=True)))
+    assert "learner.clip_ratio_high" not in over["gspo"].override_map
+    assert over["gspo"].override_map["learner.clip_ratio_low"] == 3e-4
+    with pytest.raises(UserError, match="both set the loss's clip_ratio_high"):
+        expand(_grid(tmp_path, f"{{{key}: 0.5, learner.clip_ratio_high: 0.4}}", backend="verl",
+                     losses="gspo", gpu=True))
 
 
 def test_the_simulator_trains_with_the_companions(tmp_path) -> None:

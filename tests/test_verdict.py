@@ -219,8 +219,8 @@ def test_engine_ignores_missing_and_sparse_metrics() -> None:
 def _sim_run(overrides: dict, steps: int, early: EarlyStopSpec, tmp_path):
     """One real simulator trial with the engine driving early stop live, as the runner does."""
     pytest.importorskip("torch")
-    from orchestrator.backends.sim import SimBackend
     from orchestrator.grid import load_grid
+    from orchestrator.sim.job import SimTrainer
     from orchestrator.sim.local import LocalContext
 
     axes = "\n".join(f"  {k}: [{v}]" for k, v in overrides.items())
@@ -241,7 +241,7 @@ def _sim_run(overrides: dict, steps: int, early: EarlyStopSpec, tmp_path):
             stop["reason"], ctx.stop_at = reason, step
 
     ctx.on_step = on_step
-    result = SimBackend().run(trial, grid.trial_config(trial), ctx)
+    result = SimTrainer().run(trial, grid.trial_config(trial), ctx)
     outcome = {"completed": "completed", "stopped": "stopped"}.get(result.outcome.value, "numeric_failure")
     return engine.verdict(result.last_step, outcome, result.reason), result, ctx
 

@@ -1,6 +1,6 @@
 """GPU smoke run of the verl backend: a tiny model, a few GRPO steps, metrics into MLflow.
 
-Used by ``tests/backends/test_verl_backend.py`` (the ``gpu``-marked smoke test, and a CPU test
+Used by ``tests/verl/test_trainer.py`` (the ``gpu``-marked smoke test, and a CPU test
 that runs the same harness up to the GPU check). It builds a tiny arithmetic data set in verl's RL parquet
 format (GSM8K-style ``#### answer`` so verl's built-in reward scores it), a one-GPU pool, and a
 one-trial grid on the 4B recipe with small lengths and the model swapped for the *local* model

@@ -82,7 +82,7 @@ class Probe:
         assert self.base[0] is None, f"probe {backend}/{pool} refuses its own default: {self.base[0]}"
 
     def _plan(self, overrides: dict[str, Any]) -> tuple[str | None, str, list[str], Any]:
-        from orchestrator.backends import backend_class
+        from orchestrator.backends import backend
         from orchestrator.exceptions import UserError
         from orchestrator.grid import expand, load_grid
 
@@ -94,7 +94,7 @@ class Probe:
             trial = expand(grid)[0]
             config = grid.trial_config(trial)
             pool = grid.pools.pools[trial.pool]
-            lines = list(backend_class(self.backend).describe(trial, config, pool))
+            lines = list(backend(self.backend).describe(trial, config, pool))
         except UserError as exc:
             text = str(exc)
             m = _REFUSAL.search(text)

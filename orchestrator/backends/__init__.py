@@ -1,31 +1,198 @@
-"""Backends run one attempt of a trial. One small interface (``base.Backend``), one module each:
-``sim``, ``verl`` (with ``verl_map``, the vocabulary in verl's keys, and ``verl_topology``, world
-size and checkpoint portability), ``k8s`` (the verl job as a KubeRay RayJob) and ``slurm`` (the
-sim or verl job as a Slurm batch job).
+"""The seam between the grid and what runs it: a grid's ``backend:`` names a trainer (what
+trains, ``base.Trainer``: ``orchestrator.sim.job``, ``orchestrator.verl.trainer``) and a
+launcher (where an attempt runs, ``base.Launcher``: ``local`` here, ``orchestrator.k8s.launcher``,
+``orchestrator.slurm.launcher``). ``backend(name)`` returns the pair as one ``Backend``, which
+``grid/``, ``run/`` and ``scheduler/`` ask everything they used to ask a backend name.
 
-A backend's module is imported when a grid first names it (``backend_class``), not with this
+Trainers and launchers are imported when first asked (``Backend.trainer``), not with this
 package: the simulator's trainer pulls in torch and verl's job pulls in verl, while ``ablate
-plan`` only needs the class for its plan-time checks. ``_REGISTRY`` holds (module, class) names,
-so a Ray worker imports the same class by name (tests register doubles there).
+plan`` only needs their plan-time checks. The tables hold (module, class) names, so a Ray
+worker imports the same class by name; tests register doubles in ``_TRAINERS``.
 """
 from __future__ import annotations
 
+import dataclasses
 import importlib
+from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Backend, RunContext
+from orchestrator.backends.base import (
+    AttemptOutcome,
+    AttemptResult,
+    Launcher,
+    RunContext,
+    Trainer,
+)
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.learner import LearnerSpec
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
 
-_REGISTRY: dict[str, tuple[str, str]] = {
-    "sim": ("orchestrator.backends.sim", "SimBackend"),
-    "verl": ("orchestrator.backends.verl", "VerlBackend"),
-    "k8s": ("orchestrator.backends.k8s", "K8sBackend"),
-    "slurm": ("orchestrator.backends.slurm", "SlurmBackend"),
+_TRAINERS: dict[str, tuple[str, str]] = {
+    "sim": ("orchestrator.sim.job", "SimTrainer"),
+    "verl": ("orchestrator.verl.trainer", "VerlTrainer"),
+}
+_LAUNCHERS: dict[str, tuple[str, str]] = {
+    "local": ("orchestrator.backends.local", "LocalLauncher"),
+    "k8s": ("orchestrator.k8s.launcher", "K8sLauncher"),
+    "slurm": ("orchestrator.slurm.launcher", "SlurmLauncher"),
+}
+# A grid's ``backend:`` -> (its trainers, by pool kind in this order; its launcher). Grid files
+# keep their spelling: ``k8s`` and ``slurm`` mean "launched there".
+_BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sim": (("sim",), "local"),
+    "verl": (("verl",), "local"),
+    "k8s": (("verl",), "k8s"),
+    "slurm": (("sim", "verl"), "slurm"),  # sim pools run the simulator, cpu/gpu pools verl
 }
 
-__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "RunContext", "backend_class"]
+__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "RunContext", "Trainer",
+           "backend", "names"]
 
 
-def backend_class(name: str) -> Any:
-    """The backend class registered as ``name``."""
-    module, cls = _REGISTRY[name]
+def _load(ref: tuple[str, str]) -> Any:
+    module, cls = ref
     return getattr(importlib.import_module(module), cls)
+
+
+def names() -> tuple[str, ...]:
+    """The backend names a grid may give (``backend:``, ``--backend``)."""
+    return tuple(_BACKENDS)
+
+
+def backend(name: str) -> Backend:
+    """The trainer(s) and launcher a grid's ``backend: name`` runs, as registered now (a test's
+    double included: the driver ships these names to its workers)."""
+    trainers, launcher = _BACKENDS[name]
+    return Backend(name, tuple((t, _TRAINERS[t]) for t in trainers), _LAUNCHERS[launcher])
+
+
+@dataclasses.dataclass(frozen=True)
+class Backend:
+    """One grid backend: its trainers (the first whose ``pool_kinds`` holds a pool's kind runs
+    that pool's trials) and its launcher, by (module, class) name. Plain data, so it travels to
+    Ray workers and Slurm jobs; classes are imported on first use."""
+
+    name: str
+    trainer_refs: tuple[tuple[str, tuple[str, str]], ...]  # (registry name, (module, class))
+    launcher_ref: tuple[str, str]
+
+    # ------------------------------------------------------------------ the parts
+
+    @property
+    def trainers(self) -> tuple[type[Trainer], ...]:
+        return tuple(_load(ref) for _, ref in self.trainer_refs)
+
+    @property
+    def launcher(self) -> type[Launcher]:
+        return _load(self.launcher_ref)  # type: ignore[no-any-return]
+
+    def trainer(self, pool: PoolSpec) -> type[Trainer]:
+        """The trainer that runs ``pool``'s trials (its kind checked by ``pool_kinds``)."""
+        for cls in self.trainers:
+            if pool.kind in cls.pool_kinds:
+                return cls
+        return self.trainers[0]  # its own check refuses the pool, naming the kinds it runs on
+
+    @property
+    def pool_kinds(self) -> tuple[str, ...]:
+        """The pool kinds this backend runs on, its main kind first."""
+        own = self.launcher.pool_kinds
+        kinds = [k for cls in self.trainers for k in cls.pool_kinds]
+        return own if own is not None else tuple(dict.fromkeys(kinds))
+
+    @property
+    def computes_elsewhere(self) -> bool:
+        return self.launcher.computes_elsewhere
+
+    @property
+    def stores_here(self) -> bool:
+        return self.launcher.stores_here
+
+    # ------------------------------------------------------------------ identity
+
+    def identity(self) -> dict[str, str]:
+        """What a trial id hashes of its backend. Kept exactly as before trainers and launchers
+        were apart, so stored trials keep their ids: a launcher that runs the trainer's own job
+        (local, k8s) gives the trainer's name and version (k8s trials are verl trials); one that
+        wraps it (Slurm's worker) its own name and ``version+trainer+...``."""
+        version = self.launcher.version
+        if version is None:
+            (name, _), = self.trainer_refs
+            return {"backend": name, "backend_version": self.trainers[0].version}
+        return {"backend": self.name,
+                "backend_version": "+".join([version, *(t.version for t in self.trainers)])}
+
+    # ------------------------------------------------------------------ plan time
+
+    def check(self, correction: CorrectionSpec, rollout: RolloutSpec,
+              pool: PoolSpec) -> str | None:
+        return self.trainer(pool).check(correction, rollout, pool)
+
+    def check_pool(self, pool: PoolSpec) -> tuple[str, str] | None:
+        return self.trainer(pool).check_pool(pool)
+
+    def check_learner(self, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        return self.trainer(pool).check_learner(learner, correction, rollout, pool)
+
+    def check_values(self, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        return self.trainer(pool).check_values(items, config, pool)
+
+    def check_config(self, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        # The launcher's placement first: it needs no trainer, and is wrong for every trial.
+        return (self.launcher.check_config(config, pool)
+                or self.trainer(pool).check_config(config, pool))
+
+    def check_engine(self, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        return self.trainer(pool).check_engine(rollout, config, pool)
+
+    def check_checkpoint(self, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
+                         others: Iterable[PoolSpec]) -> str | None:
+        return self.trainer(pool).check_checkpoint(checkpoint, pool, config, others)
+
+    def reported(self, name: str, pools: Iterable[PoolSpec]) -> bool:
+        """Whether some trial on ``pools`` can ever report metric ``name`` (its trainer's)."""
+        return any(self.trainer(p).reported(name) for p in pools)
+
+    def describe(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+        return self.launcher.describe(trial, pool) + self.trainer(pool).describe(trial, config,
+                                                                                 pool)
+
+    # ------------------------------------------------------------------ submit and run
+
+    def require(self, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """Refuse one line early if this machine cannot launch trials on ``pools``."""
+        by_trainer: dict[type[Trainer], list[PoolSpec]] = {}
+        for pool in pools:
+            by_trainer.setdefault(self.trainer(pool), []).append(pool)
+        for cls, mine in (by_trainer or {self.trainers[0]: []}).items():
+            self.launcher.require(cls, mine, where=where)
+
+    def worker_env(self, config: Mapping[str, Any]) -> dict[str, str | None]:
+        """The environment the orchestrator's workers start with (before Ray starts them)."""
+        env: dict[str, str | None] = {}
+        for cls in self.trainers:
+            env.update(self.launcher.worker_env(cls, config))
+        return env
+
+    def abandon(self, trial_id: str, log_dir: Path) -> None:
+        self.launcher.abandon(trial_id, log_dir)
+
+    def dry_run(self, grid_path: str, *, out_dir: str | None, force: bool,
+                workdir: str | None) -> int:
+        """``ablate submit --dry-run``. A grid launched here hands nothing over, so its dry run
+        writes the Kubernetes manifests it would run as (``--backend k8s``), as it always has."""
+        status = self.launcher.dry_run(grid_path, out_dir=out_dir, force=force, workdir=workdir)
+        if status is None:
+            status = _load(_LAUNCHERS["k8s"]).dry_run(grid_path, out_dir=out_dir, force=force,
+                                                      workdir=workdir)
+        return int(status or 0)
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        """One attempt of ``trial`` on ``ctx.pool``: its trainer, launched by the launcher."""
+        return self.launcher().run(self.trainer(ctx.pool)(), trial, config, ctx)

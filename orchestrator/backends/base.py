@@ -1,9 +1,14 @@
-"""The backend interface every backend implements, and the context a running attempt sees.
+"""The two contracts a grid's ``backend:`` pairs, and the context a running attempt sees.
+
+A ``Trainer`` is what trains (the simulator, verl): what it accepts at plan time, which metrics
+it emits, the environment its processes need, and one attempt of a trial. A ``Launcher`` is
+where that attempt runs (this process, a Kubernetes RayJob, a Slurm job): what this machine
+needs to launch there, its own plan-time checks, and the watch over the attempt.
 
 Shared work (metrics persistence and MLflow, checkpoint store and retention, verdicts and early
-stop, attempt records) lives above the backend, in ``orchestrator.run``; a backend only
-trains, reports metrics through ``ctx.log_metrics``, saves checkpoints through
-``ctx.save_checkpoint`` and polls ``ctx.should_stop``.
+stop, attempt records) lives above both, in ``orchestrator.run``; a trainer only trains,
+reports metrics through ``ctx.log_metrics``, saves checkpoints through ``ctx.save_checkpoint``
+and polls ``ctx.should_stop``.
 """
 from __future__ import annotations
 
@@ -15,6 +20,7 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar, Protocol
 
+from orchestrator import metrics as M
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.learner import LearnerSpec
@@ -37,13 +43,13 @@ class AttemptResult:
 
 
 class RunContext(Protocol):
-    """What a backend may use while it runs one attempt."""
+    """What a trainer (or the launcher running it) may use while it runs one attempt."""
 
     trial: TrialSpec
     pool: PoolSpec
     attempt: int
     workdir: Path  # scratch space of this attempt (removed when the trial ends)
-    log_dir: Path  # kept with the trial: logs and evidence of the backend's job, per attempt
+    log_dir: Path  # kept with the trial: logs and evidence of the attempt's job, per attempt
     checkpoint_every: int
     resume_step: int | None  # step of the checkpoint to start from, or None for a fresh start
 
@@ -64,21 +70,18 @@ class RunContext(Protocol):
         the attempt record and set as tags on the trial's MLflow run."""
 
 
-class Backend(abc.ABC):
-    """Runs attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kinds``."""
+class Trainer(abc.ABC):
+    """Trains attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kinds``."""
 
     name: ClassVar[str]
     version: ClassVar[str]  # part of every trial id: bump it when results would change
-    # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this backend runs on, its
+    # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this trainer runs on, its
     # main kind first. Grid validation and `ablate resume --pool` read it; nothing restates it.
     pool_kinds: ClassVar[tuple[str, ...]]
-    # True where a trial computes outside Ray (a Slurm job) and its Tune trial only watches:
-    # the embedded local Ray then hosts any pool's watchers, up to the pool's capacity.
-    computes_elsewhere: ClassVar[bool] = False
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Plan-time refusal: a reason this backend cannot run the combination, or None."""
+        """Plan-time refusal: a reason this trainer cannot run the combination, or None."""
         return None
 
     @classmethod
@@ -91,8 +94,8 @@ class Backend(abc.ABC):
     def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Plan-time refusal of the ``learner.*`` settings (``orchestrator/learner.py``) with
-        this correction and engine on ``pool``. By default a backend maps none of them, so any
-        setting is refused: a backend that does not say what it runs must not run it."""
+        this correction and engine on ``pool``. By default a trainer maps none of them, so any
+        setting is refused: a trainer that does not say what it runs must not run it."""
         set_keys = ", ".join(f"learner.{k}: {v}" for k, v in learner.non_default().items())
         if set_keys:
             return (f"{set_keys}: backend {cls.name!r} does not map the learner vocabulary; "
@@ -120,11 +123,19 @@ class Backend(abc.ABC):
         return None
 
     @classmethod
+    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
+                         others: Iterable[PoolSpec]) -> str | None:
+        """Why the stored checkpoint ``checkpoint`` cannot resume on ``pool`` (``ablate resume
+        --pool``; ``others``: the grid's pools), or None. By default a checkpoint holds the
+        whole state, so it resumes on any pool this trainer runs on."""
+        return None
+
+    @classmethod
     def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
         """Raise ``BackendUnavailableError`` (one line starting with ``where``, e.g. the grid
-        file and key, then what to install) if this machine cannot launch trials on ``pools``.
-        ``ablate submit``, ``resume`` and ``run-trial`` call it before anything starts. By
-        default every machine can."""
+        file and key, then what to install) if this machine cannot run this trainer's trials on
+        ``pools`` itself. The local launcher calls it before anything starts. By default every
+        machine can."""
 
     @classmethod
     def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
@@ -134,17 +145,88 @@ class Backend(abc.ABC):
 
     @classmethod
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
-        """Environment variables the processes that run this backend's trials must start with
+        """Environment variables the processes that run this trainer's trials must start with
         (None: unset), e.g. the simulator's pinned numerics. Applied before Ray starts its
         workers, and before an in-process trial imports anything heavy."""
         return {}
 
     @classmethod
-    def abandon(cls, trial_id: str, log_dir: Path) -> None:
-        """Stop what this backend may have left running for a trial that no orchestrator runs
-        any more (``ablate cancel`` after a killed ``ablate submit``): e.g. its Slurm job. By
-        default a trial's work dies with the orchestrator's workers, so nothing."""
+    def never_emitted(cls) -> frozenset[str]:
+        """Names of ``orchestrator/metrics.py``'s vocabulary this trainer never reports."""
+        return frozenset()
+
+    @classmethod
+    def reported(cls, name: str) -> bool:
+        """Whether this trainer can ever report metric ``name`` (``*``: any): by default the
+        vocabulary's names but :meth:`never_emitted`. A collapse rule on another name could
+        never fire."""
+        if name == "*":
+            return True
+        return name not in cls.never_emitted() and name in M.vocabulary()
 
     @abc.abstractmethod
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""
+
+
+class Launcher(abc.ABC):
+    """Runs a trainer's attempt somewhere. Subclasses set ``name``."""
+
+    name: ClassVar[str]
+    # Part of a trial id where the launcher changes the job (a wrapper around the trainer):
+    # None where the job is exactly the trainer's own, so its trials share the trainer's ids.
+    version: ClassVar[str | None] = None
+    # The pool kinds this launcher places, in the order it names them; None: every kind its
+    # trainers run on.
+    pool_kinds: ClassVar[tuple[str, ...] | None] = None
+    # True where a trial computes outside Ray (a Slurm job) and its Tune trial only watches:
+    # the embedded local Ray then hosts any pool's watchers, up to the pool's capacity.
+    computes_elsewhere: ClassVar[bool] = False
+    # False where the orchestrator that stores a grid's checkpoints runs elsewhere (k8s: in the
+    # control RayCluster), so ``ablate plan`` here cannot check the checkpoint store.
+    stores_here: ClassVar[bool] = True
+
+    @classmethod
+    def require(cls, trainer: type[Trainer], pools: Iterable[PoolSpec], *,
+                where: str = "") -> None:
+        """Raise ``BackendUnavailableError`` (or a one-line ``UserError``) if this machine cannot
+        launch ``trainer``'s trials on ``pools``. ``ablate submit``, ``resume`` and ``run-trial``
+        call it before anything starts. By default every machine can."""
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Plan-time refusal of a trial's placement (Slurm: its pool's nodes and ``slurm:``
+        block), checked before the trainer's own ``check_config``; by default none."""
+        return None
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, pool: PoolSpec) -> list[str]:
+        """Lines ``ablate plan --show-overrides`` prints before the trainer's (Slurm: the
+        ``#SBATCH`` options); by default none."""
+        return []
+
+    @classmethod
+    def worker_env(cls, trainer: type[Trainer],
+                   config: Mapping[str, Any]) -> dict[str, str | None]:
+        """The environment the orchestrator's workers start with: by default the trainer's
+        (it trains in them); a launcher whose job trains elsewhere sets it there instead."""
+        return trainer.worker_env(config)
+
+    @classmethod
+    def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,
+                workdir: str | None) -> int | None:
+        """``ablate submit --dry-run``: write what a submission would hand the cluster (every
+        trial's manifest or job script) for inspection and submit nothing; the exit status, or
+        None where this launcher hands nothing over (it runs attempts here)."""
+        return None
+
+    @classmethod
+    def abandon(cls, trial_id: str, log_dir: Path) -> None:
+        """Stop what this launcher may have left running for a trial that no orchestrator runs
+        any more (``ablate cancel`` after a killed ``ablate submit``): e.g. its Slurm job. By
+        default a trial's work dies with the orchestrator's workers, so nothing."""
+
+    @abc.abstractmethod
+    def run(self, trainer: Trainer, trial: TrialSpec, config: Mapping[str, Any],
+            ctx: RunContext) -> AttemptResult:
+        """Run one attempt of ``trial`` with ``trainer`` until done or stopped."""

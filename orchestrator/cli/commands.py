@@ -12,6 +12,7 @@ import sys
 from pathlib import Path
 from typing import Any
 
+from orchestrator import backends
 from orchestrator.exceptions import UserError
 from orchestrator.recipes import parse_assignments
 from orchestrator.store import workspace
@@ -44,14 +45,8 @@ def _preflight(args: argparse.Namespace, *, write: bool = True) -> None:
 
 def submit_body(args: argparse.Namespace) -> int:
     if args.dry_run:
-        if _backend_of(args) == "slurm":
-            from orchestrator.slurm.dryrun import dry_run as slurm_dry_run  # deferred, as below
-
-            return int(slurm_dry_run(args.grid, out_dir=args.out, force=args.force,
-                                     workdir=args.workdir) or 0)
-        from orchestrator.k8s.dryrun import dry_run  # deferred: --help stays fast
-
-        return int(dry_run(args.grid, out_dir=args.out, force=args.force) or 0)
+        return backends.backend(_backend_of(args)).dry_run(
+            args.grid, out_dir=args.out, force=args.force, workdir=args.workdir)
     if args.out is not None:  # not silently ignored: the grid would run for real
         raise UserError(f"--out {args.out}: only for --dry-run (where the k8s manifests go); "
                         "fix: add --dry-run, or leave --out out to run the grid")
@@ -208,7 +203,7 @@ def add_commands(sub: Any) -> None:
     table, one block per command in ``ablate --help`` order, with no logic to split out."""
     s = sub.add_parser("submit", help="run a grid unattended (resumes if it ran before)")
     s.add_argument("grid")
-    s.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
+    s.add_argument("--backend", choices=backends.names(), help="override the grid's backend")
     s.add_argument("--address", help="existing Ray cluster (default: $RAY_ADDRESS or a local one)")
     s.add_argument("--max-parallel", type=int, help="override budget.max_parallel")
     s.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")

@@ -12,8 +12,7 @@ import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import __version__
-from orchestrator.backends import backend_class
+from orchestrator import __version__, backends
 from orchestrator.cli.commands import add_commands
 from orchestrator.cli.environment import collect
 from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
@@ -67,8 +66,8 @@ def plan_command(args: argparse.Namespace) -> int:
 
 
 def _backend_details(grid: GridSpec, trials: Sequence[TrialSpec]) -> dict[str, list[str]]:
-    cls = backend_class(grid.backend)
-    return {t.trial_id: list(cls.describe(t, grid.trial_config(t), grid.pools.pools[t.pool]))
+    runs = backends.backend(grid.backend)
+    return {t.trial_id: list(runs.describe(t, grid.trial_config(t), grid.pools.pools[t.pool]))
             for t in trials}
 
 
@@ -144,7 +143,7 @@ def build_parser() -> argparse.ArgumentParser:
     plan = sub.add_parser("plan", help="validate and expand a grid; print its trials (no side effects)")
     plan.add_argument("grid", help="grid file, e.g. grids/quickstart.yaml")
     plan.add_argument("--json", action="store_true", help='print {"trials": [...]} as JSON')
-    plan.add_argument("--backend", choices=["sim", "verl", "k8s", "slurm"], help="override the grid's backend")
+    plan.add_argument("--backend", choices=backends.names(), help="override the grid's backend")
     plan.add_argument("--force", action="store_true", help="allow more than budget.max_trials trials")
     plan.add_argument("--limit", type=_count, default=200, help="rows to print (0 = all)")
     plan.add_argument("--show-recipe", action="store_true",

@@ -40,7 +40,7 @@ REPO = Path(__file__).resolve().parents[2]
 # stops are part of every table).
 NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_math.py",
                    "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
-                   "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/backends/sim.py",
+                   "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/sim/job.py",
                    "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/sim/numerics.py",
                    "orchestrator/verdict/_value.py", "orchestrator/verdict/_rules.py",
                    "orchestrator/verdict/_detectors.py", "orchestrator/verdict/_engine.py",

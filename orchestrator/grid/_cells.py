@@ -46,24 +46,25 @@ def check_param_names(spec: GridFile, axes: Sequence[Axis], chk: Checker) -> Non
 
 
 def check_static(spec: GridFile, chk: Checker, fixed: Mapping[str, Any],
-                 leaves: Mapping[str, Any]) -> None:
-    """The checks that need no expansion: compare with search, the targets."""
+                 leaves: Mapping[str, Any], reported: Callable[[str], bool]) -> None:
+    """The checks that need no expansion: compare with search, the targets (``reported``:
+    whether some trial of the grid can report a metric, its trainer's answer)."""
     if spec.comparisons and spec.search is not None:
         raise chk.err("'compare:' cannot be combined with 'search:': the search's points differ "
                       "in their searched values, so no two have the other axes equal", ("compare",),
                       fix="drop 'compare:' (compare the search's best points in a grid of their own)")
-    _check_objective(spec, chk, fixed, leaves)
+    _check_objective(spec, chk, fixed, leaves, reported)
     _check_collapse_target(spec, chk)
 
 
 def _check_objective(spec: GridFile, chk: Checker, fixed: Mapping[str, Any],
-                     leaves: Mapping[str, Any]) -> None:
+                     leaves: Mapping[str, Any], reported: Callable[[str], bool]) -> None:
     if spec.search is None:
         return
     path = ("search", "objective", "metric")
     name = spec.search.objective.metric
     base = name.removesuffix("/final")  # the value at the trial's last report
-    if not metrics.reported(base, spec.backend):
+    if not reported(base):
         raise chk.err(f"no {spec.backend} trial ever reports metric {name!r}: every point would "
                       "score -collapse_penalty", path, got=base,
                       allowed=sorted(n + "/final" for n in metrics.vocabulary()),

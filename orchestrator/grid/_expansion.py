@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import recipes
-from orchestrator.backends import backend_class
+from orchestrator.backends import backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
@@ -22,7 +22,7 @@ from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
-from orchestrator.learner import LOSS_SETTINGS, LearnerSpec, loss_companions
+from orchestrator.learner import COMPANION_KEYS, LOSS_SETTINGS, LearnerSpec, loss_companions
 from orchestrator.schema import split_index
 from orchestrator.trial import (
     ID_SCHEME,
@@ -44,7 +44,7 @@ class _Resolver:
         self.section_base = {s: dict(base[s]) for s in SECTIONS}
         self.leaves = dict(recipes.flatten({k: v for k, v in base.items() if k not in SECTIONS}))
         self.cache: dict[tuple[str, tuple[tuple[str, Any], ...]], tuple[tuple[str, Any], ...]] = {}
-        self.backend_cls = backend_class(grid.backend)
+        self.backend = backend(grid.backend)
         self.checked: set[tuple[Any, ...]] = set()
 
     def section(self, name: str, items: tuple[tuple[str, Any], ...],
@@ -97,15 +97,15 @@ class _Resolver:
         --show-overrides``, recorded with the trial and hashed into its id, so a trial whose loss
         now runs at its own settings has a new id while every other id stays."""
         base = self.section_base["learner"]
-        if self.grid.backend not in COMPANION_BACKENDS:
-            for key in LOSS_SETTINGS:
-                if f"learner.{key}" in merged or base.get(key) is not None:
-                    raise self.grid.error(
-                        f"learner.{key} is not mapped to backend {self.grid.backend!r} yet",
-                        "overrides", fix=f"set actor_rollout_ref.actor.{key} under 'overrides:'")
-            return merged
+        for key in LOSS_SETTINGS:  # one key, two spellings: which one would win is not obvious
+            verl = [k for k in COMPANION_KEYS[key] if k.startswith("actor_rollout_ref.")]
+            both = [k for k in verl if k in merged or f"+{k}" in merged]
+            if (f"learner.{key}" in merged or base.get(key) is not None) and both:
+                raise self.grid.error(f"learner.{key} and {both[0]} both set the loss's {key}",
+                                      "overrides", fix=f"keep one of learner.{key} and {both[0]}")
         loss = thaw(merged["learner.loss"]) if "learner.loss" in merged else base.get("loss")
-        given = set(merged) | {f"learner.{k}" for k, v in base.items() if v is not None}
+        given = {k.lstrip("+") for k in merged} | {f"learner.{k}" for k, v in base.items()
+                                                   if v is not None}
         return {**merged, **loss_companions(loss, given)}
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
@@ -116,11 +116,11 @@ class _Resolver:
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
         spec = self.grid.pools.pools[pool]
-        problem = self.backend_cls.check_values(items, config, spec)
+        problem = self.backend.check_values(items, config, spec)
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        problem = self.backend_cls.check_config(config, spec)
+        problem = self.backend.check_config(config, spec)
         if problem:  # it names its own fix
             # The line of the grid key it is about if the grid sets it, else of the pool.
             grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
@@ -156,8 +156,8 @@ class _Resolver:
             {**self.section_base["learner"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("learner.")}})
         pool_spec = self.grid.pools.pools[pool]
-        problem = (self.backend_cls.check(corr, roll, pool_spec)
-                   or self.backend_cls.check_learner(learn, corr, roll, pool_spec))
+        problem = (self.backend.check(corr, roll, pool_spec)
+                   or self.backend.check_learner(learn, corr, roll, pool_spec))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem
@@ -176,7 +176,7 @@ class _Resolver:
             {**self.section_base["rollout"],
              **{k.split(".", 1)[1]: thaw(v) for k, v in rollout_items}})
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in rest})
-        problem = self.backend_cls.check_engine(roll, config, self.grid.pools.pools[pool])
+        problem = self.backend.check_engine(roll, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix="exclude this combination or change "
@@ -187,12 +187,6 @@ class _Resolver:
 _MISSING = object()
 
 
-# The backends whose trainer applies the companions (the learner.* loss settings). verl's
-# mapping does not map them yet (docs/learner.md): its trials keep the recipe's values, with
-# nothing recorded that does not run.
-COMPANION_BACKENDS = ("sim",)
-
-
 def _context(axes: Any) -> str:
     """Axis labels of the offending point, for error messages (built only on error)."""
     if isinstance(axes, str):
@@ -201,14 +195,13 @@ def _context(axes: Any) -> str:
 
 
 def _identity(grid: GridSpec, pool: str, overrides: tuple[tuple[str, Any], ...]) -> dict:
-    """What a trial's id hashes, but its seed: the resolved configuration, the backend
-    version (k8s runs the same verl job as verl, so both give one id) and what the pool
-    computes with (its definition, not only its name: a ``pool_catalog:`` that redefines a
-    pool, or an edited ``sim_profile``, gives new ids)."""
+    """What a trial's id hashes, but its seed: the resolved configuration, the backend's name
+    and version (``Backend.identity``: k8s runs the same verl job as verl, so both give one
+    id) and what the pool computes with (its definition, not only its name: a ``pool_catalog:``
+    that redefines a pool, or an edited ``sim_profile``, gives new ids)."""
     return {
         "id_scheme": ID_SCHEME,
-        "backend": grid.backend if grid.backend != "k8s" else "verl",
-        "backend_version": backend_class(grid.backend).version,
+        **backend(grid.backend).identity(),
         "recipe": grid.spec.recipe,
         "recipe_digest": grid.recipe_digest,
         "pool": pool,

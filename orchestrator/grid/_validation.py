@@ -15,14 +15,14 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import metrics, recipes
-from orchestrator.backends import backend_class
+from orchestrator.backends import Backend, backend
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
 from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._schema_errors import short_value as _short
 from orchestrator.grid._spec import SECTIONS, Axis, axis_label
-from orchestrator.pools import PoolCatalog
+from orchestrator.pools import PoolCatalog, PoolSpec
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
 from orchestrator.trial import freeze
@@ -66,11 +66,12 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     fixed = tuple(sorted((k, freeze(chk.value(k, v, ("overrides", k))))
                          for k, v in spec.overrides.items()))
     axes = tuple(_axis(name, values, spec, chk, catalog) for name, values in spec.axes.items())
-    _check_pools(spec, axes, chk, catalog)
+    runs = backend(spec.backend)
+    pools = _check_pools(spec, axes, chk, catalog, runs)
     _check_conflicts(axes, chk)
     _check_submission_wide(spec, axes, chk)
-    _check_metrics(spec, chk)
-    _check_store(spec, chk)
+    _check_metrics(spec, chk, runs, pools)
+    _check_store(spec, chk, runs)
     excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
     includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
     if spec.search is not None:
@@ -88,7 +89,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
                     key=f"budget.per_pool.{pool}")
     check_cost_keys(spec, axes, chk, catalog, axis_label)
     check_param_names(spec, axes, chk)
-    check_static(spec, chk, dict(fixed), chk.leaves)
+    check_static(spec, chk, dict(fixed), chk.leaves, lambda name: runs.reported(name, pools))
     return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
             "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
             "excludes": excludes, "includes": includes, "lines": lines}
@@ -147,10 +148,10 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
                           fix="set it once under 'overrides:' (or submit two grids)")
 
 
-def _check_metrics(spec: GridFile, chk: Checker) -> None:
-    """Collapse and early-warning rules watch metrics the backend reports from ``min_step`` on;
-    a rule on a name it never reports, or starting after the last step, can never fire (a typo
-    would silently switch the rule off)."""
+def _check_metrics(spec: GridFile, chk: Checker, runs: Backend, pools: list[PoolSpec]) -> None:
+    """Collapse and early-warning rules watch metrics the trainers of the grid's pools report
+    from ``min_step`` on; a rule on a name none of them reports, or starting after the last
+    step, can never fire (a typo would silently switch the rule off)."""
     col = spec.collapse
     rules = [("rules", i, r) for i, r in enumerate(col.rules if isinstance(col.rules, list) else [])]
     rules += [("extra_rules", i, r) for i, r in enumerate(col.extra_rules)]
@@ -164,13 +165,13 @@ def _check_metrics(spec: GridFile, chk: Checker) -> None:
                           "rule could never fire", (*where, "min_step"),
                           fix=f"set min_step to at most {spec.steps}")
         path = (*where, "metric")
-        if not metrics.reported(name, spec.backend):
+        if not runs.reported(name, pools):
             raise chk.err(f"no {spec.backend} trial ever reports metric {_short(name)}: the rule "
                           "could never fire", path, allowed=sorted(metrics.vocabulary()), got=name,
                           fix="name a metric of orchestrator/metrics.py")
 
 
-def _check_store(spec: GridFile, chk: Checker) -> None:
+def _check_store(spec: GridFile, chk: Checker, runs: Backend) -> None:
     """``checkpoint.store``: an fsspec URL whose scheme exists (and, where trials run on this
     machine, whose package is installed), or a local directory this process can write."""
     store = spec.checkpoint.store
@@ -185,14 +186,14 @@ def _check_store(spec: GridFile, chk: Checker) -> None:
         if scheme not in known:
             raise chk.err(f"{_short(store)}: unknown URL scheme {scheme!r}", path,
                           allowed=known, got=scheme, fix="use a local path or an fsspec URL")
-        if spec.backend != "k8s":  # k8s trials reach the store from the cluster, not from here
+        if runs.stores_here:  # k8s trials reach the store from the cluster, not from here
             try:
                 get_filesystem_class(scheme)
             except ImportError as exc:
                 raise chk.err(f"{_short(store)}: {scheme}:// needs a package this environment "
                               f"lacks ({exc})", path, fix="install it or use a local path") from None
         return
-    if spec.backend == "k8s":
+    if not runs.stores_here:
         return
     problem = _unwritable(os.path.expanduser(rest if sep else store))
     if problem:
@@ -225,7 +226,9 @@ def _no_dupes(labels: Sequence[str], path: tuple[Any, ...], chk: Checker) -> Non
         seen.add(label)
 
 
-def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog) -> None:
+def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: PoolCatalog,
+                 runs: Backend) -> list[PoolSpec]:
+    """The pools the grid's trials run on, each of a kind its backend runs."""
     has_axis = any(a.kind == "pool" for a in axes)
     if spec.pool is None and not has_axis:
         raise chk.err("no pool: give a 'pool:' key or a 'pool' axis", ("axes",),
@@ -235,18 +238,18 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: Po
             raise chk.err("both 'pool:' and a 'pool' axis are set", ("pool",), fix="keep one")
         catalog.get(spec.pool, file=chk.file, line=chk.lines.get(("pool",)))
     names = [spec.pool] if spec.pool else next(a.labels for a in axes if a.kind == "pool")
-    backend = backend_class(spec.backend)
-    want = backend.pool_kinds
+    want = runs.pool_kinds
     for i, n in enumerate(names):
         if catalog.pools[n].kind not in want:
             path = ("pool",) if spec.pool else ("axes", "pool", i)
             ok = [p for p in catalog.names() if catalog.pools[p].kind in want]
             raise chk.err(f"pool {n!r} is a {catalog.pools[n].kind} pool; backend "
                           f"{spec.backend!r} runs on {' and '.join(want)} pools", path, allowed=ok)
-        check_catalog_pool(backend, catalog, n)
+        check_catalog_pool(runs, catalog, n)
+    return [catalog.pools[n] for n in names]
 
 
-def check_catalog_pool(backend: Any, catalog: PoolCatalog, name: str) -> None:
+def check_catalog_pool(backend: Backend, catalog: PoolCatalog, name: str) -> None:
     """A pool's own settings, refused at the catalogue's file and key (a typo in a
     ``sim_profile`` is the catalogue's mistake, not the grid's axes)."""
     problem = backend.check_pool(catalog.pools[name])

@@ -1,6 +1,6 @@
 """Render one KubeRay RayJob per trial attempt, pinned to the trial's GPU pool.
 
-The trial's job IS a verl job: the argv and the environment come from ``VerlBackend`` (so k8s
+The trial's job IS a verl job: the argv and the environment come from ``VerlTrainer`` (so k8s
 and verl runs of a trial do the same thing and share a trial id). What this module adds is the
 placement and the pod hygiene:
 
@@ -24,15 +24,15 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.backends.verl import VerlBackend
-from orchestrator.backends.verl_engines import engine_of
-from orchestrator.backends.verl_topology import world_size
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, QUEUE_LABEL, ClusterSettings
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+from orchestrator.verl.engines import engine_of
+from orchestrator.verl.topology import world_size
+from orchestrator.verl.trainer import VerlTrainer
 
 RAYJOB_API = "ray.io/v1"
 SECRETISH = re.compile(r"(TOKEN|PASSWORD|SECRET|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
@@ -70,7 +70,7 @@ def trial_labels(trial: TrialSpec, attempt: int, name: str) -> dict[str, str]:
 
 
 def _job_builder() -> Any:
-    return VerlBackend()
+    return VerlTrainer()
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -296,7 +296,7 @@ def render_rayjob(
 
     ``resume``/``fallback_pools``: set only for an explicit ``ablate resume --pool`` attempt;
     then the workers may land on any listed pool of the same shape. ``job`` builds the verl argv
-    and environment (default: ``VerlBackend``).
+    and environment (default: ``VerlTrainer``).
     """
     if trial.pool != pool.name:
         raise UserError(

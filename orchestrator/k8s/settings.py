@@ -107,5 +107,5 @@ class ClusterSettings:
 
     def metrics_path(self, grid: str, trial_id: str, attempt: int) -> str:
         """Where verl's file logger writes: ``$VERL_FILE_LOGGER_ROOT/<project>/<experiment>.jsonl``
-        with project = grid and experiment = trial id (``VerlBackend.overrides``)."""
+        with project = grid and experiment = trial id (``VerlTrainer.overrides``)."""
         return f"{self.metrics_root(grid, trial_id, attempt)}/{grid}/{trial_id}.jsonl"

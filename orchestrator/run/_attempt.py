@@ -20,7 +20,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult
+from orchestrator.backends import AttemptOutcome, AttemptResult
 from orchestrator.run._start import AttemptStart
 from orchestrator.store import records
 from orchestrator.store.summary import write_summary

@@ -20,14 +20,13 @@ retries the trial; collapse and numeric failure are results and return normally.
 """
 from __future__ import annotations
 
-import importlib
 import os
 import time
 from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends import _REGISTRY, backend_class
+from orchestrator import backends
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import expand, load_grid
 from orchestrator.run._attempt import AttemptContext, AttemptRun
@@ -40,11 +39,6 @@ from orchestrator.trial import TrialSpec
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
-
-
-def _backend(job: AttemptJob) -> Any:
-    module, cls = job.backend_ref
-    return getattr(importlib.import_module(module), cls)()
 
 
 def run_attempt(job: AttemptJob) -> dict[str, Any]:
@@ -80,7 +74,7 @@ def _run_locked(job: AttemptJob, paths: TrialPaths) -> dict[str, Any]:
         t0 = time.perf_counter()
         attempt.prepare()
         t1 = time.perf_counter()
-        result = _backend(job).run(job.trial, job.config, AttemptContext(attempt))
+        result = job.backend_ref.run(job.trial, job.config, AttemptContext(attempt))
         attempt.timing = {"prepare_s": t1 - t0, "run_s": time.perf_counter() - t1}
     except (UserError, CheckpointError) as exc:
         if not attempt.started:
@@ -108,8 +102,9 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
         raise no_such_trial(trial_id, trials, where=grid_path, scope=f" in grid {grid.name}",
                             see="see `ablate plan` for ids")
     trial = trials[trial_id]
-    backend_class(trial.backend).require([grid.pools.get(trial.pool)],  # before anything is written
-                                         where=f"{grid.file}: pool")
+    # Before anything is written.
+    backends.backend(trial.backend).require([grid.pools.get(trial.pool)],
+                                            where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     uri = workspace.tracking_uri(tracking_uri, workdir)
     with parent_run(grid, tracking_uri=uri, workdir=workspace.workdir(workdir)) as target:
@@ -118,7 +113,7 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
                        start="fresh" if fresh else "latest", reopen=fresh)
         # Effective only if nothing imported torch yet (the CLI has not); the trial records
         # what it really ran under either way.
-        with scoped_environ(backend_class(trial.backend).worker_env(job.config)):
+        with scoped_environ(backends.backend(trial.backend).worker_env(job.config)):
             return run_attempt(job)
 
 
@@ -126,13 +121,14 @@ def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: Trac
              submission: str, start: str | int = "latest", reopen: bool = False,
              pool: str | None = None, config: Mapping[str, Any] | None = None) -> AttemptJob:
     """An AttemptJob for ``trial`` of ``grid`` (``pool`` overrides the trial's own pool)."""
-    if trial.backend not in _REGISTRY:
+    if trial.backend not in backends.names():
         raise UserError(f"trial {trial.trial_id}: unknown backend {trial.backend!r}; "
-                        f"known: {', '.join(sorted(_REGISTRY))}")
+                        f"known: {', '.join(sorted(backends.names()))}")
     spec = grid.spec
     return AttemptJob(
         grid_dir=str(grid_dir), trial=trial, config=dict(config or grid.trial_config(trial)),
         pool=grid.pools.get(pool or trial.pool), checkpoint=spec.checkpoint,
         collapse=spec.collapse, early_stop=spec.early_stop_spec, tracking=tracking,
-        submission=submission, backend_ref=_REGISTRY[trial.backend], start=start, reopen=reopen,
+        submission=submission, backend_ref=backends.backend(trial.backend), start=start,
+        reopen=reopen,
         tracking_every=spec.tracking.every)

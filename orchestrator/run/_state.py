@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends import Backend
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
 from orchestrator.store import CheckpointStore, ResumeRequest, TrialPaths, records
@@ -34,7 +35,7 @@ class AttemptJob:
     early_stop: EarlyStopSpec
     tracking: TrackingTarget | None
     submission: str
-    backend_ref: tuple[str, str]  # (module, class): resolved by the driver, imported here
+    backend_ref: Backend  # trainer and launcher by name: resolved by the driver, imported here
     start: str | int = "latest"  # "latest" checkpoint, "fresh", or an explicit step
     reopen: bool = False  # run even if the trial is finished (`ablate resume`, `run-trial --fresh`)
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)

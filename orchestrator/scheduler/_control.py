@@ -12,7 +12,7 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.backends import backend_class
+from orchestrator.backends import backend
 from orchestrator.exceptions import UserError, did_you_mean, no_such_trial
 from orchestrator.grid import load_grid
 from orchestrator.safeyaml import load_yaml
@@ -115,7 +115,7 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
         try:
             mark_cancelled(grid_dir, tid)
             # Nobody runs it; a job its killed orchestrator submitted may still (Slurm).
-            backend_class(known[tid].backend).abandon(tid, TrialPaths(grid_dir, tid).root / "logs")
+            backend(known[tid].backend).abandon(tid, TrialPaths(grid_dir, tid).root / "logs")
         finally:
             lock.release()
     return len(targets)

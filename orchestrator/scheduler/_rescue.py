@@ -4,7 +4,7 @@ submission's automatic ``on_collapse: {resume: ...}`` rescue (``auto_rescue``).
 ``select_trials`` picks the finished trials, ``plan`` checks everything a resume needs and writes
 nothing (the trials, the target pool: catalogue, the backend's pool kind, the backend's own
 plan-time check; the checkpoint, verified by SHA-256 and fetched from an fsspec store if remote;
-for verl/k8s the world size, see ``backends.verl_topology.portability``), ``apply`` writes the
+for verl/k8s the world size, see ``verl.topology.portability``), ``apply`` writes the
 requests (and seeds derived trials). Nothing here runs a trial: the caller does, under the
 grid lease it holds.
 """
@@ -19,8 +19,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends import Backend, backend_class
-from orchestrator.backends.verl_topology import checkpoint_world_size, portability
+from orchestrator.backends import Backend, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
@@ -136,15 +135,15 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
          start: str | int, sets: Mapping[str, Any], reason: str, derive: bool = False) -> list[Plan]:
     """Check everything a resume needs and return what to do; writes nothing."""
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
-    backend = backend_class(grid.backend)
-    kinds = backend.pool_kinds
+    runs = backend(grid.backend)
+    kinds = runs.pool_kinds
     if pool_spec.kind not in kinds:
         same = [n for n in grid.pools.names() if grid.pools.get(n).kind in kinds]
         raise UserError(f"--pool {pool}: a {pool_spec.kind} pool, but grid {grid.name} runs the "
                         f"{grid.backend} backend on {kinds[0]} pools"
                         f"{''.join(f' (or {k} pools)' for k in kinds[1:])}; use one of: "
                         f"{', '.join(same)}")
-    backend.require([pool_spec], where=f"--pool {pool}")
+    runs.require([pool_spec], where=f"--pool {pool}")
     out = []
     for parent in parents:
         paths = TrialPaths(grid_dir, parent.trial_id)
@@ -156,7 +155,7 @@ def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: 
         trial = _derive(grid, parent, sets, pool, step) if derived else parent
         if derived and step >= parent.steps:  # after the values are checked: they come first
             raise UserError(_no_step_left(parent, step, store.steps(), start))
-        _check_pool(grid, backend, trial, pool_spec, ckpt)
+        _check_pool(grid, runs, trial, pool_spec, ckpt)
         if trial is not parent:
             child = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id)
             if child.state.is_finished():
@@ -217,26 +216,20 @@ def start_step(store: CheckpointStore, rec: records.TrialRecord, start: str | in
     return candidates[-1]
 
 
-def _check_pool(grid: GridSpec, backend: type[Backend], trial: TrialSpec, pool: PoolSpec,
+def _check_pool(grid: GridSpec, runs: Backend, trial: TrialSpec, pool: PoolSpec,
                 ckpt: Path) -> None:
-    """The backend's plan-time check on the target pool, and verl's world-size portability."""
+    """The trainer's plan-time check on the target pool, and whether the checkpoint resumes
+    there (verl: its world size)."""
     config = grid.trial_config(trial)
     corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
     roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
     learn = LearnerSpec.model_validate(dict(config.get("learner") or {}))
-    problem = backend.check(corr, roll, pool) or backend.check_learner(learn, corr, roll, pool)
+    problem = runs.check(corr, roll, pool) or runs.check_learner(learn, corr, roll, pool)
     if problem:
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")
-    if pool.kind == "sim":
-        return  # simulator checkpoints hold the whole state: portable to any sim pool
-    saved = checkpoint_world_size(ckpt)
-    if saved is None:
-        raise CheckpointError(f"trial {trial.trial_id}: checkpoint {ckpt} has no verl "
-                              "model_world_size_* shards; cannot check it fits pool "
-                              f"{pool.name}; pick another step with --from")
-    ok, why = portability(saved, pool, config, others=grid.pools.pools.values())
-    if not ok:
-        raise CheckpointError(f"trial {trial.trial_id}: not portable to pool {pool.name}: {why}")
+    problem = runs.check_checkpoint(ckpt, pool, config, grid.pools.pools.values())
+    if problem:
+        raise CheckpointError(f"trial {trial.trial_id}: {problem}")
 
 
 def _store(grid: GridSpec, paths: TrialPaths, trial_id: str) -> CheckpointStore:

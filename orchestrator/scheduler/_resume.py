@@ -15,7 +15,7 @@ Everything is checked before anything is written (one-line ``UserError``/``Check
 the trial's files and MLflow stay as they were): the trials, the target pool (catalogue, the
 backend's pool kind, the backend's own plan-time check), the checkpoint (verified by SHA-256,
 fetched from an fsspec store if remote), and for verl/k8s the world size (verl shards are keyed
-by it, see ``backends.verl_topology.portability``), and what the run needs outside this
+by it, see ``verl.topology.portability``), and what the run needs outside this
 process: the workdir, the tracking store (a server must answer) and the Ray cluster
 (``--address`` must answer). The grid lease is then held while the requests are written and the
 attempts run (through the Ray Tune scheduler, or in this process with ``local=True``), so a

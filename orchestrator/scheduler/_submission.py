@@ -37,7 +37,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends import _REGISTRY, backend_class
+from orchestrator import backends
 from orchestrator.cost import total_metrics
 from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
@@ -98,7 +98,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     check_store(workspace.tracking_uri(tracking_uri, workdir))
     check_address(address)
     # Before anything is written (the grid's directory, its lease).
-    backend_class(grid.backend).require(_pools_used(grid, trials), where=f"{grid.file}: pool")
+    backends.backend(grid.backend).require(_pools_used(grid, trials), where=f"{grid.file}: pool")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
@@ -213,9 +213,9 @@ class Submission:
         self._record()
         self._prepare()
         pools = self._pools()
-        worker_env = backend_class(self.grid.backend).worker_env(self.grid.base_config)
+        worker_env = backends.backend(self.grid.backend).worker_env(self.grid.base_config)
         embedded, owned = connect(address, pools, self.ray_tmp, worker_env,
-                                  elsewhere=backend_class(self.grid.backend).computes_elsewhere)
+                                  elsewhere=backends.backend(self.grid.backend).computes_elsewhere)
         try:
             runnable = self._place(pools, embedded)
             gctx = self._context(pools)
@@ -290,7 +290,7 @@ class Submission:
         self.placements = plan_placement(pools, embedded=embedded,
                                          cluster_resources=ray.cluster_resources(),
                                          node_labels=[n.get("Labels") or {} for n in nodes],
-                                         elsewhere=backend_class(self.grid.backend).computes_elsewhere)
+                                         elsewhere=backends.backend(self.grid.backend).computes_elsewhere)
         runnable = park_unplaceable(self.grid_dir, self.todo, self.placements, self.routes)
         budget = self.grid.spec.budget
         self.limits = {p: min(pl.capacity, budget.per_pool.get(p, pl.capacity))
@@ -304,7 +304,7 @@ class Submission:
         return GridContext(str(self.grid_dir), dict(grid.recipe_config), pools,
                            grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
                            self.tracking_uri, self.submission,
-                           {grid.backend: _REGISTRY[grid.backend]}, objective,
+                           {grid.backend: backends.backend(grid.backend)}, objective,
                            grid.spec.retries.preemptions)
 
     def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],

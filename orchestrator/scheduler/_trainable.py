@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends import Backend
 from orchestrator.exceptions import Preempted
 from orchestrator.pools import PoolSpec
 from orchestrator.recipes import apply_overrides
@@ -40,7 +41,7 @@ class GridContext:
     early_stop: EarlyStopSpec
     tracking_uri: str  # the experiment and parent run come with each trial's config (tracking.Sender)
     submission: str
-    backend_refs: Mapping[str, tuple[str, str]]
+    backend_refs: Mapping[str, Backend]
     objective: SearchObjective | None
     preemptions: int = 20  # retries.preemptions: retried here, apart from Tune's retries.max
 

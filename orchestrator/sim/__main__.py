@@ -14,13 +14,13 @@ from pathlib import Path
 
 from orchestrator import metrics as M
 from orchestrator import recipes
-from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.pools import load_catalog
 from orchestrator.sim import numerics
 from orchestrator.sim.config import reproducible
+from orchestrator.sim.job import SimTrainer
 from orchestrator.sim.local import LocalContext, make_trial
 
 
@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
                            checkpoint_every=args.checkpoint_every,
                            resume_step=args.resume_step, on_step=show)
         t0 = time.perf_counter()
-        result = SimBackend().run(trial, config, ctx)
+        result = SimTrainer().run(trial, config, ctx)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
         return 2

@@ -1,5 +1,6 @@
 """The Slurm side of ``backend: slurm``: each attempt of a trial is one batch job.
 
+``launcher`` submits an attempt's job and follows it (the launcher of ``backend: slurm``);
 ``script`` turns a pool's ``slurm:`` block and the in-job command into sbatch options and a job
 script (argument lists, each word ``shlex.quote``d); ``client`` calls sbatch, squeue, scontrol,
 sacct, scancel and sinfo; ``events`` is the file protocol between the job and the orchestrator;

@@ -8,11 +8,11 @@ import tempfile
 from collections.abc import Mapping
 from typing import Any
 
-from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import BackendUnavailableError, UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.script import sbatch_options
+from orchestrator.verl.topology import world_size
 
 
 def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:

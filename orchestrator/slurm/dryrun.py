@@ -7,9 +7,9 @@ where ``ablate submit`` would put it under the workdir (``--workdir``/``ABLATE_W
 """
 from __future__ import annotations
 
-from orchestrator.backends.slurm import _inner, inner_ref
+from orchestrator.backends import backend
 from orchestrator.grid import expand, load_grid
-from orchestrator.slurm.script import base_env, job_name, job_script, sbatch_options, worker_argv
+from orchestrator.slurm.script import job_name, script_text
 from orchestrator.store import TrialPaths, workspace
 
 
@@ -21,17 +21,18 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
                                       files="jobs", pattern="t*.sbatch")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     index = []
+    slurm = backend("slurm")
     for trial in trials:
         pool = grid.pools.pools[trial.pool]
         log_dir = TrialPaths(grid_dir, trial.trial_id).root / "logs"
         job_dir = log_dir / "slurm-attempt-1"
-        options = sbatch_options(pool, name=job_name(trial.trial_id, log_dir))
-        env = {**base_env(), **_inner(pool).worker_env(grid.trial_config(trial))}
-        text = job_script(options, worker_argv(job_dir), env=env, cwd=str(job_dir))
+        trainer = slurm.trainer(pool)
+        text = script_text(trainer, grid.trial_config(trial), pool, job_dir,
+                           job_name(trial.trial_id, log_dir))
         (jobs / f"{trial.trial_id}.sbatch").write_text(text, encoding="utf-8")
         index.append({"trial_id": trial.trial_id, "pool": trial.pool, "seed": trial.seed,
                       "axes": dict(trial.axes), "file": f"jobs/{trial.trial_id}.sbatch",
-                      "runs": ".".join(inner_ref(pool)),
+                      "runs": f"{trainer.__module__}.{trainer.__qualname__}",
                       "sbatch": ["sbatch", f"--output={job_dir}/slurm-%j.out",
                                  f"jobs/{trial.trial_id}.sbatch"]})
     workspace.write_dry_run_index(out, grid.name, index)

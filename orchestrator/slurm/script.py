@@ -12,7 +12,9 @@ import shlex
 import sys
 from collections.abc import Mapping, Sequence
 from pathlib import Path
+from typing import Any
 
+from orchestrator.backends.base import Trainer
 from orchestrator.pools import PoolSpec
 
 PACKAGE_ROOT = Path(__file__).resolve().parents[2]  # the checkout the job imports from
@@ -69,3 +71,12 @@ def base_env() -> dict[str, str | None]:
 
     path = os.pathsep.join(filter(None, [str(PACKAGE_ROOT), os.environ.get("PYTHONPATH")]))
     return {"PYTHONPATH": path, "MLFLOW_RUN_ID": None, "PYTHONUNBUFFERED": "1"}
+
+
+def script_text(trainer: type[Trainer], config: Mapping[str, Any], pool: PoolSpec,
+                job_dir: Path, name: str) -> str:
+    """The job script of an attempt whose job directory is ``job_dir``: the pool's sbatch
+    options, the trainer's environment (its ``worker_env``), and the worker."""
+    env = {**base_env(), **trainer.worker_env(config)}
+    return job_script(sbatch_options(pool, name=name), worker_argv(job_dir), env=env,
+                      cwd=str(job_dir))

@@ -1,8 +1,8 @@
 """What a trial's Slurm job runs: ``python -m orchestrator.slurm.worker JOB_DIR``.
 
-It runs one attempt of the trial's inner backend (the simulator on a sim pool, verl on a cpu or
-gpu pool) with a ``FileContext``: metrics, checkpoints and the outcome go to ``JOB_DIR`` as
-``events`` records, which the orchestrator's ``SlurmBackend`` reads and feeds to the real run
+It runs one attempt of the trial's trainer (the simulator on a sim pool, verl on a cpu or gpu
+pool; ``job.json`` names it) with a ``FileContext``: metrics, checkpoints and the outcome go to
+``JOB_DIR`` as ``events`` records, which the orchestrator's ``SlurmLauncher`` reads and feeds to the real run
 context (metrics.jsonl, the checkpoint store, verdicts, MLflow). So the job keeps no trial
 state of its own: a job killed with its node loses nothing that was recorded, and the retry is
 the scheduler's usual one, from the last checkpoint.
@@ -86,11 +86,11 @@ def main(argv: list[str]) -> int:
                  restarts=restarts)
     if restarts:
         return 0  # see the module docstring: the orchestrator runs the retry
-    module, cls = spec["backend"]
-    backend = getattr(importlib.import_module(module), cls)()
+    module, cls = spec["trainer"]
+    trainer = getattr(importlib.import_module(module), cls)()
     ctx = FileContext(job_dir, spec, events)
     try:
-        result = backend.run(ctx.trial, spec["config"], ctx)
+        result = trainer.run(ctx.trial, spec["config"], ctx)
     except BaseException as exc:
         kind = ("user" if isinstance(exc, UserError)
                 else "checkpoint" if isinstance(exc, CheckpointError) else "infra")

@@ -1,7 +1,8 @@
-"""The backend interface: optional capabilities are explicit defaults, not looked up by name."""
+"""The trainer and launcher contracts: optional capabilities are explicit defaults, not looked
+up by name; a grid's backend is its trainer(s) and launcher, and trial ids hash what they did."""
 from __future__ import annotations
 
-from orchestrator.backends import backend_class
+from orchestrator.backends import backend
 from orchestrator.pools import load_catalog
 from orchestrator.trial import TrialSpec
 
@@ -12,12 +13,45 @@ TRIAL = TrialSpec(trial_id="t1", grid="g", backend="sim", recipe="sim/grpo_tiny"
 
 def test_describe_defaults_to_the_overrides_as_json() -> None:
     pool = load_catalog().get("sim-h100")
-    assert "describe" not in vars(backend_class("sim"))  # the interface's default
-    assert backend_class("sim").describe(TRIAL, {}, pool) == [
+    assert "describe" not in vars(backend("sim").trainer(pool))  # the interface's default
+    assert backend("sim").describe(TRIAL, {}, pool) == [
         "correction.is_bounds=[0.5, 2.0]", 'correction.is_level="token"']
 
 
 def test_check_values_defaults_to_no_refusal() -> None:
     pool = load_catalog().get("h100")
-    assert backend_class("k8s").check_values([("trainer.total_epochs", 3)], {}, pool) is None
-    assert backend_class("verl").check_values([("x", "${oops}")], {}, pool)  # verl's own check
+    assert backend("k8s").check_values([("trainer.total_epochs", 3)], {}, pool) is None
+    assert backend("verl").check_values([("x", "${oops}")], {}, pool)  # verl's own check
+
+
+def test_trial_ids_hash_what_they_hashed_before_trainers_and_launchers_were_apart() -> None:
+    assert {name: backend(name).identity() for name in ("sim", "verl", "k8s", "slurm")} == {
+        "sim": {"backend": "sim", "backend_version": "sim-2"},
+        "verl": {"backend": "verl", "backend_version": "verl-0.9.1"},
+        "k8s": {"backend": "verl", "backend_version": "verl-0.9.1"},  # the same verl job
+        "slurm": {"backend": "slurm", "backend_version": "slurm-1+sim-2+verl-0.9.1"},
+    }
+
+
+def test_slurm_runs_the_trainer_of_each_pools_kind() -> None:
+    from orchestrator.sim.job import SimTrainer
+    from orchestrator.slurm.launcher import SlurmLauncher
+    from orchestrator.verl.trainer import VerlTrainer
+
+    catalog = load_catalog()
+    slurm = backend("slurm")
+    assert slurm.launcher is SlurmLauncher and slurm.computes_elsewhere
+    assert slurm.pool_kinds == ("sim", "cpu", "gpu")
+    assert slurm.trainer(catalog.get("sim-h100")) is SimTrainer
+    assert slurm.trainer(catalog.get("cpu-fp32")) is VerlTrainer
+    assert slurm.trainer(catalog.get("h100")) is VerlTrainer
+    assert backend("verl").pool_kinds == ("gpu", "cpu") and backend("sim").pool_kinds == ("sim",)
+
+
+def test_every_backend_a_grid_may_name_is_registered() -> None:
+    import typing
+
+    from orchestrator.backends import names
+    from orchestrator.schema import GridFile
+
+    assert set(names()) == set(typing.get_args(GridFile.model_fields["backend"].annotation))

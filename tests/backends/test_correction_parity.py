@@ -24,9 +24,9 @@ import correction_parity as P
 from pydantic import ValidationError
 
 from orchestrator import corrections
-from orchestrator.backends import verl_map
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.sim import correction_math
+from orchestrator.verl import mapping
 
 
 @pytest.fixture(scope="module", autouse=True)
@@ -127,7 +127,7 @@ def _geometric_is(spec: CorrectionSpec, b: P.Batch) -> bool:
     cannot = _raises(lambda: helper(b.old, b.mu, b.mask, rollout_is="geometric",
                                     rollout_is_threshold=spec.is_hi))
     nearest = spec.model_copy(update={"is_level": "sequence", "is_mode": "truncate"})
-    s = verl_map.correction_settings(nearest)
+    s = mapping.correction_settings(nearest)
     proto, _, _ = helper(b.old, b.mu, b.mask, rollout_is="sequence",
                          rollout_is_threshold=s["rollout_is_threshold"],
                          rollout_is_batch_normalize=s["rollout_is_batch_normalize"])
@@ -139,7 +139,7 @@ def _clip_mode(spec: CorrectionSpec, b: P.Batch) -> bool:
     """No lower clamp in verl: both nearest settings (TIS cap, IcePop band) weigh differently."""
     ours = correction_math.is_weights(b.old - b.mu, b.mask, spec)[0][_valid(b)]
     for mode in ("truncate", "mask"):
-        s = verl_map.correction_settings(spec.model_copy(update={"is_mode": mode}))
+        s = mapping.correction_settings(spec.model_copy(update={"is_mode": mode}))
         proto, _, _ = _helper()(b.old, b.mu, b.mask, rollout_is=s["rollout_is"],
                                 rollout_is_threshold=s["rollout_is_threshold"],
                                 rollout_is_batch_normalize=s["rollout_is_batch_normalize"])
@@ -167,7 +167,7 @@ def _denominator(spec: CorrectionSpec, b: P.Batch) -> bool:
     """Some token is rejected on the batch, so the denominator verl counts (the survivors in
     decoupled mode, every token in bypass mode: see the module docstring of correction_parity
     and the bypass-loss test below) is not the one this spec asks for."""
-    s = verl_map.correction_settings(spec)
+    s = mapping.correction_settings(spec)
     _, rs_mask, _ = _helper()(b.old, b.mu, b.mask, rollout_rs=s["rollout_rs"],
                               rollout_rs_threshold=s["rollout_rs_threshold"])
     theirs = b.mask if spec.policy == "bypass" else rs_mask
@@ -177,7 +177,7 @@ def _denominator(spec: CorrectionSpec, b: P.Batch) -> bool:
 
 def _duplicate_option(spec: CorrectionSpec, b: P.Batch) -> bool:
     """verl takes each rejection option once: two thresholds for one option are an error."""
-    s = verl_map.correction_settings(spec)
+    s = mapping.correction_settings(spec)
     opts = s["rollout_rs"].split(",")
     assert len(opts) != len(set(opts))
     return _raises(lambda: _helper()(b.old, b.mu, b.mask, rollout_rs=s["rollout_rs"],
@@ -197,7 +197,7 @@ def _verl_bypass_loss(spec: CorrectionSpec, b: P.Batch) -> float:
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
     from verl.workers.config.actor import ActorConfig, PolicyLossConfig
 
-    rc = RolloutCorrectionConfig(**verl_map.correction_settings(spec))
+    rc = RolloutCorrectionConfig(**mapping.correction_settings(spec))
     actor = ActorConfig(strategy="fsdp", ppo_micro_batch_size_per_gpu=1, rollout_n=1,
                         policy_loss=PolicyLossConfig(loss_mode="bypass_mode", rollout_correction=rc),
                         global_batch_info={"dp_size": 1, "batch_num_tokens": int(b.mask.sum()),
@@ -231,7 +231,7 @@ def test_every_refused_spec_is_one_verl_cannot_express_or_computes_differently(
     shown: dict[tuple[str, str], bool] = {}
     by_rule: dict[str, int] = {}
     for key, (spec, message) in matrix.refused.items():
-        rule, reason = verl_map.correction_refusal(spec)  # type: ignore[misc]
+        rule, reason = mapping.correction_refusal(spec)  # type: ignore[misc]
         assert reason == message and "\n" not in reason
         assert "fix:" in reason or "nearest:" in reason
         demo, fields = DEMONSTRATIONS[rule]
@@ -255,7 +255,7 @@ def test_bypass_loss_with_rejection_matches_verl_with_the_original_denominator(
                  "batch_norm": True, "rs": "sequence", "rs_bounds": [0.25, 3.0]}):
         for loss_type in ("reinforce", "ppo_clip"):
             spec = CorrectionSpec(**raw, policy="bypass", loss_type=loss_type, denominator="original")
-            assert verl_map.check_correction(spec) is None
+            assert mapping.check_correction(spec) is None
             theirs = _verl_bypass_loss(spec, fp32)
             assert _sim_loss(spec, fp32) == pytest.approx(theirs, rel=1e-5)
             renormalized = spec.model_copy(update={"denominator": "renormalized"})
@@ -319,9 +319,9 @@ def test_an_empty_batch_is_an_error_in_verl_and_a_numeric_failure_in_the_simulat
 
 def test_the_simulator_fails_an_attempt_whose_update_has_nothing_to_train_on(tmp_path: Path) -> None:
     from orchestrator import recipes
-    from orchestrator.backends.sim import SimBackend
     from orchestrator.engine import RolloutSpec
     from orchestrator.pools import load_catalog
+    from orchestrator.sim.job import SimTrainer
     from orchestrator.sim.local import LocalContext, make_trial
 
     over = {"correction.rs_filters": {"token_k1": "5_10"},  # pi_rollout/pi_train in [5, 10]
@@ -333,7 +333,7 @@ def test_the_simulator_fails_an_attempt_whose_update_has_nothing_to_train_on(tmp
     pool = load_catalog().get("sim-h100")
     trial = make_trial(pool.name, 3, 0, over)
     ctx = LocalContext(trial=trial, pool=pool, workdir=tmp_path)
-    result = SimBackend().run(trial, recipes.apply_overrides(base, over), ctx)
+    result = SimTrainer().run(trial, recipes.apply_overrides(base, over), ctx)
     assert result.outcome.value == "numeric_failure" and result.last_step == 0
     assert "step 1" in result.reason and "nothing to train on" in result.reason
     assert not ctx.metrics  # no step was logged as if it had trained

@@ -19,6 +19,7 @@ from orchestrator.backends.base import AttemptOutcome
 from orchestrator.exceptions import InfraFailure
 from orchestrator.k8s.client import Phase, RayJobClient, phase_of
 from orchestrator.trial import TrialState
+from orchestrator.verl.trainer import VerlTrainer
 
 NS = "ablate"
 
@@ -329,13 +330,13 @@ class Ctx:
 def _backend(
     server: FakeApiServer, client: RayJobClient, tmp: Path, script: list[Callable[[], None]]
 ):
-    """K8sBackend whose sleep advances a scripted job (writes metric lines, saves, statuses)."""
-    from orchestrator.backends.k8s import K8sBackend
+    """K8sLauncher whose sleep advances a scripted job (writes metric lines, saves, statuses)."""
+    from orchestrator.k8s.launcher import K8sLauncher
 
     steps = iter(script)
     (tmp / "vol").mkdir(exist_ok=True)  # the mounted checkpoint volume
     s = settings(checkpoint_root=str(tmp / "vol"))
-    return K8sBackend(settings=s, client=client, sleep=lambda _: next(steps, lambda: None)()), s
+    return K8sLauncher(settings=s, client=client, sleep=lambda _: next(steps, lambda: None)()), s
 
 
 def _write(path: str, *lines: dict) -> None:
@@ -383,7 +384,7 @@ def test_run_streams_metrics_registers_checkpoints_and_completes(server, client,
         server.statuses = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
 
     backend, s = _backend(server, client, tmp_path, [admitted, more, done])
-    result = backend.run(trial, grid.trial_config(trial), ctx)
+    result = backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     assert result.outcome is AttemptOutcome.COMPLETED and result.last_step == 3
     assert [st for st, _ in ctx.logged] == [1, 2, 3]
     assert sorted(ctx.saved) == [3]  # step 2's save was overtaken by 3 before it was polled
@@ -414,21 +415,21 @@ def test_run_that_ends_early_is_an_infra_failure(server, client, tmp_path) -> No
     _write(s.metrics_path(trial.grid, trial.trial_id, 1), {"step": 1, "data": {"x": 1}})
     server.statuses = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
     with pytest.raises(InfraFailure, match="succeeded after step 1 of 800"):
-        backend.run(trial, grid.trial_config(trial), ctx)
+        backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
 
 
 def test_run_needs_the_checkpoint_volume(server, client, tmp_path) -> None:
-    from orchestrator.backends.k8s import K8sBackend
     from orchestrator.exceptions import BackendUnavailableError
+    from orchestrator.k8s.launcher import K8sLauncher
 
     grid, trials = loaded(GPU_GRIDS[0])
     trial = trials[0]
-    backend = K8sBackend(
+    backend = K8sLauncher(
         settings=settings(checkpoint_root=str(tmp_path / "absent")), client=client
     )
     with pytest.raises(BackendUnavailableError, match="not mounted"):
         backend.run(
-            trial, grid.trial_config(trial), Ctx(trial, grid.pools.pools[trial.pool], tmp_path)
+            VerlTrainer(), trial, grid.trial_config(trial), Ctx(trial, grid.pools.pools[trial.pool], tmp_path)
         )
     assert server.calls == []  # nothing submitted
 
@@ -439,7 +440,7 @@ def test_run_stops_by_deleting_the_rayjob(server, client, tmp_path) -> None:
     ctx = Ctx(trial, grid.pools.pools[trial.pool], tmp_path, stop_at=2)
     server.statuses = [{"jobDeploymentStatus": "Running", "jobStatus": "RUNNING"}]
     backend, _ = _backend(server, client, tmp_path, [])
-    result = backend.run(trial, grid.trial_config(trial), ctx)
+    result = backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     assert result.outcome is AttemptOutcome.STOPPED and "collapsed" in (result.reason or "")
     assert server.calls[-1][0] == "DELETE" and server.rayjobs == {}
 
@@ -458,7 +459,7 @@ def test_run_failure_raises_infra_failure_with_log_tail(server, client, tmp_path
     server.pods = [_pod("s1", "submitter", name, "2026-01-01T00:00:00Z")]
     server.logs = {"s1": (200, "torch.OutOfMemoryError: CUDA out of memory")}
     with pytest.raises(InfraFailure) as exc:
-        backend.run(trial, grid.trial_config(trial), ctx)
+        backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     msg = str(exc.value)
     assert msg.startswith("infra_failure:") and "AppFailed" in msg and "CUDA out of memory" in msg
 
@@ -477,7 +478,7 @@ def test_resume_lays_out_the_checkpoint_and_skips_replayed_steps(server, client,
         {"step": 26, "data": {"x": 2}},
     )
     server.statuses = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
-    result = backend.run(trial, grid.trial_config(trial), ctx)
+    result = backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     assert [st for st, _ in ctx.logged] == [26] and result.last_step == 26
     target = f"{s.checkpoint_dir(trial.grid, trial.trial_id)}/global_step_25"
     assert Path(target, "actor", "model_world_size_8_rank_0.pt").read_text() == "weights@25"
@@ -491,26 +492,27 @@ def test_resume_lays_out_the_checkpoint_and_skips_replayed_steps(server, client,
 
 
 def test_backend_is_registered_and_delegates_check() -> None:
-    from orchestrator.backends import backend_class
-    from orchestrator.backends.k8s import K8sBackend
-    from orchestrator.backends.verl import VerlBackend
+    """Grid backend k8s is verl launched as RayJobs: verl's checks, verl's trial ids."""
+    from orchestrator.backends import backend
     from orchestrator.corrections import CorrectionSpec
     from orchestrator.engine import RolloutSpec
+    from orchestrator.k8s.launcher import K8sLauncher
     from orchestrator.pools import load_catalog
 
-    assert backend_class("k8s") is K8sBackend
-    assert (K8sBackend.name, K8sBackend.pool_kinds, K8sBackend.version) == (
+    k8s = backend("k8s")
+    pools = load_catalog().pools
+    assert k8s.launcher is K8sLauncher and k8s.trainer(pools["h100"]) is VerlTrainer
+    assert (K8sLauncher.name, k8s.pool_kinds, k8s.identity()) == (
         "k8s",
         ("gpu",),
-        VerlBackend.version,
+        {"backend": "verl", "backend_version": VerlTrainer.version},
     )
-    pools = load_catalog().pools
     for corr, roll, pool in [
         (CorrectionSpec(), RolloutSpec(), pools["h100"]),
         (CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"]),
     ]:
-        assert K8sBackend.check(corr, roll, pool) == VerlBackend.check(corr, roll, pool)
-    assert K8sBackend.check(CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"])
+        assert k8s.check(corr, roll, pool) == VerlTrainer.check(corr, roll, pool)
+    assert k8s.check(CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"])
 
 
 def test_transient_api_errors_are_retried(server, client, monkeypatch) -> None:
@@ -568,5 +570,5 @@ def test_an_error_while_watching_deletes_the_rayjob(server, client, tmp_path) ->
 
     backend._sleep = lambda _s: broken()
     with pytest.raises(KeyboardInterrupt):
-        backend.run(trial, grid.trial_config(trial), ctx)
+        backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     assert server.calls[-1][0] == "DELETE" and server.rayjobs == {}

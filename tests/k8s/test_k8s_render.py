@@ -15,12 +15,12 @@ import yaml
 from k8shelpers import GPU_GRIDS, IMAGE, REPO, loaded, rendered, settings
 from k8svalidate import ManifestInvalid, crd_dir, load_all, validate
 
-from orchestrator.backends.verl import VerlBackend
-from orchestrator.backends.verl_topology import world_size
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.render import render_rayjob
 from orchestrator.pools import load_catalog
+from orchestrator.verl.topology import world_size
+from orchestrator.verl.trainer import VerlTrainer
 
 EXPECTED_TRIALS = {"grids/seed_study.yaml": 209, "grids/seed_study_14b.yaml": 160}
 
@@ -128,14 +128,14 @@ def test_workers_are_pinned_to_the_trial_pool_only(gpu_grid: str) -> None:
 
 
 def test_the_job_is_the_verl_job(gpu_grid: str) -> None:
-    """k8s delegates to VerlBackend: same argv, same trial ids, env with the trial's paths."""
-    from orchestrator.backends.k8s import K8sBackend
+    """k8s delegates to VerlTrainer: same argv, same trial ids, env with the trial's paths."""
+    from orchestrator.backends import backend
 
-    assert K8sBackend.version == VerlBackend.version
+    assert backend("k8s").identity() == backend("verl").identity()
     grid, trials = loaded(gpu_grid)
     s = settings()
     for trial, job in rendered(gpu_grid)[:25]:
-        argv = VerlBackend.command(
+        argv = VerlTrainer.command(
             trial,
             grid.trial_config(trial),
             grid.pools.pools[trial.pool],

@@ -5,8 +5,8 @@ files in the grid's directory instead of environment variables:
 
 * ``PacedDouble``: the double with the per-step sleep of ``<grid_dir>/double_step_s`` (if the
   file exists), to keep a grid running long enough for another command to meet it.
-* ``MetricsDiskFullBackend``: the write of step 10's metrics fails once per trial with ENOSPC.
-* ``DiskFullBackend``: the first checkpoint save at step 10 of each trial writes half of its
+* ``MetricsDiskFullTrainer``: the write of step 10's metrics fails once per trial with ENOSPC.
+* ``DiskFullTrainer``: the first checkpoint save at step 10 of each trial writes half of its
   state file and then fails with ``OSError(ENOSPC)``, as a full disk does mid-write; a marker
   file ``enospc`` in the trial's directory makes it happen once per trial.
 """
@@ -19,7 +19,7 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
-from doubles import DoubleBackend
+from doubles import DoubleTrainer
 
 DISKFULL_STEP = 10
 
@@ -28,7 +28,7 @@ def _trial_root(ctx: Any) -> Path:
     return Path(ctx.workdir).parent.parent  # <grid>/trials/<id>/work/attempt-N
 
 
-class PacedDouble(DoubleBackend):
+class PacedDouble(DoubleTrainer):
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
         pace = _trial_root(ctx).parent.parent / "double_step_s"
         if pace.exists():
@@ -61,7 +61,7 @@ class _DiskFullContext:
         self._ctx.save_checkpoint(step, full_disk)
 
 
-class DiskFullBackend(DoubleBackend):
+class DiskFullTrainer(DoubleTrainer):
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
         return super().run(trial, config, _DiskFullContext(ctx))
 
@@ -85,6 +85,6 @@ class _MetricsDiskFullContext:
         self._ctx.log_metrics(step, metrics)
 
 
-class MetricsDiskFullBackend(DoubleBackend):
+class MetricsDiskFullTrainer(DoubleTrainer):
     def run(self, trial: Any, config: Mapping[str, Any], ctx: Any) -> Any:
         return super().run(trial, config, _MetricsDiskFullContext(ctx))

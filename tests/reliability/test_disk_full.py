@@ -33,7 +33,7 @@ def test_enospc_at_a_metrics_write_stops_cleanly_and_the_next_submit_resumes(
     from orchestrator import backends
 
     c, _nodes = cluster
-    monkeypatch.setitem(backends._REGISTRY, "sim", ("relbackends", "MetricsDiskFullBackend"))
+    monkeypatch.setitem(backends._TRAINERS, "sim", ("relbackends", "MetricsDiskFullTrainer"))
     path = H.write_grid(isolated / "g.yaml", "enospc", steps=20, seeds=[0], levels=["token"],
                         pools=["sim-h100"], tiny=False)
     grid_dir = isolated / ".ablate" / "enospc"

@@ -174,7 +174,7 @@ def test_full_disk_during_a_checkpoint_stops_the_submission_and_the_next_resumes
     from orchestrator import backends
 
     c, _nodes = cluster
-    monkeypatch.setitem(backends._REGISTRY, "sim", ("relbackends", "DiskFullBackend"))
+    monkeypatch.setitem(backends._TRAINERS, "sim", ("relbackends", "DiskFullTrainer"))
     path = H.write_grid(
         isolated / "g.yaml",
         "diskfull",
@@ -236,7 +236,7 @@ DRIVER = """\
 import sys
 from orchestrator import backends
 from orchestrator.cli import main
-backends._REGISTRY["sim"] = ("relbackends", "PacedDouble")
+backends._TRAINERS["sim"] = ("relbackends", "PacedDouble")
 sys.exit(main(sys.argv[1:]))
 """
 

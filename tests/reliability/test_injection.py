@@ -2,7 +2,7 @@
 (exit 2, one line, nothing written) or passed inertly (kept as data, never run).
 
 Extends ``tests/data/bad_grids/`` (shell in the name, path traversal in name and recipe, python
-tags) and ``tests/backends/test_verl_backend.py`` (hostile override values in verl's argv and
+tags) and ``tests/verl/test_trainer.py`` (hostile override values in verl's argv and
 Hydra's ``--cfg job``; override syntax in keys) to the remaining fields: description, engine bundle
 names, string axis values, sim override values, collapse-rule metric names, axis keys, exclude
 and include values, pools, pool catalogue and checkpoint store paths, ``ablate resume --set``

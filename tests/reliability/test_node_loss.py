@@ -37,7 +37,7 @@ def test_node_lost_mid_trial_is_retried_on_another_node_exactly_once(
     from orchestrator import backends
 
     c, nodes = twin_cluster
-    monkeypatch.setitem(backends._REGISTRY, "sim", ("relbackends", "PacedDouble"))
+    monkeypatch.setitem(backends._TRAINERS, "sim", ("relbackends", "PacedDouble"))
     path = H.write_grid(
         isolated / "g.yaml",
         "nodeloss",

@@ -29,7 +29,7 @@ KILLS = 3
 
 DRIVER = """\
 from orchestrator import backends, scheduler
-backends._REGISTRY["sim"] = ("doubles", "DoubleBackend")
+backends._TRAINERS["sim"] = ("doubles", "DoubleTrainer")
 scheduler.submit({grid!r}, address={address!r}, progress=False)
 """
 

@@ -310,9 +310,9 @@ def test_verl_move_is_checked_for_world_size_before_anything_changes(isolated: P
                                                                     saved_world: int) -> None:
     """verl shards are keyed by world size: a checkpoint of 16 ranks cannot load on one 8-GPU
     node, and the refusal names the way out (merge to HF weights, losing optimizer state)."""
-    from orchestrator.backends.verl_topology import shard_names
     from orchestrator.scheduler._rescue import plan
     from orchestrator.store import CheckpointStore
+    from orchestrator.verl.topology import shard_names
 
     grid = load_grid(repo / "grids" / "seed_study.yaml")
     trial = next(t for t in expand(grid) if t.pool == "l20")

@@ -13,10 +13,10 @@ import pytest
 
 from orchestrator import recipes
 from orchestrator.backends.base import AttemptResult
-from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec, load_catalog
+from orchestrator.sim.job import SimTrainer
 from orchestrator.sim.local import LocalContext, make_trial
 
 # Small batches: these tests check behaviour, not learning.
@@ -46,7 +46,7 @@ def run(tmp: Path, pool_spec: PoolSpec, steps: int, overrides: Mapping[str, Any]
     trial = make_trial(pool_spec.name, steps, seed, overrides)
     ctx = LocalContext(trial=trial, pool=pool_spec, workdir=tmp, checkpoint_every=every,
                        resume_step=resume, stop_at=stop_at)
-    return SimBackend().run(trial, sim_config(overrides), ctx), ctx
+    return SimTrainer().run(trial, sim_config(overrides), ctx), ctx
 
 
 def no_timing(metrics: Mapping[int, Mapping[str, float]]) -> dict[int, dict[str, float]]:

@@ -1,4 +1,4 @@
-"""SimBackend: exact on-policy mode, reproducibility, checkpoint/resume, stop, failures, refusals."""
+"""SimTrainer: exact on-policy mode, reproducibility, checkpoint/resume, stop, failures, refusals."""
 from __future__ import annotations
 
 import math
@@ -10,11 +10,11 @@ import torch
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import AttemptOutcome
-from orchestrator.backends.sim import SimBackend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.sim import trainer as trainer_mod
+from orchestrator.sim.job import SimTrainer
 
 MISMATCH = (M.K1_KL, M.K3_KL, M.CHI2_TOKEN, M.TV, M.LOG_PPL_DIFF, M.PROB_DIFF_MEAN)
 
@@ -128,16 +128,16 @@ def test_bad_input_fails_before_any_work(sim, tmp_path, monkeypatch, overrides, 
 
 def test_plan_time_check_refusals_and_no_torch_import(sim) -> None:
     h100 = sim.pool("sim-h100")
-    assert SimBackend.check(CorrectionSpec(), RolloutSpec(), h100) is None
-    assert "enforce_eager" in SimBackend.check(CorrectionSpec(), RolloutSpec(enforce_eager=True), h100)
-    assert "deterministic" in SimBackend.check(
+    assert SimTrainer.check(CorrectionSpec(), RolloutSpec(), h100) is None
+    assert "enforce_eager" in SimTrainer.check(CorrectionSpec(), RolloutSpec(enforce_eager=True), h100)
+    assert "deterministic" in SimTrainer.check(
         CorrectionSpec(), RolloutSpec(deterministic=True, dtype="bf16"), h100)
-    assert "sim-* pools" in SimBackend.check(CorrectionSpec(), RolloutSpec(), sim.pool("h100"))
-    assert "sim_profile" in SimBackend.check(CorrectionSpec(), RolloutSpec(), sim.pool("sim-h100", kv_cache="fp4"))
-    code = ("import sys; from orchestrator.backends.sim import SimBackend; "
+    assert "sim-* pools" in SimTrainer.check(CorrectionSpec(), RolloutSpec(), sim.pool("h100"))
+    assert "sim_profile" in SimTrainer.check(CorrectionSpec(), RolloutSpec(), sim.pool("sim-h100", kv_cache="fp4"))
+    code = ("import sys; from orchestrator.sim.job import SimTrainer; "
             "from orchestrator.pools import load_catalog; "
             "from orchestrator.corrections import CorrectionSpec; from orchestrator.engine import RolloutSpec; "
-            "SimBackend.check(CorrectionSpec(), RolloutSpec(), load_catalog().get('sim-a100')); "
+            "SimTrainer.check(CorrectionSpec(), RolloutSpec(), load_catalog().get('sim-a100')); "
             "print('torch' in sys.modules)")
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
     assert out.stdout.strip() == "False"

@@ -130,17 +130,17 @@ def test_gpu_pool_without_placement_or_nodes_unlike_nnodes_refused_at_plan(tmp_p
 def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
     """On a multi-node job verl connects to the Ray the job started: the pool's ray_init
     resources move to each node's `ray start` (Ray refuses them from a connecting driver)."""
-    from orchestrator.backends.verl import VerlBackend
-    from orchestrator.backends.verl_topology import ray_node_resources
     from orchestrator.grid import expand, load_grid
     from orchestrator.slurm.raycluster import NODE_RESOURCE, node_argv
+    from orchestrator.verl.topology import ray_node_resources
+    from orchestrator.verl.trainer import VerlTrainer
 
     pool = load_catalog().pools["cpu-fp32"].model_copy(update={"nodes": 2})
     assert ray_node_resources(pool) == (16, 1)
     grid = load_grid(str(Path(__file__).parents[2] / "grids" / "verl_cpu.yaml"))
     trial = expand(grid)[0]
     config = {**grid.trial_config(trial), "trainer": {"nnodes": 2}}
-    argv = VerlBackend.command(trial, config, pool, checkpoint_dir="/c",
+    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir="/c",
                                ray_address="127.0.0.1:6379")
     ray = [a for a in argv if a.lstrip("+").startswith("ray_kwargs.ray_init.")]
     assert ray == ["+ray_kwargs.ray_init.address='127.0.0.1:6379'"], ray

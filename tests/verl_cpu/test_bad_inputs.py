@@ -12,16 +12,16 @@ from pathlib import Path
 import cliproc
 import pytest
 
-from orchestrator.backends.verl_memory import (
+from orchestrator.grid import expand, load_grid
+from orchestrator.pools import load_catalog
+from orchestrator.verl.memory import (
     JOB_BASE_GB,
     PER_RANK_GB,
     check_memory,
     estimate_gb,
     model_shape,
 )
-from orchestrator.backends.verl_topology import portability
-from orchestrator.grid import expand, load_grid
-from orchestrator.pools import load_catalog
+from orchestrator.verl.topology import portability
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS = load_catalog().pools
@@ -128,9 +128,9 @@ def test_verl_missing_is_one_line_naming_the_install(tmp_path: Path, command: st
 def test_verl_present_passes_the_same_check() -> None:
     pytest.importorskip("verl")
     pytest.importorskip("transfer_queue")
-    from orchestrator.backends.verl import VerlBackend
+    from orchestrator.verl.trainer import VerlTrainer
 
-    VerlBackend.require([POOLS["cpu-fp32"], POOLS["cpu"], POOLS["h100"]])
+    VerlTrainer.require([POOLS["cpu-fp32"], POOLS["cpu"], POOLS["h100"]])
 
 
 # --------------------------------------------------------------------------- world size

@@ -3,8 +3,8 @@ from __future__ import annotations
 
 import torch
 
-from orchestrator.backends.verl_cpu import assets
-from orchestrator.backends.verl_cpu.rollout.decoding import (
+from orchestrator.verl.cpu import assets
+from orchestrator.verl.cpu.rollout.decoding import (
     SamplingParams,
     decode,
     filter_logits,

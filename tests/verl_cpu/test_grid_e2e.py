@@ -197,11 +197,11 @@ def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
     pool, dies looking for the rank files verl 0.9.1 never reshards into."""
     from types import SimpleNamespace
 
-    from orchestrator.backends.verl import VerlBackend
-    from orchestrator.backends.verl_run import run_attempt
     from orchestrator.exceptions import InfraFailure
     from orchestrator.grid import expand, load_grid
     from orchestrator.pools import load_catalog
+    from orchestrator.verl.supervise import run_attempt
+    from orchestrator.verl.trainer import VerlTrainer
 
     grid = load_grid(GRID)
     trial = next(t for t in expand(grid, force=True) if t.pool == "cpu-bf16"
@@ -217,9 +217,9 @@ def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
         checkpoint_path=lambda step: store / f"step-{step:08d}", should_stop=lambda: None,
         describe_environment=lambda facts: None)
     with pytest.raises(InfraFailure, match="verl exited with code"):
-        run_attempt(VerlBackend(), trial, grid.trial_config(trial), ctx)
+        run_attempt(VerlTrainer(), trial, grid.trial_config(trial), ctx)
     # The attempt made this process a subreaper for its job only (procs' docstring says why).
-    from orchestrator.backends.verl_cpu import procs
+    from orchestrator.verl.cpu import procs
 
     assert not procs.is_subreaper()
     log = (tmp_path / "logs" / "verl.attempt1.log").read_text(errors="replace")

@@ -1,4 +1,4 @@
-"""The verl launcher's process ownership (``orchestrator/backends/verl_cpu/procs.py``), without verl.
+"""The verl launcher's process ownership (``orchestrator/verl/cpu/procs.py``), without verl.
 
 A launcher is a child subreaper only while its job runs, and it reaps the job's orphans as they
 die. Both matter to Ray's fate-sharing: a Ray worker decides that its raylet is gone by probing
@@ -16,7 +16,7 @@ import time
 import psutil
 import pytest
 
-from orchestrator.backends.verl_cpu import procs
+from orchestrator.verl.cpu import procs
 
 pytestmark = pytest.mark.skipif(not sys.platform.startswith("linux"), reason="prctl is Linux-only")
 

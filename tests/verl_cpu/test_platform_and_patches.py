@@ -5,8 +5,8 @@ import pytest
 
 verl = pytest.importorskip("verl")
 
-from orchestrator.backends.verl_cpu import cpu_device, patches
-from orchestrator.backends.verl_cpu.platform import PlatformCPU
+from orchestrator.verl.cpu import cpu_device, patches
+from orchestrator.verl.cpu.platform import PlatformCPU
 
 
 def test_platform_answers():

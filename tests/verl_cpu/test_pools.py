@@ -8,12 +8,12 @@ import pytest
 
 pytest.importorskip("verl")
 
-from orchestrator.backends.verl import VerlBackend
-from orchestrator.backends.verl_preflight import check_composed, compose, verl_config_dir
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.grid import expand, load_grid
 from orchestrator.pools import load_catalog
+from orchestrator.verl.preflight import check_composed, compose, verl_config_dir
+from orchestrator.verl.trainer import VerlTrainer
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS = load_catalog().pools
@@ -27,10 +27,10 @@ def _cpu_trials() -> list[tuple[object, dict, object]]:
 def test_every_cpu_trial_and_the_two_rank_pool_compose_in_verls_config(tmp_path: Path) -> None:
     lists = []
     for trial, config, pool in _cpu_trials():
-        lists.append((pool, VerlBackend.overrides(trial, config, pool,
+        lists.append((pool, VerlTrainer.overrides(trial, config, pool,
                                                   assets_root=str(tmp_path))))
     trial, config, _ = _cpu_trials()[0]
-    lists.append((POOLS["cpu"], VerlBackend.overrides(trial, config, POOLS["cpu"],
+    lists.append((POOLS["cpu"], VerlTrainer.overrides(trial, config, POOLS["cpu"],
                                                       assets_root=str(tmp_path))))
     with verl_config_dir():
         for pool, items in lists:
@@ -50,18 +50,18 @@ def test_every_cpu_trial_and_the_two_rank_pool_compose_in_verls_config(tmp_path:
 def test_cpu_settings_come_from_the_pool_only() -> None:
     """The same trial on a gpu pool carries none of the cpu pool's overrides or environment."""
     trial, config, cpu_pool = _cpu_trials()[0]
-    gpu = VerlBackend.overrides(trial, config, POOLS["h100"])
-    cpu = VerlBackend.overrides(trial, config, cpu_pool)
+    gpu = VerlTrainer.overrides(trial, config, POOLS["h100"])
+    cpu = VerlTrainer.overrides(trial, config, cpu_pool)
     differing = {item.split("=", 1)[0].lstrip("+") for item in set(cpu) ^ set(gpu)}
     from_pool = {key.lstrip("+") for key in cpu_pool.verl_overrides}
     assert differing <= from_pool | {"trainer.n_gpus_per_node"}, differing - from_pool
     assert "actor_rollout_ref.rollout.name='sglang'" in gpu
-    env = VerlBackend.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
+    env = VerlTrainer.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
                                   pool=POOLS["h100"])
     assert "VERL_PLATFORM" not in env and "VERL_USE_EXTERNAL_MODULES" not in env
-    env = VerlBackend.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
+    env = VerlTrainer.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
                                   pool=cpu_pool)
-    assert env["VERL_USE_EXTERNAL_MODULES"] == "orchestrator.backends.verl_cpu.plugin"
+    assert env["VERL_USE_EXTERNAL_MODULES"] == "orchestrator.verl.cpu.plugin"
     assert env["CUDA_VISIBLE_DEVICES"] is None  # unset in the job
 
 
@@ -72,19 +72,19 @@ def test_cpu_settings_come_from_the_pool_only() -> None:
     ({"dtype": "fp8"}, "rollout.dtype: fp8"),
 ])
 def test_gpu_only_engine_flags_are_refused_on_cpu_pools(flags: dict, needle: str) -> None:
-    msg = VerlBackend.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu-fp32"])
+    msg = VerlTrainer.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu-fp32"])
     assert msg is not None and needle in msg and "cpu pool 'cpu-fp32'" in msg
     assert "\n" not in msg
 
 
 def test_cpu_engine_flags_are_accepted() -> None:
     for flags in ({}, {"dtype": "bf16"}, {"dtype": "fp32", "temperature": 0.7}):
-        assert VerlBackend.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu"]) is None
+        assert VerlTrainer.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu"]) is None
 
 
 def test_sim_backend_refuses_cpu_pools_and_verl_refuses_sim_pools() -> None:
-    from orchestrator.backends.sim import SimBackend
+    from orchestrator.sim.job import SimTrainer
 
-    assert "cpu pool" in SimBackend.check(CorrectionSpec(), RolloutSpec(), POOLS["cpu-bf16"])
-    assert "sim-* pools belong to backend: sim" in VerlBackend.check(
+    assert "cpu pool" in SimTrainer.check(CorrectionSpec(), RolloutSpec(), POOLS["cpu-bf16"])
+    assert "sim-* pools belong to backend: sim" in VerlTrainer.check(
         CorrectionSpec(), RolloutSpec(), POOLS["sim-h100"])

@@ -10,8 +10,8 @@ import torch
 
 pytest.importorskip("verl")
 
-from orchestrator.backends.verl_cpu import assets
-from orchestrator.backends.verl_cpu.rollout.server import CpuRolloutServer
+from orchestrator.verl.cpu import assets
+from orchestrator.verl.cpu.rollout.server import CpuRolloutServer
 
 
 @pytest.fixture(scope="module")
@@ -60,8 +60,8 @@ def test_update_weights_changes_served_model(built, monkeypatch, tmp_path: Path)
 def test_the_cpu_engine_reports_what_it_loaded(built, monkeypatch, tmp_path: Path, dtype: str,
                                                shown: str) -> None:
     """Provenance of the CPU engine: the dtype of the loaded weights, not the requested one."""
-    from orchestrator.backends import engine_provenance as P
     from orchestrator.engine import RolloutSpec
+    from orchestrator.verl import provenance as P
 
     log = tmp_path / "engine.jsonl"
     monkeypatch.setenv(P.LOG_ENV, str(log))

@@ -114,7 +114,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
         time.sleep(0.5)
     assert not [p for p in launchers if psutil.pid_exists(p)], "the launcher outlived the submit"
     assert _job_processes(tid, heavy=True) == {}, "the verl job outlived the killed submit"
-    from orchestrator.backends.verl_cpu import procs
+    from orchestrator.verl.cpu import procs
 
     assert not procs.is_subreaper(), "an earlier test left this process a subreaper"
 

@@ -5,9 +5,9 @@ from pathlib import Path
 
 import pytest
 
-from orchestrator.backends.verl_cpu import assets
-from orchestrator.backends.verl_cpu.reward import compute_score, score_answer
-from orchestrator.backends.verl_cpu.task import TaskSpec
+from orchestrator.verl.cpu import assets
+from orchestrator.verl.cpu.reward import compute_score, score_answer
+from orchestrator.verl.cpu.task import TaskSpec
 
 
 def test_score_rewards_stopping_at_the_right_place():

@@ -1,0 +1,208 @@
+"""The Kubernetes launcher: each attempt of a trial is one KubeRay RayJob running the verl job.
+
+The job is exactly what ``VerlTrainer`` runs locally (same argv and environment; the launcher
+has no ``version`` of its own, hence the same trial ids), and progress is followed the same way
+as ``verl.supervise`` does it, from files on the shared checkpoint volume that the control plane
+mounts at the trial pods' path:
+
+* metrics: verl's file logger of this attempt, tailed and normalised by ``verl.files.MetricTail``,
+  -> ``ctx.log_metrics``;
+* checkpoints: verl's newest ``global_step_N`` is handed to ``ctx.save_checkpoint`` once step N's
+  metrics are in (hard links when the orchestrator's workdir is on the same volume, as
+  ``k8s/base/control.yaml`` sets it); a resume lays the stored checkpoint out as
+  ``global_step_N`` again (``verl.files.prepare_resume``);
+* ``ctx.should_stop()`` (early stop, cancel) deletes the RayJob, which frees the GPUs;
+* a failed RayJob raises ``InfraFailure`` with status, warning events and the driver's log tail.
+
+Placement, names and pod hygiene are in ``orchestrator.k8s.render``; API calls in
+``orchestrator.k8s.client``.
+"""
+
+from __future__ import annotations
+
+import logging
+import time
+from collections.abc import Callable, Iterable, Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator.backends.base import AttemptOutcome, AttemptResult, Launcher, RunContext, Trainer
+from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.k8s.client import Phase, RayJobClient, load_config
+from orchestrator.k8s.render import render_rayjob
+from orchestrator.k8s.settings import ClusterSettings
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+from orchestrator.verl.files import MetricTail, hand_over_checkpoint, loss_scaled, prepare_resume
+from orchestrator.verl.trainer import VerlTrainer
+
+log = logging.getLogger(__name__)
+
+
+class K8sLauncher(Launcher):
+    """verl 0.9.1 trials as RayJobs on labelled GPU node pools (KubeRay + Kueue)."""
+
+    name: ClassVar[str] = "k8s"
+    pool_kinds: ClassVar[tuple[str, ...] | None] = ("gpu",)
+    # The orchestrator runs in the control RayCluster and reaches the checkpoint store there.
+    stores_here: ClassVar[bool] = False
+    poll_seconds: ClassVar[float] = 15.0
+
+    def __init__(
+        self,
+        *,
+        settings: Any = None,
+        client: Any = None,
+        sleep: Callable[[float], None] = time.sleep,
+    ) -> None:
+        self._settings = settings
+        self._client = client
+        self._sleep = sleep
+
+    @classmethod
+    def require(cls, trainer: type[Trainer], pools: Iterable[PoolSpec], *,
+                where: str = "") -> None:
+        """The kubernetes client and credentials for the cluster, before anything starts:
+        without them every trial would wait forever as "pending" on no cluster."""
+        head = f"{where}: " if where else ""
+        try:
+            import kubernetes  # noqa: F401 - the k8s extra
+        except ModuleNotFoundError:
+            raise BackendUnavailableError(
+                f"{head}backend k8s needs the kubernetes client, which is not installed; fix: "
+                "pip install -e '.[k8s]' (or `--dry-run` to only write the manifests)") from None
+        try:
+            load_config()
+        except BackendUnavailableError as exc:
+            raise BackendUnavailableError(f"{head}backend k8s: {exc} (or `--dry-run` to only "
+                                          "write the manifests)") from None
+
+    @classmethod
+    def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,
+                workdir: str | None) -> int:
+        """Every manifest of every trial (``k8s/dryrun.py``); ``workdir`` is the cluster's."""
+        from orchestrator.k8s.dryrun import dry_run  # deferred: it loads grids, above launchers
+
+        return int(dry_run(grid_path, out_dir=out_dir, force=force) or 0)
+
+    def run(self, trainer: Trainer, trial: TrialSpec, config: Mapping[str, Any],
+            ctx: RunContext) -> AttemptResult:
+        settings = self._settings or ClusterSettings.from_env()
+        if not Path(settings.checkpoint_root).is_dir():
+            raise BackendUnavailableError(
+                f"the checkpoint volume is not mounted at {settings.checkpoint_root} here; run "
+                "`ablate submit` in the control RayCluster (k8s/README.md) or mount the volume "
+                "at that path (ABLATE_K8S_CHECKPOINT_ROOT)"
+            )
+        ckpt_dir = Path(settings.checkpoint_dir(trial.grid, trial.trial_id))
+        ckpt_dir.mkdir(parents=True, exist_ok=True)
+        resume_path = prepare_resume(ctx, ckpt_dir)
+        manifest = render_rayjob(
+            trial,
+            config,
+            ctx.pool,
+            settings=settings,
+            attempt=ctx.attempt,
+            run_id=getattr(ctx, "mlflow_run_id", None),
+            resume_path=resume_path,
+            job=_VerlJob(type(trainer), save_freq=ctx.checkpoint_every),
+        )
+        name = manifest["metadata"]["name"]
+        client = self._client or RayJobClient(settings.namespace)
+        client.create(manifest)
+        try:
+            return self._follow(client, name, trial, ctx, settings, ckpt_dir, loss_scaled(config))
+        except InfraFailure:
+            raise  # the job ended by itself; its cluster stays for ttlSecondsAfterFinished
+        except BaseException:
+            # We stop watching (error, interrupt): never leave GPUs running unobserved, since
+            # a retry submits a new attempt.
+            _delete_quietly(client, name)
+            raise
+
+    def _follow(
+        self,
+        client: Any,
+        name: str,
+        trial: TrialSpec,
+        ctx: RunContext,
+        settings: Any,
+        ckpt_dir: Path,
+        fp16: bool = False,
+    ) -> AttemptResult:
+        tail = MetricTail(
+            Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
+            ctx.resume_step or 0,
+            fp16,
+        )
+        saved = ctx.resume_step or 0
+        while True:
+            state = client.state(name)
+            finished = state is None or state.phase.finished
+            for step, data in tail.poll() + (tail.flush() if finished else []):
+                ctx.log_metrics(step, data)
+            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+            if finished:
+                break
+            reason = ctx.should_stop()
+            if reason:
+                client.delete(name)
+                return AttemptResult(AttemptOutcome.STOPPED, tail.last_logged, reason)
+            self._sleep(self.poll_seconds)
+        last = tail.last_logged
+        if state is None:
+            raise InfraFailure(
+                f"infra_failure: RayJob {settings.namespace}/{name} disappeared "
+                f"after step {last} (deleted outside the orchestrator?)"
+            )
+        if state.phase is Phase.STOPPED:
+            return AttemptResult(
+                AttemptOutcome.STOPPED,
+                last,
+                f"Ray job stopped outside the orchestrator ({state.describe()})",
+            )
+        if state.phase is Phase.FAILED:
+            raise InfraFailure(client.failure_reason(name, state))
+        if last < trial.steps:
+            raise InfraFailure(
+                f"infra_failure: RayJob {settings.namespace}/{name} succeeded "
+                f"after step {last} of {trial.steps} (data exhausted or a step "
+                "was not logged)"
+            )
+        return AttemptResult(AttemptOutcome.COMPLETED, last)
+
+
+def _delete_quietly(client: Any, name: str) -> None:
+    try:
+        client.delete(name)
+    except Exception:  # the original error is the one to report
+        log.exception("could not delete RayJob %s after an error", name)
+
+
+class _VerlJob:
+    """The trainer's argv/environment (``VerlTrainer``'s), with the runner's checkpoint cadence
+    as verl's save_freq."""
+
+    def __init__(self, trainer: type[VerlTrainer], save_freq: int) -> None:
+        self.trainer, self.save_freq = trainer, save_freq
+
+    def command(
+        self,
+        trial: TrialSpec,
+        config: Mapping[str, Any],
+        pool: PoolSpec,
+        *,
+        checkpoint_dir: str,
+        resume_path: str | None = None,
+    ) -> list[str]:
+        return self.trainer.command(
+            trial,
+            config,
+            pool,
+            checkpoint_dir=checkpoint_dir,
+            resume_path=resume_path,
+            save_freq=self.save_freq,
+        )
+
+    def environment(self, trial: TrialSpec, **kw: Any) -> dict[str, str]:
+        return self.trainer.environment(trial, **kw)

@@ -1,0 +1,356 @@
+"""The verl 0.9.1 trainer: each trial is one GRPO job (``python -m verl.trainer.main_ppo``) with
+SGLang or vLLM rollouts on a gpu pool (``rollout.engine``, tables in ``engines.py``), or with the
+CPU platform and rollout engine of ``orchestrator/verl/cpu`` on a cpu pool (what differs is the
+pool's ``verl_overrides`` and ``verl_env``, not this code).
+
+Plan time (no verl import): :meth:`VerlTrainer.check` refuses what verl cannot express and
+:meth:`VerlTrainer.overrides` builds the exact Hydra override list (``ablate plan
+--show-overrides``). ``command()`` / ``environment()`` are pure functions of their inputs, so the
+Kubernetes launcher can put them into a RayJob unchanged. :meth:`VerlTrainer.validate` is a CPU
+pre-flight against verl's own config system; ``run()`` (in ``supervise.py``) runs the job here.
+"""
+from __future__ import annotations
+
+import sys
+from collections.abc import Iterable, Mapping, Sequence
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator import metrics as M
+from orchestrator.backends.base import AttemptResult, RunContext, Trainer
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.learner import LearnerSpec
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+from orchestrator.verl import engines, mapping
+from orchestrator.verl import learner as verl_learner
+from orchestrator.verl.cpu.assets import asset_values
+from orchestrator.verl.memory import check_memory
+from orchestrator.verl.preflight import preflight
+from orchestrator.verl.supervise import require_cpu_verl, run_attempt
+from orchestrator.verl.topology import (
+    RAY_INIT,
+    checkpoint_world_size,
+    config_value,
+    portability,
+    world_size,
+)
+
+# The runner is the single MLflow writer: it streams verl's file logger into the trial's run and
+# commits steps only up to the last checkpoint, so a resumed job never logs a step twice. verl's
+# own MLflow logger would re-log every step after a resume and double every value, so it is off;
+# MLFLOW_RUN_ID/MLFLOW_TRACKING_URI are still exported for code in the job that wants the run.
+LOGGERS = ("console", "file")
+REPO_ROOT = Path(__file__).resolve().parents[2]
+
+
+class VerlTrainer(Trainer):
+    """verl 0.9.1 GRPO + SGLang on a GPU pool (or the CPU rollout engine on a cpu pool)."""
+
+    name: ClassVar[str] = "verl"
+    version: ClassVar[str] = "verl-0.9.1"
+    pool_kinds: ClassVar[tuple[str, ...]] = ("gpu", "cpu")
+
+    # ----------------------------------------------------------------------- plan time
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
+        return (mapping.check_pool(pool) or mapping.check_correction(correction)
+                or mapping.check_rollout(rollout, pool) or cls._engine_refusal(rollout, pool))
+
+    @staticmethod
+    def _engine_refusal(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """The engine's table refusal when ``rollout.engine`` is set; without it (the recipe's
+        engine, checked later by :meth:`check_engine`) what every engine refuses."""
+        if pool.kind != "gpu":
+            return None
+        if rollout.engine is not None:
+            return engines.check_engine(rollout, rollout.engine)
+        refusals = [engines.check_engine(rollout, e) for e in engines.ENGINES]
+        return refusals[0] if all(refusals) else None
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
+        return verl_learner.check_learner(learner, correction, rollout, pool)
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
+                     pool: PoolSpec | None = None) -> str | None:
+        """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
+        for key, value in items:
+            problem = mapping.unsafe_text(value)
+            if problem:
+                return f"{key}: {problem}"
+        return None
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Plan time: a model too large for a cpu pool's memory (``memory``), and
+        separate_async's batch constraints for ``learner.max_staleness``."""
+        return check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
+
+    @classmethod
+    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        """Plan time, once the engine is known (``rollout.engine``, else the recipe's
+        ``actor_rollout_ref.rollout.name``): flags the engine's table refuses, and an installed
+        engine that lacks a requested feature. A missing engine package only warns (stderr):
+        the gpu pool's image has it."""
+        if pool.kind != "gpu":
+            return None
+        engine = engines.engine_of(rollout, config)
+        problem = engines.check_engine(rollout, str(engine))
+        if problem:
+            return problem
+        refusal, warning = engines.check_installed(rollout, str(engine))
+        if warning:
+            _warn_once(warning)
+        return refusal
+
+    @classmethod
+    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
+                         others: Iterable[PoolSpec]) -> str | None:
+        """A verl checkpoint is sharded by world size: it resumes where the shards fit
+        (``topology.portability``)."""
+        saved = checkpoint_world_size(checkpoint)
+        if saved is None:
+            return (f"checkpoint {checkpoint} has no verl model_world_size_* shards; cannot "
+                    f"check it fits pool {pool.name}; pick another step with --from")
+        ok, why = portability(saved, pool, config, others=others)
+        return None if ok else f"not portable to pool {pool.name}: {why}"
+
+    @classmethod
+    def never_emitted(cls) -> frozenset[str]:
+        """verl 0.9.1 has no TV, no veto (PR #4544), no OPSM and no per-probability buckets
+        (the simulator's), and keeps its grad scaler's loss scale to itself (the simulator logs
+        its own; ``fp16/skipped_share`` is derived by ``files.normalise``)."""
+        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE})
+                | M.bucket_names())
+
+    @classmethod
+    def reported(cls, name: str) -> bool:
+        """The vocabulary but :meth:`never_emitted`, and anything under one of the namespaces
+        verl's file logger writes (``files.normalise`` passes them all through)."""
+        return super().reported(name) or (name not in cls.never_emitted()
+                                          and name.startswith(M.VERL_NAMESPACES))
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """cpu pools run verl here: verl and TransferQueue must be importable on this machine
+        (gpu pools are checked where the trial runs, which may be another node)."""
+        require_cpu_verl(pools, where=where)
+
+    @classmethod
+    def overrides(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
+                  checkpoint_dir: str | None = None, resume_path: str | None = None,
+                  save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
+        """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
+        correction, rollout = _sections(trial, config)
+        learner = _learner(trial, config)
+        problem = (cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
+                   or cls.check_learner(learner, correction, rollout, pool)
+                   or verl_learner.staleness_problem(config, pool))
+        if problem:
+            raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
+                            key=trial.recipe)
+        out: dict[str, str] = {}
+        for key, value in mapping.recipe_leaves(config):
+            if mapping.owned(key):
+                raise GridError(f"recipe sets {key!r}, which the verl backend sets itself",
+                                key=trial.recipe, fix="remove it from the recipe (see "
+                                "recipes/verl/README.md: keys owned by the backend)")
+            if value == "???":
+                raise GridError(f"recipe leaves {key!r} unset (???)", key=trial.recipe,
+                                fix=f"set it in the recipe or in the grid's overrides: {key}")
+            if key.rsplit(".", 1)[-1] in mapping.PATH_KEYS and isinstance(value, str) and value:
+                value = str(REPO_ROOT / value) if not Path(value).is_absolute() else value
+            problem = mapping.unsafe_text(value)
+            if problem:
+                raise GridError(f"{problem} (trial {trial.trial_id})", key=key,
+                                fix="pass the value without '${' / NUL")
+            out[key] = mapping.override(key, value)
+        _check_recipe_values(trial, config, pool)
+        world = world_size(pool, config)
+        identity = {
+            "actor_rollout_ref.rollout.calculate_log_probs": True,
+            "trainer.project_name": trial.grid,
+            "trainer.experiment_name": trial.trial_id,
+            "trainer.logger": list(LOGGERS),
+            "trainer.total_training_steps": trial.steps,
+            # The epoch loop ends training even if steps remain; every epoch has >= 1 step.
+            "trainer.total_epochs": trial.steps,
+            "trainer.n_gpus_per_node": pool.gpus_per_node,
+            "trainer.nnodes": world // pool.gpus_per_node,
+            "trainer.default_local_dir": checkpoint_dir or f"checkpoints/{trial.grid}/{trial.trial_id}",
+            # The orchestrator decides about resuming; verl's "auto" could pick up a stale dir.
+            "trainer.resume_mode": "resume_path" if resume_path else "disable",
+            "data.seed": trial.seed,
+            "actor_rollout_ref.rollout.seed": trial.seed,
+            "actor_rollout_ref.actor.fsdp_config.seed": trial.seed,
+            "actor_rollout_ref.ref.fsdp_config.seed": trial.seed,
+            "actor_rollout_ref.actor.data_loader_seed": trial.seed,
+        }
+        if resume_path:
+            identity["trainer.resume_from_path"] = resume_path
+        if save_freq is not None:
+            identity["trainer.save_freq"] = save_freq
+        for key, value in identity.items():
+            out[key] = mapping.override(key, value)
+        for key, value in asset_values(config, assets_root).items():
+            out[key] = mapping.override(key, value)
+        # What the pool's hardware needs (cpu pools: platform, rollout engine, fake GPUs for Ray).
+        for key, value in pool.verl_overrides.items():
+            out[key.lstrip("+")] = mapping.override(key, value)
+        # Engine flags set in the grid replace the recipe's value of the same key; cpu pools map
+        # rollout.dtype / temperature alone, with the keys both GPU engines share.
+        engine = engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
+        engine_items = engines.engine_overrides(rollout, str(engine))
+        for item in engine_items + mapping.correction_overrides(correction):
+            out[item.split("=", 1)[0].lstrip("+")] = item
+        # The learner's keys last: they replace the pool's trainer precision (cpu pools: fp32).
+        for item in verl_learner.learner_overrides(learner, config, pool):
+            out[item.split("=", 1)[0].lstrip("+")] = item
+        return list(out.values())
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+        """What ``ablate plan --show-overrides`` prints: the override list."""
+        return cls.overrides(trial, config, pool)
+
+    @classmethod
+    def command(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
+                checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
+                python: str = "python", ray_temp_dir: str | None = None,
+                assets_root: str | None = None, ray_address: str | None = None) -> list[str]:
+        """argv of the job (never a shell string).
+
+        ``ray_temp_dir``: run the job on its own local Ray (``address=local``, this temp dir),
+        never on a cluster found through ``RAY_ADDRESS`` or on this node (local attempts).
+        ``ray_address``: run it on the Ray cluster the caller started there (a multi-node
+        Slurm job); the pool's ``ray_init`` resources were given to each node's ``ray start``
+        (:func:`ray_node_resources`), and Ray refuses them from a driver that connects.
+        """
+        if resume_path is not None and "global_step_" not in Path(resume_path).name:
+            raise CheckpointError(f"resume path {resume_path!r} is not a verl global_step_N dir")
+        items = cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
+                              resume_path=resume_path, save_freq=save_freq,
+                              assets_root=assets_root)
+        if ray_address is not None:
+            items = [i for i in items if not i.lstrip("+").startswith(RAY_INIT)]
+            items.append(mapping.override("+ray_kwargs.ray_init.address", ray_address))
+        elif ray_temp_dir is not None:
+            items += [mapping.override("+ray_kwargs.ray_init.address", "local"),
+                      mapping.override("+ray_kwargs.ray_init._temp_dir", ray_temp_dir)]
+        return [python, "-m", "verl.trainer.main_ppo", *items]
+
+    @staticmethod
+    def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
+                    file_logger_path: str, pool: PoolSpec | None = None) -> dict[str, str | None]:
+        """Environment of the job: the trial's MLflow run, a per-attempt file-logger path and
+        the pool's ``verl_env`` (a None value unsets the variable)."""
+        env: dict[str, str | None] = {
+            "VERL_FILE_LOGGER_PATH": file_logger_path, "PYTHONUNBUFFERED": "1",
+            "ABLATE_TRIAL_ID": trial.trial_id, "RAY_USAGE_STATS_ENABLED": "0"}
+        if pool is not None:
+            env.update(pool.verl_env)
+        if tracking_uri:
+            env["MLFLOW_TRACKING_URI"] = tracking_uri
+        if run_id:
+            # Without it verl starts a new MLflow run on every (re)start of the job.
+            env["MLFLOW_RUN_ID"] = run_id
+        return env
+
+    # ----------------------------------------------------------------------- pre-flight
+
+    @classmethod
+    def validate(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
+        """CPU pre-flight with verl installed; raises a one-line ``GridError`` on failure."""
+        items = cls.overrides(trial, config, pool)
+        preflight([items], label=trial.trial_id)
+
+    # ----------------------------------------------------------------------- run
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+        return run_attempt(self, trial, config, ctx)
+
+
+# --------------------------------------------------------------------------- helpers
+
+
+def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSpec, RolloutSpec]:
+    try:
+        corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
+        roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
+    except ValueError as exc:
+        raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
+                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
+    return corr, roll
+
+
+def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:
+    try:
+        return LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    except ValueError as exc:
+        raise GridError(f"trial {trial.trial_id}: invalid learner section: "
+                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
+
+
+def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
+    """Values verl only checks deep inside the job (or never): fail at plan time instead."""
+    def bad(key: str, problem: str, fix: str) -> GridError:
+        return GridError(f"{problem} (trial {trial.trial_id})", key=key, fix=fix)
+
+    n = config_value(config, "actor_rollout_ref.rollout.n", 1)
+    if not isinstance(n, int) or n < 2:
+        raise bad("actor_rollout_ref.rollout.n", f"GRPO needs >= 2 samples per prompt, got {n!r}",
+                  "set actor_rollout_ref.rollout.n to 2 or more")
+    if config_value(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
+        raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
+                  "engine's log-probs there is no correction and no mismatch metric", "remove it")
+    name = config_value(config, "actor_rollout_ref.rollout.name")
+    if pool.kind == "gpu" and name not in engines.ENGINES:
+        raise bad("actor_rollout_ref.rollout.name", f"the verl backend runs the rollout engines "
+                  f"{', '.join(engines.ENGINES)} on gpu pools, not {name!r}",
+                  "set actor_rollout_ref.rollout.name: sglang or vllm (or rollout.engine)")
+    bsz = config_value(config, "data.train_batch_size")
+    mini = config_value(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
+    world = world_size(pool, config)
+    if isinstance(bsz, int) and (bsz * n) % world:
+        raise bad("data.train_batch_size", f"train_batch_size x rollout.n = {bsz * n} is not "
+                  f"divisible by the {world} GPUs of pool {pool.name!r}",
+                  "pick a batch size that divides evenly")
+    if isinstance(bsz, int) and isinstance(mini, int) and (mini < 1 or bsz % mini):
+        raise bad("actor_rollout_ref.actor.ppo_mini_batch_size", f"{mini} must divide "
+                  f"data.train_batch_size {bsz}", "use a divisor of the batch size")
+    tp = config_value(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
+    if isinstance(tp, int) and (tp < 1 or pool.gpus_per_node % tp):
+        raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
+                  f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
+                  "use 1, 2, 4 or 8")
+
+
+_WARNED: set[str] = set()
+
+
+def _warn_once(text: str) -> None:
+    """A plan-time warning printed once per process (planning goes on)."""
+    if text not in _WARNED:
+        _WARNED.add(text)
+        print(f"warning: {text}", file=sys.stderr)
+
+
+def distinct(lists: Iterable[Sequence[str]]) -> list[list[str]]:
+    """Unique override lists, order kept (trials that differ only by id share a compose)."""
+    seen: set[tuple[str, ...]] = set()
+    out = []
+    for items in lists:
+        key = tuple(items)
+        if key not in seen:
+            seen.add(key)
+            out.append(list(items))
+    return out
