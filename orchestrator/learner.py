@@ -41,17 +41,20 @@ LOSSES: dict[str, str] = {
     "vanilla": "PPO clipped surrogate with dual clip (ratio capped at 3 for A < 0), token mean "
                "(verl's default loss; the simulator's default omits the dual clip)",
     "gspo": "GSPO: sequence-level ratio (geometric mean of token ratios, clamped at e^10) "
-            "clipped like PPO, token mean (arXiv 2507.18071)",
+            "clipped at 1-3e-4..1+4e-4, mean over sequences of token means (its companions: "
+            "verl's example; arXiv 2507.18071)",
     "cispo": "CISPO: REINFORCE on log pi weighted by the clipped, stop-gradient ratio, so "
-             "clipped tokens keep their gradient (arXiv 2506.13585)",
+             "clipped tokens keep their gradient; clip 10 below, 0.2 above (its companions: "
+             "verl's example; arXiv 2506.13585)",
     "sapo": "SAPO: smooth sigmoid gate on the ratio instead of a hard clip (tau 1.0 for A > 0, "
             "1.05 otherwise), sequence mean of token means (arXiv 2511.20347)",
-    "geo_mean": "GMPO: geometric mean of the token-clipped ratios per sequence, mean over "
-                "sequences; IS weights enter as their geometric mean (arXiv 2507.20673). verl "
+    "geo_mean": "GMPO: geometric mean of the token-clipped ratios (log ratio clipped at "
+                "+-0.4, its companions) per sequence, mean over sequences; IS weights enter as their geometric mean (arXiv 2507.20673). verl "
                 "takes that mean per micro-batch without rescaling, so with k micro-batches per "
                 "mini-batch its gradient is k times the simulator's",
-    "dppo_tv": "DPPO binary-TV: REINFORCE with the truncated ratio (cap 3), tokens masked "
-               "where |pi - pi_old| exceeds the clip range (arXiv 2602.04879)",
+    "dppo_tv": "DPPO binary-TV: REINFORCE with the truncated ratio (cap clip_ratio_c: 20, its "
+               "companion), tokens masked where |pi - pi_old| exceeds the clip range "
+               "(arXiv 2602.04879)",
     "dppo_kl": "DPPO binary-KL: as dppo_tv with the binary KL of the sampled token's "
                "probability as the trust-region test (arXiv 2602.04879)",
 }
