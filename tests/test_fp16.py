@@ -111,3 +111,25 @@ def test_verl_tail_derives_the_skipped_share_on_an_fp16_learner(tmp_path) -> Non
     assert judge(fp16, CollapseSpec()).kind is not VerdictKind.NUMERIC_FAILURE
     bf16 = MetricTail(path, 0).poll()
     assert judge(bf16, CollapseSpec()).kind is VerdictKind.NUMERIC_FAILURE
+
+
+def test_compare_reports_each_trials_skipped_share() -> None:
+    from orchestrator.compare._data import TrialResult
+    from orchestrator.compare._stats import cell_stats, format_cell
+    from orchestrator.store import summary
+
+    assert M.SKIPPED_SHARE in summary.CURVE_METRICS
+
+    def trial(tid: str, shares: list[float] | None) -> TrialResult:
+        curves = {M.TRAIN_REWARD: [(s, 0.5) for s in range(1, 5)]}
+        if shares is not None:
+            curves[M.SKIPPED_SHARE] = list(enumerate(shares, 1))
+        return TrialResult(tid, "run", {}, 0, "sim-a100", "done", "healthy", None, "", None,
+                           curves, {}, [])
+
+    fp16 = [trial("a", [1.0, 0.5, 0.0, 0.0]), trial("b", [0.0, 0.0, 0.0, 0.5])]
+    assert fp16[0].skipped_share == 0.375 and fp16[1].skipped_share == 0.125
+    stats = cell_stats(fp16)
+    assert stats["skipped_share"] == 0.25 and "skipped 25.0%" in format_cell(stats)
+    bf16 = cell_stats([trial("c", None)])
+    assert math.isnan(bf16["skipped_share"]) and "skipped" not in format_cell(bf16)
