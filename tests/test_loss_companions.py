@@ -159,3 +159,14 @@ def test_the_verl_facts_behind_the_table() -> None:
     assert _line(core, r'loss_agg_mode="seq-mean-token-mean"') == [1689]  # sapo's own
     assert _line(core, r"pg_loss = torch\.mean\(pg_losses\)") == [2000]  # geo_mean's own
     assert LOSS_READS["sapo"] == frozenset() and "loss_agg_mode" not in LOSS_READS["geo_mean"]
+
+
+def test_a_derived_trial_with_another_loss_gets_that_losss_companions(tmp_path) -> None:
+    from orchestrator.grid import derive_trial
+
+    grid = _grid(tmp_path, losses="gspo")
+    parent = expand(grid)[0]
+    child = derive_trial(grid, parent, {"learner.loss": "cispo"}, from_step=2)
+    got = {k: v for k, v in child.override_map.items() if k.startswith("learner.")}
+    assert got == {"learner.loss": "cispo", "learner.clip_ratio_low": 10.0,
+                   "learner.clip_ratio_high": 0.2}

@@ -22,7 +22,13 @@ from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
-from orchestrator.learner import COMPANION_KEYS, LOSS_SETTINGS, LearnerSpec, loss_companions
+from orchestrator.learner import (
+    COMPANION_KEYS,
+    LOSS_COMPANIONS,
+    LOSS_SETTINGS,
+    LearnerSpec,
+    loss_companions,
+)
 from orchestrator.schema import split_index
 from orchestrator.trial import (
     ID_SCHEME,
@@ -355,6 +361,11 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     """A new trial from ``parent`` with ``sets`` applied (``ablate resume --set``), linked to it."""
     chk = Checker(grid.file, {}, grid.recipe_config)
     merged = dict(parent.overrides)
+    if "learner.loss" in sets:  # the parent's loss companions go with its loss
+        old = LOSS_COMPANIONS.get(thaw(merged.get("learner.loss")) or "", {})
+        for key, value in old.items():
+            if f"learner.{key}" not in sets and thaw(merged.get(f"learner.{key}")) == value:
+                merged.pop(f"learner.{key}")
     for k, v in sets.items():
         if k in SUBMISSION_WIDE:  # as in a grid's axes: it may not differ between trials
             raise UserError(f"--set {k}: {k} cannot vary between trials: {SUBMISSION_WIDE[k]}; "
