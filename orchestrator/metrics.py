@@ -36,8 +36,16 @@ PG_CLIPFRAC = "actor/pg_clipfrac"
 PPO_KL = "actor/ppo_kl"
 KL_LOSS = "actor/kl_loss"
 LR = "actor/lr"
-LOSS_SCALE = "actor/loss_scale"  # learner.precision fp16: the dynamic loss scale
-SKIPPED_UPDATE = "actor/skipped_update"  # fp16: share of mini-batch updates skipped on overflow
+# learner.precision fp16. verl 0.9.1 logs neither a loss scale nor a skip flag (neither
+# "loss_scale" as a metric nor "skipped_update" occurs in it; tests/test_fp16.py greps): its fp16
+# path (workers/engine/fsdp/transformer_impl.py:405-409, ShardedGradScaler(growth_interval=400))
+# unscales, clips and lets scaler.step skip the update on overflow (:798-834), returning the
+# non-finite grad norm, which is logged as actor/grad_norm. These two names are the project's own:
+# the simulator logs both, the verl metric tail derives SKIPPED_SHARE from a non-finite grad norm
+# on an fp16 learner. The verdict excuses a non-finite grad norm on a row whose SKIPPED_SHARE > 0
+# and judges persistent skips by their own rule (verdict/_rules.py: fp16_skipped_updates).
+SKIPPED_SHARE = "fp16/skipped_share"  # share of the step's optimizer updates skipped on overflow
+LOSS_SCALE = "fp16/loss_scale"  # the dynamic loss scale after the step (simulator only)
 OPSM_FRACTION = "actor/opsm_fraction"  # sequences masked by OPSM (DeepSeek-V3.2), Miles opsm_clipfrac
 
 # Training-inference mismatch (pi_old recomputed by the trainer vs mu from the rollout engine)

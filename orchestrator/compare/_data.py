@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
@@ -80,6 +81,14 @@ class TrialResult:
         if key in self.peaks:
             return self.peaks[key]
         return summary.peak_value(self.curves.get(key, []))
+
+    @property
+    def skipped_share(self) -> float:
+        """An fp16 learner's share of skipped updates: the mean of ``fp16/skipped_share`` over
+        its steps (NaN where the trial logs none: no loss scaler). From the curve, which is exact
+        up to ``summary.MAX_POINTS`` steps and a min/max reduction beyond."""
+        vals = [v for _, v in self.curves.get(M.SKIPPED_SHARE, []) if math.isfinite(v)]
+        return sum(vals) / len(vals) if vals else math.nan
 
     @property
     def collapsed(self) -> bool | None:

@@ -230,6 +230,7 @@ def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]],
                            "derived_from": r.derived_from or "", "last_step": r.last_step,
                            "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),
                            "max_k3_kl": r.peak(M.K3_KL), "max_grad_norm": r.peak(M.GRAD_NORM),
+                           "skipped_share": r.skipped_share,
                            "attempts": ";".join(f"{s.number}:{s.pool}:{s.start}-{s.end or ''}"
                                                 for s in r.segments)})
     pd.DataFrame(trial_rows).to_csv(out / "trials.csv", index=False)

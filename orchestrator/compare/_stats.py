@@ -48,8 +48,14 @@ def cell_stats(results: Sequence[TrialResult], reward_range: tuple[float, float]
         "n_unstable": sum(1 for r in results if r.verdict == "unstable"),
         "n_infra_failure": sum(1 for r in results if r.verdict == "infra_failure"),
         "max_k3_kl": max(k3_finite) if k3_finite else math.nan,
+        "skipped_share": _mean_finite([r.skipped_share for r in results]),
         "reward_metric": results[0].reward_key if results else "",
     }
+
+
+def _mean_finite(xs: Sequence[float]) -> float:
+    finite = [x for x in xs if math.isfinite(x)]
+    return statistics.fmean(finite) if finite else math.nan
 
 
 def _fmt(v: float, digits: int = 3) -> str:
@@ -68,7 +74,10 @@ def format_cell(s: dict[str, Any], sep: str = "<br>") -> str:
     k3 = "–" if not math.isfinite(s["max_k3_kl"]) else f"{s['max_k3_kl']:.2e}"
     return sep.join([f"final {pm(s['final_reward'], s['final_reward_lo'], s['final_reward_hi'])}",
                      f"peak {pm(s['peak_reward'], s['peak_reward_lo'], s['peak_reward_hi'])}", coll,
-                     f"max k3 {k3}"])
+                     f"max k3 {k3}"]
+                    # fp16 learners: the share of updates their loss scaler skipped
+                    + ([f"skipped {s['skipped_share']:.1%}"]
+                       if math.isfinite(s.get("skipped_share", math.nan)) else []))
 
 
 def main_effects(results: Sequence[TrialResult], axes: Sequence[str]) -> list[dict[str, Any]]:

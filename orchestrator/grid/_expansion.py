@@ -22,7 +22,13 @@ from orchestrator.grid._cells import check_comparisons
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
-from orchestrator.learner import LearnerSpec
+from orchestrator.learner import (
+    COMPANION_KEYS,
+    LOSS_COMPANIONS,
+    LOSS_SETTINGS,
+    LearnerSpec,
+    loss_companions,
+)
 from orchestrator.schema import split_index
 from orchestrator.trial import (
     ID_SCHEME,
@@ -69,6 +75,7 @@ class _Resolver:
         return out
 
     def resolve(self, merged: dict[str, Any], pool: str, context: Any) -> tuple[tuple[str, Any], ...]:
+        merged = self._with_companions(merged)
         by_section: dict[str, list[tuple[str, Any]]] = {s: [] for s in SECTIONS}
         rest = []
         for k, v in merged.items():
@@ -88,6 +95,24 @@ class _Resolver:
         self._value_check(tuple(rest + learner), pool, context)
         out.extend(rest)
         return tuple(sorted(out))
+
+    def _with_companions(self, merged: dict[str, Any]) -> dict[str, Any]:
+        """``merged`` plus the companion settings of its ``learner.loss`` (``learner.
+        LOSS_COMPANIONS``: verl's example values for that loss) that neither the grid nor the
+        recipe's ``learner:`` section sets. They become the trial's overrides: shown by ``plan
+        --show-overrides``, recorded with the trial and hashed into its id, so a trial whose loss
+        now runs at its own settings has a new id while every other id stays."""
+        base = self.section_base["learner"]
+        for key in LOSS_SETTINGS:  # one key, two spellings: which one would win is not obvious
+            verl = [k for k in COMPANION_KEYS[key] if k.startswith("actor_rollout_ref.")]
+            both = [k for k in verl if k in merged or f"+{k}" in merged]
+            if (f"learner.{key}" in merged or base.get(key) is not None) and both:
+                raise self.grid.error(f"learner.{key} and {both[0]} both set the loss's {key}",
+                                      "overrides", fix=f"keep one of learner.{key} and {both[0]}")
+        loss = thaw(merged["learner.loss"]) if "learner.loss" in merged else base.get("loss")
+        given = {k.lstrip("+") for k in merged} | {f"learner.{k}" for k, v in base.items()
+                                                   if v is not None}
+        return {**merged, **loss_companions(loss, given)}
 
     def _value_check(self, items: tuple[tuple[str, Any], ...], pool: str, context: Any) -> None:
         """Recipe-leaf values a backend refuses (verl: '${' would become a live interpolation;
@@ -336,6 +361,11 @@ def derive_trial(grid: GridSpec, parent: TrialSpec, sets: Mapping[str, Any], *,
     """A new trial from ``parent`` with ``sets`` applied (``ablate resume --set``), linked to it."""
     chk = Checker(grid.file, {}, grid.recipe_config)
     merged = dict(parent.overrides)
+    if "learner.loss" in sets:  # the parent's loss companions go with its loss
+        old = LOSS_COMPANIONS.get(thaw(merged.get("learner.loss")) or "", {})
+        for key, value in old.items():
+            if f"learner.{key}" not in sets and thaw(merged.get(f"learner.{key}")) == value:
+                merged.pop(f"learner.{key}")
     for k, v in sets.items():
         if k in SUBMISSION_WIDE:  # as in a grid's axes: it may not differ between trials
             raise UserError(f"--set {k}: {k} cannot vary between trials: {SUBMISSION_WIDE[k]}; "

@@ -36,7 +36,7 @@ from orchestrator.k8s.settings import ClusterSettings
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 from orchestrator.verl.engines import engine_of
-from orchestrator.verl.files import MetricTail, hand_over_checkpoint, prepare_resume
+from orchestrator.verl.files import MetricTail, hand_over_checkpoint, loss_scaled, prepare_resume
 from orchestrator.verl.trainer import VerlTrainer
 
 log = logging.getLogger(__name__)
@@ -144,7 +144,7 @@ class K8sLauncher(Launcher):
         client = self._client or RayJobClient(settings.namespace)
         client.create(manifest)
         try:
-            return self._follow(client, name, trial, ctx, settings, ckpt_dir)
+            return self._follow(client, name, trial, ctx, settings, ckpt_dir, loss_scaled(config))
         except InfraFailure:
             raise  # the job ended by itself; its cluster stays for ttlSecondsAfterFinished
         except BaseException:
@@ -161,10 +161,12 @@ class K8sLauncher(Launcher):
         ctx: RunContext,
         settings: Any,
         ckpt_dir: Path,
+        fp16: bool = False,
     ) -> AttemptResult:
         tail = MetricTail(
             Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
             ctx.resume_step or 0,
+            fp16,
         )
         saved = ctx.resume_step or 0
         while True:

@@ -6,11 +6,16 @@ generated batches): the per-token loss, the IS weights multiplied in, then verl'
 (``agg_loss``): token mean over ``denom`` tokens for most modes, the mean over sequences of
 per-sequence token means for ``sapo``, the plain mean over sequences for ``geo_mean``.
 Shapes: [B, R]; ``mask`` is the loss mask (tokens kept after RS), ``weights`` the IS weights
-or None. The constants are verl's ``ActorConfig`` defaults, which the verl recipes keep.
+or None. The settings a loss reads (clip range, ``clip_ratio_c``, aggregation: ``LossParams``)
+are the trial's ``learner.*`` keys, whose defaults per loss are verl's examples
+(``learner.LOSS_COMPANIONS``, one table for both trainers); the constants are verl's
+``ActorConfig`` defaults.
 """
 from __future__ import annotations
 
+import dataclasses
 from collections.abc import Callable
+from typing import Any
 
 import torch
 
@@ -19,6 +24,26 @@ from orchestrator.corrections import SAFETY_BOUND
 CLIP_RATIO_C = 3.0  # ActorConfig.clip_ratio_c: dual-clip cap (vanilla), ratio truncation (DPPO)
 TAU_POS, TAU_NEG = 1.0, 1.05  # ActorConfig.tau_pos / tau_neg (SAPO gates)
 GSPO_LOG_CAP = 10.0  # verl clamps GSPO's log sequence ratio at 10
+
+
+@dataclasses.dataclass(frozen=True)
+class LossParams:
+    """The settings of one policy loss (verl ``ActorConfig``: clip_ratio_low/high, clip_ratio_c,
+    loss_agg_mode)."""
+
+    low: float = 0.2
+    high: float = 0.2
+    clip_c: float = CLIP_RATIO_C
+    agg: str = "token-mean"
+
+    @classmethod
+    def of(cls, learner: Any, clip_eps: float) -> LossParams:
+        """A trial's: its ``learner.*`` settings (companions included, see ``learner``), else
+        the simulator's symmetric ``train.clip_eps`` and verl's ActorConfig defaults."""
+        def pick(value: Any, default: Any) -> Any:
+            return default if value is None else value
+        return cls(pick(learner.clip_ratio_low, clip_eps), pick(learner.clip_ratio_high, clip_eps),
+                   pick(learner.clip_ratio_c, CLIP_RATIO_C), pick(learner.loss_agg_mode, "token-mean"))
 
 
 def _masked_sum(x: torch.Tensor, m: torch.Tensor, dim: int | None = None) -> torch.Tensor:
@@ -34,6 +59,20 @@ def _token_mean(per_tok: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor |
     return _masked_sum(per_tok, mask) / denom
 
 
+def _agg(per_tok: torch.Tensor, mask: torch.Tensor, denom: torch.Tensor | float,
+         mode: str) -> torch.Tensor:
+    """verl's ``agg_loss`` (core_algos.py:1169-1203) on one rank: token-mean over ``denom``
+    tokens, or seq-mean-token-mean (the mean over non-empty sequences of their token means)."""
+    if mode == "token-mean":
+        return _token_mean(per_tok, mask, denom)
+    if mode != "seq-mean-token-mean":
+        raise ValueError(f"loss_agg_mode {mode!r} is not simulated")
+    count = mask.sum(-1)
+    seq_loss = _masked_sum(per_tok, mask, -1) / (count + 1e-8)
+    seq_valid = (count > 0).to(seq_loss.dtype)
+    return _masked_sum(seq_loss, seq_valid) / seq_valid.sum()
+
+
 def _weighted(per_tok: torch.Tensor, weights: torch.Tensor | None) -> torch.Tensor:
     return per_tok if weights is None else per_tok * weights
 
@@ -45,34 +84,34 @@ def _ratio(logp: torch.Tensor, old: torch.Tensor) -> torch.Tensor:
 LossOut = tuple[torch.Tensor, float]  # (loss, clip fraction)
 
 
-def vanilla(logp, old, adv, mask, weights, denom, eps) -> LossOut:
-    """PPO clip with verl's dual clip: for A < 0 the loss is capped at -A * 3."""
+def vanilla(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
+    """PPO clip with verl's dual clip: for A < 0 the loss is capped at -A * clip_ratio_c."""
     ratio = _ratio(logp, old)
-    l1, l2 = -adv * ratio, -adv * ratio.clamp(1 - eps, 1 + eps)
+    l1, l2 = -adv * ratio, -adv * ratio.clamp(1 - p.low, 1 + p.high)
     clipped = torch.maximum(l1, l2)
-    dual = torch.minimum(-adv * CLIP_RATIO_C, clipped)
+    dual = torch.minimum(-adv * p.clip_c, clipped)
     per_tok = _weighted(torch.where(adv < 0, dual, clipped), weights)
-    return _token_mean(per_tok, mask, denom), _masked_mean((l2 > l1).float(), mask).item()
+    return _agg(per_tok, mask, denom, p.agg), _masked_mean((l2 > l1).float(), mask).item()
 
 
-def gspo(logp, old, adv, mask, weights, denom, eps) -> LossOut:
+def gspo(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
     """Sequence ratio s = exp(mean_t log r), carried per token as sg[s] * pi / sg[pi]."""
     seq = _masked_sum(logp - old, mask, -1) / mask.sum(-1).clamp(min=1)
     log_s = (logp - logp.detach() + seq.detach().unsqueeze(-1)).clamp(max=GSPO_LOG_CAP)
     s = torch.exp(log_s)
-    l1, l2 = -adv * s, -adv * s.clamp(1 - eps, 1 + eps)
+    l1, l2 = -adv * s, -adv * s.clamp(1 - p.low, 1 + p.high)
     per_tok = _weighted(torch.maximum(l1, l2), weights)
-    return _token_mean(per_tok, mask, denom), _masked_mean((l2 > l1).float(), mask).item()
+    return _agg(per_tok, mask, denom, p.agg), _masked_mean((l2 > l1).float(), mask).item()
 
 
-def cispo(logp, old, adv, mask, weights, denom, eps) -> LossOut:
+def cispo(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
     ratio = _ratio(logp, old)
-    clipped = ratio.clamp(1 - eps, 1 + eps)
+    clipped = ratio.clamp(1 - p.low, 1 + p.high)
     per_tok = _weighted(-clipped.detach() * adv * logp, weights)
-    return _token_mean(per_tok, mask, denom), _masked_mean((ratio != clipped).float(), mask).item()
+    return _agg(per_tok, mask, denom, p.agg), _masked_mean((ratio != clipped).float(), mask).item()
 
 
-def sapo(logp, old, adv, mask, weights, denom, eps) -> LossOut:
+def sapo(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
     """Gate f(r) = sigmoid(tau (r - 1)) * 4 / tau; always the sequence mean of token means."""
     ratio = _ratio(logp, old)
     tau = torch.where(adv > 0, torch.tensor(TAU_POS, dtype=adv.dtype),
@@ -84,11 +123,11 @@ def sapo(logp, old, adv, mask, weights, denom, eps) -> LossOut:
     return _masked_sum(seq_loss, seq_valid) / seq_valid.sum(), 0.0
 
 
-def geo_mean(logp, old, adv, mask, weights, denom, eps) -> LossOut:
+def geo_mean(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
     """GMPO: exp(mean_t of the sign-aware token-clipped log ratio) x the sequence advantage."""
     log_r = logp - old
     sgn = torch.sign(adv)
-    clamped = log_r.clamp(-eps, eps)
+    clamped = log_r.clamp(-p.low, p.high)
     log_min = sgn * torch.minimum(sgn * log_r, sgn * clamped)
     count = mask.sum(-1)
     ratio = torch.exp((log_min * mask).sum(-1) / (count + 1e-8))
@@ -100,24 +139,24 @@ def geo_mean(logp, old, adv, mask, weights, denom, eps) -> LossOut:
     return per_seq.mean(), clipfrac
 
 
-def _dppo(valid: torch.Tensor, logp, old, adv, mask, weights, denom) -> LossOut:
-    truncated = _ratio(logp, old).clamp(max=CLIP_RATIO_C).detach()
+def _dppo(valid: torch.Tensor, logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
+    truncated = _ratio(logp, old).clamp(max=p.clip_c).detach()
     per_tok = _weighted(-adv * truncated * logp * valid, weights)
-    return _token_mean(per_tok, mask, denom), _masked_mean(1.0 - valid, mask).item()
+    return _agg(per_tok, mask, denom, p.agg), _masked_mean(1.0 - valid, mask).item()
 
 
-def dppo_tv(logp, old, adv, mask, weights, denom, eps) -> LossOut:
+def dppo_tv(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
     diff = torch.exp(logp) - torch.exp(old)
-    valid = torch.where(adv > 0, diff <= eps, diff >= -eps).detach().float()
-    return _dppo(valid, logp, old, adv, mask, weights, denom)
+    valid = torch.where(adv > 0, diff <= p.high, diff >= -p.low).detach().float()
+    return _dppo(valid, logp, old, adv, mask, weights, denom, p)
 
 
-def dppo_kl(logp, old, adv, mask, weights, denom, eps) -> LossOut:
-    p, p_old = torch.exp(logp), torch.exp(old)
-    kl = p_old * (old - logp) + (1 - p_old) * torch.log((1.0 - p_old + 1e-8) / (1.0 - p + 1e-8))
-    pos, neg = (kl <= eps) | (p <= p_old), (kl <= eps) | (p >= p_old)
+def dppo_kl(logp, old, adv, mask, weights, denom, p: LossParams) -> LossOut:
+    pi, pi_old = torch.exp(logp), torch.exp(old)
+    kl = pi_old * (old - logp) + (1 - pi_old) * torch.log((1.0 - pi_old + 1e-8) / (1.0 - pi + 1e-8))
+    pos, neg = (kl <= p.high) | (pi <= pi_old), (kl <= p.low) | (pi >= pi_old)
     valid = torch.where(adv > 0, pos, neg).detach().float()
-    return _dppo(valid, logp, old, adv, mask, weights, denom)
+    return _dppo(valid, logp, old, adv, mask, weights, denom, p)
 
 
 LOSS_FNS: dict[str, Callable[..., LossOut]] = {
@@ -128,7 +167,10 @@ LOSS_FNS: dict[str, Callable[..., LossOut]] = {
 
 def policy_loss(mode: str, logp: torch.Tensor, old: torch.Tensor, adv: torch.Tensor,
                 mask: torch.Tensor, weights: torch.Tensor | None, denom: torch.Tensor | float,
-                clip_eps: float) -> LossOut:
-    """Loss ``mode`` of ``learner.loss``; ``adv`` [B] or [B, R] (broadcast over the tokens)."""
+                params: LossParams | float) -> LossOut:
+    """Loss ``mode`` of ``learner.loss``; ``adv`` [B] or [B, R] (broadcast over the tokens);
+    ``params`` the loss's settings (a float: a symmetric clip range, the rest verl's defaults)."""
     adv = adv.unsqueeze(-1).expand_as(logp) if adv.dim() == 1 else adv
-    return LOSS_FNS[mode](logp, old, adv, mask, weights, denom, clip_eps)
+    if not isinstance(params, LossParams):
+        params = LossParams(params, params)
+    return LOSS_FNS[mode](logp, old, adv, mask, weights, denom, params)

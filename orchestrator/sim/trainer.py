@@ -133,6 +133,9 @@ class GRPOTrainer:
         # learner.precision: the trainer's own arithmetic (None: plain fp32, sim/precision.py)
         self.ops = trainer_ops(self.learner.precision)
         self.scaler = LossScaler() if self.learner.precision == "fp16" else None
+        # learner.loss's settings: the trial's learner.* keys (its loss's companions, added at
+        # plan by grid._expansion), else train.clip_eps and verl's ActorConfig defaults
+        self.loss_params = loss_math.LossParams.of(self.learner, train.clip_eps)
         self.params = {k: v.requires_grad_() for k, v in init_params(model, seed).items()}
         self.ref = init_params(model, seed) if train.kl_coef > 0 else None
         self.opt = AdamW(self.params, train.lr, (train.adam_beta1, train.adam_beta2),
@@ -223,7 +226,7 @@ class GRPOTrainer:
                     keep = c.loss_mask if extra is None else c.loss_mask * extra
                     loss, frac = loss_math.policy_loss(
                         self.learner.loss, logp, anchor, adv[idx], keep, c.weights,
-                        c.denom_mask.sum().clamp_min(1.0), cfg.clip_eps)
+                        c.denom_mask.sum().clamp_min(1.0), self.loss_params)
                     m = {"pg_clipfrac": frac}
                 parts = {M.PG_LOSS: loss.item(), M.PG_CLIPFRAC: m["pg_clipfrac"],
                          M.PPO_KL: ((anchor - logp.detach()) * mask).sum().item()
@@ -242,10 +245,12 @@ class GRPOTrainer:
                 _finite("loss", loss, step)
                 self.opt.zero_grad()
                 if self.scaler is not None:
-                    gn = self._scaled_backward(loss)
+                    gn, finite = self._scaled_backward(loss)
                     parts[M.LOSS_SCALE] = self.scaler.scale
-                    parts[M.SKIPPED_UPDATE] = float(gn is None)
-                    if gn is None:  # overflow: the update is skipped, as GradScaler does
+                    parts[M.SKIPPED_SHARE] = float(not finite)
+                    if not finite:  # overflow: the update is skipped, as GradScaler does, and
+                        # the non-finite grad norm is logged, as verl logs it
+                        parts[M.GRAD_NORM] = gn.item()
                         for k, v in parts.items():
                             acc.setdefault(k, []).append(v)
                         continue
@@ -259,9 +264,11 @@ class GRPOTrainer:
                     acc.setdefault(k, []).append(v)
         return {k: sum(v) / len(v) for k, v in acc.items()}
 
-    def _scaled_backward(self, loss: torch.Tensor) -> torch.Tensor | None:
-        """fp16: backward of the scaled loss, gradients unscaled and clipped; None (and the
-        scale halved) if any gradient overflowed, else the grad norm (the scale may grow)."""
+    def _scaled_backward(self, loss: torch.Tensor) -> tuple[torch.Tensor, bool]:
+        """fp16, in verl's order (transformer_impl.py:798-834): backward of the scaled loss,
+        gradients unscaled, then clipped; (grad norm, whether it is finite). On overflow the
+        grad norm is non-finite, the gradients are dropped (the update is skipped) and the scale
+        halves; otherwise the scale may grow."""
         assert self.scaler is not None
         (loss * self.scaler.scale).backward()
         grads = [p.grad for p in self.params.values() if p.grad is not None]
@@ -269,9 +276,10 @@ class GRPOTrainer:
         finite = all(bool(torch.isfinite(g).all()) for g in grads)
         self.scaler.update(finite)
         if not finite:
+            norm = torch.linalg.vector_norm(torch.stack([torch.linalg.vector_norm(g) for g in grads]))
             self.opt.zero_grad()
-            return None
-        return torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip)
+            return norm, False
+        return torch.nn.utils.clip_grad_norm_(list(self.params.values()), self.cfg.grad_clip), True
 
     @torch.no_grad()
     def evaluate(self, step: int) -> float:

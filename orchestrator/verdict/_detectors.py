@@ -16,8 +16,14 @@ import statistics
 from collections import deque
 from collections.abc import Mapping
 
+from orchestrator import metrics as M
 from orchestrator.schema import CollapseRuleSpec, EarlyWarningSpec
 
+# A loss-scaled (fp16) learner skips an update whose gradients overflowed and logs the
+# non-finite grad norm of that step (verl 0.9.1 workers/engine/fsdp/transformer_impl.py:798-834):
+# on a row whose SKIPPED_SHARE says updates were skipped, these are a skipped update, not a numeric
+# failure (persistent skips have their own rule: _rules.fp16_skipped_updates).
+SKIP_EXCUSED = frozenset({M.GRAD_NORM})
 RECOVERY_OBS = 5  # a fired rule must be clear for this many final observations to count as recovered
 # Hysteresis: a fired ratio rule is clear only once its value is back within this share of the
 # threshold's distance from its reference (a reward that fell 50% from its peak has recovered when
@@ -69,6 +75,12 @@ class Streak:
         self.count, self.start = 0, None
 
 
+def skipped(metrics: Mapping[str, float]) -> bool:
+    """The row records updates the loss scaler skipped (``fp16/skipped_share`` > 0)."""
+    share = metrics.get(M.SKIPPED_SHARE)
+    return share is not None and math.isfinite(share) and share > 0
+
+
 class RuleState:
     """Incremental state of one rule: its reference statistic and its current streak."""
 
@@ -87,7 +99,8 @@ class RuleState:
     def observe(self, step: int, metrics: Mapping[str, float]) -> None:
         spec = self.spec
         if spec.kind == "nonfinite":
-            bad = [k for k, v in metrics.items() if (spec.metric in ("*", k)) and not math.isfinite(v)]
+            bad = [k for k, v in metrics.items() if (spec.metric in ("*", k)) and not math.isfinite(v)
+                   and not (k in SKIP_EXCUSED and skipped(metrics))]
             self._update(step, bool(bad), bool(bad), float("nan") if bad else 0.0, None)
             return
         if spec.metric not in metrics:

@@ -106,6 +106,9 @@ class VerdictEngine:
                 "above": f"> {spec.threshold:g} for {spec.patience} observations",
                 "below": f"< {spec.threshold:g} for {spec.patience} observations"}.get(spec.kind, spec.kind)
         floor = f" (and >= {spec.min_delta:g} above it)" if spec.min_delta and spec.kind in ("explode", "blowup") else ""
+        if spec.metric == M.SKIPPED_SHARE:
+            floor += (" (the fp16 loss scaler skipped the updates of every one of these steps: "
+                      "the gradients overflow whatever the scale)")
         return f"{spec.metric} = {f.value:.4g} {kind}{ref}{floor}"
 
     @property

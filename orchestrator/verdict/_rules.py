@@ -37,6 +37,14 @@ DEFAULT_RULES: tuple[CollapseRuleSpec, ...] = (
     # threshold: 1.0e-8, patience: 10} to collapse.extra_rules; the reward rules above judge
     # a dead policy by its reward.
     CollapseRuleSpec(name="nonfinite", metric="*", kind="nonfinite"),
+    # fp16 learners (learner.precision: fp16): an overflow skips the update and halves the loss
+    # scale (torch's GradScaler, verl 0.9.1 transformer_impl.py:409 growth_interval=400). That is
+    # routine at the start and after each growth, and the nonfinite rule excuses the grad norm of
+    # such a step (_detectors.SKIP_EXCUSED). Most of the updates of 10 steps in a row (patience)
+    # skipped means the scale has fallen by 2^10 or more and the gradients still
+    # overflow: the learner no longer trains.
+    CollapseRuleSpec(name="fp16_skipped_updates", metric=M.SKIPPED_SHARE, kind="above",
+                     threshold=0.5, window=1, patience=10),
 )
 
 

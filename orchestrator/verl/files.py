@@ -28,8 +28,21 @@ ZERO_ADV_METRIC = "health/zero_advantage"  # 1.0 when every advantage of the ste
 # --------------------------------------------------------------------------- metric names
 
 
-def normalise(data: Mapping[str, Any]) -> dict[str, float]:
-    """verl's step metrics as floats, plus the shared names where verl's differ."""
+def loss_scaled(config: Mapping[str, Any]) -> bool:
+    """Whether a trial's resolved config trains with a loss scaler: ``learner.precision: fp16``
+    (verl 0.9.1 builds its ShardedGradScaler for an fp16 param dtype only,
+    workers/engine/fsdp/transformer_impl.py:405-411)."""
+    learner = config.get("learner") or {}
+    return isinstance(learner, Mapping) and learner.get("precision") == "fp16"
+
+
+def normalise(data: Mapping[str, Any], loss_scaled: bool = False) -> dict[str, float]:
+    """verl's step metrics as floats, plus the shared names where verl's differ.
+
+    ``loss_scaled`` (an fp16 learner): verl logs no skip flag; a step whose update its grad
+    scaler skipped logs a non-finite ``actor/grad_norm`` (transformer_impl.py:798-834), so the
+    project's ``fp16/skipped_share`` is derived from it: 1.0 on such a step (verl logs one norm per
+    step, so a step with any update skipped counts as skipped), else 0.0."""
     out: dict[str, float] = {}
     for key, value in data.items():
         if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -45,6 +58,8 @@ def normalise(data: Mapping[str, Any]) -> dict[str, float]:
     reward = _eval_reward(out)
     if reward is not None:
         out[M.EVAL_REWARD] = reward
+    if loss_scaled and M.GRAD_NORM in out:
+        out[M.SKIPPED_SHARE] = float(not math.isfinite(out[M.GRAD_NORM]))
     adv_max, adv_min = out.get("critic/advantages/max"), out.get("critic/advantages/min")
     if adv_max is not None and adv_min is not None:
         out[ZERO_ADV_METRIC] = float(adv_max == 0.0 and adv_min == 0.0)
@@ -69,8 +84,9 @@ class MetricTail:
     are carried into the next step, so steps reach ``ctx.log_metrics`` strictly increasing.
     """
 
-    def __init__(self, path: Path, last_logged: int) -> None:
+    def __init__(self, path: Path, last_logged: int, loss_scaled: bool = False) -> None:
         self.path, self.offset, self.buf = path, 0, b""
+        self.loss_scaled = loss_scaled  # fp16 learner: derive fp16/skipped_share (normalise)
         self.last_logged = last_logged
         self.carry: dict[str, float] = {}
 
@@ -92,7 +108,7 @@ class MetricTail:
                 continue
             try:
                 rec = json.loads(line)
-                step, data = int(rec["step"]), normalise(rec.get("data") or {})
+                step, data = int(rec["step"]), normalise(rec.get("data") or {}, self.loss_scaled)
             except (ValueError, KeyError, TypeError):
                 continue  # a foreign line: skip it, the next one is independent
             if step <= self.last_logged:

@@ -14,7 +14,7 @@ from typing import Any
 
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.learner import LearnerSpec, combination_problem
+from orchestrator.learner import LOSS_SETTINGS, LearnerSpec, combination_problem
 from orchestrator.pools import PoolSpec, train_precisions
 from orchestrator.verl.mapping import ACTOR_LOSS, override
 from orchestrator.verl.topology import config_value
@@ -28,6 +28,9 @@ VERL_KEYS: dict[str, str] = {
     "deterministic": f"{ACTOR}.fsdp_config.full_determinism",
     "max_staleness": f"{V1}.trainer_mode=separate_async, {V1}.sampler.max_off_policy_threshold, "
                      f"{V1}.separate_async.parameter_sync_step",
+    # the loss settings: verl's ActorConfig keys of the same name (workers/config/actor.py:159-164);
+    # a loss's companions (learner.LOSS_COMPANIONS) arrive here as learner.* keys of the trial
+    **{key: f"{ACTOR}.{key}" for key in LOSS_SETTINGS},
 }
 # Why verl 0.9.1 cannot run the true on-policy bundle on GPU pools (checked in its source).
 TRUE_ON_POLICY_GPU = (
@@ -116,6 +119,9 @@ def learner_overrides(learner: LearnerSpec, config: Mapping[str, Any],
     out: list[str] = []
     if learner.loss is not None:
         out.append(override(f"{ACTOR_LOSS}.loss_mode", learner.loss))
+    for key in LOSS_SETTINGS:  # companions included: they replace the recipe's PPO values
+        if getattr(learner, key) is not None:
+            out.append(override(VERL_KEYS[key], getattr(learner, key)))
     if learner.precision is not None:
         mp = f"+{ACTOR}.fsdp_config.mixed_precision"
         out += [override(f"{mp}.param_dtype", learner.precision),

@@ -29,6 +29,7 @@ from orchestrator.verl.files import (
     ZERO_ADV_METRIC,
     MetricTail,
     hand_over_checkpoint,
+    loss_scaled,
     prepare_resume,
 )
 from orchestrator.verl.provenance import attempt_provenance
@@ -175,7 +176,8 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                                     start_new_session=True,  # its own process group, for stop
                                     preexec_fn=procs.die_with_parent())  # noqa: PLW1509
             try:
-                result = _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0),
+                result = _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0,
+                                                           loss_scaled(config)),
                                 ckpt_dir, log, check_engine)
             finally:
                 if proc.poll() is None:

@@ -133,8 +133,10 @@ class VerlTrainer(Trainer):
     @classmethod
     def never_emitted(cls) -> frozenset[str]:
         """verl 0.9.1 has no TV, no veto (PR #4544), no OPSM and no per-probability buckets
-        (the simulator's)."""
-        return frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION}) | M.bucket_names()
+        (the simulator's), and keeps its grad scaler's loss scale to itself (the simulator logs
+        its own; ``fp16/skipped_share`` is derived by ``files.normalise``)."""
+        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE})
+                | M.bucket_names())
 
     @classmethod
     def reported(cls, name: str) -> bool:

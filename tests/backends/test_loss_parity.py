@@ -16,7 +16,7 @@ import torch
 pytest.importorskip("verl")
 
 from orchestrator.corrections import CorrectionSpec
-from orchestrator.learner import LOSSES
+from orchestrator.learner import LOSS_COMPANIONS, LOSSES
 from orchestrator.sim import correction_math, loss_math
 
 B, R, EPS = 12, 10, 0.2
@@ -47,20 +47,48 @@ def _batch(seed: int) -> dict[str, torch.Tensor]:
     return {"mask": mask, "mu": mu, "old": old, "theta": theta, "adv": adv}
 
 
-def _config():
+def _config(**settings):
     from verl.workers.config.actor import FSDPActorConfig
 
     return FSDPActorConfig(strategy="fsdp", ppo_mini_batch_size=4, ppo_micro_batch_size_per_gpu=1,
-                           rollout_n=1, clip_ratio=EPS)
+                           rollout_n=1, clip_ratio=EPS, **settings)
 
 
+# Each mode at PPO's symmetric clip (verl's ActorConfig otherwise) and at its companions
+# (learner.LOSS_COMPANIONS: verl's example settings for it), plus settings of every kind apart.
+SETTINGS = {
+    "ppo": {},
+    "companions": None,  # LOSS_COMPANIONS[mode]
+    "asymmetric": {"clip_ratio_low": 0.1, "clip_ratio_high": 0.3, "clip_ratio_c": 5.0},
+    "seq_mean": {"loss_agg_mode": "seq-mean-token-mean"},
+}
+
+
+def _settings(mode: str, name: str) -> dict:
+    from orchestrator.learner import LOSS_READS
+
+    chosen = LOSS_COMPANIONS.get(mode, {}) if SETTINGS[name] is None else SETTINGS[name]
+    return {k: v for k, v in chosen.items() if k in LOSS_READS[mode]}
+
+
+def _params(settings: dict) -> loss_math.LossParams:
+    return loss_math.LossParams(settings.get("clip_ratio_low", EPS),
+                                settings.get("clip_ratio_high", EPS),
+                                settings.get("clip_ratio_c", loss_math.CLIP_RATIO_C),
+                                settings.get("loss_agg_mode", "token-mean"))
+
+
+@pytest.mark.parametrize("setting", list(SETTINGS))
 @pytest.mark.parametrize("corr", list(CORRECTIONS))
 @pytest.mark.parametrize("mode", list(LOSSES))
-def test_loss_matches_verl(mode: str, corr: str) -> None:
+def test_loss_matches_verl(mode: str, corr: str, setting: str) -> None:
     from verl.trainer.ppo.core_algos import get_policy_loss_fn
 
     warnings.simplefilter("ignore")
     spec = CORRECTIONS[corr]
+    settings = _settings(mode, setting)
+    if setting != "ppo" and not settings:
+        pytest.skip(f"{mode} reads none of these settings")
     for seed in range(3):
         b = _batch(seed)
         c = correction_math.apply_correction(b["old"], b["mu"], b["mask"], spec)
@@ -68,12 +96,12 @@ def test_loss_matches_verl(mode: str, corr: str) -> None:
         theta_v = b["theta"].clone().requires_grad_()
         loss_v, metrics = get_policy_loss_fn(mode)(
             old_log_prob=b["old"], log_prob=theta_v, advantages=adv_tok,
-            response_mask=c.loss_mask, loss_agg_mode="token-mean", config=_config(),
-            rollout_is_weights=c.weights)
+            response_mask=c.loss_mask, loss_agg_mode=settings.get("loss_agg_mode", "token-mean"),
+            config=_config(**settings), rollout_is_weights=c.weights)
         loss_v.backward()
         theta_s = b["theta"].clone().requires_grad_()
         loss_s, clipfrac = loss_math.policy_loss(mode, theta_s, b["old"], b["adv"], c.loss_mask,
-                                                 c.weights, c.denom_mask.sum(), EPS)
+                                                 c.weights, c.denom_mask.sum(), _params(settings))
         loss_s.backward()
         assert torch.isfinite(loss_s)
         torch.testing.assert_close(loss_s, loss_v, rtol=1e-6, atol=1e-12)

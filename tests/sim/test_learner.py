@@ -40,7 +40,7 @@ def test_low_precision_trainer_is_reproducible_and_creates_mismatch(sim, tmp_pat
     _, f = sim.run(tmp_path / "f", sim.pool("sim-h100"), 3, {**over, "learner.precision": "fp32"})
     assert all(m[M.K3_KL] == 0.0 for m in f.metrics.values())
     if precision == "fp16":
-        assert a.metrics[3][M.LOSS_SCALE] == 2.0**16 and a.metrics[3][M.SKIPPED_UPDATE] == 0.0
+        assert a.metrics[3][M.LOSS_SCALE] == 2.0**16 and a.metrics[3][M.SKIPPED_SHARE] == 0.0
 
 
 def test_fp16_resume_is_bit_for_bit(sim, tmp_path) -> None:
@@ -104,3 +104,40 @@ def test_refused_before_any_work(sim, tmp_path, over, needle) -> None:
 
     with pytest.raises(UserError, match=needle.replace(".", r"\.")):
         sim.run(tmp_path, sim.pool("sim-h100"), 1, over)
+
+
+def _fp16_trainer(sim):
+    from orchestrator.sim.config import build_setup
+    from orchestrator.sim.model import ModelConfig
+    from orchestrator.sim.task import Task
+    from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
+
+    setup = build_setup(sim.config({"learner.precision": "fp16", "eval.every": 100}),
+                        sim.pool("sim-a100"))
+    task = Task(**setup.task)
+    return GRPOTrainer(ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model), task,
+                       TrainConfig(**setup.train), setup.correction, setup.numerics, 0, setup.learner)
+
+
+def test_sim_fp16_counts_skipped_updates_and_logs_the_grad_norm_as_verl(sim) -> None:
+    """A scale far too large overflows: the updates are skipped (weights unchanged), counted,
+    the grad norm logged non-finite (as verl logs it), the scale halves per skip until updates
+    go through, and the verdict reads the burst as routine, not a numeric failure."""
+    import math
+
+    from orchestrator.schema import CollapseSpec
+    from orchestrator.verdict import VerdictKind, judge
+
+    tr = _fp16_trainer(sim)
+    tr.scaler.scale = 2.0**30  # overflows down to ~2^19 on this model
+    before = {k: v.detach().clone() for k, v in tr.params.items()}
+    first = tr.step(1)
+    assert first[M.SKIPPED_SHARE] == 1.0 and not math.isfinite(first[M.GRAD_NORM])
+    assert all(torch.equal(before[k], v) for k, v in tr.params.items())
+    assert first[M.LOSS_SCALE] == (2.0**29 + 2.0**28) / 2  # mean over 2 mini-batches, each halving
+    history = [(1, first)] + [(s, tr.step(s)) for s in range(2, 13)]
+    shares = [row[M.SKIPPED_SHARE] for _, row in history]
+    assert shares[-1] == 0.0 and math.isfinite(history[-1][1][M.GRAD_NORM])
+    assert 0 < sum(shares) < len(shares)
+    v = judge(history, CollapseSpec())
+    assert v.kind is not VerdictKind.NUMERIC_FAILURE and v.rule != "fp16_skipped_updates", v

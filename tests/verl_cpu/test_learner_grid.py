@@ -27,8 +27,10 @@ GRID = REPO / "grids" / "verl_cpu_learner.yaml"
 # bundle label -> what verl's own config printout (main_ppo pprints the resolved config into the
 # job log) must contain: the loss mode, trainer precision, determinism and preset it ran with.
 EXPECTED = {
-    "gspo-token-is": ["'loss_mode': 'gspo'", "'rollout_is': 'token'"],
-    "dppo-bf16": ["'loss_mode': 'dppo_tv'"],
+    # with each loss's companions (learner.LOSS_COMPANIONS: verl's example settings)
+    "gspo-token-is": ["'loss_mode': 'gspo'", "'rollout_is': 'token'", "'clip_ratio_low': 0.0003",
+                      "'clip_ratio_high': 0.0004", "'loss_agg_mode': 'seq-mean-token-mean'"],
+    "dppo-bf16": ["'loss_mode': 'dppo_tv'", "'clip_ratio_c': 20.0"],
     "sapo-k3rs-det": ["'loss_mode': 'sapo'", "'full_determinism': True",
                       "'rollout_rs': 'seq_mean_k3'", "'rollout_is': 'sequence'"],
     "true-on-policy": ["'full_determinism': True", "'per_sample_seed': True",
