@@ -104,8 +104,23 @@ def _check_files(path: Path, root: Path) -> None:
                     break
 
 
+# Vocabulary keys added after trial-id scheme 2, per section: hashed into a recipe's digest only
+# when set. At their default (null: the backend's own behaviour) they change no number, so they
+# must not change the id of every trial of every recipe that was composed before they existed
+# (the loader fills each section's defaults in). Append here when a section gains a key.
+LATE_KEYS: dict[str, frozenset[str]] = {
+    "learner": frozenset({"clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode"}),
+}
+
+
 def digest(config: Mapping[str, Any]) -> str:
-    return hashlib.sha256(json.dumps(config, sort_keys=True).encode()).hexdigest()[:16]
+    """The recipe part of a trial id: the composed config, late keys at their default left out."""
+    stable = dict(config)
+    for section, late in LATE_KEYS.items():
+        if isinstance(stable.get(section), Mapping):
+            stable[section] = {k: v for k, v in stable[section].items()
+                               if not (k in late and v is None)}
+    return hashlib.sha256(json.dumps(stable, sort_keys=True).encode()).hexdigest()[:16]
 
 
 def flatten(config: Mapping[str, Any], prefix: str = "") -> Iterator[tuple[str, Any]]:

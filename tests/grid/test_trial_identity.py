@@ -160,3 +160,17 @@ def test_the_committed_quickstart_ids_are_what_the_grid_expands_to() -> None:
         committed = sorted(row["trial_id"] for row in csv.DictReader(fh))
     assert expanded == committed and len(expanded) == 12
     assert "t9ad24f93ff05" in expanded  # the README's collapse
+
+
+def test_a_vocabulary_key_added_later_changes_no_id_at_its_default() -> None:
+    """Keys a section gained after id scheme 2 (``recipes.LATE_KEYS``) are hashed only when set:
+    the loader fills every default into the composed recipe, so otherwise each new key would
+    rename every trial ever run; set, it is part of the id as any key is."""
+    from orchestrator import recipes
+
+    base = {"learner": {"loss": None, "precision": None}, "train": {"lr": 0.001}}
+    late = {"learner": {**base["learner"], **{k: None for k in recipes.LATE_KEYS["learner"]}},
+            "train": base["train"]}
+    assert recipes.digest(late) == recipes.digest(base)
+    set_one = {"learner": {**late["learner"], "clip_ratio_c": 20.0}, "train": base["train"]}
+    assert recipes.digest(set_one) != recipes.digest(base)
