@@ -276,7 +276,7 @@ def _forget_quietly(status: Any, job_id: str) -> None:
     try:
         status.forget(job_id)
     except Exception:  # the poller drops jobs nobody asks about anyway
-        log.warning("could not tell the Slurm status poller to forget job %s", job_id)
+        log.exception("could not tell the Slurm status poller to forget job %s", job_id)
 
 
 def _cancel_leftovers(client: Any, name: str, sleep: Callable[[float], None],

@@ -23,7 +23,7 @@ import time
 from collections.abc import Callable
 from typing import Any
 
-from orchestrator.slurm.client import JobState, SlurmClient
+from orchestrator.slurm.client import JobState, SlurmClient, SlurmError
 
 log = logging.getLogger(__name__)
 
@@ -89,7 +89,7 @@ class StatusPoller:
                 return  # another caller refreshed meanwhile
         try:
             got = self.client.states(ids) if ids else {}
-        except Exception as exc:  # a controller that timed out: unknown this round
+        except SlurmError as exc:  # a controller that timed out: unknown this round
             log.warning("slurm: status of %d jobs failed: %s", len(ids), exc)
             got = {}
         with self._lock:

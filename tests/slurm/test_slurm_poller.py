@@ -4,6 +4,7 @@ nothing changes and returns to 1 s on a change; the client's batch is one squeue
 sacct for the jobs squeue no longer lists); the watcher keeps its job-state semantics."""
 from __future__ import annotations
 
+import itertools
 import subprocess
 from pathlib import Path
 from types import SimpleNamespace
@@ -69,7 +70,7 @@ def test_backoff_grows_while_unchanged_and_resets_on_change() -> None:
         if len(client.calls) > before:
             times.append(clock.now)
         clock.now += 1.0
-    gaps = [b - a for a, b in zip(times, times[1:], strict=False)]
+    gaps = [b - a for a, b in itertools.pairwise(times)]
     # The first answer is a change (the jobs appear); then 1, 2, 4, 8, 10, 10, ... s.
     assert gaps[:5] == [1.0, 1.0, 2.0, 4.0, 8.0] and set(gaps[5:]) == {MAX_S}, gaps
     client.jobs["2"] = "RUNNING"  # seen at the next refresh (<= MAX_S later); then 1 s again
