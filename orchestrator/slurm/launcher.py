@@ -177,6 +177,9 @@ class _Follow:
         self.facts: dict[str, str] = {"slurm.job_id": job_id, "slurm.partition":
                                       (ctx.pool.slurm.partition or "") if ctx.pool.slurm else ""}
         self.end: dict[str, Any] | None = None
+        # Restarts the job's own "start" record reports: a requeue seen before the poller's
+        # next refresh shows it (that may be up to poller.MAX_S away).
+        self.restarts = 0
         self._unknown_at: float | None = None
         # How long a job may be unknown to squeue/scontrol/sacct before it counts as lost.
         self.forget_s = 30.0
@@ -195,9 +198,11 @@ class _Follow:
             self._drain()
             if self.end is not None:
                 return self._ended()
-            if state is not None and state.restarts:
+            if (state is not None and state.restarts) or self.restarts:
+                what = (state.describe() if state is not None and state.restarts
+                        else f"restart {self.restarts}, by the job's start record")
                 raise InfraFailure(f"infra_failure: Slurm requeued job {self.job_id} after step "
-                                   f"{self.last} ({state.describe()}); retried from the last "
+                                   f"{self.last} ({what}); retried from the last "
                                    "checkpoint as a new job")
             if state is None and self._unknown_since(time.monotonic()) < self.forget_s:
                 pass  # a controller restarting, or a job that just ended and whose record lags
@@ -237,6 +242,7 @@ class _Follow:
                 self.ctx.describe_environment(self.facts)
             elif kind == "start":
                 self.facts["slurm.node"] = str(ev.get("node"))
+                self.restarts = max(self.restarts, int(ev.get("restarts") or 0))
             elif kind in ("result", "error"):
                 self.end = ev
 

@@ -172,3 +172,19 @@ def test_watcher_through_the_poller_keeps_job_semantics(tmp_path: Path, state: s
     with pytest.raises(error) as err:
         follow.run()
     assert words in str(err.value) and "job 5" in str(err.value)
+
+
+def test_requeue_seen_in_the_jobs_start_record_before_the_poller(tmp_path: Path) -> None:
+    """A requeued job that restarts writes a start record with its restart count: the watcher
+    fails the attempt at once, not at the poller's next refresh (up to MAX_S later)."""
+    from orchestrator.slurm.events import EventWriter
+
+    writer = EventWriter(tmp_path)
+    writer.write("start", job="5", node="n1", restarts=0)
+    writer.write("start", job="5", node="n1", restarts=1)
+    writer.close()
+    poller = StatusPoller(FakeClient({"5": "RUNNING"}), clock=Clock())
+    follow = _Follow(SimpleNamespace(), "5", tmp_path, _Ctx(tmp_path), lambda s: None, 1.0, poller)
+    with pytest.raises(InfraFailure) as err:
+        follow.run()
+    assert "requeued job 5" in str(err.value) and "start record" in str(err.value)
