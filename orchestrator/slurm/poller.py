@@ -144,13 +144,15 @@ class _PollerActor:
 
 class ActorPoller:
     """A watcher's handle on the shared actor; the actor is created again (and this call
-    retried once) if it died with the trial worker that owned it."""
+    retried once) if it died with the trial worker that owned it. Should that fail too, this
+    watcher goes on with its own process's poller (one more squeue stream, never a lost job)."""
 
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
         self.conf = _conf()
         self.name = f"{ACTOR}-{hashlib.sha256(self.conf.encode()).hexdigest()[:12]}"
         self._actor: Any = None
+        self._fallback: StatusPoller | None = None
 
     def _handle(self) -> Any:
         import ray
@@ -165,13 +167,18 @@ class ActorPoller:
         from ray.exceptions import GetTimeoutError, RayActorError
 
         for attempt in (0, 1):
+            if self._fallback is not None:
+                return getattr(self._fallback, method)(job_id)
             try:
                 return ray.get(getattr(self._handle(), method).remote(job_id),
                                timeout=self.timeout)
             except RayActorError:
                 self._actor = None
                 if attempt:
-                    raise
+                    log.warning("slurm: the shared status poller died twice; this watcher "
+                                "polls on its own")
+                    self._fallback = local_poller()
+                    return getattr(self._fallback, method)(job_id)
             except GetTimeoutError:
                 log.warning("slurm: the shared status poller gave no answer in %.0f s",
                             self.timeout)
