@@ -188,3 +188,47 @@ def test_requeue_seen_in_the_jobs_start_record_before_the_poller(tmp_path: Path)
     with pytest.raises(InfraFailure) as err:
         follow.run()
     assert "requeued job 5" in str(err.value) and "start record" in str(err.value)
+
+
+def test_actor_handle_recreates_a_dead_actor_then_falls_back(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The Ray actor dies with the trial worker that made it: the next call makes it again
+    (get_if_exists); if that dies too, the watcher uses its own process's poller."""
+    import ray
+    from ray.exceptions import RayActorError
+
+    from orchestrator.slurm import poller as pl
+
+    made, deaths = [], [2]
+
+    class Method:
+        def __init__(self, name: str) -> None:
+            self.name = name
+
+        def remote(self, job: str) -> tuple:
+            return (self.name, job)
+
+    class Handle:
+        state, forget = Method("state"), Method("forget")
+
+    class Cls:
+        def options(self, **kw):
+            made.append(kw)
+            return SimpleNamespace(remote=lambda conf: Handle())
+
+    def get(ref, timeout):
+        if deaths[0]:
+            deaths[0] -= 1
+            raise RayActorError()
+        return JobState(ref[1], "PENDING")
+
+    monkeypatch.setattr(ray, "remote", lambda **kw: lambda cls: Cls())
+    monkeypatch.setattr(ray, "get", get)
+    local = StatusPoller(FakeClient({"4": "RUNNING"}), clock=Clock())
+    monkeypatch.setattr(pl, "local_poller", lambda client=None: local)
+    handle = pl.ActorPoller()
+    assert handle.state("4") == JobState("4", "RUNNING")  # two deaths: its own poller
+    assert len(made) == 2 and all(kw["get_if_exists"] for kw in made)
+    assert made[0]["name"].startswith(pl.ACTOR)
+    deaths[0] = 1
+    handle2 = pl.ActorPoller()
+    assert handle2.state("4") == JobState("4", "PENDING")  # one death: made again, answered
