@@ -27,6 +27,10 @@ FINISHED = {"BOOT_FAIL", "CANCELLED", "COMPLETED", "DEADLINE", "FAILED", "NODE_F
 PREEMPTION = {"PREEMPTED"}
 
 
+# ``squeue -O``: the fields ``state`` reads from ``scontrol show job``, "|"-separated.
+SQUEUE_FORMAT = "JobID:|,State:|,Reason:|,RestartCnt:|,exit_code:|,NodeList:|"
+
+
 class SlurmError(InfraFailure):
     """A Slurm client failed for a reason that is not the user's input (controller down)."""
 
@@ -118,6 +122,43 @@ class SlurmClient:
                             f.get("NodeList", "").replace("(null)", ""))
         return self._accounted(job_id)
 
+    def states(self, job_ids: Sequence[str]) -> dict[str, JobState]:
+        """The states of all of ``job_ids`` in at most two calls: one ``squeue`` (the controller,
+        finished jobs included until ``MinJobAge``) and, for the jobs it no longer lists, one
+        ``sacct``. A job neither knows is absent from the answer (``state`` would say None)."""
+        ids = sorted(set(job_ids), key=lambda j: (len(j), j))
+        if not ids:
+            return {}
+        res = self._run(["squeue", "-h", "-t", "all", "-j", ",".join(ids), "-O", SQUEUE_FORMAT],
+                        check=False)
+        found: dict[str, JobState] = {}
+        if res.returncode == 0:
+            wanted = set(ids)
+            for line in res.stdout.splitlines():
+                job = _squeue_row(line)
+                if job is not None and job.job_id in wanted:
+                    found[job.job_id] = job
+        # A non-zero exit: "Invalid job id" when squeue knows none of them, or a controller
+        # that did not answer; either way the jobs are asked of accounting, as ``state`` does.
+        missing = [j for j in ids if j not in found]
+        if missing:
+            found.update(self._accounted_many(missing))
+        return found
+
+    def _accounted_many(self, job_ids: Sequence[str]) -> dict[str, JobState]:
+        if shutil.which("sacct") is None:
+            return {}
+        res = self._run(["sacct", "-n", "-P", "-X", "-j", ",".join(job_ids), "-o",
+                         "JobID,State,Reason,ExitCode,NodeList"], check=False)
+        if res.returncode:
+            return {}
+        wanted, out = set(job_ids), {}
+        for line in res.stdout.splitlines():  # the last row of a job is its latest
+            job, state, reason, code, nodes = (line.split("|") + ["", "", "", "", ""])[:5]
+            if job in wanted and state.strip():
+                out[job] = JobState(job, state.split()[0], reason, 0, code, nodes)
+        return out
+
     def _accounted(self, job_id: str) -> JobState | None:
         if shutil.which("sacct") is None:
             return None
@@ -171,6 +212,22 @@ def refusal(pool: str, stderr: str) -> UserError:
             key, fix = k, f
             break
     return UserError(f"pool {pool}: slurm.{key}: sbatch refused the job: {text}; fix: {fix}")
+
+
+def _squeue_row(line: str) -> JobState | None:
+    """One ``SQUEUE_FORMAT`` row; ``exit_code`` there is the raw wait status (768 is 3:0)."""
+    parts = line.strip().split("|")
+    if len(parts) < 6 or not parts[0]:
+        return None
+    job, state, reason, restarts, status, nodes = (p.strip() for p in parts[:6])
+    try:
+        raw = int(status)
+        code = f"{raw >> 8}:{raw & 0x7F}"
+    except ValueError:
+        code = status
+    return JobState(job, state.split()[0] if state else "UNKNOWN", reason,
+                    int(restarts) if restarts.isdigit() else 0, code,
+                    nodes.replace("(null)", ""))
 
 
 def _last(stderr: str) -> str:

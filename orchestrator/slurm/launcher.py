@@ -36,6 +36,7 @@ from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.checks import nodes_problem, placement_problem
 from orchestrator.slurm.events import EventReader
+from orchestrator.slurm.poller import shared_poller
 from orchestrator.slurm.script import extra_problem, job_name, sbatch_options, script_text
 from orchestrator.slurm.worker import JOB, STOP
 from orchestrator.trial import TrialSpec
@@ -127,7 +128,10 @@ class SlurmLauncher(Launcher):
         job_id = client.submit(str(script), pool=ctx.pool.name,
                                output=str(job_dir / "slurm-%j.out"))
         (job_dir / "job-id").write_text(job_id + "\n")
-        follow = _Follow(client, job_id, job_dir, ctx, self._sleep, self.poll_seconds)
+        # The job's state comes from the poller all this orchestrator's watchers share (one
+        # squeue for all their jobs per refresh, backing off while nothing changes).
+        status = shared_poller(self._client)
+        follow = _Follow(client, job_id, job_dir, ctx, self._sleep, self.poll_seconds, status)
         try:
             return follow.run()
         except BaseException:
@@ -136,6 +140,7 @@ class SlurmLauncher(Launcher):
             _cancel_quietly(client, job_id)
             raise
         finally:
+            _forget_quietly(status, job_id)
             for sub in ("ckpt", "work"):  # the job's copies; events and logs stay as evidence
                 shutil.rmtree(job_dir / sub, ignore_errors=True)
 
@@ -158,17 +163,23 @@ def _write_job(trainer: type[Trainer], trial: TrialSpec, config: Mapping[str, An
 
 
 class _Follow:
-    """Feeds one job's events to the run context until the job ends or must stop."""
+    """Feeds one job's events to the run context until the job ends or must stop. The job's
+    state is asked of ``status`` (a ``poller.StatusPoller`` or its Ray actor's handle; the
+    client itself, one ``scontrol`` per poll, when None)."""
 
     def __init__(self, client: Any, job_id: str, job_dir: Path, ctx: RunContext,
-                 sleep: Callable[[float], None], poll: float) -> None:
+                 sleep: Callable[[float], None], poll: float, status: Any = None) -> None:
         self.client, self.job_id, self.job_dir, self.ctx = client, job_id, job_dir, ctx
+        self.status = status if status is not None else client
         self.sleep, self.poll = sleep, poll
         self.events = EventReader(job_dir)
         self.last = ctx.resume_step or 0
         self.facts: dict[str, str] = {"slurm.job_id": job_id, "slurm.partition":
                                       (ctx.pool.slurm.partition or "") if ctx.pool.slurm else ""}
         self.end: dict[str, Any] | None = None
+        # Restarts the job's own "start" record reports: a requeue seen before the poller's
+        # next refresh shows it (that may be up to poller.MAX_S away).
+        self.restarts = 0
         self._unknown_at: float | None = None
         # How long a job may be unknown to squeue/scontrol/sacct before it counts as lost.
         self.forget_s = 30.0
@@ -176,7 +187,7 @@ class _Follow:
 
     def run(self) -> AttemptResult:
         while True:
-            state = self.client.state(self.job_id)
+            state = self.status.state(self.job_id)
             if state is not None:
                 self._unknown_at = None
             if state is not None and state.state != self.facts.get("slurm.state"):
@@ -187,9 +198,11 @@ class _Follow:
             self._drain()
             if self.end is not None:
                 return self._ended()
-            if state is not None and state.restarts:
+            if (state is not None and state.restarts) or self.restarts:
+                what = (state.describe() if state is not None and state.restarts
+                        else f"restart {self.restarts}, by the job's start record")
                 raise InfraFailure(f"infra_failure: Slurm requeued job {self.job_id} after step "
-                                   f"{self.last} ({state.describe()}); retried from the last "
+                                   f"{self.last} ({what}); retried from the last "
                                    "checkpoint as a new job")
             if state is None and self._unknown_since(time.monotonic()) < self.forget_s:
                 pass  # a controller restarting, or a job that just ended and whose record lags
@@ -229,6 +242,7 @@ class _Follow:
                 self.ctx.describe_environment(self.facts)
             elif kind == "start":
                 self.facts["slurm.node"] = str(ev.get("node"))
+                self.restarts = max(self.restarts, int(ev.get("restarts") or 0))
             elif kind in ("result", "error"):
                 self.end = ev
 
@@ -262,6 +276,13 @@ def _cancel_quietly(client: Any, job_id: str) -> None:
         client.cancel(job_id)
     except Exception:  # the original error is the one to report
         log.exception("could not cancel Slurm job %s after an error", job_id)
+
+
+def _forget_quietly(status: Any, job_id: str) -> None:
+    try:
+        status.forget(job_id)
+    except Exception:  # the poller drops jobs nobody asks about anyway
+        log.exception("could not tell the Slurm status poller to forget job %s", job_id)
 
 
 def _cancel_leftovers(client: Any, name: str, sleep: Callable[[float], None],
