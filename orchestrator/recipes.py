@@ -91,6 +91,18 @@ def locate(name: str, places: Sequence[Path], *, file: str | None = None,
                     "folders (add yours with the grid key recipes_dir: or $ABLATE_RECIPES)")
 
 
+def data_path(value: str, checkout: Path) -> str:
+    """A file path a recipe value holds (verl's ``function_tool_path``, ...) as an absolute path:
+    ``recipes/X`` is the built-in recipes' file ``X`` (package data: there in an installed
+    package too); any other relative path is taken relative to ``checkout``."""
+    path = Path(value)
+    if path.is_absolute():
+        return value
+    if path.parts[:1] == ("recipes",):
+        return str(BUILTIN_RECIPES.joinpath(*path.parts[1:]))
+    return str(checkout / path)
+
+
 def available(root: Path) -> list[str]:
     return sorted(
         str(p.relative_to(root).with_suffix(""))

@@ -210,3 +210,17 @@ def test_the_installed_wheel_runs_a_grid_from_an_empty_folder(tmp_path: Path) ->
                 p.name for p in (empty / ".ablate").rglob("*"))
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
+def test_a_recipe_file_path_names_the_built_in_file_wherever_it_is_installed(
+        monkeypatch: pytest.MonkeyPatch, tmp_path: Path) -> None:
+    """verl's function_tool_path: recipes/verl/tools/python_exec.py (recipes/verl/qwen3_14b_tir)
+    is the packaged file in an install, where no checkout lies around the package."""
+    assert recipes.data_path("recipes/verl/tools/python_exec.py", REPO) == str(
+        recipes.BUILTIN_RECIPES / "verl" / "tools" / "python_exec.py")
+    assert Path(recipes.data_path("recipes/verl/tools/python_exec.py", REPO)).is_file()
+    monkeypatch.setattr(recipes, "BUILTIN_RECIPES", tmp_path / "site" / "orchestrator" / "_recipes")
+    assert recipes.data_path("recipes/verl/tools/x.py", tmp_path / "site") == str(
+        tmp_path / "site" / "orchestrator" / "_recipes" / "verl" / "tools" / "x.py")
+    assert recipes.data_path("data/train.parquet", tmp_path) == str(tmp_path / "data" / "train.parquet")
+    assert recipes.data_path("/abs/tool.py", tmp_path) == "/abs/tool.py"

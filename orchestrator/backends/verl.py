@@ -16,6 +16,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from orchestrator import recipes
 from orchestrator.backends import verl_engines, verl_learner, verl_map
 from orchestrator.backends.base import AttemptResult, Backend, RunContext
 from orchestrator.backends.verl_cpu.assets import asset_values
@@ -133,7 +134,7 @@ class VerlBackend(Backend):
                 raise GridError(f"recipe leaves {key!r} unset (???)", key=trial.recipe,
                                 fix=f"set it in the recipe or in the grid's overrides: {key}")
             if key.rsplit(".", 1)[-1] in verl_map.PATH_KEYS and isinstance(value, str) and value:
-                value = str(REPO_ROOT / value) if not Path(value).is_absolute() else value
+                value = recipes.data_path(value, REPO_ROOT)
             problem = verl_map.unsafe_text(value)
             if problem:
                 raise GridError(f"{problem} (trial {trial.trial_id})", key=key,
