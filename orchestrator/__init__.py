@@ -8,7 +8,12 @@ Everything the ``ablate`` CLI does is importable from here::
 """
 from __future__ import annotations
 
-__version__ = "0.1.0"
+import importlib.metadata as _metadata
+
+try:  # one place: pyproject.toml's version, as the installed package's metadata says it
+    __version__ = _metadata.version("rl-ablate")
+except _metadata.PackageNotFoundError:  # a source tree imported without installing it
+    __version__ = "0+unknown"
 
 from orchestrator.exceptions import GridError, OrchestratorError, UserError
 from orchestrator.grid import GridSpec, expand, load_grid

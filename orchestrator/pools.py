@@ -8,6 +8,7 @@ The built-in catalogue is ``orchestrator/pools.yaml``; a grid may add or replace
 from __future__ import annotations
 
 import functools
+import importlib.resources
 import re
 from pathlib import Path
 from typing import Any, Literal
@@ -25,7 +26,8 @@ from pydantic import (
 from orchestrator.exceptions import GridError
 from orchestrator.safeyaml import load_yaml
 
-BUILTIN_CATALOG = Path(__file__).with_name("pools.yaml")
+# Package data of the installed package (a regular file: the safe reader checks it is one).
+BUILTIN_CATALOG = Path(str(importlib.resources.files("orchestrator").joinpath("pools.yaml")))
 # A pool name becomes Kubernetes labels and names, Ray resource names and command arguments:
 # an RFC 1123 label (what Kubernetes accepts as a name and a label value).
 POOL_NAME = re.compile(r"^[a-z0-9]([a-z0-9-]{0,61}[a-z0-9])?$")

@@ -1,39 +1,106 @@
-"""Recipes: Hydra configs in ``recipes/`` that a grid's trials are composed from.
+"""Recipes: Hydra configs that a grid's trials are composed from.
 
-A recipe ``sim/grpo_tiny`` is the file ``recipes/sim/grpo_tiny.yaml``, composed with Hydra's
-compose API (so ``defaults:`` lists work). Grids override its leaves by dotted key; a key that
-is not in the recipe is an error (struct mode), as in Hydra.
+A recipe ``sim/grpo_tiny`` is the file ``sim/grpo_tiny.yaml`` under a recipes folder, composed
+with Hydra's compose API (so ``defaults:`` lists work). Grids override its leaves by dotted key; a
+key that is not in the recipe is an error (struct mode), as in Hydra.
+
+A recipe name is looked up in these folders, the first that holds ``<name>.yaml`` wins (the
+user's own first, the built-in ones last; :func:`search_path`):
+
+1. the folder the grid's ``recipes_dir:`` key names (relative to the grid file);
+2. each folder of ``$ABLATE_RECIPES`` (``os.pathsep``-separated);
+3. ``recipes/`` next to the grid file, or in its parent or grandparent folder;
+4. ``recipes/`` in the current folder;
+5. the built-in recipes, shipped inside the package (``orchestrator/_recipes``, package data
+   that the build maps from the checkout's top-level ``recipes/``) and found with
+   ``importlib.resources``.
 """
 from __future__ import annotations
 
 import copy
 import functools
 import hashlib
+import importlib.resources
 import json
 import os
-from collections.abc import Iterator, Mapping
+from collections.abc import Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import GridError, UserError
 from orchestrator.safeyaml import load_yaml, loads
 
-REPO_RECIPES = Path(__file__).resolve().parent.parent / "recipes"
+BUILTIN_PACKAGE_DIR = "_recipes"  # orchestrator/_recipes in a wheel (setup.py maps recipes/ there)
+
+
+def _builtin_root() -> Path:
+    """The built-in recipes: the package's ``_recipes`` data folder. A source checkout that is
+    imported without being built (``PYTHONPATH=.``, a flat editable install) has no such folder;
+    there the top-level ``recipes/`` the build would ship is the same set of files."""
+    packaged = importlib.resources.files("orchestrator").joinpath(BUILTIN_PACKAGE_DIR)
+    if packaged.is_dir():
+        return Path(str(packaged))
+    return Path(__file__).resolve().parent.parent / "recipes"
+
+
+BUILTIN_RECIPES = _builtin_root()
+REPO_RECIPES = BUILTIN_RECIPES  # the name tests and benchmarks use
+
+
+def search_path(grid_file: str | Path | None = None,
+                recipes_dir: str | None = None) -> list[Path]:
+    """The folders a recipe name is looked up in, in order (see the module docstring); each
+    once, the built-in folder last. Folders that do not exist are kept: they are named when a
+    recipe is not found, so a mistyped ``recipes_dir:`` shows."""
+    named: list[Path] = []  # named by the grid or the environment: shown even when missing
+    base = Path(grid_file).resolve().parent if grid_file is not None else Path.cwd()
+    if recipes_dir:
+        d = Path(recipes_dir).expanduser()
+        named.append(d if d.is_absolute() else base / d)
+    named += [Path(e.strip()).expanduser()
+              for e in os.environ.get("ABLATE_RECIPES", "").split(os.pathsep) if e.strip()]
+    found = [p / "recipes" for p in Path(grid_file).resolve().parents[:3]] if grid_file else []
+    found.append(Path.cwd() / "recipes")
+    out: list[Path] = []
+    for c in [*named, *(c for c in found if c.is_dir())]:
+        c = c.resolve()
+        if c != BUILTIN_RECIPES.resolve() and c not in out:
+            out.append(c)
+    return [*out, BUILTIN_RECIPES]
 
 
 def recipes_root(grid_file: str | Path | None = None) -> Path:
-    """Where recipes are looked up: $ABLATE_RECIPES, ./recipes, next to grids/, or the repo's."""
-    candidates: list[Path] = []
-    if os.environ.get("ABLATE_RECIPES"):
-        candidates.append(Path(os.environ["ABLATE_RECIPES"]))
-    if grid_file is not None:
-        gf = Path(grid_file).resolve()
-        candidates += [p / "recipes" for p in gf.parents[:3]]
-    candidates += [Path.cwd() / "recipes", REPO_RECIPES]
-    for c in candidates:
-        if c.is_dir():
-            return c.resolve()
-    return REPO_RECIPES
+    """The first existing folder of :func:`search_path` (where new recipe names resolve first)."""
+    return next(p for p in search_path(grid_file) if p.is_dir() or p == BUILTIN_RECIPES)
+
+
+def locate(name: str, places: Sequence[Path], *, file: str | None = None,
+           line: int | None = None) -> Path:
+    """The first folder of ``places`` that holds the recipe ``name``; else a one-line error
+    naming every folder looked in and the built-in recipe names."""
+    if ".." not in name.split("/"):
+        for root in places:
+            if os.path.lexists(root / f"{name}.yaml"):
+                return root
+    looked = ", ".join(str(p) for p in places[:-1])
+    looked += f"{', then ' if looked else ''}the built-in recipes ({places[-1]})"
+    names = sorted({n for p in places if p.is_dir() for n in available(p)})
+    raise GridError(f"unknown recipe {name!r} (looked in {looked})", file=file, line=line,
+                    key="recipe", allowed=names, got=name,
+                    fix="name a recipe file without its .yaml suffix, relative to one of these "
+                    "folders (add yours with the grid key recipes_dir: or $ABLATE_RECIPES)")
+
+
+def data_path(value: str, checkout: Path) -> str:
+    """A file path a recipe value holds (verl's ``function_tool_path``, ...) as an absolute path:
+    ``recipes/X`` is the built-in recipes' file ``X`` (package data: there in an installed
+    package too); any other relative path is taken relative to ``checkout``."""
+    path = Path(value)
+    if path.is_absolute():
+        return value
+    if path.parts[:1] == ("recipes",):
+        return str(BUILTIN_RECIPES.joinpath(*path.parts[1:]))
+    return str(checkout / path)
 
 
 def available(root: Path) -> list[str]:
@@ -68,7 +135,7 @@ def compose_recipe(name: str, *, root: Path, file: str | None = None,
     if ".." in name.split("/") or not os.path.lexists(path):
         raise GridError(f"unknown recipe {name!r} (looked in {root})", file=file, line=line,
                         key="recipe", allowed=available(root), got=name,
-                        fix="name a file under recipes/ without the .yaml suffix")
+                        fix="name a file under that folder without the .yaml suffix")
     _check_files(path, root)
     try:
         text = _compose(str(root), name)

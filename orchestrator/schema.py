@@ -315,6 +315,7 @@ class GridFile(Strict):
     name: StrictStr = Field(pattern=NAME_PATTERN)
     description: StrictStr = ""
     recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
+    recipes_dir: StrictStr | None = Field(default=None, max_length=4096)
     backend: Literal["sim", "verl", "k8s", "slurm"] = "sim"
     steps: StrictInt = Field(ge=1, le=10_000_000)
     seeds: Annotated[

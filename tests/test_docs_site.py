@@ -113,6 +113,8 @@ def _grid_file(name_or_path: str) -> Path:
     path = REPO / name_or_path
     if path.is_file():
         return path
+    if path.name == "grid.yaml" and not path.parent.exists():  # written by `ablate init DIR`
+        return REPO / "orchestrator" / "templates" / "grid.yaml"
     for candidate in sorted(REPO.glob("grids/**/*.yaml")) + sorted(REPO.glob("benchmarks/*.yaml")):
         if re.search(rf"^name:\s*{re.escape(name_or_path)}\s*$", candidate.read_text(), re.MULTILINE):
             return candidate

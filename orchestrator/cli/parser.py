@@ -16,6 +16,7 @@ from orchestrator import __version__, backends
 from orchestrator.cli.commands import add_commands
 from orchestrator.cli.environment import collect
 from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
+from orchestrator.cli.scaffold import init_command
 from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid, plan_lines
 from orchestrator.recipes import flatten
@@ -155,6 +156,13 @@ def build_parser() -> argparse.ArgumentParser:
     env = sub.add_parser("env", help="versions, devices, Ray and MLflow endpoints (for bug reports)")
     env.add_argument("--json", action="store_true")
     env.set_defaults(func=env_command)
+
+    init = sub.add_parser("init", help="write a starter grid (and a pool catalogue) to edit")
+    init.add_argument("dir", nargs="?", default=".", help="folder to write into (default: .)")
+    init.add_argument("--pools", action="store_true",
+                      help="also write pools.yaml, a pool catalogue of your own the grid uses")
+    init.add_argument("--force", action="store_true", help="overwrite files that exist")
+    init.set_defaults(func=init_command)
 
     add_commands(sub)
     return p

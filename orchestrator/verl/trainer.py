@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
+from orchestrator import recipes
 from orchestrator.backends.base import AttemptResult, RunContext, Trainer
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
@@ -174,7 +175,7 @@ class VerlTrainer(Trainer):
                 raise GridError(f"recipe leaves {key!r} unset (???)", key=trial.recipe,
                                 fix=f"set it in the recipe or in the grid's overrides: {key}")
             if key.rsplit(".", 1)[-1] in mapping.PATH_KEYS and isinstance(value, str) and value:
-                value = str(REPO_ROOT / value) if not Path(value).is_absolute() else value
+                value = recipes.data_path(value, REPO_ROOT)
             problem = mapping.unsafe_text(value)
             if problem:
                 raise GridError(f"{problem} (trial {trial.trial_id})", key=key,

@@ -1,0 +1,53 @@
+"""``ablate init [DIR]``: a starter grid (and with ``--pools`` a pool catalogue) to edit.
+
+The files are package data (``orchestrator/templates``), read with ``importlib.resources``.
+"""
+from __future__ import annotations
+
+import argparse
+import importlib.resources
+from pathlib import Path
+
+from orchestrator.exceptions import UserError
+
+GRID = "grid.yaml"
+POOLS = "pools.yaml"
+
+
+def _template(name: str) -> str:
+    return importlib.resources.files("orchestrator").joinpath("templates", name).read_text(
+        encoding="utf-8")
+
+
+def starter_files(pools: bool) -> dict[str, str]:
+    """File name -> text of what ``ablate init`` writes."""
+    grid = _template(GRID)
+    files = {GRID: grid}
+    if pools:
+        files[GRID] = grid.replace("backend: sim\n", f"backend: sim\npool_catalog: {POOLS}\n", 1) \
+            .replace("  pool: [sim-h100, sim-a100]\n", "  pool: [sim-a100, my-sim-fp8]\n", 1)
+        files[POOLS] = _template(POOLS)
+    return files
+
+
+def init_command(args: argparse.Namespace) -> int:
+    target = Path(args.dir)
+    if target.exists() and not target.is_dir():
+        raise UserError(f"ablate init: {target} is a file, not a folder; fix: name a folder "
+                        "(it is created if missing)")
+    files = starter_files(args.pools)
+    clash = [n for n in files if (target / n).exists()]
+    if clash and not args.force:
+        raise UserError(f"ablate init: {', '.join(str(target / n) for n in clash)} already "
+                        "exists; fix: pass --force to overwrite, or name another folder")
+    try:
+        target.mkdir(parents=True, exist_ok=True)
+        for name, text in files.items():
+            (target / name).write_text(text, encoding="utf-8")
+    except OSError as exc:
+        raise UserError(f"ablate init: cannot write {target}: {exc.strerror or exc}; fix: name "
+                        "a folder you can write") from None
+    grid = target / GRID
+    print(f"wrote {', '.join(str(target / n) for n in files)}")
+    print(f"next: ablate plan {grid} && ablate submit {grid} && ablate compare {grid}")
+    return 0
