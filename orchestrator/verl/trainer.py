@@ -82,7 +82,8 @@ class VerlTrainer(Trainer):
     def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
-        return verl_learner.check_learner(learner, correction, rollout, pool)
+        return (verl_learner.check_learner(learner, correction, rollout, pool)
+                or engines.checkpoint_engine_problem(learner, pool))
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
@@ -109,11 +110,14 @@ class VerlTrainer(Trainer):
         the gpu pool's image has it."""
         if pool.kind != "gpu":
             return None
-        engine = engines.engine_of(rollout, config)
-        problem = engines.check_engine(rollout, str(engine))
+        engine = str(engines.engine_of(rollout, config))
+        problem = (engines.check_engine(rollout, engine)
+                   or engines.check_version(rollout, engine, pool))
         if problem:
             return problem
-        refusal, warning = engines.check_installed(rollout, str(engine))
+        if engine in pool.engine_versions:  # the pool's image, not this machine, runs the trial
+            return None
+        refusal, warning = engines.check_installed(rollout, engine)
         if warning:
             _warn_once(warning)
         return refusal
