@@ -141,6 +141,29 @@ class VerlTrainer(Trainer):
         return frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION}) | M.bucket_names()
 
     @classmethod
+    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
+                  learner: LearnerSpec) -> dict[str, str]:
+        """What verl 0.9.1 emits depends on the configuration, read in its source:
+        ``training/rollout_probs_diff_*`` (utils/debug/metrics.py:63 calculate_debug_metrics) are
+        computed only where the trainer recomputes the old log-probs (trainer/ppo/ray_trainer.py:
+        1575 ``bypass_mode`` else-branch, 1611-1615), i.e. in decoupled mode, and are NaN on an
+        empty mask; ``rollout_corr/rollout_is_oob_ratio`` only with IcePop, a lower threshold
+        (trainer/ppo/rollout_corr_helper.py:569 ``use_icepop``, 616-621; its alias
+        ``rollout_is_masked_fraction`` with it); ``rollout_corr/rollout_is_batch_norm_factor``
+        only with ``rollout_is_batch_normalize`` (rollout_corr_helper.py:646-655)."""
+        out = super().unemitted(correction, rollout, learner)
+        if correction.policy == "bypass":
+            why = ("verl computes it only when the trainer recomputes the old log-probs "
+                   "(decoupled mode: ray_trainer.py:1575-1615), never with correction.policy: "
+                   "bypass")
+            out.update(dict.fromkeys((M.PROB_DIFF_MEAN, M.PROB_DIFF_MAX, M.PROB_DIFF_STD,
+                                      M.PROB_PEARSON), why))
+        if M.IS_MASKED_FRACTION in out:
+            out[M.IS_OOB_RATIO] = ("verl emits it only with IcePop (rollout_corr_helper.py:569, "
+                                   "621): correction.is_mode: mask and an is_level")
+        return out
+
+    @classmethod
     def reported(cls, name: str) -> bool:
         """The vocabulary but :meth:`never_emitted`, and anything under one of the namespaces
         verl's file logger writes (``files.normalise`` passes them all through)."""
