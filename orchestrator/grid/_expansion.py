@@ -162,8 +162,8 @@ class _Resolver:
         problem = self.backend.check_engine(roll, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
-                                  f"{problem}", "axes", fix="exclude this combination or change "
-                                  "the value")
+                                  f"{problem}", "axes", fix=None if "; fix: " in problem
+                                  else "exclude this combination or change the value")
         self.checked.add(key)
 
 

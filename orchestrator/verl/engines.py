@@ -146,7 +146,7 @@ VLLM: dict[str, Entry] = {
     "enforce_eager": (Key(f"{ROLLOUT}.enforce_eager", "no CUDA graphs, no torch.compile",
                           "vllm_async_server.py:339"),),
     "free_cache_engine": (_FREE_CACHE,),
-    "lm_head_fp32": (Key(f"{VLLM_KW}.hf_overrides", "LM head in fp32 (vLLM head_dtype, PR "
+    "lm_head_fp32": (Key(f"{VLLM_KW}.hf_overrides", "LM head in fp32 (vLLM head_dtype; a generative model from vLLM 0.32 on, PR "
                          "#48390); replaces the hf_overrides verl builds for fp8",
                          "vllm_async_server.py:346-349 (**engine_kwargs last)",
                          {True: {"head_dtype": "float32"}}),),
@@ -199,7 +199,7 @@ _SGLANG_ARGS = ("srt/server_args.py", "srt/**/server_args*.py", "srt/**/server_a
 FEATURES: dict[str, dict[str, tuple[tuple[str, ...], str, str]]] = {
     "vllm": {
         "lm_head_fp32": (("model_executor/layers/logits_processor.py",), "head_dtype",
-                         "an LM head computed in head_dtype (fp32) for generative models"),
+                         "head_dtype applied to a generative model's LM head"),
         "attention_backend": (("engine/arg_utils.py",), "attention_backend",
                               "--attention-backend"),
         "async_scheduling": (("engine/arg_utils.py",), "async_scheduling", "--async-scheduling"),
@@ -220,10 +220,10 @@ FEATURES: dict[str, dict[str, tuple[tuple[str, ...], str, str]]] = {
 # (issue 36's reading of vLLM's model_executor/layers/logits_processor.py); at verl's pinned
 # 0.24.0 it applies to pooling models only and is ignored with a warning.
 MIN_VERSIONS: dict[tuple[str, str], tuple[str, str]] = {
-    ("vllm", "lm_head_fp32"): ("0.32.0", "head_dtype applies to pooling models only before vLLM "
-                               "0.32 (model_executor/layers/logits_processor.py computes the LM "
-                               "head in the model dtype), so the setting would be silently "
-                               "ignored"),
+    ("vllm", "lm_head_fp32"): (
+        "0.32.0", ("head_dtype applies to pooling models only before vLLM 0.32 (model_executor/"
+                   "layers/logits_processor.py computes the LM head in the model dtype), so the "
+                   "setting would be silently ignored")),
 }
 # SGLang from this version: verl's own server avoids fa3 (async_sglang_server.py:289-297, "FA3
 # CUDA-graph capture is broken on sglang>=0.5.12 (#22800)") and defaults to flashinfer.
