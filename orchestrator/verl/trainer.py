@@ -24,7 +24,7 @@ from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engines, mapping
+from orchestrator.verl import engine_versions, engines, mapping
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.memory import check_memory
@@ -83,7 +83,7 @@ class VerlTrainer(Trainer):
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
         return (verl_learner.check_learner(learner, correction, rollout, pool)
-                or engines.checkpoint_engine_problem(learner, pool))
+                or engine_versions.checkpoint_engine_problem(learner, pool))
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
@@ -112,7 +112,7 @@ class VerlTrainer(Trainer):
             return None
         engine = str(engines.engine_of(rollout, config))
         problem = (engines.check_engine(rollout, engine)
-                   or engines.check_version(rollout, engine, pool))
+                   or engine_versions.check_version(rollout, engine, pool))
         if problem:
             return problem
         if engine in pool.engine_versions:  # the pool's image, not this machine, runs the trial

@@ -17,7 +17,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec, load_catalog
-from orchestrator.verl import engines
+from orchestrator.verl import engine_versions, engines
 
 REPO = Path(__file__).resolve().parents[2]
 POOLS = load_catalog().pools
@@ -50,13 +50,13 @@ def _fake(root: Path, name: str, version: str, files: dict[str, str]) -> None:
 
 
 def test_the_version_a_trial_runs_is_verls_pin_unless_the_pool_declares_one() -> None:
-    assert engines.pinned("vllm") == _pin("vllm", "vllm")
-    assert engines.pinned("sglang") == _pin("sglang", "sglang")
+    assert engine_versions.pinned("vllm") == _pin("vllm", "vllm")
+    assert engine_versions.pinned("sglang") == _pin("sglang", "sglang")
     if engines.installed("vllm") is None:
-        assert engines.engine_version("vllm", POOLS["h100"]) == (_pin("vllm", "vllm"),
+        assert engine_versions.engine_version("vllm", POOLS["h100"]) == (_pin("vllm", "vllm"),
                                                                  "verl[vllm]==0.9.1's pin")
     pool = _gpu(engine_versions={"vllm": "0.32.0"})
-    assert engines.engine_version("vllm", pool)[0] == "0.32.0"
+    assert engine_versions.engine_version("vllm", pool)[0] == "0.32.0"
     assert pool.identity()["engine_versions"] == {"vllm": "0.32.0"}
     assert "engine_versions" not in POOLS["h100"].identity()  # unset: trial ids unchanged
     with pytest.raises(ValueError, match="not a release version"):
@@ -67,31 +67,31 @@ def test_lm_head_fp32_on_verls_pinned_vllm_is_refused_and_allowed_where_the_pool
         ) -> None:
     flags = RolloutSpec(engine="vllm", lm_head_fp32=True)
     pool_024 = _gpu(engine_versions={"vllm": _pin("vllm", "vllm")})
-    problem = engines.check_version(flags, "vllm", pool_024)
+    problem = engine_versions.check_version(flags, "vllm", pool_024)
     assert problem and "ignores it" in problem and "; fix: " in problem
-    assert engines.check_version(flags, "vllm", _gpu(engine_versions={"vllm": "0.32.0"})) is None
-    assert engines.check_version(RolloutSpec(engine="sglang", lm_head_fp32=True), "sglang",
+    assert engine_versions.check_version(flags, "vllm", _gpu(engine_versions={"vllm": "0.32.0"})) is None
+    assert engine_versions.check_version(RolloutSpec(engine="sglang", lm_head_fp32=True), "sglang",
                                  POOLS["h100"]) is None
 
 
 def test_fa3_on_sglang_from_0512_is_refused_as_verls_own_server_avoids_it() -> None:
     text = (VERL / "workers/rollout/sglang_rollout/async_sglang_server.py").read_text()
-    assert f'version.parse("{engines.SGLANG_NO_FA3}")' in text
+    assert f'version.parse("{engine_versions.SGLANG_NO_FA3}")' in text
     assert "FA3 CUDA-graph capture is broken" in text
     fa3 = RolloutSpec(engine="sglang", attention_backend="fa3")
-    assert "FA3 CUDA-graph capture" in engines.check_version(fa3, "sglang", POOLS["h100"])
-    assert engines.check_version(fa3, "sglang", _gpu(engine_versions={"sglang": "0.5.11"})) is None
+    assert "FA3 CUDA-graph capture" in engine_versions.check_version(fa3, "sglang", POOLS["h100"])
+    assert engine_versions.check_version(fa3, "sglang", _gpu(engine_versions={"sglang": "0.5.11"})) is None
 
 
 def test_fp32_with_half_only_attention_is_refused() -> None:
     for engine, backend_ in (("vllm", "fa3"), ("vllm", "flashinfer"), ("sglang", "flashinfer")):
-        problem = engines.check_version(RolloutSpec(dtype="fp32", attention_backend=backend_),
+        problem = engine_versions.check_version(RolloutSpec(dtype="fp32", attention_backend=backend_),
                                         engine, POOLS["h100"])
         assert problem and "fp16/bf16 only" in problem, (engine, backend_)
-    assert engines.check_version(RolloutSpec(dtype="fp32", attention_backend="triton"), "sglang",
+    assert engine_versions.check_version(RolloutSpec(dtype="fp32", attention_backend="triton"), "sglang",
                                  POOLS["h100"]) is None
     # verl's SGLang default from 0.5.12 is flashinfer (async_sglang_server.py:295)
-    assert "default attention backend" in engines.check_version(RolloutSpec(dtype="fp32"),
+    assert "default attention backend" in engine_versions.check_version(RolloutSpec(dtype="fp32"),
                                                                 "sglang", POOLS["h100"])
 
 
@@ -133,9 +133,9 @@ def test_max_staleness_needs_cupy_which_the_gpu_extras_install(
     real = importlib.util.find_spec
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a: None if n == "cupy" else real(n, *a))
-    problem = engines.checkpoint_engine_problem(LearnerSpec(max_staleness=2), POOLS["h100"])
+    problem = engine_versions.checkpoint_engine_problem(LearnerSpec(max_staleness=2), POOLS["h100"])
     assert problem and "cupy" in problem and "[gpu]" in problem
-    assert engines.checkpoint_engine_problem(LearnerSpec(), POOLS["h100"]) is None
+    assert engine_versions.checkpoint_engine_problem(LearnerSpec(), POOLS["h100"]) is None
 
 
 # --------------------------------------------------------------------------- metrics
