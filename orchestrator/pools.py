@@ -99,6 +99,8 @@ class SlurmPlacement(BaseModel):
 # Per kind, the fields that decide a trial's numbers. sim: the simulator's numeric profile (its
 # accelerator is only a label). cpu: verl on this machine (the job's overrides, environment and
 # world size). gpu: the hardware the node labels select, the container image, the world size.
+_VERSION = re.compile(r"\d{1,4}(\.\d{1,6}){0,3}([.+-]?[A-Za-z0-9]{1,20}){0,3}")
+
 IDENTITY_FIELDS: dict[str, tuple[str, ...]] = {
     "sim": ("kind", "sim_profile"),
     "cpu": ("kind", "gpus_per_node", "nodes", "cpus_per_node", "verl_overrides", "verl_env"),
@@ -136,6 +138,10 @@ class PoolSpec(BaseModel):
     # Trial image per rollout engine (k8s backend): {sglang: ..., vllm: ...}; ``image`` (then
     # ABLATE_K8S_IMAGE) serves an engine not named here.
     images: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
+    # The rollout engine version the pool's image runs, per engine ({vllm: "0.32.0"}): plan-time
+    # feature checks use it (``verl/engines.engine_version``); unset, the version verl's own
+    # extras pin (``verl[vllm]==0.9.1``: vLLM 0.24.0, ``verl[sglang]``: SGLang 0.5.12).
+    engine_versions: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
     cpus_per_node: StrictInt = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.
@@ -154,12 +160,24 @@ class PoolSpec(BaseModel):
                              "(its trials would wait for ever); allowed 1..4096")
         return value
 
+    @field_validator("engine_versions")
+    @classmethod
+    def _versions(cls, value: dict[str, str]) -> dict[str, str]:
+        for engine, version in value.items():
+            if not _VERSION.fullmatch(version):
+                raise ValueError(f"engine_versions.{engine}: {version!r} is not a release "
+                                 "version; fix: the engine's version as pip shows it, e.g. 0.32.0")
+        return value
+
     def identity(self) -> dict[str, Any]:
         """What this pool's trials compute with (part of every trial id): the fields of
         ``IDENTITY_FIELDS`` for its kind. Scheduling fields (capacity, step_seconds,
         tolerations, kueue_flavor, description) place a trial, they do not change its numbers."""
         data = self.model_dump(mode="json")
-        return {k: data[k] for k in IDENTITY_FIELDS[self.kind]}
+        out = {k: data[k] for k in IDENTITY_FIELDS[self.kind]}
+        if self.kind == "gpu" and self.engine_versions:  # absent when unset: ids stay as they were
+            out["engine_versions"] = data["engine_versions"]
+        return out
 
     @property
     def ray_resource(self) -> str:

@@ -159,6 +159,12 @@ class Backend:
         """Whether some trial on ``pools`` can ever report metric ``name`` (its trainer's)."""
         return any(self.trainer(p).reported(name) for p in pools)
 
+    def unemitted(self, correction: CorrectionSpec, rollout: RolloutSpec, learner: LearnerSpec,
+                  pool: PoolSpec) -> dict[str, str]:
+        """Metrics a trial of this configuration on ``pool`` never emits, with why (its
+        trainer's answer, whichever launcher runs it)."""
+        return self.trainer(pool).unemitted(correction, rollout, learner)
+
     def describe(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
         return self.launcher.describe(trial, pool) + self.trainer(pool).describe(trial, config,
                                                                                  pool)

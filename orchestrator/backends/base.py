@@ -156,6 +156,25 @@ class Trainer(abc.ABC):
         return frozenset()
 
     @classmethod
+    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
+                  learner: LearnerSpec) -> dict[str, str]:
+        """Metrics of :meth:`reported` that a trial of this configuration never emits, each with
+        why: a collapse rule or search objective on one of them could never fire for it, so the
+        grid is refused at plan (``grid/_expansion``). By default what every trainer's IS
+        correction shares (the simulator's ``sim/correction_math.is_weights`` and verl's
+        ``rollout_corr_helper.compute_rollout_correction_weights``): the masked share only in
+        mask mode (IcePop), the batch-normalisation factor only with batch normalisation, both
+        only with an IS level."""
+        out: dict[str, str] = {}
+        if correction.is_level == "none" or correction.is_mode != "mask":
+            out[M.IS_MASKED_FRACTION] = ("it is IcePop's masked share, emitted only with "
+                                         "correction.is_mode: mask and an is_level")
+        if correction.is_level == "none" or not correction.batch_norm:
+            out[M.IS_BATCH_NORM] = ("it is emitted only with correction.batch_norm: true and "
+                                    "an is_level")
+        return out
+
+    @classmethod
     def reported(cls, name: str) -> bool:
         """Whether this trainer can ever report metric ``name`` (``*``: any): by default the
         vocabulary's names but :meth:`never_emitted`. A collapse rule on another name could

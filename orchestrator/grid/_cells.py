@@ -97,6 +97,39 @@ def _check_collapse_target(spec: GridFile, chk: Checker) -> None:
                   fix="use target: final_reward, or add a rule with verdict: collapsed")
 
 
+def watched_metrics(spec: GridFile) -> list[tuple[tuple[Any, ...], str]]:
+    """(grid key path, metric) of every metric the grid itself names as a collapse rule, the
+    early warning or the search objective (``/final`` stripped): each must be emitted by every
+    trial, or the rule silently never fires / the point scores the collapse penalty there."""
+    col = spec.collapse
+    out: list[tuple[tuple[Any, ...], str]] = []
+    for where in ("rules", "extra_rules"):
+        rules = getattr(col, where)
+        for i, rule in enumerate(rules if isinstance(rules, list) else []):
+            out.append((("collapse", where, i, "metric"), rule.metric))
+    warning = col.early_warning
+    if warning is not None and not isinstance(warning, (bool, str)):
+        out.append((("collapse", "early_warning", "metric"), warning.metric))
+    if spec.search is not None:
+        out.append((("search", "objective", "metric"),
+                    spec.search.objective.metric.removesuffix("/final")))
+    return out
+
+
+def check_emitted(grid: GridSpec, unemitted: Mapping[str, str], context: str) -> None:
+    """Refuse, in one line naming the grid key, the metric and why, a watched metric (a rule,
+    the early warning, the objective) that the trial ``context`` will not emit (``unemitted``:
+    its trainer's answer from the trial's whole configuration, ``Trainer.unemitted``)."""
+    if not unemitted:
+        return
+    for path, name in watched_metrics(grid.spec):
+        why = unemitted.get(name)
+        if why is not None:
+            raise grid.error(f"metric {name!r} is never emitted by the trials with {context}: "
+                             f"{why}", *path, fix="watch a metric every trial emits, or exclude "
+                             "those trials")
+
+
 def check_comparisons(grid: GridSpec, cells: CellConfigs, label: Callable[[Any], str]) -> None:
     """Each value of a declared comparison has a cell comparable with its baseline cell
     (``label``: ``axis_label``, the one spelling of a value as a cell label)."""

@@ -18,7 +18,7 @@ from orchestrator.backends import backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
-from orchestrator.grid._cells import check_comparisons
+from orchestrator.grid._cells import check_comparisons, check_emitted
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
@@ -168,6 +168,8 @@ class _Resolver:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem
                                   else "exclude this combination or change the value")
+        check_emitted(self.grid, self.backend.unemitted(corr, roll, learn, pool_spec),
+                      f"{_context(context)} on pool {pool}")
         self.checked.add(key)
 
 
@@ -185,8 +187,8 @@ class _Resolver:
         problem = self.backend.check_engine(roll, config, self.grid.pools.pools[pool])
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
-                                  f"{problem}", "axes", fix="exclude this combination or change "
-                                  "the value")
+                                  f"{problem}", "axes", fix=None if "; fix: " in problem
+                                  else "exclude this combination or change the value")
         self.checked.add(key)
 
 

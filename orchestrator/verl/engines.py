@@ -145,7 +145,7 @@ VLLM: dict[str, Entry] = {
     "enforce_eager": (Key(f"{ROLLOUT}.enforce_eager", "no CUDA graphs, no torch.compile",
                           "vllm_async_server.py:339"),),
     "free_cache_engine": (_FREE_CACHE,),
-    "lm_head_fp32": (Key(f"{VLLM_KW}.hf_overrides", "LM head in fp32 (vLLM head_dtype, PR "
+    "lm_head_fp32": (Key(f"{VLLM_KW}.hf_overrides", "LM head in fp32 (vLLM head_dtype; a generative model from vLLM 0.32 on, PR "
                          "#48390); replaces the hf_overrides verl builds for fp8",
                          "vllm_async_server.py:346-349 (**engine_kwargs last)",
                          {True: {"head_dtype": "float32"}}),),
@@ -187,23 +187,32 @@ VLLM: dict[str, Entry] = {
 
 TABLES: dict[str, dict[str, Entry]] = {"sglang": SGLANG, "vllm": VLLM}
 
-# flag -> (file in the installed package, text that file has when the feature exists, what it
-# is): checked when the engine is installed on the planning machine.
-FEATURES: dict[str, dict[str, tuple[str, str, str]]] = {
+# flag -> (files in the installed package, text one of them has when the feature is applied, what
+# it is): checked when the engine is installed on the planning machine. The file is the one that
+# APPLIES the feature, not the one that parses it: vLLM 0.24.0's config/model.py already has
+# head_dtype (for pooling models only; a generative model falls back with a warning), while the
+# logits processor that computes the LM head in fp32 (model_executor/layers/logits_processor.py)
+# has it only in later releases. A path may be a glob: SGLang's server_args.py moved in releases
+# after 0.5.12, so every server_args*.py under srt/ is read.
+_SGLANG_ARGS = ("srt/server_args.py", "srt/**/server_args*.py", "srt/**/server_args/*.py")
+FEATURES: dict[str, dict[str, tuple[tuple[str, ...], str, str]]] = {
     "vllm": {
-        "lm_head_fp32": ("config/model.py", "head_dtype", "hf_overrides head_dtype (PR #48390)"),
-        "attention_backend": ("engine/arg_utils.py", "attention_backend", "--attention-backend"),
-        "async_scheduling": ("engine/arg_utils.py", "async_scheduling", "--async-scheduling"),
-        "cudagraph_mode": ("config/compilation.py", "cudagraph_mode",
+        "lm_head_fp32": (("model_executor/layers/logits_processor.py",), "head_dtype",
+                         "head_dtype applied to a generative model's LM head"),
+        "attention_backend": (("engine/arg_utils.py",), "attention_backend",
+                              "--attention-backend"),
+        "async_scheduling": (("engine/arg_utils.py",), "async_scheduling", "--async-scheduling"),
+        "cudagraph_mode": (("config/compilation.py",), "cudagraph_mode",
                            "compilation_config.cudagraph_mode"),
     },
     "sglang": {
-        "lm_head_fp32": ("srt/server_args.py", "enable_fp32_lm_head", "--enable-fp32-lm-head"),
-        "async_scheduling": ("srt/server_args.py", "disable_overlap_schedule",
+        "lm_head_fp32": (_SGLANG_ARGS, "enable_fp32_lm_head", "--enable-fp32-lm-head"),
+        "async_scheduling": (_SGLANG_ARGS, "disable_overlap_schedule",
                              "--disable-overlap-schedule"),
-        "prefix_caching": ("srt/server_args.py", "disable_radix_cache", "--disable-radix-cache"),
+        "prefix_caching": (_SGLANG_ARGS, "disable_radix_cache", "--disable-radix-cache"),
     },
 }
+
 
 
 # --------------------------------------------------------------------------- mapping
@@ -287,6 +296,19 @@ def _package_dir(engine: str) -> Path | None:
     return Path(next(iter(spec.submodule_search_locations)))
 
 
+def _feature_text(root: Path, patterns: tuple[str, ...]) -> str:
+    """The text of every file under ``root`` matching one of ``patterns`` (globs allowed)."""
+    texts = []
+    for pattern in patterns:
+        paths = sorted(root.glob(pattern)) if "*" in pattern else [root / pattern]
+        for path in paths:
+            try:
+                texts.append(path.read_text(errors="replace"))
+            except OSError:
+                continue
+    return "\n".join(texts)
+
+
 def check_installed(rollout: RolloutSpec, engine: str) -> tuple[str | None, str | None]:
     """(refusal, warning) about the engine installed on the planning machine.
 
@@ -302,14 +324,10 @@ def check_installed(rollout: RolloutSpec, engine: str) -> tuple[str | None, str 
         feature = FEATURES.get(engine, {}).get(flag)
         if feature is None:
             continue
-        rel, marker, what = feature
-        try:
-            text = (root / rel).read_text(errors="replace")
-        except OSError:
-            text = ""
-        if marker not in text:
+        rels, marker, what = feature
+        if marker not in _feature_text(root, rels):
             return (f"rollout.{flag}: the installed {engine} {version} has no {what} ({marker!r} "
-                    f"not found in {PACKAGES[engine]}/{rel}); fix: upgrade {engine} "
+                    f"not found in {PACKAGES[engine]}/{rels[0]}); fix: upgrade {engine} "
                     f"(pip install -U {PACKAGES[engine]}) or drop rollout.{flag}"), None
     return None, None
 

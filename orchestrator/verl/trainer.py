@@ -25,7 +25,7 @@ from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engines, mapping
+from orchestrator.verl import engine_versions, engines, mapping
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.memory import check_memory
@@ -83,7 +83,8 @@ class VerlTrainer(Trainer):
     def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
                       rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
-        return verl_learner.check_learner(learner, correction, rollout, pool)
+        return (verl_learner.check_learner(learner, correction, rollout, pool)
+                or engine_versions.checkpoint_engine_problem(learner, pool))
 
     @classmethod
     def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
@@ -110,11 +111,14 @@ class VerlTrainer(Trainer):
         the gpu pool's image has it."""
         if pool.kind != "gpu":
             return None
-        engine = engines.engine_of(rollout, config)
-        problem = engines.check_engine(rollout, str(engine))
+        engine = str(engines.engine_of(rollout, config))
+        problem = (engines.check_engine(rollout, engine)
+                   or engine_versions.check_version(rollout, engine, pool))
         if problem:
             return problem
-        refusal, warning = engines.check_installed(rollout, str(engine))
+        if engine in pool.engine_versions:  # the pool's image, not this machine, runs the trial
+            return None
+        refusal, warning = engines.check_installed(rollout, engine)
         if warning:
             _warn_once(warning)
         return refusal
@@ -138,6 +142,29 @@ class VerlTrainer(Trainer):
         its own; ``fp16/skipped_share`` is derived by ``files.normalise``)."""
         return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE})
                 | M.bucket_names())
+
+    @classmethod
+    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
+                  learner: LearnerSpec) -> dict[str, str]:
+        """What verl 0.9.1 emits depends on the configuration, read in its source:
+        ``training/rollout_probs_diff_*`` (utils/debug/metrics.py:63 calculate_debug_metrics) are
+        computed only where the trainer recomputes the old log-probs (trainer/ppo/ray_trainer.py:
+        1575 ``bypass_mode`` else-branch, 1611-1615), i.e. in decoupled mode, and are NaN on an
+        empty mask; ``rollout_corr/rollout_is_oob_ratio`` only with IcePop, a lower threshold
+        (trainer/ppo/rollout_corr_helper.py:569 ``use_icepop``, 616-621; its alias
+        ``rollout_is_masked_fraction`` with it); ``rollout_corr/rollout_is_batch_norm_factor``
+        only with ``rollout_is_batch_normalize`` (rollout_corr_helper.py:646-655)."""
+        out = super().unemitted(correction, rollout, learner)
+        if correction.policy == "bypass":
+            why = ("verl computes it only when the trainer recomputes the old log-probs "
+                   "(decoupled mode: ray_trainer.py:1575-1615), never with correction.policy: "
+                   "bypass")
+            out.update(dict.fromkeys((M.PROB_DIFF_MEAN, M.PROB_DIFF_MAX, M.PROB_DIFF_STD,
+                                      M.PROB_PEARSON), why))
+        if M.IS_MASKED_FRACTION in out:
+            out[M.IS_OOB_RATIO] = ("verl emits it only with IcePop (rollout_corr_helper.py:569, "
+                                   "621): correction.is_mode: mask and an is_level")
+        return out
 
     @classmethod
     def reported(cls, name: str) -> bool:
