@@ -42,6 +42,19 @@ def _ids(tmp: Path, pool: str = "sim-h100", catalog: str | None = None,
     return [t.trial_id for t in expand(load_grid(path))]
 
 
+def _recorded(isolated: Path, stored: dict | None) -> tuple:
+    """The test grid planned, and its workdir holding ``stored`` as identity.json (if given)."""
+    path = isolated / "g.yaml"
+    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
+    grid = load_grid(path)
+    trials = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    grid_dir.mkdir(parents=True)
+    if stored is not None:
+        (grid_dir / IDENTITY).write_text(json.dumps(stored))
+    return path, grid, trials, grid_dir
+
+
 def test_redefining_a_builtin_pool_gives_new_ids(tmp_path: Path) -> None:
     builtin = _ids(tmp_path)
     # The built-in definition spelt out again (another capacity: scheduling only): same ids.
@@ -66,15 +79,9 @@ def test_a_cpu_pools_environment_and_world_size_are_in_the_id(tmp_path: Path) ->
 
 
 def test_a_workdir_of_the_older_id_scheme_is_refused_with_the_command(isolated: Path) -> None:
-    path = isolated / "g.yaml"
-    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
-    grid = load_grid(path)
-    trials = expand(grid)
-    grid_dir = workspace.grid_dir(grid.name)
-    grid_dir.mkdir(parents=True)
     # What rl-ablate wrote before ids covered the pool's definition: no id_scheme.
     old = {"fields": {}, "trials": ["t000000000001"], "schema_version": 1}
-    (grid_dir / IDENTITY).write_text(json.dumps(old))
+    path, grid, trials, grid_dir = _recorded(isolated, old)
     for extend in (False, True):
         with pytest.raises(UserError) as info:
             check_identity(grid, grid_dir, trials, extend=extend)
@@ -113,12 +120,7 @@ def test_trials_without_identity_json_tell_their_scheme_by_their_specs(isolated:
 
 @pytest.mark.parametrize("scheme", ["two", [2], 0, -1, 2.5, True])
 def test_a_garbled_id_scheme_is_one_line_naming_the_file(isolated: Path, scheme: object) -> None:
-    path = isolated / "g.yaml"
-    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
-    grid = load_grid(path)
-    trials = expand(grid)
-    grid_dir = workspace.grid_dir(grid.name)
-    grid_dir.mkdir(parents=True)
+    _, grid, trials, grid_dir = _recorded(isolated, None)
     stored = {"fields": {}, "trials": [t.trial_id for t in trials], "id_scheme": scheme}
     (grid_dir / IDENTITY).write_text(json.dumps(stored))
     with pytest.raises(UserError) as info:
@@ -132,14 +134,8 @@ def test_a_garbled_id_scheme_is_one_line_naming_the_file(isolated: Path, scheme:
 def test_a_workdir_of_a_newer_id_scheme_asks_for_an_upgrade(isolated: Path) -> None:
     from orchestrator.trial import ID_SCHEME
 
-    path = isolated / "g.yaml"
-    path.write_text(GRID.format(pool="sim-h100", catalog="", backend="sim"))
-    grid = load_grid(path)
-    trials = expand(grid)
-    grid_dir = workspace.grid_dir(grid.name)
-    grid_dir.mkdir(parents=True)
     stored = {"fields": {}, "trials": [], "id_scheme": ID_SCHEME + 1}
-    (grid_dir / IDENTITY).write_text(json.dumps(stored))
+    _, grid, trials, grid_dir = _recorded(isolated, stored)
     with pytest.raises(UserError) as info:
         check_identity(grid, grid_dir, trials)
     msg = str(info.value)
