@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from fakeengine import fake_engine
 
 from orchestrator import metrics as M
 from orchestrator.backends import backend
@@ -36,14 +37,6 @@ def _pin(pkg: str, extra: str) -> str:
 def _gpu(**kw: object) -> PoolSpec:
     return POOLS["h100"].model_copy(update=kw)
 
-
-def _fake(root: Path, name: str, version: str, files: dict[str, str]) -> None:
-    for rel, text in {"__init__.py": "", **files}.items():
-        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / name / rel).write_text(text)
-    meta = root / f"{name}-{version}.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
 
 
 # --------------------------------------------------------------------------- versions
@@ -98,7 +91,7 @@ def test_fp32_with_half_only_attention_is_refused() -> None:
 def test_an_installed_vllm_is_checked_where_head_dtype_is_applied(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     # vLLM 0.24.0's config/model.py has head_dtype (pooling models); its logits processor not.
-    _fake(tmp_path, "vllm", "0.24.0", {
+    fake_engine(tmp_path, "vllm", "0.24.0", {
         "config/model.py": "head_dtype = None  # pooling models only\n",
         "model_executor/layers/logits_processor.py": "class LogitsProcessor: pass\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
@@ -109,7 +102,7 @@ def test_an_installed_vllm_is_checked_where_head_dtype_is_applied(
 
 def test_the_sglang_install_check_finds_server_args_where_later_releases_moved_it(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake(tmp_path, "sglang", "0.6.0", {"srt/server_args/__init__.py": "",
+    fake_engine(tmp_path, "sglang", "0.6.0", {"srt/server_args/__init__.py": "",
                                          "srt/server_args/args.py": "enable_fp32_lm_head = False\n"
                                          "disable_overlap_schedule = False\n"})
     monkeypatch.syspath_prepend(str(tmp_path))

@@ -15,6 +15,7 @@ from pathlib import Path
 from typing import Any, get_args
 
 import pytest
+from fakeengine import fake_engine
 
 from orchestrator.engine import ENGINES, RolloutSpec
 from orchestrator.grid import expand, load_grid
@@ -85,19 +86,10 @@ def test_cross_flag_refusals() -> None:
     assert "not a rollout engine" in check(RolloutSpec(), "hf")
 
 
-def _fake_engine(root: Path, name: str, version: str, files: dict[str, str]) -> None:
-    """An installed-looking package (vLLM / SGLang cannot be installed on this CPU machine)."""
-    for rel, text in {"__init__.py": "", **files}.items():
-        (root / name / rel).parent.mkdir(parents=True, exist_ok=True)
-        (root / name / rel).write_text(text)
-    meta = root / f"{name}-{version}.dist-info"
-    meta.mkdir()
-    (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n")
-
 
 def test_an_installed_engine_without_a_requested_feature_is_refused(
         tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    _fake_engine(tmp_path, "vllm", "0.18.0", {"config/model.py": "class ModelConfig: pass\n",
+    fake_engine(tmp_path, "vllm", "0.18.0", {"config/model.py": "class ModelConfig: pass\n",
                                               "engine/arg_utils.py": "async_scheduling = None\n"})
     monkeypatch.syspath_prepend(str(tmp_path))
     import importlib
@@ -218,7 +210,7 @@ def test_plan_refuses_a_flag_the_installed_vllm_lacks_in_one_line(tmp_path: Path
     from cliproc import ablate_env, run
 
     site = tmp_path / "site"
-    _fake_engine(site, "vllm", "0.18.0", {"config/model.py": "class ModelConfig: pass\n"})
+    fake_engine(site, "vllm", "0.18.0", {"config/model.py": "class ModelConfig: pass\n"})
     grid = tmp_path / "g.yaml"
     grid.write_text("name: eng\nbackend: verl\nrecipe: verl/qwen3_4b_dapo\nsteps: 2\npool: h100\n"
                     "axes:\n  rollout.engine: [vllm]\n  rollout.lm_head_fp32: [true]\n")
@@ -238,7 +230,7 @@ def test_ablate_env_lists_the_engines_installed_here(tmp_path: Path,
     from orchestrator.cli import environment
 
     site = tmp_path / "site"
-    _fake_engine(site, "vllm", "0.33.0", {})
+    fake_engine(site, "vllm", "0.33.0", {})
     monkeypatch.syspath_prepend(str(site))
     import importlib
 
