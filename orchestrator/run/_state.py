@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import Backend
+from orchestrator.grid import warning_stops
 from orchestrator.pools import PoolSpec
-from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
+from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, RescueEntry
 from orchestrator.store import CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.tracking import TrackingTarget
 from orchestrator.trial import Attempt, TrialSpec
@@ -41,6 +42,7 @@ class AttemptJob:
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
     tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
+    rescue: tuple[RescueEntry, ...] = ()  # the grid's rescue policy: a warning it acts on stops the trial
 
 
 class AttemptState:
@@ -53,7 +55,8 @@ class AttemptState:
         self.store = CheckpointStore.for_trial(job.checkpoint.store, self.paths.root,
                                                job.trial.trial_id, job.checkpoint.keep)
         self.record = records.load_state(self.paths, job.trial.trial_id)
-        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
+        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps,
+                                    stop_on=warning_stops(job.rescue, self.record))
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}

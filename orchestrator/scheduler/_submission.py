@@ -26,6 +26,7 @@ module without starting anything.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
@@ -169,7 +170,7 @@ class Submission:
         self.max_parallel = max_parallel or grid.spec.budget.max_parallel
         self.progress, self.ray_tmp = progress, ray_tmp
         self.search = SearchSpace(grid) if grid.spec.search is not None else None
-        self.on_collapse = grid.spec.on_collapse if rescue and self.search is None else None
+        self.policy = grid.spec.rescue_policy if rescue and self.search is None else ()
         self.remote_store = is_remote(self.tracking_uri)
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
@@ -272,8 +273,9 @@ class Submission:
         cluster only has resources for these."""
         grid = self.grid
         pools = {p: grid.pools.get(p) for p in set(self.routes.values()) | set(grid.spec.budget.per_pool)}
-        if self.on_collapse is not None and self.on_collapse.resume.pool:
-            pools[self.on_collapse.resume.pool] = grid.pools.get(self.on_collapse.resume.pool)
+        for entry in self.policy:  # a rescue may move a trial to its pool
+            if entry.resume.pool:
+                pools[entry.resume.pool] = grid.pools.get(entry.resume.pool)
         if self.search is not None:
             pools.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool"
                           for lab in a.labels})
@@ -305,7 +307,7 @@ class Submission:
                            grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
                            self.tracking_uri, self.submission,
                            {grid.backend: backends.backend(grid.backend)}, objective,
-                           grid.spec.retries.preemptions)
+                           grid.spec.retries.preemptions, self.policy)
 
     def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],
              budget: int, name: str) -> Any:
@@ -371,15 +373,23 @@ class Submission:
         return {"warm_up": warm_up, **tracking}
 
     def _rescue(self, gctx: GridContext) -> list[TrialSpec]:
-        """``on_collapse: {resume: ...}``: one automatic rescue round, under this lease."""
-        if self.on_collapse is None:
+        """The grid's rescue policy (``rescue:``, ``on_collapse:``), under this lease: rounds
+        of rescues, each another fit, until no trial has an entry left to act on (each entry
+        acts on a trial a bounded number of times, so this ends)."""
+        if not self.policy:
             return []
-        rescued = auto_rescue(self.grid, self.grid_dir, [t.trial_id for t in self.trials])
-        if rescued:
+        out: list[TrialSpec] = []
+        ids = [t.trial_id for t in self.trials]
+        for n in itertools.count(1):
+            rescued = auto_rescue(self.grid, self.grid_dir, ids, budget=self.planner)
+            if not rescued:
+                return out
+            out += [t for t in rescued if t.trial_id not in {o.trial_id for o in out}]
+            ids = list(dict.fromkeys(ids + [t.trial_id for t in rescued]))
             again = self._routes(rescued)
             self._fit(gctx, park_unplaceable(self.grid_dir, rescued, self.placements, again),
-                      again, 0, self.submission + "-rescue")
-        return rescued
+                      again, 0, f"{self.submission}-rescue{'' if n == 1 else n}")
+        return out
 
     def _summary(self, rescued: list[TrialSpec], embedded: bool) -> dict[str, Any]:
         """The JSON-safe summary, once MLflow has everything; ends the parent run."""
