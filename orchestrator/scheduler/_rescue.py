@@ -150,8 +150,8 @@ def _refuse(paths: TrialPaths, rec: records.TrialRecord, note: dict[str, Any], w
             kind: str) -> list[TrialSpec]:
     log.warning("trial %s: %s rescue refused: %s", rec.trial_id, note["by"], why)
     note = {**note, "error": why, "refused": kind, "at": time.time()}
-    rec.rescue = note
     rec.rescues = [*notes(rec), note]
+    rec.rescue = note
     records.save_state(paths, rec)
     return []
 
@@ -322,8 +322,8 @@ def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *,
         paths = TrialPaths(grid_dir, p.parent.trial_id)
         rec = records.load_state(paths, p.parent.trial_id)
         if rescue:  # in the same write as the request: a killed submit rescues nothing twice
-            rec.rescue = note
             rec.rescues = [*notes(rec), note]
+            rec.rescue = note
         if not p.derived:
             rec.resume = ResumeRequest(p.pool, p.start, p.reason)
             rec.state = transition(rec.state, TrialState.PENDING, resume=True)

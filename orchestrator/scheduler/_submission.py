@@ -381,6 +381,8 @@ class Submission:
         out: list[TrialSpec] = []
         ids = [t.trial_id for t in self.trials]
         for n in itertools.count(1):
+            if "*" in records.cancel_requests(self.grid_dir):  # `ablate cancel GRID`: no rescue either
+                return out
             rescued = auto_rescue(self.grid, self.grid_dir, ids, budget=self.planner)
             if not rescued:
                 return out

@@ -1,0 +1,174 @@
+"""The grid's rescue policy (``rescue:``) on the real CPU simulator and, once, the real Ray Tune
+scheduler with the fault hook of ``tests/doubles.py``.
+
+A warning is made real at this scale (12 steps) by an ``above`` rule with ``verdict: unstable``
+on the k3 KL sim-a100 measures: weights two syncs stale make it 5e-3..1e-2 from step 2 (measured
+on this grid: 6.1e-5, 5.0e-3, 1.0e-2, 8.1e-3 at steps 1-4). ``min_step: 3`` puts the warning's
+onset at step 3; with ``checkpoint.every: 2`` the rescue starts from step 2. The switch is
+``rollout.weight_lag: 0`` (the engine synced every step): in the simulator a loss-side
+correction (sequence TIS + RS, k3 RS) leaves k3 where it was over 40 steps, since k3 measures
+the engine against the trainer and a correction only reweights the loss, so the test switches
+what the simulator models as the source of sim-a100's k3.
+"""
+from __future__ import annotations
+
+import os
+import shutil
+import tempfile
+from pathlib import Path
+
+import doubles
+import pytest
+
+from orchestrator.grid import expand, load_grid
+from orchestrator.run import make_job, run_attempt
+from orchestrator.scheduler._rescue import auto_rescue
+from orchestrator.store import TrialPaths, records, workspace
+
+K3 = "rollout_corr/k3_kl"
+TESTS = Path(__file__).resolve().parents[1]
+GRID = """\
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: 12
+seeds: [0]
+axes:
+  pool: [sim-a100]
+overrides:
+  train.prompts_per_step: 4
+  train.group_size: 4
+  eval.every: 100
+checkpoint: {{every: 2, keep: 3}}
+collapse:
+  rules:
+    - {{name: k3_warn, metric: {k3}, kind: above, threshold: 0.004, patience: 2, min_step: 3,
+       verdict: unstable}}
+  early_warning: false
+early_stop: false
+rescue:
+  - {{when: {{warning: k3_warn}}, resume: {{set: {{rollout.weight_lag: 0}}}}}}
+"""
+
+
+def _run(grid, trial) -> dict:
+    """One attempt in this process, as a Ray worker runs it (no MLflow: the test is about files)."""
+    job = make_job(grid, trial, grid_dir=workspace.grid_dir(grid.name), tracking=None,
+                   submission="test")
+    return run_attempt(job)
+
+
+def _k3(grid_dir: Path, tid: str) -> dict[int, float]:
+    return {s: m[K3] for s, m in records.iter_metrics(TrialPaths(grid_dir, tid).metrics)}
+
+
+@pytest.fixture(scope="module")
+def warned(tmp_path_factory: pytest.TempPathFactory):
+    """A sim-a100 trial stopped on its k3 warning, rescued once and the rescue run (shared)."""
+    tmp = tmp_path_factory.mktemp("warned")
+    mp = pytest.MonkeyPatch()
+    mp.setenv("ABLATE_WORKDIR", str(tmp / ".ablate"))
+    mp.setenv("ABLATE_RECIPES", str(TESTS.parent / "recipes"))
+    mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    path = tmp / "warn.yaml"
+    path.write_text(GRID.format(name="warn", k3=K3))
+    grid = load_grid(path)
+    (parent,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    out = _run(grid, parent)
+    first = auto_rescue(grid, grid_dir, [parent.trial_id])
+    again = auto_rescue(grid, grid_dir, [parent.trial_id])  # a re-submission before it ran
+    child_out = _run(grid, first[0])
+    after = auto_rescue(grid, grid_dir, [parent.trial_id, first[0].trial_id])
+    yield {"grid": grid, "dir": grid_dir, "parent": parent, "out": out, "first": first,
+           "again": again, "child_out": child_out, "after": after}
+    mp.undo()
+
+
+def test_a_warning_stops_the_parent_and_records_it_rescued_not_collapsed(warned) -> None:
+    out, parent = warned["out"], warned["parent"]
+    v = out["verdict"]
+    assert v["rescued_step"] == 3 and v["rescued_by"] == "k3_warn"
+    assert v["kind"] == "unstable" and v["reason"].startswith("rescued at step 3 on warning k3_warn")
+    assert out["state"] == "done" and out["last_step"] == 4 < parent.steps  # stopped when it fired
+    rec = records.load_state(TrialPaths(warned["dir"], parent.trial_id), parent.trial_id)
+    (note,) = rec.rescues
+    assert note["event"] == "warning:k3_warn" and note["step"] == 3 and note["start"] == 2
+    assert note["by"] == "rescue[0]" and note["trial"] == warned["first"][0].trial_id
+
+
+def test_the_correction_switch_runs_from_the_checkpoint_before_the_warning_and_k3_falls(warned) -> None:
+    (child,) = warned["first"]
+    parent = warned["parent"]
+    assert child.derived_from == (parent.trial_id, 2)
+    assert dict(child.overrides)["rollout.weight_lag"] == 0
+    crec = records.load_state(TrialPaths(warned["dir"], child.trial_id), child.trial_id)
+    assert crec.rescue_of == {"parent": parent.trial_id, "event": "warning:k3_warn", "step": 2}
+    # The rescue is no rescue's parent: it ran all its steps without stopping on the warning.
+    assert warned["child_out"]["last_step"] == 12 and warned["child_out"]["verdict"].get("rescued_step") is None
+    pk3, ck3 = _k3(warned["dir"], parent.trial_id), _k3(warned["dir"], child.trial_id)
+    assert [s for s in ck3 if s <= 2] == [1, 2] and ck3[2] == pk3[2]  # the parent's history up to 2
+    # Step 3 measures what the parent's step 3 did (the engine's weights at that step come from
+    # the checkpoint, taken with the old setting); the switch shows from step 4 on.
+    assert ck3[3] == pytest.approx(pk3[3])
+    after = [ck3[s] for s in range(4, 13)]
+    assert max(after) < 0.004 < min(pk3[3], pk3[4])  # below the warning's threshold, every step
+    assert max(after) < pk3[4] / 10
+
+
+def test_a_resubmission_rescues_nothing_twice(warned) -> None:
+    (child,) = warned["first"]
+    # Before the rescue ran (a killed submit): the same child again, no second one.
+    assert [t.trial_id for t in warned["again"]] == [child.trial_id]
+    # After it ran: nothing; one derived trial on disk, one note on the parent.
+    assert warned["after"] == []
+    tids = sorted(p.name for p in (warned["dir"] / "trials").iterdir())
+    assert tids == sorted([warned["parent"].trial_id, child.trial_id])
+
+
+@pytest.mark.slow
+def test_an_infra_failure_moves_to_another_pool_after_its_retries(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Through ``ablate submit``: every attempt on sim-a100 fails (the double's fault hook); after
+    ``retries.max`` the trial resumes from its checkpoint on sim-h20; submitting again runs and
+    rescues nothing. The collapse entry beside it is not used."""
+    from orchestrator.scheduler import submit
+
+    doubles.register(monkeypatch)
+    monkeypatch.setenv("ABLATE_DOUBLE_BAD_POOL", "sim-a100")
+    monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.001")
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+    path = isolated / "infra.yaml"
+    path.write_text("""\
+name: infra
+recipe: sim/grpo_tiny
+backend: sim
+steps: 10
+seeds: [0]
+axes:
+  pool: [sim-a100]
+overrides: {correction.is_level: token}
+checkpoint: {every: 5, keep: 2}
+retries: {max: 1}
+rescue:
+  - {when: collapsed, resume: {pool: sim-h100}}
+  - {when: infra_failed, resume: {pool: sim-h20}}
+""")
+    (t,) = expand(load_grid(path))
+    ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # short: Ray's socket paths have a length cap
+    try:
+        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
+        again = submit(str(path), progress=False, ray_tmp=ray_tmp)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    assert summary["rescued"] == [t.trial_id]
+    paths = TrialPaths(workspace.grid_dir("infra"), t.trial_id)
+    rec = records.load_state(paths, t.trial_id)
+    assert rec.state.value == "done" and rec.verdict["kind"] == "healthy" and rec.pool == "sim-h20"
+    assert [(a.pool, a.outcome) for a in records.load_attempts(paths)] == [
+        ("sim-a100", "infra_failure"), ("sim-a100", "infra_failure"), ("sim-h20", "completed")]
+    (note,) = rec.rescues
+    assert note["event"] == "infra_failed" and note["entry"] == 1 and note["pool"] == "sim-h20"
+    assert note["start"] == 5
+    assert again["rescued"] == [] and again["skipped_finished"] == 1
+    assert len(records.load_attempts(paths)) == 3
