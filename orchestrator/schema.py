@@ -334,6 +334,22 @@ class RescueEntry(Strict):
         return None if isinstance(self.when, str) else self.when.warning
 
 
+NOTIFY_EVENTS = ("collapsed", "warning", "infra_failed", "rescued", "budget_exhausted", "grid_done")
+
+
+class NotifySpec(Strict):
+    """One webhook of a grid's ``notify:`` list (``scheduler._notify``). The URL is read from
+    the environment variable ``url_env`` when an event is sent, so it is never in the grid, the
+    records, the results, the logs or MLflow."""
+
+    url_env: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    events: list[Literal["collapsed", "warning", "infra_failed", "rescued", "budget_exhausted",
+                         "grid_done"]] = Field(default_factory=lambda: list(NOTIFY_EVENTS), min_length=1)
+    min_interval_s: StrictFloat | StrictInt = Field(1.0, ge=0, le=3600)  # rate limit: seconds between sends
+    timeout_s: StrictFloat | StrictInt = Field(5.0, gt=0, le=60)  # one request's timeout
+    max_tries: StrictInt = Field(8, ge=1, le=100)  # then the event is given up (kept as failed)
+
+
 class GridFile(Strict):
     """Top level of ``grids/*.yaml``."""
 
@@ -363,6 +379,7 @@ class GridFile(Strict):
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     rescue: list[RescueEntry] | None = Field(default=None, min_length=1, max_length=20)
+    notify: list[NotifySpec] = Field(default_factory=list, max_length=10)
     compare: CompareDecl | list[CompareDecl] | None = None
     # How the p-values of the declared comparisons are adjusted (orchestrator.stats.hypotheses).
     multiplicity: Literal["holm", "bh", "none"] = "holm"

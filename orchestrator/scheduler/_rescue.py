@@ -156,6 +156,20 @@ def _refuse(paths: TrialPaths, rec: records.TrialRecord, note: dict[str, Any], w
     return []
 
 
+def rescue_links(grid_dir: Path) -> dict[str, str]:
+    """Tags for the grid's MLflow parent run: ``rescue.<parent>`` names each rescue of a trial
+    (the trial it runs as, the event, pool and start step; refusals with their reason)."""
+    out = {}
+    for tid in records.known_trials(grid_dir):
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        text = [f"{n.get('event')}: refused: {n.get('error')}" if n.get("error") else
+                f"{n.get('event')} @{n.get('step')}: {n.get('trial')} on {n.get('pool')} from step {n.get('start')}"
+                for n in notes(rec)]
+        if text:
+            out[f"rescue.{tid}"] = "; ".join(text)[:4000]
+    return out
+
+
 # --------------------------------------------------------------------------- selection
 
 

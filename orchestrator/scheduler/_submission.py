@@ -41,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import backends
 from orchestrator.cost import total_metrics
 from orchestrator.exceptions import UserError
-from orchestrator.grid import expand, load_grid
+from orchestrator.grid import check_notify, expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
+from orchestrator.scheduler._notify import Notifier
 from orchestrator.scheduler._placement import (
     Placement,
     check_address,
@@ -56,7 +57,7 @@ from orchestrator.scheduler._placement import (
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
-from orchestrator.scheduler._rescue import auto_rescue
+from orchestrator.scheduler._rescue import auto_rescue, rescue_links
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
 from orchestrator.scheduler._tune import (
@@ -91,6 +92,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     """
     grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
+    check_notify(grid)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
     if not math.isfinite(summary_every_s) or summary_every_s <= 0:
@@ -174,6 +176,7 @@ class Submission:
         self.remote_store = is_remote(self.tracking_uri)
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
+        self.notifier = Notifier(grid, self.grid_dir)  # the grid's `notify:` webhooks (none: idle)
         # Budgets and adaptive seeds (``_budget``); it knows every seed a cell may get.
         self.planner = Planner(grid, self.grid_dir, trials, grid.pools.pools, add_seeds=rescue)
         self.started = 0.0
@@ -194,6 +197,7 @@ class Submission:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         self.started = time.time()
         self.sender.start()
+        self.notifier.start()
         ok = False
         with stop_on_full_disk(self.grid_dir, self.trials):
             try:
@@ -201,6 +205,7 @@ class Submission:
                 ok = True
                 return summary
             finally:
+                self.notifier.close()
                 self.sender.close()
                 if not ok and self.sender.parent is not None:
                     try:
@@ -405,8 +410,9 @@ class Submission:
         summary = summarize(self.grid, self.grid_dir, trials)
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
-        parent.log_cost(total_metrics(summary["cost"]), cost_run_tags(summary))
+        parent.log_cost(total_metrics(summary["cost"]), {**cost_run_tags(summary), **rescue_links(self.grid_dir)})
         summary["repaired"] = self.repaired
+        self._notify_end(summary)
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),
@@ -414,6 +420,18 @@ class Submission:
                        ray="embedded" if embedded else "cluster")
         parent.end("FINISHED")
         return summary
+
+
+    def _notify_end(self, summary: dict[str, Any]) -> None:
+        """The grid-level alerts: the budget ran out in this submission, and the grid is done."""
+        if self.planner.budget_out:
+            self.notifier.queue("budget_exhausted", {"reason": "the grid's budget is spent: trials "
+                                "were not started; raise it and submit again"},
+                                f"budget_exhausted:{self.submission}")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("states", {}).items()))
+        self.notifier.queue("grid_done", {"reason": counts, "states": summary.get("states"),
+                                          "rescued": summary.get("rescued")},
+                            f"grid_done:{self.submission}")
 
 
 def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],

@@ -20,10 +20,12 @@ from pathlib import Path
 import doubles
 import pytest
 
+from orchestrator.compare import compare
 from orchestrator.grid import expand, load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.tracking import parent_run
 
 K3 = "rollout_corr/k3_kl"
 TESTS = Path(__file__).resolve().parents[1]
@@ -52,10 +54,12 @@ rescue:
 
 
 def _run(grid, trial) -> dict:
-    """One attempt in this process, as a Ray worker runs it (no MLflow: the test is about files)."""
-    job = make_job(grid, trial, grid_dir=workspace.grid_dir(grid.name), tracking=None,
-                   submission="test")
-    return run_attempt(job)
+    """One attempt in this process, as a Ray worker runs it, tracked in the grid's MLflow run."""
+    with parent_run(grid, tracking_uri=workspace.tracking_uri(None, None),
+                    workdir=workspace.workdir(None)) as target:
+        job = make_job(grid, trial, grid_dir=workspace.grid_dir(grid.name), tracking=target,
+                       submission="test")
+        return run_attempt(job)
 
 
 def _k3(grid_dir: Path, tid: str) -> dict[int, float]:
@@ -80,8 +84,9 @@ def warned(tmp_path_factory: pytest.TempPathFactory):
     again = auto_rescue(grid, grid_dir, [parent.trial_id])  # a re-submission before it ran
     child_out = _run(grid, first[0])
     after = auto_rescue(grid, grid_dir, [parent.trial_id, first[0].trial_id])
+    results = compare(path, out_dir=tmp / "results")
     yield {"grid": grid, "dir": grid_dir, "parent": parent, "out": out, "first": first,
-           "again": again, "child_out": child_out, "after": after}
+           "again": again, "child_out": child_out, "after": after, "results": results}
     mp.undo()
 
 
@@ -95,6 +100,14 @@ def test_a_warning_stops_the_parent_and_records_it_rescued_not_collapsed(warned)
     (note,) = rec.rescues
     assert note["event"] == "warning:k3_warn" and note["step"] == 3 and note["start"] == 2
     assert note["by"] == "rescue[0]" and note["trial"] == warned["first"][0].trial_id
+    # `ablate status` lists it, and the rescue names its parent.
+    from orchestrator.scheduler._progress import collect
+
+    views = {t.trial_id: t for t in collect(warned["dir"]).trials}
+    child = warned["first"][0].trial_id
+    assert views[parent.trial_id].rescue == (f"rescued by rescue[0] on warning:k3_warn @3 as {child} "
+                                            "on sim-a100 from step 2")
+    assert views[child].rescue == f"rescue of {parent.trial_id} (warning:k3_warn)"
 
 
 def test_the_correction_switch_runs_from_the_checkpoint_before_the_warning_and_k3_falls(warned) -> None:
@@ -172,3 +185,41 @@ rescue:
     assert note["start"] == 5
     assert again["rescued"] == [] and again["skipped_finished"] == 1
     assert len(records.load_attempts(paths)) == 3
+    # The grid's MLflow parent run links the trial and its rescue; compare counts it recovered.
+    from mlflow import MlflowClient
+
+    tags = MlflowClient(summary["tracking_uri"]).get_run(summary["parent_run_id"]).data.tags
+    assert tags[f"rescue.{t.trial_id}"] == f"infra_failed @6: {t.trial_id} on sim-h20 from step 5"
+    import csv
+
+    from orchestrator.compare import compare
+
+    (row,) = list(csv.DictReader(open(compare(str(path), out_dir=isolated / "res") / "rescues.csv")))
+    assert (row["rescue"], row["parent"], row["event"], row["recovered"]) == (
+        t.trial_id, t.trial_id, "infra_failed", "True")
+
+
+def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warned) -> None:
+    import csv
+
+    from orchestrator import metrics as M
+
+    (child,) = warned["first"]
+    parent = warned["parent"]
+    (row,) = list(csv.DictReader(open(warned["results"] / "rescues.csv")))
+    reward = {tid: [m[M.TRAIN_REWARD] for _, m in records.iter_metrics(TrialPaths(warned["dir"], tid).metrics)]
+              for tid in (parent.trial_id, child.trial_id)}
+    assert row["rescue"] == child.trial_id and row["parent"] == parent.trial_id
+    assert row["event"] == "warning:k3_warn" and row["from_step"] == "2" and row["recovered"] == "True"
+    assert float(row[f"final {M.TRAIN_REWARD}"]) == pytest.approx(reward[child.trial_id][-1])
+    assert float(row["parent final"]) == pytest.approx(reward[parent.trial_id][-1])
+    assert float(row["parent peak"]) == pytest.approx(max(reward[parent.trial_id]))
+    text = (warned["results"] / "summary.md").read_text()
+    gain = reward[child.trial_id][-1] - reward[parent.trial_id][-1]
+    assert "## Rescues" in text and f"| 1 | 1 (100% [" in text and f"{gain:+.3f} (n=1)" in text
+    # The rescue's MLflow run names its parent.
+    from mlflow import MlflowClient
+
+    run_id = records.load_state(TrialPaths(warned["dir"], child.trial_id), child.trial_id).mlflow_run_id
+    tags = MlflowClient(workspace.tracking_uri(None, None)).get_run(run_id).data.tags
+    assert tags["rescue.of"] == parent.trial_id and tags["rescue.event"] == "warning:k3_warn"
