@@ -55,8 +55,10 @@ class AttemptState:
         self.store = CheckpointStore.for_trial(job.checkpoint.store, self.paths.root,
                                                job.trial.trial_id, job.checkpoint.keep)
         self.record = records.load_state(self.paths, job.trial.trial_id)
-        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps,
-                                    stop_on=warning_stops(job.rescue, self.record))
+        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
+        # Warnings the grid's rescue policy acts on for this trial: it stops when one fires.
+        self.stop_on = warning_stops(job.rescue, self.record)
+        self.rescue_stop: tuple[str, int] | None = None  # (warning, its onset step) it stopped on
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}
@@ -75,6 +77,17 @@ class AttemptState:
         self.kept_rows: list[tuple[int, dict[str, float]]] = []  # metrics.jsonl up to the start
         self.tail: list[tuple[int, dict[str, float]]] = []  # rows after it that MLflow held
         self.timing: dict[str, float] = {}  # orchestration cost of the attempt (result.json)
+
+    def rescue_warning(self) -> tuple[str, int] | None:
+        """The first warning in ``stop_on`` that has fired, with its onset step: the early
+        warning's, or an ``unstable`` rule's firing."""
+        fired = []
+        if "early_warning" in self.stop_on and self.engine.warning_step is not None:
+            fired.append(("early_warning", self.engine.warning_step))
+        for rule in self.engine.rules:
+            if rule.spec.name in self.stop_on and rule.firing is not None:
+                fired.append((rule.spec.name, rule.firing.onset))
+        return min(fired, key=lambda f: f[1]) if fired else None
 
     @property
     def started(self) -> bool:

@@ -93,6 +93,10 @@ class Notifier:
             for n, note in enumerate(notes(rec)):
                 extra = {**base, "verdict": v.get("kind"), "step": note.get("step"),
                          "rescue": {k: note.get(k) for k in ("event", "by", "trial", "pool", "start")}}
+                # The event a rescue acted on, which a rescue in place may have cleared from
+                # the record before a scan saw it (same key: sent once either way).
+                kind = str(note.get("event", "collapsed")).partition(":")[0]
+                self.queue(kind, {**extra, "reason": f"{note.get('by')} rescues it"}, f"{kind}:{tid}")
                 if note.get("refused") == "budget":
                     self.queue("budget_exhausted", {**extra, "reason": note.get("error")},
                                f"budget_exhausted:{tid}:{n}")

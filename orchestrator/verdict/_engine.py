@@ -8,7 +8,6 @@ stored history again. Apart from the detectors (``_detectors``: one rule each) a
 """
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from collections.abc import Mapping
 from typing import Any
@@ -27,12 +26,8 @@ SNAPSHOT_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.GRAD_NORM, M.K3_KL, M.TRAIN
 class VerdictEngine:
     """Feeds on (step, metrics) and says when to stop early and, at the end, how the trial went."""
 
-    def __init__(self, collapse: CollapseSpec, early_stop: EarlyStopSpec, total_steps: int,
-                 stop_on: frozenset[str] = frozenset()) -> None:
-        """``stop_on``: warnings (``early_warning`` or the name of an ``unstable`` rule) that
-        stop the trial for a rescue (the grid's ``rescue:`` policy), with or without early stop."""
+    def __init__(self, collapse: CollapseSpec, early_stop: EarlyStopSpec, total_steps: int) -> None:
         self.collapse = collapse
-        self.stop_on = stop_on
         self.early_stop = early_stop
         self.total_steps = int(total_steps)
         self.rules = [RuleState(r) for r in resolve_rules(collapse)]
@@ -78,9 +73,6 @@ class VerdictEngine:
         numeric = self._first(("nonfinite",), verdict=None)
         if numeric is not None:
             return f"non-finite metric at step {numeric.firing.onset}"  # type: ignore[union-attr]
-        rescue = self.rescue_warning
-        if rescue is not None:
-            return f"stopped for a rescue: warning {rescue[0]} at step {rescue[1]}"
         if not self.early_stop.enabled:
             return None
         margin = self.early_stop.margin
@@ -120,17 +112,6 @@ class VerdictEngine:
         return f"{spec.metric} = {f.value:.4g} {kind}{ref}{floor}"
 
     @property
-    def rescue_warning(self) -> tuple[str, int] | None:
-        """The first warning in ``stop_on`` that fired, and its onset step."""
-        fired = []
-        if "early_warning" in self.stop_on and self.warning_step is not None:
-            fired.append(("early_warning", self.warning_step))
-        for rule in self.rules:
-            if rule.spec.name in self.stop_on and rule.firing is not None:
-                fired.append((rule.spec.name, rule.firing.onset))
-        return min(fired, key=lambda f: f[1]) if fired else None
-
-    @property
     def warning_step(self) -> int | None:
         return self.warning.step if self.warning is not None else None
 
@@ -142,9 +123,6 @@ class VerdictEngine:
         stopped = outcome == "stopped" and self._stop_reason() is not None
         saved = max(self.total_steps - int(last_step), 0) if stopped else 0
         common: dict[str, Any] = {"warning_step": warn, "stopped_early": stopped, "steps_saved": saved}
-        rescue = self.rescue_warning if stopped else None
-        if rescue is not None:  # stopped on a warning: rescued at its step, not judged further
-            return self._rescued(rescue, last_step, common)
         numeric = self._first(("nonfinite",), verdict=None)
         if outcome == "numeric_failure" or numeric is not None:
             step = numeric.firing.onset if numeric is not None else last_step  # type: ignore[union-attr]
@@ -187,15 +165,6 @@ class VerdictEngine:
         if outcome != "completed":
             why = f"healthy up to step {last_step} ({outcome}{': ' + reason if reason else ''})"
         return Verdict(VerdictKind.HEALTHY, reason=why, **common)
-
-    def _rescued(self, rescue: tuple[str, int], last_step: int, common: dict[str, Any]) -> Verdict:
-        """The verdict of a trial stopped on a warning for a rescue: what it was up to then
-        (healthy, or unstable when a rule had fired), with the warning and its step."""
-        name, step = rescue
-        base = self.verdict(last_step, "completed")
-        why = f"rescued at step {step} on warning {name}, stopped at step {last_step}; until then {base.reason}"
-        return dataclasses.replace(base, reason=why, rescued_step=step, rescued_by=name,
-                                   **{k: v for k, v in common.items() if k != "warning_step"})
 
     @staticmethod
     def _lead(warn: int | None, step: int | None) -> dict[str, Any]:

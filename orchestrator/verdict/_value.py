@@ -33,9 +33,6 @@ class Verdict:
     lead_time: int | None = None
     stopped_early: bool = False
     steps_saved: int = 0
-    # Stopped on a warning for the grid's rescue policy: the warning's onset step and its name.
-    rescued_step: int | None = None
-    rescued_by: str | None = None
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -63,9 +60,6 @@ class Verdict:
             "verdict.stopped_early": str(self.stopped_early).lower(),
             "verdict.steps_saved": str(self.steps_saved),
         }
-        if self.rescued_step is not None:  # only then: runs of other trials keep their tags
-            tags["verdict.rescued_step"] = str(self.rescued_step)
-            tags["verdict.rescued_by"] = self.rescued_by or ""
         for key, value in self.values.items():
             tags[f"verdict.value.{key}"] = f"{value:.6g}"
         return tags

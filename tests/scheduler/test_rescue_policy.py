@@ -19,6 +19,7 @@ from pathlib import Path
 
 import doubles
 import pytest
+from webhooks import Receiver
 
 from orchestrator.compare import compare
 from orchestrator.grid import expand, load_grid
@@ -148,6 +149,8 @@ def test_an_infra_failure_moves_to_another_pool_after_its_retries(
     from orchestrator.scheduler import submit
 
     doubles.register(monkeypatch)
+    hook = Receiver()
+    monkeypatch.setenv("ABLATE_TEST_WEBHOOK", hook.url)
     monkeypatch.setenv("ABLATE_DOUBLE_BAD_POOL", "sim-a100")
     monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.001")
     monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
@@ -166,6 +169,7 @@ retries: {max: 1}
 rescue:
   - {when: collapsed, resume: {pool: sim-h100}}
   - {when: infra_failed, resume: {pool: sim-h20}}
+notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
 """)
     (t,) = expand(load_grid(path))
     ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # short: Ray's socket paths have a length cap
@@ -174,7 +178,11 @@ rescue:
         again = submit(str(path), progress=False, ray_tmp=ray_tmp)
     finally:
         shutil.rmtree(ray_tmp, ignore_errors=True)
+        hook.close()
     assert summary["rescued"] == [t.trial_id]
+    # The alerts: the failure and the rescue once over both submissions, each submission's end.
+    assert sorted((b["event"], b.get("trial_id")) for b in hook.bodies) == [
+        ("grid_done", None), ("grid_done", None), ("infra_failed", t.trial_id), ("rescued", t.trial_id)]
     paths = TrialPaths(workspace.grid_dir("infra"), t.trial_id)
     rec = records.load_state(paths, t.trial_id)
     assert rec.state.value == "done" and rec.verdict["kind"] == "healthy" and rec.pool == "sim-h20"
@@ -194,7 +202,8 @@ rescue:
 
     from orchestrator.compare import compare
 
-    (row,) = list(csv.DictReader(open(compare(str(path), out_dir=isolated / "res") / "rescues.csv")))
+    (row,) = list(csv.DictReader((compare(str(path), out_dir=isolated / "res") / "rescues.csv")
+                                 .read_text().splitlines()))
     assert (row["rescue"], row["parent"], row["event"], row["recovered"]) == (
         t.trial_id, t.trial_id, "infra_failed", "True")
 
@@ -206,7 +215,7 @@ def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warne
 
     (child,) = warned["first"]
     parent = warned["parent"]
-    (row,) = list(csv.DictReader(open(warned["results"] / "rescues.csv")))
+    (row,) = list(csv.DictReader((warned["results"] / "rescues.csv").read_text().splitlines()))
     reward = {tid: [m[M.TRAIN_REWARD] for _, m in records.iter_metrics(TrialPaths(warned["dir"], tid).metrics)]
               for tid in (parent.trial_id, child.trial_id)}
     assert row["rescue"] == child.trial_id and row["parent"] == parent.trial_id
@@ -216,7 +225,7 @@ def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warne
     assert float(row["parent peak"]) == pytest.approx(max(reward[parent.trial_id]))
     text = (warned["results"] / "summary.md").read_text()
     gain = reward[child.trial_id][-1] - reward[parent.trial_id][-1]
-    assert "## Rescues" in text and f"| 1 | 1 (100% [" in text and f"{gain:+.3f} (n=1)" in text
+    assert "## Rescues" in text and "| 1 | 1 (100% [" in text and f"{gain:+.3f} (n=1)" in text
     # The rescue's MLflow run names its parent.
     from mlflow import MlflowClient
 
