@@ -232,3 +232,30 @@ def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warne
     run_id = records.load_state(TrialPaths(warned["dir"], child.trial_id), child.trial_id).mlflow_run_id
     tags = MlflowClient(workspace.tracking_uri(None, None)).get_run(run_id).data.tags
     assert tags["rescue.of"] == parent.trial_id and tags["rescue.event"] == "warning:k3_warn"
+
+
+def test_which_entry_acts_bounds_and_old_records() -> None:
+    """``times`` bounds an entry per trial; a rescue is rescued again only with ``of_rescues``;
+    a budget refusal does not count; a record from before the list counts as its one note."""
+    from orchestrator.grid import entry_for, warning_stops
+    from orchestrator.schema import RescueEntry, ResumeAction
+
+    policy = (RescueEntry(when="collapsed", resume=ResumeAction(pool="sim-h20")),
+              RescueEntry(when="collapsed", resume=ResumeAction(pool="sim-h100"), times=2),
+              RescueEntry(when={"warning": "k3_warn"}, resume=ResumeAction(set={"rollout.weight_lag": 0})),
+              RescueEntry(when="infra_failed", resume=ResumeAction(pool="sim-h20"), of_rescues=True))
+    rec = records.TrialRecord(trial_id="t1")
+    assert entry_for(policy, "collapsed", rec)[0] == 0
+    assert warning_stops(policy, rec) == {"k3_warn"}
+    rec.rescues = [{"event": "collapsed", "entry": 0, "trial": "t1", "by": "rescue[0]"}]
+    # Entry 0 is spent; entry 1 would rescue a rescue (moved in place by entry 0): not asked.
+    assert entry_for(policy, "collapsed", rec) is None
+    assert warning_stops(policy, rec) == frozenset()
+    assert entry_for(policy, "infra_failed", rec)[0] == 3  # of_rescues: true
+    fresh = records.TrialRecord(trial_id="t2", rescues=[
+        {"event": "collapsed", "entry": 0, "refused": "budget", "error": "budget: ..."}])
+    assert entry_for(policy, "collapsed", fresh)[0] == 0  # a budget refusal is tried again
+    old = records.TrialRecord(trial_id="t3", rescue={"by": "on_collapse", "trial": "t9", "pool": "sim-h20"})
+    assert entry_for(policy[:1], "collapsed", old) is None  # rescued before the list existed
+    child = records.TrialRecord(trial_id="t4", rescue_of={"parent": "t1", "event": "collapsed", "step": 5})
+    assert entry_for(policy, "collapsed", child) is None and entry_for(policy, "infra_failed", child)[0] == 3
