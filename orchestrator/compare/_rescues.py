@@ -9,7 +9,9 @@ parent's curve is its own up to the rescue's start plus the tail the resume repl
 (``superseded``). The cell is the parent's.
 
 *Recovered*: the rescue's verdict at its end is neither ``collapsed`` nor ``numeric_failure``.
-*Gain*: the rescue's final reward minus the parent's final (the last value it reached), and
+*Gain*: the rescue's final reward minus the parent's final (the last value it reached; the eval
+reward where both have one, else the train reward: a parent stopped on a warning often ends
+before its first evaluation), and
 minus the parent's peak; each the paired t interval of the mean difference over the cell's
 rescues (``stats.intervals.paired_difference``), the recovered share a Wilson interval.
 """
@@ -22,13 +24,16 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 from orchestrator.stats.intervals import Interval, paired_difference, wilson
 
 FAILED = ("collapsed", "numeric_failure")
 INTRO = ("Rescues of the grid's rescue policy, by the parent's cell: recovered = not collapsed "
-         "at the end; gain = the rescue's final {key} minus the parent's final, and minus the "
-         "parent's peak (mean [{level:.0%} interval] over the cell's rescues).")
+         "at the end; gain = the rescue's final reward ({key}) minus the parent's final, and "
+         "minus the parent's peak (mean [{level:.0%} interval] over the cell's rescues). A parent "
+         "stopped on a warning ran fewer steps than its rescue: the gain is not the warning's "
+         "effect alone.")
 
 
 def _parent_curve(r: TrialResult, parent: TrialResult | None, key: str) -> list[tuple[int, float]]:
@@ -41,14 +46,19 @@ def _parent_curve(r: TrialResult, parent: TrialResult | None, key: str) -> list[
     return [(s, v) for s, v in r.curves.get(key, []) if s <= start] + list(tail)
 
 
-def _outcome(r: TrialResult, parent: TrialResult | None, key: str) -> dict[str, Any]:
-    curve = [(s, v) for s, v in _parent_curve(r, parent, key) if math.isfinite(v)]
+def _outcome(r: TrialResult, parent: TrialResult | None) -> dict[str, Any]:
+    """One rescue against its parent, on the eval reward where both have one, else the train
+    reward (a parent stopped on an early warning often ends before its first evaluation)."""
     derived = parent is not None and parent is not r
-    p_final = parent.final(key) if derived else (curve[-1][1] if curve else math.nan)
-    p_peak = parent.peak(key) if derived else max((v for _, v in curve), default=math.nan)
+    for key in (M.EVAL_REWARD, M.TRAIN_REWARD):
+        curve = [(s, v) for s, v in _parent_curve(r, parent, key) if math.isfinite(v)]
+        p_final = parent.final(key) if derived else (curve[-1][1] if curve else math.nan)
+        p_peak = parent.peak(key) if derived else max((v for _, v in curve), default=math.nan)
+        if math.isfinite(r.final(key)) and math.isfinite(p_final):
+            break
     return {"rescue": r.trial_id, "parent": r.rescue.get("of", ""), "event": r.rescue.get("event", ""),
             "from_step": r.rescue.get("from_step", ""), "verdict": r.verdict or "",
-            "recovered": r.verdict is not None and r.verdict not in FAILED,
+            "recovered": r.verdict is not None and r.verdict not in FAILED, "metric": key,
             "final": r.final(key), "parent_final": p_final, "parent_peak": p_peak}
 
 
@@ -63,26 +73,26 @@ def rescue_section(results: Sequence[TrialResult], out: Path, level: float = 0.9
     rescues = [r for r in results if r.rescue.get("of")]
     if not rescues:
         return None
-    key = rescues[0].reward_key
     per_cell: dict[str, list[dict[str, Any]]] = {}
     for r in rescues:
         parent = by_id.get(r.rescue["of"])
-        per_cell.setdefault(_cell(parent or r), []).append(_outcome(r, parent, key))
+        per_cell.setdefault(_cell(parent or r), []).append(_outcome(r, parent))
     with open(out / "rescues.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["cell", "rescue", "parent", "event", "from_step", "verdict", "recovered",
-                    f"final {key}", "parent final", "parent peak"])
+                    "metric", "final", "parent final", "parent peak"])
         for cell, rows in sorted(per_cell.items()):
             for o in rows:
                 w.writerow([cell, o["rescue"], o["parent"], o["event"], o["from_step"], o["verdict"],
-                            o["recovered"], o["final"], o["parent_final"], o["parent_peak"]])
+                            o["recovered"], o["metric"], o["final"], o["parent_final"], o["parent_peak"]])
     cells = []
     for cell, rows in sorted(per_cell.items()):
         cells.append({"cell": cell, "n": len(rows), "recovered": wilson(
             sum(o["recovered"] for o in rows), len(rows), level),
             "gain_final": paired_difference([(o["final"], o["parent_final"]) for o in rows], level),
             "gain_peak": paired_difference([(o["final"], o["parent_peak"]) for o in rows], level)})
-    return {"rows": cells, "key": key, "level": level}
+    keys = sorted({o["metric"] for rows in per_cell.values() for o in rows})
+    return {"rows": cells, "key": " or ".join(keys), "level": level}
 
 
 def _iv(i: Interval, signed: bool = True) -> str:
