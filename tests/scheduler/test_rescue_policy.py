@@ -260,3 +260,30 @@ def test_which_entry_acts_bounds_and_old_records() -> None:
     assert entry_for(policy[:1], "collapsed", old) is None  # rescued before the list existed
     child = records.TrialRecord(trial_id="t4", rescue_of={"parent": "t1", "event": "collapsed", "step": 5})
     assert entry_for(policy, "collapsed", child) is None and entry_for(policy, "infra_failed", child)[0] == 3
+
+
+def test_a_rescue_over_budget_is_refused_with_its_reason_and_tried_again_later(
+        isolated: Path) -> None:
+    """``budget.gpu_hours`` (one trial's projected cost, a little more) spent: the warning's rescue is refused, recorded with the reason,
+    no trial derived; with the budget raised (a re-submission) it is made."""
+    from orchestrator.scheduler._budget import Planner
+
+    path = isolated / "poor.yaml"
+    path.write_text(GRID.format(name="poor", k3=K3) + "budget: {gpu_hours: 0.00034}\n")
+    grid = load_grid(path)
+    (parent,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    job = make_job(grid, parent, grid_dir=grid_dir, tracking=None, submission="test")
+    run_attempt(job)
+    planner = Planner(grid, grid_dir, [parent], grid.pools.pools)
+    assert auto_rescue(grid, grid_dir, [parent.trial_id], budget=planner) == []
+    rec = records.load_state(TrialPaths(grid_dir, parent.trial_id), parent.trial_id)
+    (note,) = rec.rescues
+    assert note["refused"] == "budget" and note["error"].startswith("budget: the rescue would cost")
+    assert "of budget.gpu_hours=0.00034 h spent; raise it and submit again" in note["error"]
+    assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == [parent.trial_id]
+    path.write_text(GRID.format(name="poor", k3=K3) + "budget: {gpu_hours: 10}\n")
+    richer = load_grid(path)
+    (child,) = auto_rescue(richer, grid_dir, [parent.trial_id],
+                           budget=Planner(richer, grid_dir, [parent], richer.pools.pools))
+    assert child.derived_from == (parent.trial_id, 2)
