@@ -264,8 +264,9 @@ def test_which_entry_acts_bounds_and_old_records() -> None:
 
 def test_a_rescue_over_budget_is_refused_with_its_reason_and_tried_again_later(
         isolated: Path) -> None:
-    """``budget.gpu_hours`` (one trial's projected cost, a little more) spent: the warning's rescue is refused, recorded with the reason,
-    no trial derived; with the budget raised (a re-submission) it is made."""
+    """``budget.gpu_hours`` (one trial's projected cost, a little more) spent: the warning's
+    rescue is refused, recorded with the reason, no trial derived; with the budget raised (a
+    re-submission) it is made."""
     from orchestrator.scheduler._budget import Planner
 
     path = isolated / "poor.yaml"
