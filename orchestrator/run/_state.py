@@ -53,7 +53,10 @@ class AttemptState:
         self.store = CheckpointStore.for_trial(job.checkpoint.store, self.paths.root,
                                                job.trial.trial_id, job.checkpoint.keep)
         self.record = records.load_state(self.paths, job.trial.trial_id)
-        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
+        # Default rules on metrics this configuration never emits are recorded as not
+        # applicable, not run (a rule that cannot fire would pass without a check).
+        self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps,
+                                    unemitted=job.backend_ref.unemitted_by(job.config, job.pool))
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}

@@ -141,6 +141,9 @@ def test_verl_metrics_depend_on_the_configuration_as_in_verls_source() -> None:
     assert re.search(r"if rollout_is_batch_normalize:[\s\S]{0,2500}rollout_is_batch_norm_factor",
                      helper)
     trainer = (VERL / "trainer/ppo/ray_trainer.py").read_text()
+    # Validation during training only with test_freq > 0, at the line the docstring cites.
+    line = trainer.splitlines()[1726]
+    assert line.strip().startswith("if self.config.trainer.test_freq > 0 and ("), line
     assert re.search(r"if bypass_recomputing_logprobs:[\s\S]{0,2500}else:[\s\S]{0,3000}"
                      r"calculate_debug_metrics", trainer)
     gpu, sim = POOLS["h100"], POOLS["sim-h100"]
@@ -149,7 +152,12 @@ def test_verl_metrics_depend_on_the_configuration_as_in_verls_source() -> None:
         bypass = b.unemitted(CorrectionSpec(policy="bypass"), RolloutSpec(), LearnerSpec(), gpu)
         assert M.PROB_DIFF_MAX in bypass and M.IS_OOB_RATIO in bypass, name
         icepop = CorrectionSpec(is_level="token", is_mode="mask", batch_norm=True)
-        assert not b.unemitted(icepop, RolloutSpec(), LearnerSpec(), gpu), name
+        fp16 = LearnerSpec(precision="fp16")
+        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu), name
+        assert M.SKIPPED_SHARE in b.unemitted(icepop, RolloutSpec(), LearnerSpec(), gpu), name
+        no_eval = b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": -1}})
+        assert list(no_eval) == [M.EVAL_REWARD] and "test_freq: -1" in no_eval[M.EVAL_REWARD]
+        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": 5}})
     slurm_sim = backend("slurm").unemitted(CorrectionSpec(), RolloutSpec(), LearnerSpec(), sim)
     assert M.IS_MASKED_FRACTION in slurm_sim and M.PROB_DIFF_MAX not in slurm_sim
 
