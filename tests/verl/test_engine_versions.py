@@ -76,6 +76,27 @@ def test_fa3_on_sglang_from_0512_is_refused_as_verls_own_server_avoids_it() -> N
     assert engine_versions.check_version(fa3, "sglang", _gpu(engine_versions={"sglang": "0.5.11"})) is None
 
 
+def test_sglangs_seed_42_fact_is_cited_where_verl_and_sglang_have_it() -> None:
+    """verl 0.9.1 sends SGLang no per-request seed; SGLang's deterministic mode then samples
+    every request with seed 42 (read in sglang's own source where sglang is installed)."""
+    lines = (VERL / "experimental/agent_loop/agent_loop.py").read_text().splitlines()
+    first, last = (int(n) for n in engines.VERL_NO_SEED.rsplit(":", 1)[1].split("-"))
+    built = "\n".join(lines[first - 1:last])
+    assert built.strip().startswith("sampling_params = dict(") and built.strip().endswith(")")
+    assert "seed" not in built
+    assert not [p for p in VERL.rglob("*.py") if "sampling_seed" in p.read_text()]
+    problem = engines.check_engine(RolloutSpec(engine="sglang", deterministic=True), "sglang")
+    assert problem and engines.SGLANG_SEED_42 in problem and engines.VERL_NO_SEED in problem
+    if engines.installed("sglang") != _pin("sglang", "sglang"):
+        pytest.skip("sglang at verl's pin not installed here: its side is read on the GPU image")
+    sglang_dir = Path(importlib.util.find_spec("sglang").origin).parent  # type: ignore[union-attr]
+    path, span = engines.SGLANG_SEED_42.rsplit(":", 1)
+    first, last = (int(n) for n in span.split("-"))
+    text = "\n".join((sglang_dir / path).read_text().splitlines()[first - 1:last])
+    assert re.search(r"sampling_seed\s+if r\.sampling_params\.sampling_seed is not None\s+"
+                     r"else 42[\s\S]*if enable_deterministic", text), text
+
+
 def test_fp32_with_half_only_attention_is_refused() -> None:
     for engine, backend_ in (("vllm", "fa3"), ("vllm", "flashinfer"), ("sglang", "flashinfer")):
         problem = engine_versions.check_version(RolloutSpec(dtype="fp32", attention_backend=backend_),
