@@ -55,6 +55,7 @@ def _refused(argv: list[str], capsys: pytest.CaptureFixture[str], isolated: Path
     assert rc == 2, f"exit {rc}; stderr: {err}"
     lines = [ln for ln in err.strip().splitlines() if not ln.startswith("warning: ")]
     assert len(lines) == 1 and lines[0].startswith("error: ") and "Traceback" not in err, err
+    assert out == "", out
     assert not (isolated / ".ablate").exists() and not (isolated / "out").exists()
     return err
 
