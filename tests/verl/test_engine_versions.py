@@ -152,6 +152,28 @@ def test_max_staleness_needs_cupy_which_the_gpu_extras_install(
     assert engine_versions.checkpoint_engine_problem(LearnerSpec(), POOLS["h100"]) is None
 
 
+
+def test_plan_refuses_max_staleness_without_cupy_in_one_line(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where this machine runs the engine (one installed here) and lacks cupy; elsewhere the
+    pool's image, built from the extras that install it, is not this machine's to check."""
+    from orchestrator.cli import main
+
+    monkeypatch.setattr(engines, "installed", lambda e: "0.5.12" if e == "sglang" else None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "cupy" else real(n, *a))
+    grid = isolated / "g.yaml"
+    grid.write_text("name: g\nrecipe: verl/qwen3_4b_dapo\nbackend: k8s\nsteps: 4\npool: h100\n"
+                    "overrides:\n  learner.max_staleness: 2\n")
+    assert main(["plan", str(grid)]) == 2
+    out, err = capsys.readouterr()
+    (line,) = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
+    assert line.startswith(f"error: {grid}") and "cupy" in line and "fix" in line, err
+    assert out == "" and not (isolated / ".ablate").exists()
+
+
 # --------------------------------------------------------------------------- metrics
 
 
