@@ -133,3 +133,35 @@ def test_compare_reports_each_trials_skipped_share() -> None:
     assert stats["skipped_share"] == 0.25 and "skipped 25.0%" in format_cell(stats)
     bf16 = cell_stats([trial("c", None)])
     assert math.isnan(bf16["skipped_share"]) and "skipped" not in format_cell(bf16)
+
+
+def test_the_simulators_loss_scaler_is_verls() -> None:
+    """The simulator's fp16 path scales as verl's: the growth interval verl passes, torch's
+    ShardedGradScaler defaults for the rest (initial scale, halving, doubling)."""
+    import inspect
+
+    from torch.distributed.fsdp.sharded_grad_scaler import ShardedGradScaler
+
+    from orchestrator.sim.precision import LossScaler
+
+    (line,) = [ln for ln in IMPL.read_text().splitlines() if "ShardedGradScaler(" in ln]
+    interval = int(re.search(r"growth_interval=(\d+)", line).group(1))  # type: ignore[union-attr]
+    torch_defaults = {k: p.default for k, p in inspect.signature(ShardedGradScaler).parameters.items()}
+    scaler = LossScaler()
+    assert (scaler.scale, scaler.growth_interval) == (torch_defaults["init_scale"], interval)
+    assert (torch_defaults["backoff_factor"], torch_defaults["growth_factor"]) == (0.5, 2.0)
+    scaler.update(False)
+    assert scaler.scale == torch_defaults["init_scale"] * 0.5
+    for _ in range(interval):
+        scaler.update(True)
+    assert scaler.scale == torch_defaults["init_scale"]
+
+
+def test_the_docs_name_no_metric_verl_does_not_emit() -> None:
+    """docs/ once said verl logs actor/loss_scale and actor/skipped_update; it has neither."""
+    docs = Path(__file__).resolve().parents[1] / "docs"
+    for page in docs.rglob("*.md"):
+        text = page.read_text()
+        assert "actor/loss_scale" not in text and "actor/skipped_update" not in text, page
+    learner = (docs / "learner.md").read_text()
+    assert re.search(r"\| `fp16/loss_scale` \|[^\n]*\| the simulator only \|", learner)

@@ -160,10 +160,17 @@ class Backend:
         return any(self.trainer(p).reported(name) for p in pools)
 
     def unemitted(self, correction: CorrectionSpec, rollout: RolloutSpec, learner: LearnerSpec,
-                  pool: PoolSpec) -> dict[str, str]:
-        """Metrics a trial of this configuration on ``pool`` never emits, with why (its
-        trainer's answer, whichever launcher runs it)."""
-        return self.trainer(pool).unemitted(correction, rollout, learner)
+                  pool: PoolSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Metrics a trial of this configuration (``config``: its resolved recipe) on ``pool``
+        never emits, with why (its trainer's answer, whichever launcher runs it)."""
+        return self.trainer(pool).unemitted(correction, rollout, learner, config)
+
+    def unemitted_by(self, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, str]:
+        """:meth:`unemitted` for a trial's resolved config, whose sections were checked at plan."""
+        return self.unemitted(CorrectionSpec.model_validate(dict(config.get("correction") or {})),
+                              RolloutSpec.model_validate(dict(config.get("rollout") or {})),
+                              LearnerSpec.model_validate(dict(config.get("learner") or {})),
+                              pool, config)
 
     def describe(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
         return self.launcher.describe(trial, pool) + self.trainer(pool).describe(trial, config,

@@ -157,15 +157,23 @@ class Trainer(abc.ABC):
 
     @classmethod
     def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
-                  learner: LearnerSpec) -> dict[str, str]:
+                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """Metrics of :meth:`reported` that a trial of this configuration never emits, each with
-        why: a collapse rule or search objective on one of them could never fire for it, so the
-        grid is refused at plan (``grid/_expansion``). By default what every trainer's IS
-        correction shares (the simulator's ``sim/correction_math.is_weights`` and verl's
+        why: a grid's own collapse rule or search objective on one of them could never fire for
+        it, so the grid is refused at plan (``grid/_expansion``), and a default rule on one is
+        recorded as not applicable to the trial (``verdict.VerdictEngine``). ``config``: the
+        trial's resolved recipe, for what its other sections decide (verl: evaluation); None
+        where only the three sections are known. By default what every trainer's IS correction
+        shares (the simulator's ``sim/correction_math.is_weights`` and verl's
         ``rollout_corr_helper.compute_rollout_correction_weights``): the masked share only in
         mask mode (IcePop), the batch-normalisation factor only with batch normalisation, both
-        only with an IS level."""
+        only with an IS level; and the loss scaler's metrics only for an fp16 learner (the
+        simulator's ``LossScaler`` and verl's ``ShardedGradScaler`` exist only there)."""
         out: dict[str, str] = {}
+        if learner.precision != "fp16":
+            out[M.SKIPPED_SHARE] = out[M.LOSS_SCALE] = (
+                "it is emitted only with learner.precision: fp16 (the only learner with a loss "
+                "scaler, which skips updates)")
         if correction.is_level == "none" or correction.is_mode != "mask":
             out[M.IS_MASKED_FRACTION] = ("it is IcePop's masked share, emitted only with "
                                          "correction.is_mode: mask and an is_level")

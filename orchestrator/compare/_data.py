@@ -68,6 +68,8 @@ class TrialResult:
     peaks: dict[str, float] = dataclasses.field(default_factory=dict)
     steps_done: int | None = None
     rescue: dict[str, str] = dataclasses.field(default_factory=dict)  # ``rescue.*`` tags (``_rescues``)
+    # Rules the trial's configuration gives no metric for, with why (``verdict.not_applicable``).
+    not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
 
     @property
     def reward_key(self) -> str:
@@ -212,11 +214,34 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
             variant=variant, config=tags.get(CONFIG_TAG, ""),
             rescue={k.removeprefix("rescue."): v for k, v in tags.items() if k.startswith("rescue.")},
+            not_applicable=_not_applicable(tags.get("verdict.not_applicable", "")),
         )
     _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
                                                 r.variant, r.seed, r.trial_id))
+
+
+def _not_applicable(tag: str) -> dict[str, str]:
+    try:
+        data = json.loads(tag) if tag else {}
+    except ValueError:
+        return {}
+    return {str(k): str(v) for k, v in data.items()} if isinstance(data, dict) else {}
+
+
+def not_applicable_lines(results: Sequence[TrialResult], text: Any) -> list[str]:
+    """The Markdown lines naming each rule that did not run on some trials, and why: never
+    run, so a healthy verdict there says nothing about it (``text``: ``markdown.text``)."""
+    groups: dict[tuple[str, str], int] = {}
+    for r in results:
+        for rule, why in r.not_applicable.items():
+            groups[(rule, why)] = groups.get((rule, why), 0) + 1
+    if not groups:
+        return []
+    return ["", "Collapse rules not applicable (never run, so not passed either):", "",
+            *(f"- {text(rule)} on {n} of {len(results)} trials: {text(why)}"
+              for (rule, why), n in sorted(groups.items()))]
 
 
 def trial_cell(tags: Mapping[str, str], params: Mapping[str, str], axis_names: Sequence[str],

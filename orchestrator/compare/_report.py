@@ -29,6 +29,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
+from orchestrator.compare import _data as D
 from orchestrator.compare import _plots as P
 from orchestrator.compare import _rescues as R
 from orchestrator.compare import _survival as S
@@ -233,6 +234,7 @@ def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]],
                            "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),
                            "max_k3_kl": r.peak(M.K3_KL), "max_grad_norm": r.peak(M.GRAD_NORM),
                            "skipped_share": r.skipped_share,
+                           "not_applicable": ";".join(r.not_applicable),
                            "attempts": ";".join(f"{s.number}:{s.pool}:{s.start}-{s.end or ''}"
                                                 for s in r.segments)})
     pd.DataFrame(trial_rows).to_csv(out / "trials.csv", index=False)
@@ -283,7 +285,7 @@ def render_markdown(report: dict[str, Any]) -> str:
              (f"Cells: final and peak {md.code(report['reward_metric'])} (mean [95% interval] over "
               "seeds, inside [0, 1] for a reward there), collapsed/judged trials @ median step of "
               "the collapsed ones (see Time to collapse for the median over all), max k3 KL."), "",
-             *environment_lines(report), "",
+             *environment_lines(report), *D.not_applicable_lines(res, md.text), "",
              "| " + " | ".join(md.text(h) for h in header) + " |",
              "|" + "---|" * len(header)]
     # The row labels are the user's; the cells are ours (format_cell's <br> line breaks).

@@ -18,7 +18,7 @@ from orchestrator.backends import backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
-from orchestrator.grid._cells import check_comparisons, check_emitted
+from orchestrator.grid._cells import check_comparisons, check_emitted, watched_metrics
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
@@ -89,6 +89,7 @@ class _Resolver:
         for sec, items in by_section.items():
             out.extend(self.section(sec, tuple(sorted(items)), context))
         self._backend_check(out, pool, context)
+        self._emitted_check(tuple(out), tuple(rest), pool, context)
         self._engine_check(out, tuple(rest), pool, context)
         # Also without overrides: the recipe's own values must run (once per pool). The learner
         # keys go with them: they constrain recipe values (verl separate_async's batch sizes).
@@ -169,10 +170,20 @@ class _Resolver:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem
                                   else "exclude this combination or change the value")
-        check_emitted(self.grid, self.backend.unemitted(corr, roll, learn, pool_spec),
-                      f"{_context(context)} on pool {pool}")
         self.checked.add(key)
 
+    def _emitted_check(self, sections: tuple[tuple[str, Any], ...], rest: tuple[tuple[str, Any], ...],
+                       pool: str, context: Any) -> None:
+        """The metrics the grid watches against those this trial will not emit, from its whole
+        configuration (its sections and the recipe keys it sets: verl's evaluation)."""
+        key = ("emitted", sections, rest, pool)
+        if key in self.checked or not watched_metrics(self.grid.spec):
+            return
+        config = recipes.apply_overrides(self.grid.recipe_config,
+                                         {k: thaw(v) for k, v in sections + rest})
+        check_emitted(self.grid, self.backend.unemitted_by(config, self.grid.pools.pools[pool]),
+                      f"{_context(context)} on pool {pool}")
+        self.checked.add(key)
 
     def _engine_check(self, sections: list[tuple[str, Any]], rest: tuple[tuple[str, Any], ...],
                       pool: str, context: Any) -> None:

@@ -91,7 +91,9 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     ``UserError`` for a bad grid, both before anything starts.
     """
     grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
-    trials = [] if grid.spec.search is not None else expand(grid, force=force)
+    trials = expand(grid, force=force)  # a search grid too: the checks of its plan, up front
+    if grid.spec.search is not None:
+        trials = []  # its trials are the points the search samples
     check_notify(grid)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")

@@ -26,12 +26,24 @@ SNAPSHOT_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.GRAD_NORM, M.K3_KL, M.TRAIN
 class VerdictEngine:
     """Feeds on (step, metrics) and says when to stop early and, at the end, how the trial went."""
 
-    def __init__(self, collapse: CollapseSpec, early_stop: EarlyStopSpec, total_steps: int) -> None:
+    def __init__(self, collapse: CollapseSpec, early_stop: EarlyStopSpec, total_steps: int,
+                 unemitted: Mapping[str, str] | None = None) -> None:
+        """``unemitted``: the metrics this trial's configuration never emits, with why (its
+        trainer's ``unemitted``). A rule or the early warning on one of them is not applicable
+        to the trial: it is not run, and the verdict lists it (``not_applicable``) rather than
+        count it among the checks that passed. Plan refuses a grid's own rules on such metrics,
+        so these are default rules (e.g. ``fp16_skipped_updates`` for a bf16 learner)."""
         self.collapse = collapse
         self.early_stop = early_stop
         self.total_steps = int(total_steps)
-        self.rules = [RuleState(r) for r in resolve_rules(collapse)]
+        gone = dict(unemitted or {})
+        self.not_applicable = {r.name: f"{r.metric}: {gone[r.metric]}"
+                               for r in resolve_rules(collapse) if r.metric in gone}
+        self.rules = [RuleState(r) for r in resolve_rules(collapse) if r.metric not in gone]
         wspec = collapse.warning_spec
+        if wspec is not None and wspec.metric in gone:
+            self.not_applicable["early_warning"] = f"{wspec.metric}: {gone[wspec.metric]}"
+            wspec = None
         self.warning = EarlyWarning(wspec) if wspec is not None else None
         self.last_step: int | None = None
         self._snapshots: deque[tuple[int, dict[str, float]]] = deque(maxlen=self._snapshot_depth())
@@ -122,7 +134,8 @@ class VerdictEngine:
         warn = self.warning_step
         stopped = outcome == "stopped" and self._stop_reason() is not None
         saved = max(self.total_steps - int(last_step), 0) if stopped else 0
-        common: dict[str, Any] = {"warning_step": warn, "stopped_early": stopped, "steps_saved": saved}
+        common: dict[str, Any] = {"warning_step": warn, "stopped_early": stopped, "steps_saved": saved,
+                                  "not_applicable": dict(self.not_applicable)}
         numeric = self._first(("nonfinite",), verdict=None)
         if outcome == "numeric_failure" or numeric is not None:
             step = numeric.firing.onset if numeric is not None else last_step  # type: ignore[union-attr]
@@ -143,7 +156,8 @@ class VerdictEngine:
                 why += f"; stopped early at step {last_step}, {saved} steps saved"
             return Verdict(VerdictKind.COLLAPSED, step=f.onset, rule=rule.spec.name, reason=why,
                            values=values, **self._lead(warn, f.onset),
-                           stopped_early=stopped, steps_saved=saved)
+                           stopped_early=stopped, steps_saved=saved,
+                           not_applicable=dict(self.not_applicable))
         if outcome == "infra_failure":
             return Verdict(VerdictKind.INFRA_FAILURE, step=last_step, reason=reason or "infra failure",
                            **common)
@@ -164,6 +178,8 @@ class VerdictEngine:
         why = "healthy: no collapse rule fired"
         if outcome != "completed":
             why = f"healthy up to step {last_step} ({outcome}{': ' + reason if reason else ''})"
+        if self.not_applicable:  # a rule that never ran did not pass
+            why += f"; not applicable to this trial: {', '.join(self.not_applicable)}"
         return Verdict(VerdictKind.HEALTHY, reason=why, **common)
 
     @staticmethod

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import dataclasses
 import enum
+import json
 import math
 from collections.abc import Mapping
 from typing import Any
@@ -33,6 +34,9 @@ class Verdict:
     lead_time: int | None = None
     stopped_early: bool = False
     steps_saved: int = 0
+    # Rules (and the early warning) this trial's configuration gives no metric for, with why:
+    # never run, so never counted as passed (``VerdictEngine``).
+    not_applicable: Mapping[str, str] = dataclasses.field(default_factory=dict)
 
     def to_json(self) -> dict[str, Any]:
         data = dataclasses.asdict(self)
@@ -46,6 +50,7 @@ class Verdict:
         kw = {k: v for k, v in data.items() if k in fields}
         kw["kind"] = VerdictKind(data["kind"])
         kw["values"] = {k: float(v) for k, v in (data.get("values") or {}).items()}
+        kw["not_applicable"] = {str(k): str(v) for k, v in (data.get("not_applicable") or {}).items()}
         return cls(**kw)
 
     def tags(self) -> dict[str, str]:
@@ -59,6 +64,8 @@ class Verdict:
             "verdict.lead_time": "" if self.lead_time is None else str(self.lead_time),
             "verdict.stopped_early": str(self.stopped_early).lower(),
             "verdict.steps_saved": str(self.steps_saved),
+            "verdict.not_applicable": (json.dumps(dict(self.not_applicable), sort_keys=True)
+                                       if self.not_applicable else ""),
         }
         for key, value in self.values.items():
             tags[f"verdict.value.{key}"] = f"{value:.6g}"

@@ -26,6 +26,12 @@ from orchestrator.verl.topology import config_value
 
 ROLLOUT = "actor_rollout_ref.rollout"
 SGLANG_KW = f"+{ROLLOUT}.engine_kwargs.sglang"
+# Why SGLang's deterministic mode cannot sample a GRPO group: every request without a
+# sampling_seed gets seed 42 (the released sglang==0.5.12 wheel, sglang/srt/sampling/
+# sampling_batch_info.py:94-108, under enable_deterministic_inference, line 76), and verl's agent
+# loop builds its sampling params with none (tests/verl/test_engine_versions.py reads both).
+SGLANG_SEED_42 = "srt/sampling/sampling_batch_info.py:94-108"
+VERL_NO_SEED = "experimental/agent_loop/agent_loop.py:590-596"
 VLLM_KW = f"+{ROLLOUT}.engine_kwargs.vllm"
 NAME_KEY = f"{ROLLOUT}.name"
 # The pip package (and import name) of each engine.
@@ -108,9 +114,9 @@ SGLANG: dict[str, Entry] = {
                             "async_sglang_server.py:340 **engine_kwargs", {False: -1}),),
     "deterministic": (
         Refused("SGLang's deterministic / rl_on_policy_target mode samples every request with "
-                "seed 42 unless it carries a sampling_seed, and verl 0.9.1 sends none: all "
-                "rollout.n samples of a prompt come out identical and every GRPO advantage is 0 "
-                "(research/verl-0.9.1.md section 4)", "drop rollout.deterministic for verl (the "
+                "seed 42 unless it carries a sampling_seed (SGLang 0.5.12 "
+                f"{SGLANG_SEED_42}), and verl 0.9.1 sends none ({VERL_NO_SEED}): all "
+                "rollout.n samples of a prompt come out identical and every GRPO advantage is 0", "drop rollout.deterministic for verl (the "
                 "sim backend emulates true on-policy rollouts)", values=(True,)),
         Key(f"{SGLANG_KW}.enable_deterministic_inference", "deterministic inference off",
             "async_sglang_server.py:340 **engine_kwargs", {False: False})),

@@ -16,6 +16,7 @@ from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.learner import LOSS_SETTINGS, LearnerSpec, combination_problem
 from orchestrator.pools import PoolSpec, train_precisions
+from orchestrator.verl import engines
 from orchestrator.verl.mapping import ACTOR_LOSS, override
 from orchestrator.verl.topology import config_value
 
@@ -35,8 +36,8 @@ VERL_KEYS: dict[str, str] = {
 # Why verl 0.9.1 cannot run the true on-policy bundle on GPU pools (checked in its source).
 TRUE_ON_POLICY_GPU = (
     "verl 0.9.1 gives no rollout engine a per-sample sampling seed: SGLang's deterministic "
-    "inference samples every request without a sampling_seed with seed 42 and verl's agent loop "
-    "sends none; vLLM's full_determinism (V0 trainer only, trainer.use_v1=false) injects seed = "
+    "inference samples every request without a sampling_seed with seed 42 (SGLang 0.5.12 "
+    f"{engines.SGLANG_SEED_42}) and verl's agent loop sends none ({engines.VERL_NO_SEED}); vLLM's full_determinism (V0 trainer only, trainer.use_v1=false) injects seed = "
     "replica_rank + rollout.seed into every request (vllm_async_server.py:627), so the rollout.n "
     "samples of a prompt come out identical and every GRPO advantage is 0; fix: the sim backend, "
     "or learner.deterministic: true alone (a deterministic trainer)")

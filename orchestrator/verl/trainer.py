@@ -145,7 +145,7 @@ class VerlTrainer(Trainer):
 
     @classmethod
     def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
-                  learner: LearnerSpec) -> dict[str, str]:
+                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
         """What verl 0.9.1 emits depends on the configuration, read in its source:
         ``training/rollout_probs_diff_*`` (utils/debug/metrics.py:63 calculate_debug_metrics) are
         computed only where the trainer recomputes the old log-probs (trainer/ppo/ray_trainer.py:
@@ -153,8 +153,15 @@ class VerlTrainer(Trainer):
         empty mask; ``rollout_corr/rollout_is_oob_ratio`` only with IcePop, a lower threshold
         (trainer/ppo/rollout_corr_helper.py:569 ``use_icepop``, 616-621; its alias
         ``rollout_is_masked_fraction`` with it); ``rollout_corr/rollout_is_batch_norm_factor``
-        only with ``rollout_is_batch_normalize`` (rollout_corr_helper.py:646-655)."""
-        out = super().unemitted(correction, rollout, learner)
+        only with ``rollout_is_batch_normalize`` (rollout_corr_helper.py:646-655); the eval
+        reward (``val-core/*``) during training only with ``trainer.test_freq`` > 0
+        (ray_trainer.py:1727; ``val_before_train`` gives one reading before step 1, 1438-1441,
+        on which no rule can fire)."""
+        out = super().unemitted(correction, rollout, learner, config)
+        freq = ((config or {}).get("trainer") or {}).get("test_freq")
+        if isinstance(freq, int) and freq <= 0:
+            out[M.EVAL_REWARD] = (f"the recipe sets trainer.test_freq: {freq}, and verl validates "
+                                  "during training only with test_freq > 0 (ray_trainer.py:1727)")
         if correction.policy == "bypass":
             why = ("verl computes it only when the trainer recomputes the old log-probs "
                    "(decoupled mode: ray_trainer.py:1575-1615), never with correction.policy: "

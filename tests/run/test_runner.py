@@ -58,8 +58,15 @@ def test_healthy_trial_runs_to_the_end(env) -> None:
     out = run_attempt(job(t))
     assert out["state"] == "done" and out["outcome"] == "completed" and out["last_step"] == 20
     assert out["verdict"]["kind"] == "healthy"
+    # Not an fp16 learner, so no loss scaler: the default fp16 rule did not run, and says so.
+    assert list(out["verdict"]["not_applicable"]) == ["fp16_skipped_updates"]
+    assert out["verdict"]["reason"].endswith("not applicable to this trial: fp16_skipped_updates")
     rec = records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id)
     assert rec.committed_step == 20 and rec.attempts == 1
+    from mlflow.tracking import MlflowClient
+
+    tags = MlflowClient(uri).get_run(rec.mlflow_run_id).data.tags
+    assert "fp16_skipped_updates" in tags["verdict.not_applicable"]
     assert _file_steps(grid_dir, t.trial_id) == list(range(1, 21))
     assert mlflow_steps(uri, rec.mlflow_run_id, "critic/score/mean") == list(range(1, 21))
     store_steps = sorted(int(p.name.split("-")[1]) for p in TrialPaths(grid_dir, t.trial_id)

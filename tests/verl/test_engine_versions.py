@@ -76,6 +76,27 @@ def test_fa3_on_sglang_from_0512_is_refused_as_verls_own_server_avoids_it() -> N
     assert engine_versions.check_version(fa3, "sglang", _gpu(engine_versions={"sglang": "0.5.11"})) is None
 
 
+def test_sglangs_seed_42_fact_is_cited_where_verl_and_sglang_have_it() -> None:
+    """verl 0.9.1 sends SGLang no per-request seed; SGLang's deterministic mode then samples
+    every request with seed 42 (read in sglang's own source where sglang is installed)."""
+    lines = (VERL / "experimental/agent_loop/agent_loop.py").read_text().splitlines()
+    first, last = (int(n) for n in engines.VERL_NO_SEED.rsplit(":", 1)[1].split("-"))
+    built = "\n".join(lines[first - 1:last])
+    assert built.strip().startswith("sampling_params = dict(") and built.strip().endswith(")")
+    assert "seed" not in built
+    assert not [p for p in VERL.rglob("*.py") if "sampling_seed" in p.read_text()]
+    problem = engines.check_engine(RolloutSpec(engine="sglang", deterministic=True), "sglang")
+    assert problem and engines.SGLANG_SEED_42 in problem and engines.VERL_NO_SEED in problem
+    if engines.installed("sglang") != _pin("sglang", "sglang"):
+        pytest.skip("sglang at verl's pin not installed here: its side is read on the GPU image")
+    sglang_dir = Path(importlib.util.find_spec("sglang").origin).parent  # type: ignore[union-attr]
+    path, span = engines.SGLANG_SEED_42.rsplit(":", 1)
+    first, last = (int(n) for n in span.split("-"))
+    text = "\n".join((sglang_dir / path).read_text().splitlines()[first - 1:last])
+    assert re.search(r"sampling_seed\s+if r\.sampling_params\.sampling_seed is not None\s+"
+                     r"else 42[\s\S]*if enable_deterministic", text), text
+
+
 def test_fp32_with_half_only_attention_is_refused() -> None:
     for engine, backend_ in (("vllm", "fa3"), ("vllm", "flashinfer"), ("sglang", "flashinfer")):
         problem = engine_versions.check_version(RolloutSpec(dtype="fp32", attention_backend=backend_),
@@ -131,6 +152,28 @@ def test_max_staleness_needs_cupy_which_the_gpu_extras_install(
     assert engine_versions.checkpoint_engine_problem(LearnerSpec(), POOLS["h100"]) is None
 
 
+
+def test_plan_refuses_max_staleness_without_cupy_in_one_line(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch,
+        capsys: pytest.CaptureFixture[str]) -> None:
+    """Where this machine runs the engine (one installed here) and lacks cupy; elsewhere the
+    pool's image, built from the extras that install it, is not this machine's to check."""
+    from orchestrator.cli import main
+
+    monkeypatch.setattr(engines, "installed", lambda e: "0.5.12" if e == "sglang" else None)
+    real = importlib.util.find_spec
+    monkeypatch.setattr(importlib.util, "find_spec",
+                        lambda n, *a: None if n == "cupy" else real(n, *a))
+    grid = isolated / "g.yaml"
+    grid.write_text("name: g\nrecipe: verl/qwen3_4b_dapo\nbackend: k8s\nsteps: 4\npool: h100\n"
+                    "overrides:\n  learner.max_staleness: 2\n")
+    assert main(["plan", str(grid)]) == 2
+    out, err = capsys.readouterr()
+    (line,) = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
+    assert line.startswith(f"error: {grid}") and "cupy" in line and "fix" in line, err
+    assert out == "" and not (isolated / ".ablate").exists()
+
+
 # --------------------------------------------------------------------------- metrics
 
 
@@ -141,6 +184,9 @@ def test_verl_metrics_depend_on_the_configuration_as_in_verls_source() -> None:
     assert re.search(r"if rollout_is_batch_normalize:[\s\S]{0,2500}rollout_is_batch_norm_factor",
                      helper)
     trainer = (VERL / "trainer/ppo/ray_trainer.py").read_text()
+    # Validation during training only with test_freq > 0, at the line the docstring cites.
+    line = trainer.splitlines()[1726]
+    assert line.strip().startswith("if self.config.trainer.test_freq > 0 and ("), line
     assert re.search(r"if bypass_recomputing_logprobs:[\s\S]{0,2500}else:[\s\S]{0,3000}"
                      r"calculate_debug_metrics", trainer)
     gpu, sim = POOLS["h100"], POOLS["sim-h100"]
@@ -149,7 +195,12 @@ def test_verl_metrics_depend_on_the_configuration_as_in_verls_source() -> None:
         bypass = b.unemitted(CorrectionSpec(policy="bypass"), RolloutSpec(), LearnerSpec(), gpu)
         assert M.PROB_DIFF_MAX in bypass and M.IS_OOB_RATIO in bypass, name
         icepop = CorrectionSpec(is_level="token", is_mode="mask", batch_norm=True)
-        assert not b.unemitted(icepop, RolloutSpec(), LearnerSpec(), gpu), name
+        fp16 = LearnerSpec(precision="fp16")
+        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu), name
+        assert M.SKIPPED_SHARE in b.unemitted(icepop, RolloutSpec(), LearnerSpec(), gpu), name
+        no_eval = b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": -1}})
+        assert list(no_eval) == [M.EVAL_REWARD] and "test_freq: -1" in no_eval[M.EVAL_REWARD]
+        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": 5}})
     slurm_sim = backend("slurm").unemitted(CorrectionSpec(), RolloutSpec(), LearnerSpec(), sim)
     assert M.IS_MASKED_FRACTION in slurm_sim and M.PROB_DIFF_MAX not in slurm_sim
 

@@ -21,6 +21,9 @@ import pytest
 
 pytest.importorskip("verl")
 pytest.importorskip("transfer_queue")
+# The module fixture's submit may take its whole 1200 s on a loaded machine (4 verl jobs of
+# ~2.5 minutes each were measured under load): the project's 600 s default killed it midway.
+pytestmark = pytest.mark.timeout(1500)
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = REPO / "grids" / "verl_cpu_learner.yaml"
