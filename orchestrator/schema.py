@@ -270,6 +270,13 @@ class TrackingSpec(Strict):
     every: StrictInt = Field(1, ge=1, le=10_000_000)
 
 
+class EvalSpec(Strict):
+    """``eval: {reference: trainer}``: every eval step is also scored by one reference
+    evaluator shared by every arm (``orchestrator/evaluation.py``), as ``eval/reward_ref``."""
+
+    reference: Literal["trainer"] | None = None
+
+
 class SearchParam(Strict):
     low: StrictFloat | StrictInt
     high: StrictFloat | StrictInt
@@ -335,6 +342,7 @@ class GridFile(Strict):
     retries: RetrySpec = Field(default_factory=RetrySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     compare: CompareDecl | list[CompareDecl] | None = None

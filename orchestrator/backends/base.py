@@ -123,6 +123,14 @@ class Trainer(abc.ABC):
         return None
 
     @classmethod
+    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+        """Why this trainer cannot score ``pool``'s trials with the reference evaluator
+        ``target`` (``eval: {reference: ...}``, ``orchestrator/evaluation.py``), or None. By
+        default none can: a trainer that does not run one must not pretend to."""
+        return (f"backend {cls.name!r} has no reference evaluator; fix: drop eval.reference, "
+                "or use the sim backend")
+
+    @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
         """Why the stored checkpoint ``checkpoint`` cannot resume on ``pool`` (``ablate resume

@@ -71,6 +71,11 @@ class SimTrainer(Trainer):
         return None
 
     @classmethod
+    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+        """``trainer``: the fp32 trainer-side model with current weights (``sim/reference.py``)."""
+        return None if target == "trainer" else f"eval.reference: {target} is not a target here"
+
+    @classmethod
     def never_emitted(cls) -> frozenset[str]:
         """None of verl's debug metrics, its IcePop name or its per-option RS fractions."""
         return frozenset({M.IS_OOB_RATIO, M.PROB_DIFF_MAX, M.PROB_DIFF_STD, M.PROB_PEARSON}
@@ -136,8 +141,9 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
         ctx.log_metrics(step, metrics)
         last = step
         summary = {k: metrics[k] for k in (M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM) if k in metrics}
-        if M.EVAL_REWARD in metrics:
-            summary[M.EVAL_REWARD] = metrics[M.EVAL_REWARD]
+        for key in (M.EVAL_REWARD, M.EVAL_REWARD_REF):
+            if key in metrics:
+                summary[key] = metrics[key]
         if ctx.checkpoint_every and step % ctx.checkpoint_every == 0:
             if not all(torch.isfinite(p).all() for p in trainer.params.values()):
                 return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last,
