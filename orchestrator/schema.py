@@ -155,7 +155,8 @@ class BudgetSpec(Strict):
 
 
 # What a comparison or adaptive seeds measure (``orchestrator.stats.seeds``).
-Target = Literal["collapse_rate", "final_reward", "time_to_collapse"]
+# final_reward_ref: the final eval/reward_ref of a grid with ``eval: {reference: ...}``.
+Target = Literal["collapse_rate", "final_reward", "time_to_collapse", "final_reward_ref"]
 
 
 class AdaptiveSeedsSpec(Strict):

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
 from orchestrator.grid import axis_label
@@ -75,7 +76,7 @@ def outcome(r: TrialResult) -> Outcome:
     the last observed step; see ``orchestrator.stats.survival`` for early-stopped trials)."""
     step = r.verdict_step if r.collapsed and r.verdict_step is not None else r.last_step
     return Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None,
-                   step if r.collapsed is not None else None)
+                   step if r.collapsed is not None else None, r.final(M.EVAL_REWARD_REF))
 
 
 def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str],

@@ -30,6 +30,7 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
+from orchestrator.compare import _reference as R
 from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
@@ -160,7 +161,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     curves = P.curve_plots(results, [
         (reward, out / "curves_reward.png", f"{reward} vs step", False),
         (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
-        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True)], rows, cols)
+        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), R.curve_spec(out)], rows, cols)
     forests = start(lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
                     trials=len(results))  # in a child too past CHILD_FROM trials: a third of the rest
     cells = pivot(results, row_keys, cols, reward_range)
@@ -230,7 +231,7 @@ def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]],
                            "derived_from": r.derived_from or "", "last_step": r.last_step,
                            "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),
                            "max_k3_kl": r.peak(M.K3_KL), "max_grad_norm": r.peak(M.GRAD_NORM),
-                           "skipped_share": r.skipped_share,
+                           "skipped_share": r.skipped_share, **R.trial_columns(r),
                            "attempts": ";".join(f"{s.number}:{s.pool}:{s.start}-{s.end or ''}"
                                                 for s in r.segments)})
     pd.DataFrame(trial_rows).to_csv(out / "trials.csv", index=False)
@@ -303,7 +304,7 @@ def render_markdown(report: dict[str, Any]) -> str:
         lines += ["", *S.markdown(report["survival"], md.text)]
     if "cost" in report:
         lines += ["", *C.markdown(report["cost"], report["comparisons"], report["level"], md.text)]
-    lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
+    lines += ["", *R.markdown(report, md.text), "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
               "|---|---|---|---|---|---|---|"]
     for r in res:
         lines.append(f"| {md.text(r.trial_id)} | {md.text(r.run_id[:8])} | {r.seed} | "
@@ -381,7 +382,7 @@ def render_html(report: dict[str, Any]) -> str:
         parts.append(S.html_section(report["survival"]))
     if "cost" in report:
         parts.append(C.html_section(report["cost"], report["comparisons"], report["level"]))
-    parts.append("<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
+    parts.append(R.html_section(report) + "<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
                  "<th>step</th><th>reason</th></tr>")
     for r in report["results"]:
         parts.append(f"<tr><td>{esc(r.trial_id)}</td><td>{r.seed}</td><td>{esc(r.pool)}</td>"

@@ -70,3 +70,16 @@ def test_verl_refuses_the_reference_at_plan_and_ablate_plan_exits_2(
     assert main(["plan", str(path)]) == 2
     err = capsys.readouterr().err.strip()
     assert len(err.splitlines()) == 1 and "verl backend" in err
+
+
+def test_final_reward_ref_is_a_target_only_with_a_reference(tmp_path: Path) -> None:
+    text = (BASE.replace("pool: sim-h100\n", "") + "axes:\n  pool: [sim-h100, sim-a100]\n"
+            "compare: {axis: pool, baseline: sim-h100, target: final_reward_ref, paired: true}\n")
+    with pytest.raises(GridError, match=r"compare\.target: final_reward_ref is not recorded by "
+                       r"this grid.*fix: add 'eval: \{reference: trainer\}'"):
+        load_grid(_with(tmp_path, text))
+    assert len(expand(load_grid(_with(tmp_path, text + "eval: {reference: trainer}\n")))) == 2
+    adaptive = BASE + "seeds: {adaptive: {target: final_reward_ref, min: 2, max: 4}}\n"
+    with pytest.raises(GridError, match=r"seeds\.adaptive\.target: final_reward_ref"):
+        load_grid(_with(tmp_path, adaptive))
+    load_grid(_with(tmp_path, adaptive + "eval: {reference: trainer}\n"))
