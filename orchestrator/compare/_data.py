@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -23,11 +24,13 @@ from orchestrator.cost import TrialCost, from_tags, trial_cost
 from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
+from orchestrator.store.reference import read_reference
 from orchestrator.tracking import AXES_TAG, CONFIG_TAG
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
 CURVE_METRICS = summary.CURVE_METRICS
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -212,6 +215,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             variant=variant, config=tags.get(CONFIG_TAG, ""),
         )
     _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
+    merge_reference(list(seen.values()), grid_dir)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
                                                 r.variant, r.seed, r.trial_id))
@@ -284,6 +288,28 @@ def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: Loca
                 final, peak, r.steps_done = exact[r.run_id]
                 r.finals.update(final)
                 r.peaks.update(peak)
+
+
+def merge_reference(results: Sequence[TrialResult], grid_dir: Path | None) -> None:
+    """Add the reference scores ``ablate evaluate`` made after the fact (``store.reference``)
+    to the trials' ``eval/reward_ref`` curves; a step the trial logged itself keeps its value.
+    Without the workdir, the same scores come from MLflow with the other curves."""
+    if grid_dir is None:
+        return
+    for r in results:
+        paths = TrialPaths(grid_dir, r.trial_id)
+        try:
+            held = read_reference(paths)
+        except StateFileError as exc:
+            log.warning("%s", exc)
+            continue
+        if held is None or not held.scores:
+            continue
+        have = dict(r.curves.get(M.EVAL_REWARD_REF, []))
+        merged = sorted({**{s: v for s, (v, _) in held.scores.items()}, **have}.items())
+        r.curves[M.EVAL_REWARD_REF] = merged
+        r.finals[M.EVAL_REWARD_REF] = summary.final_value(merged)
+        r.peaks[M.EVAL_REWARD_REF] = summary.peak_value(merged)
 
 
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:

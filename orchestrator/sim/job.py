@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
@@ -86,6 +87,20 @@ class SimTrainer(Trainer):
         """Pinned CPU numerics for every simulator process (``orchestrator/sim/numerics.py``)."""
         return numerics.target_env(reproducible(config))
 
+    reference_version: ClassVar[str | None] = "sim-ref-1"  # == sim.reference.VERSION (tested)
+
+    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                            checkpoint: Path, step: int, target: str) -> float:
+        """The fp32 trainer-side score of a saved checkpoint (``sim/reference.py``): its weights
+        are the trainer's at ``step``, and the evaluator draws from (seed, step) only, so this is
+        the number an ``eval: {reference: trainer}`` trial logs at that step."""
+        setup = build_setup(config, pool)
+        trainer = _trainer(trial, setup, reference=target)
+        loaded = trainer.load(checkpoint)
+        if loaded != step:
+            raise CheckpointError(f"checkpoint for step {step} holds step {loaded}")
+        return float(trainer.evaluate_reference(step))
+
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         setup = build_setup(config, ctx.pool)  # raises UserError before any work
         return _train(trial, setup, ctx)
@@ -104,7 +119,8 @@ def numeric_environment(reproducible: bool) -> dict[str, str]:
     return facts
 
 
-def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+def _trainer(trial: TrialSpec, setup: Any, reference: str | None = None) -> Any:
+    """The trial's ``GRPOTrainer`` (``reference``: also set up the reference evaluator)."""
     # deferred: torch, and the simulator modules that import it, only where a trial trains
     import torch
 
@@ -113,14 +129,22 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
     from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
 
     torch.set_num_threads(setup.threads)
-    ctx.describe_environment(numeric_environment(setup.reproducible))
     try:
         task = Task(**setup.task)
     except (TypeError, ValueError) as exc:
         raise UserError(f"task: {exc}") from None
     model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
-    trainer = GRPOTrainer(model, task, TrainConfig(**setup.train), setup.correction,
-                          setup.numerics, trial.seed, setup.learner)
+    train = {**setup.train, **({"eval_reference": reference} if reference else {})}
+    return GRPOTrainer(model, task, TrainConfig(**train), setup.correction, setup.numerics,
+                       trial.seed, setup.learner)
+
+
+def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+    import torch  # deferred: only where a trial trains
+
+    torch.set_num_threads(setup.threads)  # before the facts: they record the thread count
+    ctx.describe_environment(numeric_environment(setup.reproducible))
+    trainer = _trainer(trial, setup)
     last = 0
     if ctx.resume_step:
         last = trainer.load(ctx.checkpoint_path(ctx.resume_step))
