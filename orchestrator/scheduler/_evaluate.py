@@ -26,6 +26,7 @@ from orchestrator.grid import GridSpec, load_grid
 from orchestrator.recipes import apply_overrides
 from orchestrator.store import CheckpointStore, GridLease, TrialPaths, records, workspace
 from orchestrator.store.reference import ReferenceScores, read_reference, write_reference
+from orchestrator.tracking import client
 from orchestrator.trial import TrialSpec
 
 log = logging.getLogger(__name__)
@@ -87,7 +88,7 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
 
 def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str, uri: str,
                     report: EvaluateReport) -> None:
-    from filelock import Timeout
+    from filelock import Timeout  # deferred: as records.run_lock defers filelock
 
     paths = TrialPaths(grid_dir, spec.trial_id)
     lock = records.run_lock(paths)
@@ -137,9 +138,7 @@ def _send(paths: TrialPaths, held: ReferenceScores, uri: str, report: EvaluateRe
         report.unsent += len(unsent)
         return
     try:
-        from mlflow.entities import Metric
-
-        from orchestrator.tracking import client
+        from mlflow.entities import Metric  # deferred: mlflow only where scores are sent
 
         now = int(time.time() * 1000)
         client(uri).log_batch(run_id, metrics=[
