@@ -20,7 +20,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
-from orchestrator.cost import TrialCost, from_tags, trial_cost
+from orchestrator.cost import TrialCost, from_tags, trial_cost, with_reference
 from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
@@ -292,17 +292,19 @@ def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: Loca
 
 def merge_reference(results: Sequence[TrialResult], grid_dir: Path | None) -> None:
     """Add the reference scores ``ablate evaluate`` made after the fact (``store.reference``)
-    to the trials' ``eval/reward_ref`` curves; a step the trial logged itself keeps its value.
-    Without the workdir, the same scores come from MLflow with the other curves."""
-    if grid_dir is None:
-        return
+    to the trials' ``eval/reward_ref`` curves (a step the trial logged itself keeps its value;
+    without the workdir the same scores come from MLflow with the other curves), and the
+    reference evaluator's time to their cost: ``timing_s/eval_ref`` summed over the trial's
+    curve (exact up to ``summary.MAX_POINTS`` reference evaluations) plus that scoring's."""
     for r in results:
-        paths = TrialPaths(grid_dir, r.trial_id)
-        try:
-            held = read_reference(paths)
-        except StateFileError as exc:
-            log.warning("%s", exc)
-            continue
+        held = None
+        if grid_dir is not None:
+            try:
+                held = read_reference(TrialPaths(grid_dir, r.trial_id))
+            except StateFileError as exc:
+                log.warning("%s", exc)
+        in_trial = sum(v for _, v in r.curves.get(M.TIME_EVAL_REF, []) if math.isfinite(v))
+        r.cost = with_reference(r.cost, in_trial, held.seconds if held else 0.0)
         if held is None or not held.scores:
             continue
         have = dict(r.curves.get(M.EVAL_REWARD_REF, []))

@@ -83,6 +83,10 @@ def test_evaluate_scores_old_checkpoints_as_the_in_process_reference_would(
         row = next(csv.DictReader(fh))
     assert float(row["final_reward_ref"]) == held.scores[6][0]
     assert "## Reference evaluation" in (out / "summary.md").read_text()
+    with open(out / "cost.csv", newline="") as fh:  # the scoring's time, beside the trial's
+        trial_cost = next(r for r in csv.DictReader(fh) if r["level"] == "trial")
+    assert float(trial_cost["reference_eval_hours"]) == pytest.approx(held.seconds / 3600, rel=1e-5)
+    assert "| reference eval |" in (out / "summary.md").read_text()
 
 
 def test_evaluate_refuses_in_one_line(isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
