@@ -275,6 +275,8 @@ class EvalSpec(Strict):
     """``eval: {reference: trainer}``: every eval step is also scored by one reference
     evaluator shared by every arm (``orchestrator/evaluation.py``), as ``eval/reward_ref``."""
 
+    # trainer: the trainer-side model in fp32 with its current weights, the same for every arm
+    # (``orchestrator/evaluation.py``); null: no reference evaluation (the trial's own eval only).
     reference: Literal["trainer"] | None = None
 
 

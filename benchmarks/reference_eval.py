@@ -1,0 +1,100 @@
+"""Overhead of the reference evaluator (``eval: {reference: trainer}``) on the quickstart grid
+(a benchmark, not a test). Goal: at most 10% of a trial's time on the simulator.
+
+Every trial of ``grids/quickstart.yaml`` runs twice in this process, without and with the
+reference, in both orders across the grid (even trials baseline first, odd trials reference
+first; ``--abba``: every trial in both orders), all 120 steps (no early stop), 1 thread, pinned
+numerics, checkpoints every 20 steps as the grid sets. Prints per trial the wall seconds of
+each run and their ratio, and the reference's own measured time (``timing_s/eval_ref``) as a
+share of the reference run: the figure a shared machine's noise touches least. It also checks
+that each pair's own metrics are equal bit for bit (the reference changes none of them).
+
+Usage: .venv/bin/python benchmarks/reference_eval.py [--trials N] [--abba] [--out F.json]
+The machine may be shared: run it twice and compare.
+"""
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+from typing import Any
+
+from orchestrator import metrics as M
+from orchestrator import recipes
+from orchestrator.grid import expand, load_grid
+from orchestrator.sim import numerics
+from orchestrator.sim.job import SimTrainer
+from orchestrator.sim.local import LocalContext
+
+GRID = Path(__file__).resolve().parents[1] / "grids" / "quickstart.yaml"
+TIMING = ("perf/", "timing_s/")
+
+
+def run(trial: Any, config: dict[str, Any], pool: Any, every: int) -> tuple[float, dict]:
+    with tempfile.TemporaryDirectory() as tmp:
+        ctx = LocalContext(trial=trial, pool=pool, workdir=Path(tmp), checkpoint_every=every)
+        t0 = time.perf_counter()
+        res = SimTrainer().run(trial, config, ctx)
+        wall = time.perf_counter() - t0
+    assert res.last_step > 0, res
+    return wall, ctx.metrics
+
+
+def own(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
+    return {s: {k: v for k, v in m.items() if not k.startswith(TIMING) and k != M.EVAL_REWARD_REF}
+            for s, m in metrics.items()}
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--trials", type=int, default=0, help="first N trials only (0: all)")
+    ap.add_argument("--abba", action="store_true", help="every trial in both orders")
+    ap.add_argument("--out")
+    args = ap.parse_args()
+    numerics.ensure_pinned()  # the numbers (and the bit-identity check) hold only pinned
+    grid = load_grid(GRID)
+    trials = expand(grid)[: args.trials or None]
+    every = grid.spec.checkpoint.every
+    rows = []
+    for i, trial in enumerate(trials):
+        base_cfg = grid.trial_config(trial)
+        ref_cfg = recipes.apply_overrides(base_cfg, {"eval.reference": "trainer"})
+        pool = grid.pools.get(trial.pool)
+        orders = [["base", "ref"], ["ref", "base"]] if args.abba else [
+            ["base", "ref"] if i % 2 == 0 else ["ref", "base"]]
+        walls: dict[str, list[float]] = {"base": [], "ref": []}
+        out: dict[str, dict] = {}
+        for order in orders:
+            for kind in order:
+                wall, metrics = run(trial, base_cfg if kind == "base" else ref_cfg, pool, every)
+                walls[kind].append(wall)
+                out[kind] = metrics
+        assert own(out["base"]) == own(out["ref"]), f"{trial.trial_id}: own metrics differ"
+        ref_s = sum(m.get(M.TIME_EVAL_REF, 0.0) for m in out["ref"].values())
+        b, r = statistics.fmean(walls["base"]), statistics.fmean(walls["ref"])
+        rows.append({"trial": trial.trial_id, "cell": dict(trial.axes), "seed": trial.seed,
+                     "order": " / ".join("-".join(o) for o in orders), "base_s": b, "ref_s": r,
+                     "ratio": r / b, "eval_ref_s": ref_s, "eval_ref_share": ref_s / r})
+        print(f"{trial.trial_id} {trial.axes} seed {trial.seed} [{rows[-1]['order']}]: "
+              f"base {b:.1f}s, with reference {r:.1f}s ({r / b - 1:+.1%}); reference eval "
+              f"{ref_s:.2f}s = {ref_s / r:.1%} of the trial", flush=True)
+    base = sum(x["base_s"] for x in rows)
+    ref = sum(x["ref_s"] for x in rows)
+    share = sum(x["eval_ref_s"] for x in rows) / ref
+    summary = {"trials": len(rows), "base_s": base, "ref_s": ref, "wall_overhead": ref / base - 1,
+               "eval_ref_share": share,
+               "median_trial_overhead": statistics.median(x["ratio"] - 1 for x in rows),
+               "goal": 0.10, "own_metrics_identical": True}
+    print(f"grid: {len(rows)} trials, base {base:.1f}s, with reference {ref:.1f}s "
+          f"({ref / base - 1:+.1%} wall; median trial {summary['median_trial_overhead']:+.1%}); "
+          f"reference eval {share:.1%} of the reference runs' time (goal <= 10%); own metrics "
+          "identical in every pair")
+    if args.out:
+        Path(args.out).write_text(json.dumps({"summary": summary, "trials": rows}, indent=1))
+
+
+if __name__ == "__main__":
+    main()
