@@ -9,12 +9,13 @@ each run and their ratio, and the reference's own measured time (``timing_s/eval
 share of the reference run: the figure a shared machine's noise touches least. It also checks
 that each pair's own metrics are equal bit for bit (the reference changes none of them).
 
-Usage: .venv/bin/python benchmarks/reference_eval.py [--trials N] [--abba] [--out F.json]
+Usage: .venv/bin/python benchmarks/reference_eval.py [--trials N] [--abba] [--steps N] [--out F.json]
 The machine may be shared: run it twice and compare.
 """
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import json
 import statistics
 import tempfile
@@ -52,6 +53,8 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=0, help="first N trials only (0: all)")
     ap.add_argument("--abba", action="store_true", help="every trial in both orders")
+    ap.add_argument("--steps", type=int, default=0,
+                    help="run each trial this many steps instead of the grid's (a quick look)")
     ap.add_argument("--out")
     args = ap.parse_args()
     numerics.ensure_pinned()  # the numbers (and the bit-identity check) hold only pinned
@@ -60,6 +63,8 @@ def main() -> None:
     every = grid.spec.checkpoint.every
     rows = []
     for i, trial in enumerate(trials):
+        if args.steps:
+            trial = dataclasses.replace(trial, steps=args.steps)
         base_cfg = grid.trial_config(trial)
         ref_cfg = recipes.apply_overrides(base_cfg, {"eval.reference": "trainer"})
         pool = grid.pools.get(trial.pool)
