@@ -150,8 +150,10 @@ class VerlTrainer(Trainer):
     def never_emitted(cls) -> frozenset[str]:
         """verl 0.9.1 has no TV, no veto (PR #4544), no OPSM and no per-probability buckets
         (the simulator's), and keeps its grad scaler's loss scale to itself (the simulator logs
-        its own; ``fp16/skipped_share`` is derived by ``files.normalise``)."""
-        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE})
+        its own; ``fp16/skipped_share`` is derived by ``files.normalise``). Nor does it run a
+        reference evaluator (``check_reference``)."""
+        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE,
+                           M.EVAL_REWARD_REF, M.TIME_EVAL_REF})
                 | M.bucket_names())
 
     @classmethod
