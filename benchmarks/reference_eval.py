@@ -9,7 +9,8 @@ each run and their ratio, and the reference's own measured time (``timing_s/eval
 share of the reference run: the figure a shared machine's noise touches least. It also checks
 that each pair's own metrics are equal bit for bit (the reference changes none of them).
 
-Usage: .venv/bin/python benchmarks/reference_eval.py [--trials N] [--abba] [--steps N] [--out F.json]
+Usage: .venv/bin/python benchmarks/reference_eval.py [--trials N] [--stride K] [--abba] [--steps N]
+       [--out F.json]
 The machine may be shared: run it twice and compare.
 """
 from __future__ import annotations
@@ -17,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import os
 import statistics
 import tempfile
 import time
@@ -52,6 +54,8 @@ def own(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--trials", type=int, default=0, help="first N trials only (0: all)")
+    ap.add_argument("--stride", type=int, default=1,
+                    help="every K-th trial of the grid (3: both pools, every correction)")
     ap.add_argument("--abba", action="store_true", help="every trial in both orders")
     ap.add_argument("--steps", type=int, default=0,
                     help="run each trial this many steps instead of the grid's (a quick look)")
@@ -59,9 +63,10 @@ def main() -> None:
     args = ap.parse_args()
     numerics.ensure_pinned()  # the numbers (and the bit-identity check) hold only pinned
     grid = load_grid(GRID)
-    trials = expand(grid)[: args.trials or None]
+    trials = expand(grid)[:: args.stride][: args.trials or None]
     every = grid.spec.checkpoint.every
-    rows = []
+    rows: list[dict[str, Any]] = []
+    summary: dict[str, Any] = {}
     for i, trial in enumerate(trials):
         if args.steps:
             trial = dataclasses.replace(trial, steps=args.steps)
@@ -86,19 +91,24 @@ def main() -> None:
         print(f"{trial.trial_id} {trial.axes} seed {trial.seed} [{rows[-1]['order']}]: "
               f"base {b:.1f}s, with reference {r:.1f}s ({r / b - 1:+.1%}); reference eval "
               f"{ref_s:.2f}s = {ref_s / r:.1%} of the trial", flush=True)
+        summary = summarise(rows, args)
+        if args.out:  # after every trial: an interrupted run keeps what it measured
+            Path(args.out).write_text(json.dumps({"summary": summary, "trials": rows}, indent=1))
+    print(f"grid: {summary['trials']} trials, base {summary['base_s']:.1f}s, with reference "
+          f"{summary['ref_s']:.1f}s ({summary['wall_overhead']:+.1%} wall; median trial "
+          f"{summary['median_trial_overhead']:+.1%}); reference eval {summary['eval_ref_share']:.1%} "
+          "of the reference runs' time (goal <= 10%); own metrics identical in every pair")
+
+
+def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str, Any]:
     base = sum(x["base_s"] for x in rows)
     ref = sum(x["ref_s"] for x in rows)
     share = sum(x["eval_ref_s"] for x in rows) / ref
-    summary = {"trials": len(rows), "base_s": base, "ref_s": ref, "wall_overhead": ref / base - 1,
-               "eval_ref_share": share,
-               "median_trial_overhead": statistics.median(x["ratio"] - 1 for x in rows),
-               "goal": 0.10, "own_metrics_identical": True}
-    print(f"grid: {len(rows)} trials, base {base:.1f}s, with reference {ref:.1f}s "
-          f"({ref / base - 1:+.1%} wall; median trial {summary['median_trial_overhead']:+.1%}); "
-          f"reference eval {share:.1%} of the reference runs' time (goal <= 10%); own metrics "
-          "identical in every pair")
-    if args.out:
-        Path(args.out).write_text(json.dumps({"summary": summary, "trials": rows}, indent=1))
+    return {"trials": len(rows), "steps": args.steps or None, "base_s": base, "ref_s": ref,
+            "wall_overhead": ref / base - 1, "eval_ref_share": share,
+            "median_trial_overhead": statistics.median(x["ratio"] - 1 for x in rows),
+            "goal": 0.10, "own_metrics_identical": True,
+            "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg())}
 
 
 if __name__ == "__main__":
