@@ -121,7 +121,7 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                           steps=grid.spec.steps, multiplicity=grid.spec.multiplicity,
                           reward_range=grid.spec.metrics.bounds("reward"))
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
-        r.numerics for r in results)))
+        r.numerics for r in results), evaluated=R.present(results) and not grid.spec.eval.reference))
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
     if unfinished:

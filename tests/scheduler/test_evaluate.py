@@ -4,6 +4,7 @@ idempotent; carried into ``ablate compare`` and the trial's MLflow run."""
 from __future__ import annotations
 
 import csv
+import json
 from pathlib import Path
 
 import pytest
@@ -87,6 +88,8 @@ def test_evaluate_scores_old_checkpoints_as_the_in_process_reference_would(
         trial_cost = next(r for r in csv.DictReader(fh) if r["level"] == "trial")
     assert float(trial_cost["reference_eval_hours"]) == pytest.approx(held.seconds / 3600, rel=1e-5)
     assert "| reference eval |" in (out / "summary.md").read_text()
+    regenerate = json.loads((out / "MANIFEST.json").read_text())["regenerate"]
+    assert "ablate evaluate" in regenerate and regenerate.index("evaluate") < regenerate.index("compare")
 
 
 def test_evaluate_refuses_in_one_line(isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
