@@ -114,3 +114,24 @@ def test_evaluate_refuses_trials_whose_trainer_has_no_reference_evaluator(
     assert len(err.splitlines()) == 1 and f"trial {trial.trial_id} on pool cpu-fp32" in err
     assert "not available on the verl backend" in err
     assert not paths.reference.exists() and not (workspace.grid_dir("v") / "lease.json").exists()
+
+
+def test_adding_the_key_to_a_grid_that_ran_is_refused_with_ablate_evaluate_as_a_fix(
+        isolated: Path) -> None:
+    """The key gives every trial a new id: under the same name that is another grid (refused,
+    naming `ablate evaluate`), while a grid without it keeps its recorded identity."""
+    from orchestrator.exceptions import UserError
+    from orchestrator.scheduler._identity import check_identity
+
+    path = isolated / "g.yaml"
+    path.write_text(GRID.format(name="g"))
+    grid = load_grid(path)
+    grid_dir = workspace.grid_dir("g")
+    grid_dir.mkdir(parents=True)
+    assert check_identity(grid, grid_dir, expand(grid)) is None
+    assert check_identity(grid, grid_dir, expand(grid)) is None  # unchanged: nothing to say
+    path.write_text(GRID.format(name="g") + "eval: {reference: trainer}\n")
+    ref = load_grid(path)
+    with pytest.raises(UserError, match=r"eval: none -> \{\"reference\": \"trainer\"\}.*"
+                       r"`ablate evaluate .*g\.yaml`"):
+        check_identity(ref, grid_dir, expand(ref))
