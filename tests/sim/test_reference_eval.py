@@ -69,3 +69,10 @@ def test_a_checkpoint_scored_after_the_fact_matches_the_logged_number(runs, sim)
         trainer = _trainer(sim, "sim-a100", 3, ARM)
         assert trainer.load(Path(ctx.checkpoint_path(step))) == step
         assert trainer.evaluate_reference(step) == ctx.metrics[step][M.EVAL_REWARD_REF]
+
+
+def test_the_trainer_records_the_evaluators_version() -> None:
+    from orchestrator.sim import reference
+    from orchestrator.sim.job import SimTrainer
+
+    assert SimTrainer.reference_version == reference.VERSION
