@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import dataclasses
 import json
+import math
 import os
 import statistics
 import tempfile
@@ -36,14 +37,15 @@ GRID = Path(__file__).resolve().parents[1] / "grids" / "quickstart.yaml"
 TIMING = ("perf/", "timing_s/")
 
 
-def run(trial: Any, config: dict[str, Any], pool: Any, every: int) -> tuple[float, dict]:
+def run(trial: Any, config: dict[str, Any], pool: Any, every: int) -> tuple[float, float, dict]:
+    """Wall and CPU seconds of one trial (CPU: what a shared machine's load disturbs least)."""
     with tempfile.TemporaryDirectory() as tmp:
         ctx = LocalContext(trial=trial, pool=pool, workdir=Path(tmp), checkpoint_every=every)
-        t0 = time.perf_counter()
+        t0, c0 = time.perf_counter(), time.process_time()
         res = SimTrainer().run(trial, config, ctx)
-        wall = time.perf_counter() - t0
+        wall, cpu = time.perf_counter() - t0, time.process_time() - c0
     assert res.last_step > 0, res
-    return wall, ctx.metrics
+    return wall, cpu, ctx.metrics
 
 
 def own(metrics: dict[int, dict[str, float]]) -> dict[int, dict[str, float]]:
@@ -76,26 +78,33 @@ def main() -> None:
         orders = [["base", "ref"], ["ref", "base"]] if args.abba else [
             ["base", "ref"] if i % 2 == 0 else ["ref", "base"]]
         walls: dict[str, list[float]] = {"base": [], "ref": []}
+        cpus: dict[str, list[float]] = {"base": [], "ref": []}
         out: dict[str, dict] = {}
         for order in orders:
             for kind in order:
-                wall, metrics = run(trial, base_cfg if kind == "base" else ref_cfg, pool, every)
+                wall, cpu, metrics = run(trial, base_cfg if kind == "base" else ref_cfg, pool,
+                                         every)
                 walls[kind].append(wall)
+                cpus[kind].append(cpu)
                 out[kind] = metrics
         assert own(out["base"]) == own(out["ref"]), f"{trial.trial_id}: own metrics differ"
         ref_s = sum(m.get(M.TIME_EVAL_REF, 0.0) for m in out["ref"].values())
         b, r = statistics.fmean(walls["base"]), statistics.fmean(walls["ref"])
         rows.append({"trial": trial.trial_id, "cell": dict(trial.axes), "seed": trial.seed,
                      "order": " / ".join("-".join(o) for o in orders), "base_s": b, "ref_s": r,
-                     "ratio": r / b, "eval_ref_s": ref_s, "eval_ref_share": ref_s / r})
+                     "ratio": r / b, "eval_ref_s": ref_s, "eval_ref_share": ref_s / r,
+                     "base_cpu_s": statistics.fmean(cpus["base"]),
+                     "ref_cpu_s": statistics.fmean(cpus["ref"])})
         print(f"{trial.trial_id} {trial.axes} seed {trial.seed} [{rows[-1]['order']}]: "
-              f"base {b:.1f}s, with reference {r:.1f}s ({r / b - 1:+.1%}); reference eval "
+              f"base {b:.1f}s, with reference {r:.1f}s ({r / b - 1:+.1%}; CPU "
+              f"{rows[-1]['ref_cpu_s'] / rows[-1]['base_cpu_s'] - 1:+.1%}); reference eval "
               f"{ref_s:.2f}s = {ref_s / r:.1%} of the trial", flush=True)
         summary = summarise(rows, args)
         if args.out:  # after every trial: an interrupted run keeps what it measured
             Path(args.out).write_text(json.dumps({"summary": summary, "trials": rows}, indent=1))
     print(f"grid: {summary['trials']} trials, base {summary['base_s']:.1f}s, with reference "
-          f"{summary['ref_s']:.1f}s ({summary['wall_overhead']:+.1%} wall; median trial "
+          f"{summary['ref_s']:.1f}s ({summary['wall_overhead']:+.1%} wall, "
+          f"{summary['cpu_overhead']:+.1%} CPU; median trial "
           f"{summary['median_trial_overhead']:+.1%}); reference eval {summary['eval_ref_share']:.1%} "
           "of the reference runs' time (goal <= 10%); own metrics identical in every pair")
 
@@ -106,6 +115,8 @@ def summarise(rows: list[dict[str, Any]], args: argparse.Namespace) -> dict[str,
     share = sum(x["eval_ref_s"] for x in rows) / ref
     return {"trials": len(rows), "steps": args.steps or None, "base_s": base, "ref_s": ref,
             "wall_overhead": ref / base - 1, "eval_ref_share": share,
+            "cpu_overhead": (sum(x.get("ref_cpu_s", math.nan) for x in rows)
+                             / sum(x.get("base_cpu_s", math.nan) for x in rows) - 1),
             "median_trial_overhead": statistics.median(x["ratio"] - 1 for x in rows),
             "goal": 0.10, "own_metrics_identical": True,
             "load_average": " ".join(f"{x:.1f}" for x in os.getloadavg())}
