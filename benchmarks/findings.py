@@ -13,7 +13,11 @@ Phases:
    from its last healthy checkpoint; F8 ``--from 100 --set correction.is_level=sequence ...`` for
    every uncorrected sim-a100 trial. Each derived trial has its own id, linked to its parent by the
    ``derived_from`` tag, and starts from a copy of the parent's checkpoint.
-3. Analysis: every number is read back from MLflow (``orchestrator.compare.load_results`` + metric
+3. Reference evaluation (issue 41) through ``orchestrator.scheduler.evaluate`` (what ``ablate
+   evaluate`` runs): every saved checkpoint scored by the fp32 trainer-side evaluator shared by
+   every arm; made once (a second run scores nothing). The report compares it with each arm's
+   own eval (``findings_reference``).
+4. Analysis: every number is read back from MLflow (``orchestrator.compare.load_results`` + metric
    histories); each finding's criterion (fixed before the runs, printed in the report) turns the
    measurements into reproduced / partly / not reproduced. Writes ``results/findings/REPORT.md``,
    ``trials.csv`` and PNG plots.
@@ -34,6 +38,7 @@ ROOT = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(ROOT))
 sys.path.insert(0, str(ROOT / "benchmarks"))
 
+import findings_reference
 from findings_checks import (
     BASE,
     CORRS,
@@ -59,7 +64,8 @@ OUT = ROOT / "results" / "findings"
 DEFAULT_WORKDIR = str(ROOT / ".ablate-findings")
 EXPERIMENT = "findings"
 # What decides the report's numbers besides the grid and the simulator (``write_manifest``).
-SCRIPTS = ("benchmarks/findings.py", "benchmarks/findings_checks.py", "benchmarks/findings_rejudge.py")
+SCRIPTS = ("benchmarks/findings.py", "benchmarks/findings_checks.py", "benchmarks/findings_rejudge.py",
+           "benchmarks/findings_reference.py")
 REGENERATE = ".venv/bin/python benchmarks/findings.py"
 F8_SETS = {"correction.is_level": "sequence", "correction.is_mode": "mask",
            "correction.is_bounds": [0.2, 5.0]}
@@ -119,6 +125,14 @@ def run_derived(workdir: str) -> list[dict[str, Any]]:
         done += resume(str(GRID), trial_ids=f8, pool="sim-a100", start=F8_SWITCH_STEP, sets=F8_SETS,
                        workdir=workdir, progress=False)["resumed"]
     return done
+
+
+def run_evaluate(workdir: str) -> int:
+    """Phase 3: every trial's saved checkpoints scored by the reference evaluator (``ablate
+    evaluate``, issue 41); scores made before are not made again. Returns how many it made."""
+    from orchestrator.scheduler import evaluate
+
+    return sum(len(v) for v in evaluate(str(GRID), workdir=workdir).scored.values())
 
 
 # ----------------------------------------------------------------------------- loading
@@ -429,6 +443,7 @@ def report(res: Sequence[Any], workdir: str, timings: Mapping[str, float], ran: 
                          f"{r.verdict_step or ''} | {r.peak(M.EVAL_REWARD):.3f} | {final_eval(r):.3f} | "
                          f"{r.verdict_reason[:160]} |")
     zero_ref = [r for r in res if r.status == "FINISHED" and small_explosion(r.verdict_reason)]
+    lines += ["", *findings_reference.section(res, corr_label)]
     lines += ["", "## Problems found in the tool while doing this", ""]
     if zero_ref:
         lines.append(
@@ -470,8 +485,8 @@ def main(argv: Sequence[str] | None = None) -> int:
     ap = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     ap.add_argument("--workdir", default=DEFAULT_WORKDIR, help="ablate workdir (MLflow store inside)")
     ap.add_argument("--skip-run", action="store_true", help="only analyse what the workdir holds")
-    ap.add_argument("--phases", default="grid,derived,report",
-                    help="comma list of grid, derived, report (default: all three)")
+    ap.add_argument("--phases", default="grid,derived,evaluate,report",
+                    help="comma list of grid, derived, evaluate, report (default: all four)")
     args = ap.parse_args(argv)
     phases = set() if args.skip_run else set(args.phases.split(","))
     timings: dict[str, float] = {}
@@ -488,6 +503,10 @@ def main(argv: Sequence[str] | None = None) -> int:
         done = run_derived(args.workdir)
         timings["derived trials"] = time.perf_counter() - t1
         ran["derived"] = len(done)
+    if "evaluate" in phases:
+        t3 = time.perf_counter()
+        ran["reference_scores"] = run_evaluate(args.workdir)
+        timings["reference evaluation"] = time.perf_counter() - t3
     t2 = time.perf_counter()
     res = load_all(args.workdir)
     timings["analysis"] = time.perf_counter() - t2  # report() time is added below

@@ -11,7 +11,11 @@ Besides the hours spent, a trial's cost says where they went:
 - ``retry_hours``: time lost to infra failures: the wall time of a failed attempt minus the
   steps the next attempt kept (it resumed from a checkpoint), at the failed attempt's step time;
 - ``saved_hours``: time early stop saved: the steps not run (``steps - last step``) of a trial
-  stopped early, at its measured step time.
+  stopped early, at its measured step time;
+- ``reference_hours``: time the reference evaluator took (``eval: {reference: ...}``,
+  ``orchestrator/evaluation.py``): its ``timing_s/eval_ref`` inside the trial (part of
+  ``hours`` already) plus ``ablate evaluate``'s scoring of its checkpoints afterwards (not part
+  of ``hours``: no attempt ran it). Set by ``ablate compare`` (``with_reference``).
 """
 from __future__ import annotations
 
@@ -47,6 +51,7 @@ class TrialCost:
     steps_run: int = 0
     step_s: float | None = None  # measured wall seconds per step (all attempts)
     running: bool = False
+    reference_hours: float = 0.0
 
     def to_json(self) -> dict[str, object]:
         return dataclasses.asdict(self)
@@ -106,12 +111,23 @@ def total(costs: Iterable[TrialCost | None]) -> dict[str, dict[str, float]]:
     for c in costs:
         if c is None:
             continue
-        t = out.setdefault(c.unit, {"hours": 0.0, "retry_hours": 0.0, "saved_hours": 0.0, "trials": 0})
+        t = out.setdefault(c.unit, {"hours": 0.0, "retry_hours": 0.0, "saved_hours": 0.0,
+                                    "reference_hours": 0.0, "trials": 0})
         t["hours"] += c.hours
+        t["reference_hours"] += c.reference_hours
         t["retry_hours"] += c.retry_hours
         t["saved_hours"] += c.saved_hours
         t["trials"] += 1
     return out
+
+
+def with_reference(c: TrialCost | None, in_trial_s: float, after_s: float) -> TrialCost | None:
+    """``c`` with the reference evaluator's time: ``in_trial_s`` seconds inside its attempts and
+    ``after_s`` seconds of ``ablate evaluate``, at one accelerator (a simulator trial's CPU: the
+    only trainer that runs a reference evaluator)."""
+    if c is None or in_trial_s + after_s <= 0:
+        return c
+    return dataclasses.replace(c, reference_hours=(in_trial_s + after_s) / 3600)
 
 
 def fmt_hours(hours: float | None, unit: str) -> str:

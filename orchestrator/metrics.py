@@ -26,6 +26,9 @@ def param_key(key: str) -> str:
 # Reward
 TRAIN_REWARD = "critic/score/mean"  # mean verifiable reward of the step's rollouts
 EVAL_REWARD = "eval/reward"  # held-out eval reward (greedy-free sampling, fixed prompts)
+# The same held-out eval scored by the grid's reference evaluator (``eval: {reference: ...}``),
+# one evaluator for every arm (``orchestrator/evaluation.py``): the arm's own engine left out.
+EVAL_REWARD_REF = "eval/reward_ref"
 RESPONSE_LENGTH = "response_length/mean"
 
 # Training health
@@ -110,6 +113,7 @@ def bucket_count_name(lo: float, hi: float) -> str:
 TIME_PER_STEP = "perf/time_per_step"
 TIME_GEN = "timing_s/gen"
 TIME_UPDATE = "timing_s/update_actor"
+TIME_EVAL_REF = "timing_s/eval_ref"  # the reference evaluation of the step (the project's own)
 
 
 # --------------------------------------------------------------------------- verl's names

@@ -155,7 +155,8 @@ class BudgetSpec(Strict):
 
 
 # What a comparison or adaptive seeds measure (``orchestrator.stats.seeds``).
-Target = Literal["collapse_rate", "final_reward", "time_to_collapse"]
+# final_reward_ref: the final eval/reward_ref of a grid with ``eval: {reference: ...}``.
+Target = Literal["collapse_rate", "final_reward", "time_to_collapse", "final_reward_ref"]
 
 
 class AdaptiveSeedsSpec(Strict):
@@ -270,6 +271,15 @@ class TrackingSpec(Strict):
     every: StrictInt = Field(1, ge=1, le=10_000_000)
 
 
+class EvalSpec(Strict):
+    """``eval: {reference: trainer}``: every eval step is also scored by one reference
+    evaluator shared by every arm (``orchestrator/evaluation.py``), as ``eval/reward_ref``."""
+
+    # trainer: the trainer-side model in fp32 with its current weights, the same for every arm
+    # (``orchestrator/evaluation.py``); null: no reference evaluation (the trial's own eval only).
+    reference: Literal["trainer"] | None = None
+
+
 class SearchParam(Strict):
     low: StrictFloat | StrictInt
     high: StrictFloat | StrictInt
@@ -376,6 +386,7 @@ class GridFile(Strict):
     retries: RetrySpec = Field(default_factory=RetrySpec)
     checkpoint: CheckpointSpec = Field(default_factory=CheckpointSpec)
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
+    eval: EvalSpec = Field(default_factory=EvalSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
     rescue: list[RescueEntry] | None = Field(default=None, min_length=1, max_length=20)

@@ -151,6 +151,9 @@ class Backend:
                      pool: PoolSpec) -> str | None:
         return self.trainer(pool).check_engine(rollout, config, pool)
 
+    def check_reference(self, target: str, pool: PoolSpec) -> str | None:
+        return self.trainer(pool).check_reference(target, pool)
+
     def check_checkpoint(self, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
         return self.trainer(pool).check_checkpoint(checkpoint, pool, config, others)

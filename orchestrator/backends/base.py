@@ -123,6 +123,25 @@ class Trainer(abc.ABC):
         return None
 
     @classmethod
+    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+        """Why this trainer cannot score ``pool``'s trials with the reference evaluator
+        ``target`` (``eval: {reference: ...}``, ``orchestrator/evaluation.py``), or None. By
+        default none can: a trainer that does not run one must not pretend to."""
+        return (f"backend {cls.name!r} has no reference evaluator; fix: drop eval.reference, "
+                "or use the sim backend")
+
+    # The version of the reference evaluator(s) this trainer runs, recorded with every score it
+    # makes after the fact (``store.reference``); None: it runs none.
+    reference_version: ClassVar[str | None] = None
+
+    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                            checkpoint: Path, step: int, target: str) -> float:
+        """The reference evaluator ``target``'s score of the checkpoint of ``step`` of ``trial``
+        (``ablate evaluate``): the number the trial would have logged as ``eval/reward_ref`` at
+        that step. Only trainers whose :meth:`check_reference` accepts ``target``."""
+        raise NotImplementedError(f"backend {self.name!r} has no reference evaluator")
+
+    @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
         """Why the stored checkpoint ``checkpoint`` cannot resume on ``pool`` (``ablate resume

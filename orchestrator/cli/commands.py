@@ -165,6 +165,16 @@ def resume_body(args: argparse.Namespace) -> int:
     return 2 if out.get("not_resumed") else 0
 
 
+def evaluate_body(args: argparse.Namespace) -> int:
+    _preflight(args)
+    from orchestrator.scheduler import evaluate  # deferred: --help stays fast
+
+    report = evaluate(args.grid, trials=args.trial, workdir=args.workdir,
+                      tracking_uri=args.tracking_uri)
+    print("\n".join(report.lines()))
+    return 0
+
+
 def ui_body(args: argparse.Namespace) -> int:
     _preflight(args)
     from orchestrator.tracking import ui  # deferred: --help stays fast
@@ -287,6 +297,13 @@ def add_commands(sub: Any) -> None:
     r.add_argument("--name", help="the grid as submitted with `ablate submit --name NAME`")
     _common(r)
     r.set_defaults(func=resume_body)
+
+    ev = sub.add_parser("evaluate", help="score a grid's saved checkpoints with the reference "
+                        "evaluator (eval.reference; idempotent: each checkpoint once)")
+    ev.add_argument("grid")
+    ev.add_argument("--trial", action="append", help="trial id (repeatable; default: every trial)")
+    _common(ev)
+    ev.set_defaults(func=evaluate_body)
 
     u = sub.add_parser("ui", help="start the MLflow UI on loopback for the grid's store")
     u.add_argument("grid", nargs="?")

@@ -23,6 +23,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
 from orchestrator.grid import axis_label
@@ -52,22 +53,28 @@ def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out:
         cells.setdefault(label, []).append(r)
     by_cell = {label: total(r.cost for r in members) for label, members in cells.items()}
     grid = total(r.cost for r in results)
+    # The reference evaluator's hours, where some trial has any (a column only then: the files
+    # of grids without a reference evaluator are as they were).
+    ref = any(r.cost is not None and r.cost.reference_hours > 0 for r in results)
     with open(out / "cost.csv", "w", newline="") as fh:
         w = csv.writer(fh)
         w.writerow(["level", "cell", "trial_id", "seed", "unit", "accelerator_hours", "retry_hours",
-                    "early_stop_saved_hours", "trials"])
+                    "early_stop_saved_hours", "trials"] + (["reference_eval_hours"] if ref else []))
         for label, members in sorted(cells.items()):
             for r in members:
                 if r.cost is not None:
                     c = r.cost
                     w.writerow(["trial", label, r.trial_id, r.seed, c.unit, f"{c.hours:.6g}",
-                                f"{c.retry_hours:.6g}", f"{c.saved_hours:.6g}", 1])
+                                f"{c.retry_hours:.6g}", f"{c.saved_hours:.6g}", 1]
+                               + ([f"{c.reference_hours:.6g}"] if ref else []))
         for level, rows in (("cell", sorted(by_cell.items())), ("grid", [("", grid)])):
             for label, units in rows:
                 for unit, t in units.items():
                     w.writerow([level, label, "", "", unit, f"{t['hours']:.6g}", f"{t['retry_hours']:.6g}",
-                                f"{t['saved_hours']:.6g}", int(t["trials"])])
-    return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None)}
+                                f"{t['saved_hours']:.6g}", int(t["trials"])]
+                               + ([f"{t['reference_hours']:.6g}"] if ref else []))
+    return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None),
+            "reference": ref}
 
 
 def outcome(r: TrialResult) -> Outcome:
@@ -75,7 +82,7 @@ def outcome(r: TrialResult) -> Outcome:
     the last observed step; see ``orchestrator.stats.survival`` for early-stopped trials)."""
     step = r.verdict_step if r.collapsed and r.verdict_step is not None else r.last_step
     return Outcome(r.seed, r.collapsed, r.final(r.reward_key), r.cost.hours if r.cost else None,
-                   step if r.collapsed is not None else None)
+                   step if r.collapsed is not None else None, r.final(M.EVAL_REWARD_REF))
 
 
 def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str],
@@ -119,6 +126,10 @@ def comparison_section(results: Sequence[TrialResult], axis_names: Sequence[str]
     return rows
 
 
+REF_NOTE = (" Reference eval: the reference evaluator's time (`timing_s/eval_ref` inside the "
+            "trials, part of their cost; `ablate evaluate` after them, not part of it).")
+
+
 def _n(v: float | None, digits: int = 3) -> str:
     return "–" if v is None or not math.isfinite(v) else f"{v:+.{digits}f}"
 
@@ -157,16 +168,21 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
     lines = ["## Cost", ""]
     if not cost["traced"]:
         return lines + ["No trial run carries its cost (runs logged before cost accounting).", ""]
+    ref = cost.get("reference", False)
     lines += [("Accelerator-hours: wall time x the pool's accelerators per trial (GPU-h on GPU "
-               "pools, CPU-h on the simulator); `cost.csv` lists every trial."), "",
-              "| cell | trials | cost | lost to retries | saved by early stop |", "|---|---|---|---|---|"]
+               "pools, CPU-h on the simulator); `cost.csv` lists every trial."
+               + (REF_NOTE if ref else "")), "",
+              "| cell | trials | cost | lost to retries | saved by early stop |"
+              + (" reference eval |" if ref else ""), "|---|---|---|---|---|" + ("---|" if ref else "")]
     for label, units in sorted(cost["by_cell"].items()):
         for unit, t in units.items():
             lines.append(f"| {esc(label)} | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
-                         f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |")
+                         f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |"
+                         + (f" {fmt_hours(t['reference_hours'], unit)} |" if ref else ""))
     for unit, t in cost["grid"].items():
         lines.append(f"| **grid** | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
-                     f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |")
+                     f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |"
+                     + (f" {fmt_hours(t['reference_hours'], unit)} |" if ref else ""))
     lines.append("")
     if not comps:
         return lines
@@ -217,13 +233,16 @@ def html_section(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: f
                 + "</table>")
 
     parts = ["<h2>Cost</h2>"]
+    ref = cost.get("reference", False)
     rows = [(label, str(int(t["trials"])), fmt_hours(t["hours"], u), fmt_hours(t["retry_hours"], u),
-             fmt_hours(t["saved_hours"], u))
-            for label, units in sorted(cost["by_cell"].items()) for u, t in units.items()]
-    rows += [("grid", str(int(t["trials"])), fmt_hours(t["hours"], u), fmt_hours(t["retry_hours"], u),
-              fmt_hours(t["saved_hours"], u)) for u, t in cost["grid"].items()]
-    parts.append(table(["cell", "trials", "cost", "lost to retries", "saved by early stop"], rows)
+             fmt_hours(t["saved_hours"], u), *([fmt_hours(t["reference_hours"], u)] if ref else []))
+            for label, units in [*sorted(cost["by_cell"].items()), ("grid", cost["grid"])]
+            for u, t in units.items()]
+    parts.append(table(["cell", "trials", "cost", "lost to retries", "saved by early stop",
+                        *(["reference eval"] if ref else [])], rows)
                  if cost["traced"] else "<p>No trial run carries its cost.</p>")
+    if ref and cost["traced"]:
+        parts.append(f"<p>{esc(REF_NOTE.strip().replace('`', ''))}</p>")
     if comps:
         parts.append(f"<h2>Declared comparisons</h2><p>Difference to the baseline cell with its "
                      f"{level:.0%} interval (Newcombe / Welch or paired t / RMST difference); p "

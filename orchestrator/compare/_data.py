@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import dataclasses
 import json
+import logging
 import math
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
@@ -19,15 +20,17 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
-from orchestrator.cost import TrialCost, from_tags, trial_cost
+from orchestrator.cost import TrialCost, from_tags, trial_cost, with_reference
 from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
+from orchestrator.store.reference import read_reference
 from orchestrator.tracking import AXES_TAG, CONFIG_TAG
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
 CURVE_METRICS = summary.CURVE_METRICS
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -217,6 +220,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             not_applicable=_not_applicable(tags.get("verdict.not_applicable", "")),
         )
     _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
+    merge_reference(list(seen.values()), grid_dir)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
                                                 r.variant, r.seed, r.trial_id))
@@ -311,6 +315,30 @@ def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: Loca
                 final, peak, r.steps_done = exact[r.run_id]
                 r.finals.update(final)
                 r.peaks.update(peak)
+
+
+def merge_reference(results: Sequence[TrialResult], grid_dir: Path | None) -> None:
+    """Add the reference scores ``ablate evaluate`` made after the fact (``store.reference``)
+    to the trials' ``eval/reward_ref`` curves (a step the trial logged itself keeps its value;
+    without the workdir the same scores come from MLflow with the other curves), and the
+    reference evaluator's time to their cost: ``timing_s/eval_ref`` summed over the trial's
+    curve (exact up to ``summary.MAX_POINTS`` reference evaluations) plus that scoring's."""
+    for r in results:
+        held = None
+        if grid_dir is not None:
+            try:
+                held = read_reference(TrialPaths(grid_dir, r.trial_id))
+            except StateFileError as exc:
+                log.warning("%s", exc)
+        in_trial = sum(v for _, v in r.curves.get(M.TIME_EVAL_REF, []) if math.isfinite(v))
+        r.cost = with_reference(r.cost, in_trial, held.seconds if held else 0.0)
+        if held is None or not held.scores:
+            continue
+        have = dict(r.curves.get(M.EVAL_REWARD_REF, []))
+        merged = sorted({**{s: v for s, (v, _) in held.scores.items()}, **have}.items())
+        r.curves[M.EVAL_REWARD_REF] = merged
+        r.finals[M.EVAL_REWARD_REF] = summary.final_value(merged)
+        r.peaks[M.EVAL_REWARD_REF] = summary.peak_value(merged)
 
 
 def judge_missing(results: Sequence[TrialResult], collapse: Any, steps: int) -> None:

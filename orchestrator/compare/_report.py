@@ -31,7 +31,8 @@ from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _data as D
 from orchestrator.compare import _plots as P
-from orchestrator.compare import _rescues as R
+from orchestrator.compare import _reference as RF
+from orchestrator.compare import _rescues as RS
 from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
@@ -45,12 +46,13 @@ from orchestrator.compare._stats import (
     format_cell,
     main_effects,
 )
+from orchestrator.compare._where import where_recorded
 from orchestrator.exceptions import UserError, did_you_mean
-from orchestrator.grid import GridSpec, load_grid
-from orchestrator.scheduler import renamed, stored_stores
+from orchestrator.grid import load_grid
+from orchestrator.scheduler import renamed
 from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 from orchestrator.sim.numerics import environments
-from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.store import workspace
 from orchestrator.tracking import ROLE_TAG, client, store_exists
 
 log = logging.getLogger(__name__)
@@ -122,27 +124,13 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                           steps=grid.spec.steps, multiplicity=grid.spec.multiplicity,
                           reward_range=grid.spec.metrics.bounds("reward"))
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
-        r.numerics for r in results)))
+        r.numerics for r in results), evaluated=RF.present(results) and not grid.spec.eval.reference))
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
     if unfinished:
         print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
               f"{unfinished.describe()}: run `ablate compare` again when they end")
     return out
-
-
-def where_recorded(grid: GridSpec, grid_dir: Path, here: str) -> str:
-    """Where a grid's results are when the store asked holds none: the workdir's finished
-    trials, the stores the grid was submitted to, and the command that copies them here."""
-    finished = [tid for tid in (records.trial_ids(grid_dir) if (grid_dir / "trials").is_dir() else [])
-                if records.load_state(TrialPaths(grid_dir, tid), tid).state.is_finished()]
-    if not finished:
-        return "fix: run `ablate submit` first or pass the --tracking-uri it ran with"
-    others = [s for s in stored_stores(grid_dir) if s != here]
-    where = f" (recorded in {', '.join(others)})" if others else ""
-    return (f"the workdir {grid_dir.parent} holds {len(finished)} finished trial(s) of it{where}; "
-            f"fix: pass the --tracking-uri they ran with, or copy them here with "
-            f"`ablate publish {grid.file} --tracking-uri {here}`")
 
 
 def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows: str | None,
@@ -162,7 +150,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     curves = P.curve_plots(results, [
         (reward, out / "curves_reward.png", f"{reward} vs step", False),
         (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
-        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True)], rows, cols)
+        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), RF.curve_spec(out)], rows, cols)
     forests = start(lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
                     trials=len(results))  # in a child too past CHILD_FROM trials: a third of the rest
     cells = pivot(results, row_keys, cols, reward_range)
@@ -184,7 +172,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
               "reward_metric": reward, "environments": environments(r.numerics for r in results),
               "cost": cost, "comparisons": comparisons,
               "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names),
-              "rescues": R.rescue_section(results, out, level)}
+              "rescues": RS.rescue_section(results, out, level)}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
@@ -233,7 +221,7 @@ def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]],
                            "derived_from": r.derived_from or "", "last_step": r.last_step,
                            "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),
                            "max_k3_kl": r.peak(M.K3_KL), "max_grad_norm": r.peak(M.GRAD_NORM),
-                           "skipped_share": r.skipped_share,
+                           "skipped_share": r.skipped_share, **RF.trial_columns(r),
                            "not_applicable": ";".join(r.not_applicable),
                            "attempts": ";".join(f"{s.number}:{s.pool}:{s.start}-{s.end or ''}"
                                                 for s in r.segments)})
@@ -304,10 +292,10 @@ def render_markdown(report: dict[str, Any]) -> str:
     if report.get("fanova_note"):
         lines += ["", md.text(report["fanova_note"])]
     if "survival" in report:
-        lines += ["", *S.markdown(report["survival"], md.text), *R.markdown(report.get("rescues"), md.text)]
+        lines += ["", *S.markdown(report["survival"], md.text), *RS.markdown(report.get("rescues"), md.text)]
     if "cost" in report:
         lines += ["", *C.markdown(report["cost"], report["comparisons"], report["level"], md.text)]
-    lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
+    lines += ["", *RF.markdown(report, md.text), "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
               "|---|---|---|---|---|---|---|"]
     for r in res:
         lines.append(f"| {md.text(r.trial_id)} | {md.text(r.run_id[:8])} | {r.seed} | "
@@ -382,10 +370,10 @@ def render_html(report: dict[str, Any]) -> str:
     if report.get("fanova_note"):
         parts.append(f"<p>{esc(report['fanova_note'])}</p>")
     if "survival" in report:
-        parts += [S.html_section(report["survival"]), R.html_section(report.get("rescues"))]
+        parts += [S.html_section(report["survival"]), RS.html_section(report.get("rescues"))]
     if "cost" in report:
         parts.append(C.html_section(report["cost"], report["comparisons"], report["level"]))
-    parts.append("<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
+    parts.append(RF.html_section(report) + "<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"
                  "<th>step</th><th>reason</th></tr>")
     for r in report["results"]:
         parts.append(f"<tr><td>{esc(r.trial_id)}</td><td>{r.seed}</td><td>{esc(r.pool)}</td>"

@@ -9,6 +9,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator import metrics as M
+from orchestrator.compare import _reference as reference
 from orchestrator.compare._data import TrialResult
 from orchestrator.schema import DEFAULT_RANGE
 from orchestrator.stats.intervals import bounded_mean
@@ -50,6 +51,7 @@ def cell_stats(results: Sequence[TrialResult], reward_range: tuple[float, float]
         "max_k3_kl": max(k3_finite) if k3_finite else math.nan,
         "skipped_share": _mean_finite([r.skipped_share for r in results]),
         "reward_metric": results[0].reward_key if results else "",
+        **reference.cell_stats(results, reward_range),  # eval/reward_ref, where recorded
     }
 
 
@@ -75,6 +77,8 @@ def format_cell(s: dict[str, Any], sep: str = "<br>") -> str:
     return sep.join([f"final {pm(s['final_reward'], s['final_reward_lo'], s['final_reward_hi'])}",
                      f"peak {pm(s['peak_reward'], s['peak_reward_lo'], s['peak_reward_hi'])}", coll,
                      f"max k3 {k3}"]
+                    + ([f"ref final {pm(s['final_reward_ref'], s['final_reward_ref_lo'], s['final_reward_ref_hi'])}"]
+                       if math.isfinite(s.get("final_reward_ref", math.nan)) else [])
                     # fp16 learners: the share of updates their loss scaler skipped
                     + ([f"skipped {s['skipped_share']:.1%}"]
                        if math.isfinite(s.get("skipped_share", math.nan)) else []))

@@ -170,12 +170,16 @@ def write(directory: Path, manifest: Mapping[str, Any]) -> Path:
     return path
 
 
-def for_grid(grid_file: str | Path, out: Path, *, environments: Sequence[Mapping[str, Any]]) -> dict[str, Any]:
+def for_grid(grid_file: str | Path, out: Path, *, environments: Sequence[Mapping[str, Any]],
+             evaluated: bool = False) -> dict[str, Any]:
     """The manifest of ``ablate compare GRID --out OUT`` (paths as given from the current
-    directory, which for the committed ``results/`` is the repository)."""
+    directory, which for the committed ``results/`` is the repository); ``evaluated``: its
+    reference scores came from ``ablate evaluate``, which the command then runs too."""
     grid_label = _label(Path(grid_file), Path.cwd())
     out_label = _label(Path(out), Path.cwd())
-    regenerate = (f"ablate submit {grid_label} && ablate compare {grid_label}"
+    regenerate = (f"ablate submit {grid_label} && "
+                  + (f"ablate evaluate {grid_label} && " if evaluated else "")
+                  + f"ablate compare {grid_label}"
                   + ("" if out_label == f"results/{load_grid(grid_file).name}" else f" --out {out_label}"))
     return build(grid_inputs(grid_file, grid_root=Path.cwd()), kind="compare", regenerate=regenerate,
                  source={"grid": grid_label}, environments=environments)

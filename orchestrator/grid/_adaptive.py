@@ -38,6 +38,7 @@ def _check_adaptive(spec: GridFile, chk: Checker) -> None:
     if spec.search is not None:
         raise chk.err("adaptive seeds cannot be combined with 'search:' (a search picks its own "
                       "points)", ("seeds", "adaptive"), fix="give 'seeds:' as a list")
+    _check_reference_target(spec, ad.target, path, chk)
     if ad.target in COLLAPSE_TARGETS and not _judges_collapse(spec):
         raise chk.err(f"{ad.target} is not recorded by this grid (collapse.rules is 'none' and "
                       "there are no extra_rules)", path, allowed=["final_reward"], got=ad.target,
@@ -47,12 +48,21 @@ def _check_adaptive(spec: GridFile, chk: Checker) -> None:
 COLLAPSE_TARGETS = ("collapse_rate", "time_to_collapse")
 
 
+def _check_reference_target(spec: GridFile, target: str | None, path: tuple, chk: Checker) -> None:
+    """``final_reward_ref`` is recorded only by a grid with a reference evaluator."""
+    if target == "final_reward_ref" and spec.eval.reference is None:
+        raise chk.err("final_reward_ref is not recorded by this grid (it has no reference "
+                      "evaluator)", path, allowed=["final_reward"], got=target,
+                      fix="add 'eval: {reference: trainer}' or use target: final_reward")
+
+
 def _judges_collapse(spec: GridFile) -> bool:
     return spec.collapse.rules != "none" or bool(spec.collapse.extra_rules)
 
 
 def _check_tests(spec: GridFile, decl: CompareDecl, base: tuple, chk: Checker) -> None:
     """``target``, ``margin`` and ``paired`` of one declared comparison."""
+    _check_reference_target(spec, decl.target, base + ("target",), chk)
     if decl.target in COLLAPSE_TARGETS and not _judges_collapse(spec):
         raise chk.err(f"{decl.target} is not recorded by this grid (collapse.rules is 'none' and "
                       "there are no extra_rules)", base + ("target",), allowed=["final_reward"],
@@ -67,14 +77,14 @@ def _check_tests(spec: GridFile, decl: CompareDecl, base: tuple, chk: Checker) -
         # Every target's scale is bounded: a rate by 1, a step count by the trial's steps, the
         # reward by its declared range (a margin as wide as the range accepts any difference).
         top = {"collapse_rate": 1.0, "time_to_collapse": float(spec.steps),
-               "final_reward": hi - lo}.get(decl.target, math.inf)
+               "final_reward": hi - lo, "final_reward_ref": hi - lo}.get(decl.target, math.inf)
         if not (math.isfinite(m) and 0 < m < top):
             raise chk.err(f"margin {m:g} must be above 0" + ("" if top == math.inf else
                           f" and below {top:g} (the width of {decl.target}'s range)"), base + ("margin",),
                           got=m, fix="e.g. margin: " + (f"{max(spec.steps // 20, 1)} (steps)"
                                                         if decl.target == "time_to_collapse" else "0.05"))
     if decl.paired:
-        if decl.target not in (None, "final_reward"):
+        if decl.target not in (None, "final_reward", "final_reward_ref"):
             raise chk.err(f"paired applies to the final reward; {decl.target} is compared "
                           "unpaired", base + ("paired",), fix="drop paired or use target: final_reward")
         rows = [("include", r) for r in spec.include] + [("exclude", r) for r in spec.exclude]

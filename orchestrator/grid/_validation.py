@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import metrics, recipes
+from orchestrator import evaluation, metrics, recipes
 from orchestrator.backends import Backend, backend
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
@@ -64,6 +64,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
           catalog: PoolCatalog) -> dict[str, Any]:
     """Semantic checks of a schema-valid grid; returns the fields of its ``GridSpec``."""
     chk = Checker(file, lines, base)
+    _no_reference_override(spec, chk)
     fixed = tuple(sorted((k, freeze(chk.value(k, v, ("overrides", k))))
                          for k, v in spec.overrides.items()))
     axes = tuple(_axis(name, values, spec, chk, catalog) for name, values in spec.axes.items())
@@ -82,12 +83,48 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     for pool in spec.budget.per_pool:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
+    fixed = _with_reference(spec, chk, runs, pools, fixed)
     check_cost_keys(spec, axes, chk, catalog, axis_label)
     check_param_names(spec, axes, chk)
     check_static(spec, chk, dict(fixed), chk.leaves, lambda name: runs.reported(name, pools))
     return {"file": file, "spec": spec, "axes": axes, "fixed": fixed, "recipe_config": base,
             "recipe_digest": recipes.digest(base), "recipes_root": root, "pools": catalog,
             "excludes": excludes, "includes": includes, "lines": lines}
+
+
+def _no_reference_override(spec: GridFile, chk: Checker) -> None:
+    """``eval.reference`` is set only by the grid key ``eval:``: one evaluator for every arm,
+    so never an axis, an include, an override or a rescue's ``set``."""
+    places: list[tuple[Any, ...]] = [("overrides", k) for k in spec.overrides]
+    for name, values in spec.axes.items():
+        places.append(("axes", name))
+        if isinstance(values, dict):
+            places += [("axes", name, label, k) for label, ov in values.items() for k in ov or {}]
+    places += [("include", i, k) for i, rule in enumerate(spec.include) for k in rule]
+    if spec.on_collapse is not None:
+        places += [("on_collapse", "resume", "set", k) for k in spec.on_collapse.resume.set]
+    for path in places:
+        if path[-1] == evaluation.OVERRIDE_KEY:
+            raise chk.err(f"{evaluation.OVERRIDE_KEY} is set by the grid key 'eval:', one "
+                          "evaluator for every trial", path,
+                          fix="write 'eval: {reference: trainer}' at the top of the grid")
+
+
+def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence[PoolSpec],
+                    fixed: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+    """``eval: {reference: ...}`` (``orchestrator/evaluation.py``): every pool's trainer must
+    run that evaluator; it becomes the fixed override ``eval.reference``, so it is part of the
+    trials' ids when set and absent from them otherwise."""
+    target = spec.eval.reference
+    if target is None:
+        return fixed
+    for pool in pools:
+        problem = runs.check_reference(target, pool)
+        if problem:
+            raise chk.err(problem.removeprefix(f"{evaluation.OVERRIDE_KEY}: "),
+                          ("eval", "reference"),
+                          fix=None if "; fix: " in problem else "drop eval.reference")
+    return tuple(sorted((*fixed, (evaluation.OVERRIDE_KEY, target))))
 
 
 def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCatalog) -> Axis:

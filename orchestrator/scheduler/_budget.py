@@ -367,8 +367,10 @@ def _outcome(spec: TrialSpec, rec: records.TrialRecord, paths: TrialPaths,
     # Its time to collapse (orchestrator.stats.survival): the collapse step, else the last step seen.
     vstep = (rec.verdict or {}).get("step")
     step = vstep if collapsed and isinstance(vstep, int) else rec.last_step
+    ref = records.finite_or_none(summary.get(M.EVAL_REWARD_REF))
     return Outcome(spec.seed, collapsed, math.nan if reward is None else reward,
-                   None if cost is None else cost.hours, None if collapsed is None else step)
+                   None if cost is None else cost.hours, None if collapsed is None else step,
+                   math.nan if ref is None else ref)
 
 
 def end_report(summary: Mapping[str, Any]) -> list[str]:

@@ -67,6 +67,8 @@ def fields(grid: GridSpec) -> dict[str, Any]:
     data = grid.spec.model_dump(mode="json")
     out = {k: data.get(k) for k in FIELDS}
     out["recipe_digest"] = grid.recipe_digest
+    if grid.spec.eval.reference is not None:  # part of the ids when set (only then: grids
+        out["eval"] = data["eval"]            # recorded before it keep their identity)
     return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 
@@ -173,7 +175,10 @@ def check_identity(grid: GridSpec, grid_dir: Path, trials: Sequence[TrialSpec], 
             f"{grid.file}: grid {grid.name!r} already ran in {grid_dir.parent} with other trials "
             f"({'; '.join(diff[:6])}{'; ...' if len(diff) > 6 else ''}); fix: submit it under a "
             f"new name (`--name NEW`, or `name:` in the file), or add its trials to the existing "
-            f"grid with `--extend`")
+            f"grid with `--extend`"
+            + ("; or score the checkpoints of the trials it ran with the reference evaluator: "
+               f"`ablate evaluate {grid.file}`"
+               if old.get("eval") != new.get("eval") else ""))
     atomic_write_json(path, {**stored, "fields": new, "trials": sorted(set(known) | set(ids)),
                              "id_scheme": ID_SCHEME})
     if grows and not added:

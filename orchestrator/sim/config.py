@@ -14,6 +14,7 @@ from pydantic import ValidationError
 
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.evaluation import REFERENCE_TARGETS
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.learner import LearnerSpec, combination_problem, rollout_for
 from orchestrator.pools import PoolSpec
@@ -31,7 +32,7 @@ MODEL_KEYS = ("arch", "d_model", "n_layers", "n_heads", "d_ff", "n_experts", "to
 TASK_KEYS = ("name", "digits", "answer", "response_len", "vocab", "max_step", "aliases")
 TRAIN_KEYS = ("lr", "prompts_per_step", "group_size", "ppo_epochs", "minibatches", "clip_eps",
               "kl_coef", "grad_clip", "weight_decay", "adam_beta1", "adam_beta2", "threads")
-EVAL_KEYS = ("every", "prompts")
+EVAL_KEYS = ("every", "prompts", "reference")  # reference: orchestrator/evaluation.py
 SIM_KEYS = ("reproducible",)
 TASK_NAMES = ("progression", "sum_mod", "reverse_sum", "reverse")  # == sim.task.TASKS (tested)
 # The type every scalar knob must have (checked at plan time too: nothing reaches a trial unless
@@ -244,6 +245,10 @@ def build_setup(config: Mapping[str, Any], pool: PoolSpec) -> SimSetup:
         train["eval_every"] = ev["every"]
     if "prompts" in ev:
         train["eval_prompts"] = ev["prompts"]
+    if ev.get("reference") is not None:
+        _need(ev["reference"] in REFERENCE_TARGETS, "eval.reference",
+              f"must be one of {', '.join(REFERENCE_TARGETS)}, got {ev['reference']!r}"[:200])
+        train["eval_reference"] = ev["reference"]
     return SimSetup(model, task, train, correction, rollout, numerics, threads,
                     sim.get("reproducible", True), learner)
 

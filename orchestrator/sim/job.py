@@ -8,6 +8,7 @@ from __future__ import annotations
 import logging
 import math
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
@@ -71,6 +72,11 @@ class SimTrainer(Trainer):
         return None
 
     @classmethod
+    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+        """``trainer``: the fp32 trainer-side model with current weights (``sim/reference.py``)."""
+        return None if target == "trainer" else f"eval.reference: {target} is not a target here"
+
+    @classmethod
     def never_emitted(cls) -> frozenset[str]:
         """None of verl's debug metrics, its IcePop name or its per-option RS fractions."""
         return frozenset({M.IS_OOB_RATIO, M.PROB_DIFF_MAX, M.PROB_DIFF_STD, M.PROB_PEARSON}
@@ -80,6 +86,20 @@ class SimTrainer(Trainer):
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
         """Pinned CPU numerics for every simulator process (``orchestrator/sim/numerics.py``)."""
         return numerics.target_env(reproducible(config))
+
+    reference_version: ClassVar[str | None] = "sim-ref-1"  # == sim.reference.VERSION (tested)
+
+    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                            checkpoint: Path, step: int, target: str) -> float:
+        """The fp32 trainer-side score of a saved checkpoint (``sim/reference.py``): its weights
+        are the trainer's at ``step``, and the evaluator draws from (seed, step) only, so this is
+        the number an ``eval: {reference: trainer}`` trial logs at that step."""
+        setup = build_setup(config, pool)
+        trainer = _trainer(trial, setup, reference=target)
+        loaded = trainer.load(checkpoint)
+        if loaded != step:
+            raise CheckpointError(f"checkpoint for step {step} holds step {loaded}")
+        return float(trainer.evaluate_reference(step))
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
         setup = build_setup(config, ctx.pool)  # raises UserError before any work
@@ -99,7 +119,8 @@ def numeric_environment(reproducible: bool) -> dict[str, str]:
     return facts
 
 
-def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+def _trainer(trial: TrialSpec, setup: Any, reference: str | None = None) -> Any:
+    """The trial's ``GRPOTrainer`` (``reference``: also set up the reference evaluator)."""
     # deferred: torch, and the simulator modules that import it, only where a trial trains
     import torch
 
@@ -108,14 +129,22 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
     from orchestrator.sim.trainer import GRPOTrainer, TrainConfig
 
     torch.set_num_threads(setup.threads)
-    ctx.describe_environment(numeric_environment(setup.reproducible))
     try:
         task = Task(**setup.task)
     except (TypeError, ValueError) as exc:
         raise UserError(f"task: {exc}") from None
     model = ModelConfig(vocab=task.vocab, max_len=task.seq_len, **setup.model)
-    trainer = GRPOTrainer(model, task, TrainConfig(**setup.train), setup.correction,
-                          setup.numerics, trial.seed, setup.learner)
+    train = {**setup.train, **({"eval_reference": reference} if reference else {})}
+    return GRPOTrainer(model, task, TrainConfig(**train), setup.correction, setup.numerics,
+                       trial.seed, setup.learner)
+
+
+def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
+    import torch  # deferred: only where a trial trains
+
+    torch.set_num_threads(setup.threads)  # before the facts: they record the thread count
+    ctx.describe_environment(numeric_environment(setup.reproducible))
+    trainer = _trainer(trial, setup)
     last = 0
     if ctx.resume_step:
         last = trainer.load(ctx.checkpoint_path(ctx.resume_step))
@@ -136,8 +165,9 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
         ctx.log_metrics(step, metrics)
         last = step
         summary = {k: metrics[k] for k in (M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM) if k in metrics}
-        if M.EVAL_REWARD in metrics:
-            summary[M.EVAL_REWARD] = metrics[M.EVAL_REWARD]
+        for key in (M.EVAL_REWARD, M.EVAL_REWARD_REF):
+            if key in metrics:
+                summary[key] = metrics[key]
         if ctx.checkpoint_every and step % ctx.checkpoint_every == 0:
             if not all(torch.isfinite(p).all() for p in trainer.params.values()):
                 return AttemptResult(AttemptOutcome.NUMERIC_FAILURE, last,

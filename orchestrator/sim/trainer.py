@@ -19,7 +19,7 @@ from orchestrator import metrics as M
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.exceptions import NumericFailure
 from orchestrator.learner import LearnerSpec
-from orchestrator.sim import loss_math
+from orchestrator.sim import loss_math, reference
 from orchestrator.sim.correction_math import (
     Correction,
     apply_correction,
@@ -55,6 +55,7 @@ class TrainConfig:
     adam_beta2: float = 0.999
     eval_every: int = 10
     eval_prompts: int = 128
+    eval_reference: str | None = None  # "trainer": also score evals with sim/reference.py
 
 
 def _gen(seed: int, step: int, stream: int) -> torch.Generator:
@@ -144,6 +145,8 @@ class GRPOTrainer:
         self.engine.sync(self.params)
         self.eval_prompts = task.prompts(train.eval_prompts,
                                          torch.Generator().manual_seed(EVAL_PROMPT_SEED))
+        self.reference = (reference.ReferenceEngine(model, task, numerics.temperature)
+                          if train.eval_reference else None)
 
     # ------------------------------------------------------------------ one step
     def step(self, step: int) -> dict[str, float]:
@@ -188,6 +191,10 @@ class GRPOTrainer:
         })
         if cfg.eval_every and step % cfg.eval_every == 0:
             metrics[M.EVAL_REWARD] = self.evaluate(step)
+            if self.reference is not None:
+                t2 = time.perf_counter()
+                metrics[M.EVAL_REWARD_REF] = self.evaluate_reference(step)
+                metrics[M.TIME_EVAL_REF] = time.perf_counter() - t2
         metrics[M.TIME_PER_STEP] = time.perf_counter() - t0
         return metrics
 
@@ -286,6 +293,14 @@ class GRPOTrainer:
         """Mean reward on the fixed held-out prompts, sampled by the rollout engine."""
         ro = self.engine.generate(self.eval_prompts, _gen(self.seed, step, 1))
         return self.task.reward(ro.prompts, ro.responses).mean().item()
+
+    def evaluate_reference(self, step: int) -> float:
+        """Mean reward on the same prompts, sampled by the reference evaluator
+        (``sim/reference.py``) from the current weights; touches no state of the trial."""
+        engine = self.reference or reference.ReferenceEngine(self.model, self.task,
+                                                             self.num.temperature)
+        return reference.score(engine, self.params, self.eval_prompts,
+                               _gen(self.seed, step, reference.STREAM))
 
     # ------------------------------------------------------------------ checkpoints
     def save(self, directory: Path, step: int) -> None:

@@ -1,7 +1,8 @@
 """Adaptive seeds: where the next seed changes the answer most.
 
 A *cell* is one configuration (a grid trial's axis labels; the seed is not an axis). For the
-grid's target (``collapse_rate``, ``final_reward`` or ``time_to_collapse``) each cell has an
+grid's target (``collapse_rate``, ``final_reward`` (``final_reward_ref``: the reference
+evaluator's) or ``time_to_collapse``) each cell has an
 interval over its finished seeds (``orchestrator.stats.intervals``: Wilson score / Student t on the
 logit scale for a reward in [0, 1]; ``orchestrator.stats.survival``: the restricted mean survival time
 up to the grid's ``steps``, its width as a share of ``steps``), and each declared comparison
@@ -56,6 +57,7 @@ class Outcome:
     reward: float = math.nan
     hours: float | None = None
     step: int | None = None
+    reward_ref: float = math.nan  # the reference evaluator's final reward (``eval/reward_ref``)
 
     @property
     def observation(self) -> survival.Observation | None:
@@ -63,6 +65,16 @@ class Outcome:
         if self.collapsed is None or self.step is None:
             return None
         return survival.Observation(float(self.step), bool(self.collapsed))
+
+
+# The targets that are a final reward: the trial's own eval, or the reference evaluator's
+# (``eval: {reference: ...}``, ``orchestrator/evaluation.py``).
+REWARD_TARGETS = ("final_reward", "final_reward_ref")
+
+
+def reward_of(o: Outcome, target: str) -> float:
+    """The final reward ``target`` reads of one trial."""
+    return o.reward_ref if target == "final_reward_ref" else o.reward
 
 
 def observations(outcomes: Sequence[Outcome]) -> list[survival.Observation]:
@@ -83,7 +95,7 @@ def cell_interval(outcomes: Sequence[Outcome], target: str, level: float = 0.95,
         return wilson(sum(judged), len(judged), level)
     if target == "time_to_collapse":
         return _rmst_for_seeds(observations(outcomes), horizon, level)
-    return bounded_mean([o.reward for o in outcomes], *reward_range, level=level)
+    return bounded_mean([reward_of(o, target) for o in outcomes], *reward_range, level=level)
 
 
 def _rmst_for_seeds(obs: Sequence[survival.Observation], horizon: int, level: float) -> Interval:
@@ -104,15 +116,16 @@ def relative_width(iv: Interval, target: str, horizon: int = 0,
     reward widths over the reward's range."""
     if target == "time_to_collapse":
         return iv.width / horizon if horizon > 0 else iv.width
-    if target == "final_reward":
+    if target in REWARD_TARGETS:
         return iv.width / (reward_range[1] - reward_range[0])
     return iv.width
 
 
-def paired_rewards(a: Sequence[Outcome], b: Sequence[Outcome]) -> list[tuple[float, float]]:
+def paired_rewards(a: Sequence[Outcome], b: Sequence[Outcome],
+                   target: str = "final_reward") -> list[tuple[float, float]]:
     """(reward in ``a``, reward in ``b``) for each seed both cells have."""
-    rb = {o.seed: o.reward for o in b}
-    return [(o.reward, rb[o.seed]) for o in a if o.seed in rb]
+    rb = {o.seed: reward_of(o, target) for o in b}
+    return [(reward_of(o, target), rb[o.seed]) for o in a if o.seed in rb]
 
 
 def difference(a: Sequence[Outcome], b: Sequence[Outcome], target: str, level: float = 0.95,
@@ -125,8 +138,9 @@ def difference(a: Sequence[Outcome], b: Sequence[Outcome], target: str, level: f
     if target == "time_to_collapse":
         return survival.rmst_difference(observations(a), observations(b), horizon, level)
     if paired:
-        return paired_difference(paired_rewards(a, b), level)
-    return mean_difference([o.reward for o in a], [o.reward for o in b], level)
+        return paired_difference(paired_rewards(a, b, target), level)
+    return mean_difference([reward_of(o, target) for o in a], [reward_of(o, target) for o in b],
+                           level)
 
 
 def p_value(a: Sequence[Outcome], b: Sequence[Outcome], target: str, horizon: int = 0,
@@ -220,7 +234,7 @@ def comparisons(cells: Mapping[CellKey, Sequence[Outcome]], decls: Sequence[Comp
     out = []
     for decl in merged(decls, target, label):
         base_label = decl.baseline
-        paired = decl.paired and target == "final_reward"
+        paired = decl.paired and target in REWARD_TARGETS
         for cell in cells:
             value = dict(cell).get(decl.axis)
             if value is None or value == base_label:
@@ -291,8 +305,8 @@ def seeds_to_decide(comp: Comparison, a: Sequence[Outcome], b: Sequence[Outcome]
     elif spec.target == "time_to_collapse":
         return _seeds_for_logrank(a, b, spec)
     else:
-        ra = [o.reward for o in a if math.isfinite(o.reward)]
-        rb = [o.reward for o in b if math.isfinite(o.reward)]
+        ra = [x for o in a if math.isfinite(x := reward_of(o, spec.target))]
+        rb = [x for o in b if math.isfinite(x := reward_of(o, spec.target))]
         if len(ra) < 2 or len(rb) < 2:
             return None
         v = statistics.variance(ra) + statistics.variance(rb)
@@ -321,6 +335,6 @@ def mean_hours(outcomes: Sequence[Outcome]) -> float | None:
     return statistics.fmean(hours) if hours else None
 
 
-__all__ = ["NAN", "CellKey", "Comparison", "Outcome", "applies", "cell_interval", "cell_text",
+__all__ = ["NAN", "REWARD_TARGETS", "CellKey", "Comparison", "Outcome", "applies", "cell_interval", "cell_text",
            "comparisons", "difference", "mean_hours", "needs_seed", "observations", "p_value",
-           "paired_rewards", "relative_width", "seeds_to_decide"]
+           "paired_rewards", "relative_width", "reward_of", "seeds_to_decide"]

@@ -55,6 +55,11 @@ class TrialPaths:
         return self.root / "summary.json"
 
     @property
+    def reference(self) -> Path:
+        """Reference scores of its checkpoints, made after the fact (``store.reference``)."""
+        return self.root / "reference.json"
+
+    @property
     def outbox(self) -> Path:
         """The trial's MLflow outbox: what its run is still owed (``tracking._outbox``)."""
         return self.root / "mlflow-buffer"

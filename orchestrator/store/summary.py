@@ -35,7 +35,10 @@ from orchestrator.store.records import MetricsCheck, TrialRecord, check_metrics,
 SUMMARY_VERSION = 1
 # The metrics compare draws and tabulates (final/peak reward, max k3 KL, max grad norm).
 # fp16/skipped_share: an fp16 learner's share of skipped updates (compare: its mean per trial)
-CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM, M.SKIPPED_SHARE)
+# eval/reward_ref: the reference evaluator's score (``eval: {reference: ...}``) and
+# timing_s/eval_ref its time (compare: its sum per trial, the cost table's reference column)
+CURVE_METRICS = (M.EVAL_REWARD, M.TRAIN_REWARD, M.K3_KL, M.GRAD_NORM, M.SKIPPED_SHARE,
+                 M.EVAL_REWARD_REF, M.TIME_EVAL_REF)
 MAX_POINTS = 512  # per reduced curve: about a plot's width in pixels
 TAG_PREFIX = "summary."
 

@@ -124,6 +124,17 @@ class VerlTrainer(Trainer):
         return refusal
 
     @classmethod
+    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+        """Refused: verl validates only through the trial's own rollout engine, in-process. A
+        shared evaluator would be a separate job over the saved FSDP shards (an fp32 forward of
+        the merged weights, one fixed configuration for every arm) that this backend does not
+        run yet, and a number it did not compute is not recorded (docs/evaluation.md)."""
+        return (f"eval.reference: {target} is not available on the verl backend (its only eval "
+                "is the trial's own validation engine; a shared reference evaluator over the "
+                "saved checkpoints is not implemented); fix: drop eval.reference, or run the "
+                "grid on the sim backend")
+
+    @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
         """A verl checkpoint is sharded by world size: it resumes where the shards fit
@@ -139,8 +150,10 @@ class VerlTrainer(Trainer):
     def never_emitted(cls) -> frozenset[str]:
         """verl 0.9.1 has no TV, no veto (PR #4544), no OPSM and no per-probability buckets
         (the simulator's), and keeps its grad scaler's loss scale to itself (the simulator logs
-        its own; ``fp16/skipped_share`` is derived by ``files.normalise``)."""
-        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE})
+        its own; ``fp16/skipped_share`` is derived by ``files.normalise``). Nor does it run a
+        reference evaluator (``check_reference``)."""
+        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE,
+                           M.EVAL_REWARD_REF, M.TIME_EVAL_REF})
                 | M.bucket_names())
 
     @classmethod

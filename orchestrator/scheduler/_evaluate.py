@@ -1,0 +1,151 @@
+"""``ablate evaluate GRID [--trial ...]``: a grid's saved checkpoints scored after the fact by
+the reference evaluator (``orchestrator/evaluation.py``), also for grids recorded before it
+existed or that did not set ``eval: {reference: ...}``.
+
+For each chosen trial, each checkpoint its store still holds is scored unless the step already
+has a reference score (logged by the trial itself, or by an earlier ``ablate evaluate``): a
+second run scores nothing. The scores go to the trial's ``reference.json``
+(``store.reference``, written after each step) and to its MLflow run as ``eval/reward_ref`` at
+that step; a score MLflow did not take is sent by the next run. The grid's lease is held
+throughout (nothing else writes its trials meanwhile), and a trial whose run lock is taken (a
+runner or a sender is on it) is left for a later run.
+"""
+from __future__ import annotations
+
+import dataclasses
+import logging
+import os
+import time
+from pathlib import Path
+
+from orchestrator import evaluation
+from orchestrator import metrics as M
+from orchestrator.backends import backend
+from orchestrator.exceptions import UserError, no_such_trial
+from orchestrator.grid import GridSpec, load_grid
+from orchestrator.recipes import apply_overrides
+from orchestrator.store import CheckpointStore, GridLease, TrialPaths, records, workspace
+from orchestrator.store.reference import ReferenceScores, read_reference, write_reference
+from orchestrator.tracking import client
+from orchestrator.trial import TrialSpec
+
+log = logging.getLogger(__name__)
+
+
+@dataclasses.dataclass
+class EvaluateReport:
+    """What one ``ablate evaluate`` did: per trial the steps it scored, and why any was left."""
+
+    target: str
+    scored: dict[str, list[int]] = dataclasses.field(default_factory=dict)
+    seconds: float = 0.0
+    skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    unsent: int = 0
+
+    def lines(self) -> list[str]:
+        n = sum(len(v) for v in self.scored.values())
+        out = [f"{tid}: scored steps {', '.join(map(str, steps))}"
+               for tid, steps in self.scored.items() if steps]
+        out += [f"{tid}: not scored ({why})" for tid, why in self.skipped.items()]
+        out.append(f"reference {self.target}: {n} checkpoint(s) scored in {self.seconds:.1f}s"
+                   if n else f"reference {self.target}: nothing to score (every saved "
+                   "checkpoint has its score)")
+        if self.unsent:
+            out.append(f"{self.unsent} score(s) not in MLflow yet; the next `ablate evaluate` "
+                       "sends them")
+        return out
+
+
+def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | None = None,
+             tracking_uri: str | None = None) -> EvaluateReport:
+    """Score the saved checkpoints of ``grid_path``'s recorded trials (all, or ``trials``)."""
+    grid = load_grid(grid_path)
+    target = grid.spec.eval.reference or evaluation.REFERENCE_TARGETS[0]
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    known = records.known_trials(grid_dir) if (grid_dir / "trials").is_dir() else {}
+    if not known:
+        raise UserError(f"{grid.file}: grid {grid.name} has no recorded trials in "
+                        f"{workspace.workdir(workdir)}; fix: `ablate submit {grid.file}` first")
+    for tid in trials or []:
+        if tid not in known:
+            raise no_such_trial(tid, known, where=f"grid {grid.name}", see="see `ablate status`")
+    chosen = [known[t] for t in (trials or sorted(known))]
+    for spec in chosen:  # every refusal before anything is written
+        problem = backend(spec.backend).check_reference(target, grid.pools.get(spec.pool))
+        if problem:
+            raise UserError(f"{grid.file}: trial {spec.trial_id} on pool {spec.pool}: {problem}")
+    uri = workspace.tracking_uri(tracking_uri, workdir)
+    report = EvaluateReport(target)
+    lease = GridLease(grid_dir, grid.name)
+    lease.acquire(f"evaluate-{os.getpid()}-{int(time.time())}")
+    try:
+        for spec in chosen:
+            _evaluate_trial(grid, grid_dir, spec, target, uri, report)
+    finally:
+        lease.release()
+    return report
+
+
+def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str, uri: str,
+                    report: EvaluateReport) -> None:
+    from filelock import Timeout  # deferred: as records.run_lock defers filelock
+
+    paths = TrialPaths(grid_dir, spec.trial_id)
+    lock = records.run_lock(paths)
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        report.skipped[spec.trial_id] = "its run lock is held: it is running; evaluate it later"
+        return
+    try:
+        runs = backend(spec.backend)
+        pool = grid.pools.get(spec.pool)
+        trainer_cls = runs.trainer(pool)
+        version = str(trainer_cls.reference_version)
+        held = read_reference(paths)
+        if held is None or (held.target, held.evaluator) != (target, version):
+            held = ReferenceScores(target, version)  # another evaluator's scores are replaced
+        logged = {s for s, row in records.iter_metrics(paths.metrics) if M.EVAL_REWARD_REF in row} \
+            if paths.metrics.exists() else set()
+        ck = grid.spec.checkpoint
+        store = CheckpointStore.for_trial(ck.store, paths.root, spec.trial_id, ck.keep)
+        todo = [s for s in store.steps() if s not in logged and s not in held.scores]
+        config = apply_overrides(grid.recipe_config, spec.override_map)
+        trainer = trainer_cls()
+        done = report.scored.setdefault(spec.trial_id, [])
+        with workspace.scoped_environ(runs.worker_env(config)):
+            for step in todo:
+                t0 = time.perf_counter()
+                value = trainer.evaluate_checkpoint(spec, config, pool, store.path(step), step,
+                                                    target)
+                seconds = time.perf_counter() - t0
+                held.scores[step] = (value, seconds)
+                write_reference(paths, held)
+                done.append(step)
+                report.seconds += seconds
+        _send(paths, held, uri, report)
+    finally:
+        lock.release()
+
+
+def _send(paths: TrialPaths, held: ReferenceScores, uri: str, report: EvaluateReport) -> None:
+    """Log the scores MLflow has not taken yet to the trial's run (its record names it)."""
+    unsent = sorted(set(held.scores) - held.sent)
+    if not unsent:
+        return
+    run_id = records.load_state(paths, paths.root.name).mlflow_run_id
+    if run_id is None:
+        report.unsent += len(unsent)
+        return
+    try:
+        from mlflow.entities import Metric  # deferred: mlflow only where scores are sent
+
+        now = int(time.time() * 1000)
+        client(uri).log_batch(run_id, metrics=[
+            Metric(M.EVAL_REWARD_REF, held.scores[s][0], now, s) for s in unsent])
+    except Exception as exc:  # noqa: BLE001 - the file is the record; MLflow gets it next time
+        log.warning("reference scores of %s not sent to MLflow: %s", paths.root.name, exc)
+        report.unsent += len(unsent)
+        return
+    held.sent.update(unsent)
+    write_reference(paths, held)

@@ -1,0 +1,64 @@
+"""``ablate compare`` with reference scores (``eval/reward_ref``): both numbers per cell and
+trial, the cells where they disagree, the reference curves, ``target: final_reward_ref``; and
+nothing of it for trials without reference scores."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from orchestrator import metrics as M
+from orchestrator.compare._data import Segment, TrialResult
+from orchestrator.compare._report import build_report
+from orchestrator.schema import CompareDecl
+
+# (own final, reference final) per seed: on sim-a100 the arm's own engine scores its policy far
+# below the shared evaluator; on sim-h100 the two agree up to noise.
+FINALS = {"sim-a100": [(0.10, 0.40), (0.12, 0.45), (0.08, 0.41)],
+          "sim-h100": [(0.50, 0.52), (0.55, 0.53), (0.47, 0.49)]}
+
+
+def _results(with_ref: bool) -> list[TrialResult]:
+    out = []
+    for pool, finals in FINALS.items():
+        for seed, (own, ref) in enumerate(finals):
+            curves = {M.EVAL_REWARD: [(10, 0.05), (20, own)], M.TRAIN_REWARD: [(10, 0.1), (20, own)]}
+            if with_ref:
+                curves[M.EVAL_REWARD_REF] = [(10, 0.06), (20, ref)]
+            i = len(out)
+            out.append(TrialResult(
+                trial_id=f"t{i:012x}", run_id=f"{i:032x}", axes={"pool": pool}, seed=seed,
+                pool=pool, status="done", verdict="healthy", verdict_step=None, verdict_reason="",
+                derived_from=None, curves=curves, latest={}, segments=[Segment(1, pool, 1, 20)]))
+    return out
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with open(path, newline="") as fh:
+        return list(csv.DictReader(fh))
+
+
+def test_both_numbers_reach_cells_trials_tables_plots_and_comparisons(tmp_path: Path) -> None:
+    decl = CompareDecl(axis="pool", baseline="sim-h100", target="final_reward_ref")
+    build_report(_results(True), ["pool"], None, None, tmp_path, grid_name="g", store="s",
+                 compare=[decl], steps=20)
+    cells = {r["pool"]: r for r in _rows(tmp_path / "cells.csv")}
+    assert abs(float(cells["sim-a100"]["final_reward_ref"]) - 0.42) < 1e-9
+    assert abs(float(cells["sim-a100"]["own_minus_ref"]) - (-0.32)) < 1e-9
+    assert float(cells["sim-a100"]["own_minus_ref_hi"]) < 0  # own below the reference, decided
+    trials = _rows(tmp_path / "trials.csv")
+    assert [float(t["final_reward_ref"]) for t in trials][:3] == [0.40, 0.45, 0.41]
+    md = (tmp_path / "summary.md").read_text()
+    assert "## Reference evaluation" in md and "ref final 0.420" in md
+    assert "disagree (own - reference excludes 0) in 1 of 2 cells: pool=sim-a100." in md
+    assert "Reference evaluation" in (tmp_path / "summary.html").read_text()
+    assert (tmp_path / "curves_reward_ref.png").exists()
+    comps = [r for r in _rows(tmp_path / "comparisons.csv") if r["target"] == "final_reward_ref"]
+    assert len(comps) == 1 and abs(float(comps[0]["difference"]) - (0.42 - 0.5133333333)) < 1e-6
+
+
+def test_trials_without_reference_scores_change_nothing(tmp_path: Path) -> None:
+    build_report(_results(False), ["pool"], None, None, tmp_path, grid_name="g", store="s")
+    assert "final_reward_ref" not in _rows(tmp_path / "cells.csv")[0]
+    assert "final_reward_ref" not in _rows(tmp_path / "trials.csv")[0]
+    assert "Reference evaluation" not in (tmp_path / "summary.md").read_text()
+    assert not (tmp_path / "curves_reward_ref.png").exists()

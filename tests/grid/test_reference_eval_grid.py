@@ -1,0 +1,85 @@
+"""``eval: {reference: trainer}`` at plan: part of a trial's id only when set (the committed
+quickstart ids stay), refused with one line where it cannot run or is spelt wrong, and never
+settable per trial."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+import pytest
+
+from orchestrator import evaluation
+from orchestrator.cli import main
+from orchestrator.exceptions import GridError
+from orchestrator.grid import expand, load_grid
+from orchestrator.schema import EvalSpec
+
+REPO = Path(__file__).resolve().parents[2]
+QUICKSTART = REPO / "grids" / "quickstart.yaml"
+
+
+def _with(tmp: Path, text: str, name: str = "g.yaml") -> Path:
+    path = tmp / name
+    path.write_text(text)
+    return path
+
+
+def test_the_schema_and_the_vocabulary_name_the_same_targets() -> None:
+    assert EvalSpec.model_fields["reference"].annotation == (
+        __import__("typing").Literal[evaluation.REFERENCE_TARGETS] | None)
+
+
+def test_quickstart_ids_are_the_committed_ones_and_the_key_gives_new_ones(tmp_path: Path) -> None:
+    with open(REPO / "results" / "quickstart" / "trials.csv", newline="") as f:
+        committed = {row["trial_id"] for row in csv.DictReader(f)}
+    plain = expand(load_grid(QUICKSTART))
+    assert {t.trial_id for t in plain} == committed
+    ref = expand(load_grid(_with(tmp_path, QUICKSTART.read_text()
+                                 + "eval:\n  reference: trainer\n", "quickstart.yaml")))
+    assert len(ref) == len(plain) and not {t.trial_id for t in ref} & committed
+    for a, b in zip(plain, ref):  # the same cells, each with the one extra override
+        assert a.axes == b.axes and a.seed == b.seed
+        assert dict(b.overrides) == {**dict(a.overrides), evaluation.OVERRIDE_KEY: "trainer"}
+    grid = load_grid(_with(tmp_path, QUICKSTART.read_text() + "eval: {reference: trainer}\n"))
+    assert evaluation.reference_of(grid.trial_config(expand(grid)[0])) == "trainer"
+
+
+BASE = "name: g\nrecipe: sim/grpo_tiny\nsteps: 4\npool: sim-h100\n"
+
+
+@pytest.mark.parametrize(("extra", "match"), [
+    ("eval: {reference: fp32}\n", r"eval\.reference: 'fp32' is not an allowed value; allowed: trainer"),
+    ("eval: {referense: trainer}\n", r"eval\.referense.*reference"),
+    ("overrides: {eval.reference: trainer}\n",
+     r"overrides\.eval\.reference.*fix: write 'eval: \{reference: trainer\}'"),
+    ("axes:\n  b:\n    x: {eval.reference: trainer}\n    y: {}\n", r"axes\.b\.x\.eval\.reference"),
+])
+def test_bad_reference_settings_are_one_line_at_plan(tmp_path: Path, extra: str, match: str) -> None:
+    with pytest.raises(GridError, match=match) as info:
+        load_grid(_with(tmp_path, BASE + extra))
+    assert "\n" not in str(info.value)
+
+
+def test_verl_refuses_the_reference_at_plan_and_ablate_plan_exits_2(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    path = _with(tmp_path, "name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\n"
+                 "pool: cpu-fp32\neval: {reference: trainer}\n")
+    with pytest.raises(GridError, match=r"eval\.reference.*not available on the verl backend.*"
+                       r"fix: drop eval\.reference"):
+        load_grid(path)
+    assert main(["plan", str(path)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "verl backend" in err
+
+
+def test_final_reward_ref_is_a_target_only_with_a_reference(tmp_path: Path) -> None:
+    text = (BASE.replace("pool: sim-h100\n", "") + "axes:\n  pool: [sim-h100, sim-a100]\n"
+            "compare: {axis: pool, baseline: sim-h100, target: final_reward_ref, paired: true}\n")
+    with pytest.raises(GridError, match=r"compare\.target: final_reward_ref is not recorded by "
+                       r"this grid.*fix: add 'eval: \{reference: trainer\}'"):
+        load_grid(_with(tmp_path, text))
+    assert len(expand(load_grid(_with(tmp_path, text + "eval: {reference: trainer}\n")))) == 2
+    adaptive = BASE + "seeds: {adaptive: {target: final_reward_ref, min: 2, max: 4}}\n"
+    with pytest.raises(GridError, match=r"seeds\.adaptive\.target: final_reward_ref"):
+        load_grid(_with(tmp_path, adaptive))
+    load_grid(_with(tmp_path, adaptive + "eval: {reference: trainer}\n"))
