@@ -256,6 +256,8 @@ class VerlTrainer(Trainer):
             engine_items = cpu_engines.overrides(rollout)
         else:
             engine = engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
+            if pool.kind == "cpu":  # rollout.engine: cpu is the pool's own rollout.name
+                rollout = rollout.model_copy(update={"engine": None})
             engine_items = engines.engine_overrides(rollout, str(engine))
         for item in engine_items + mapping.correction_overrides(correction):
             out[item.split("=", 1)[0].lstrip("+")] = item

