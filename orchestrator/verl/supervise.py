@@ -280,7 +280,7 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
     saved = ctx.resume_step or 0
     zero_run, warning = 0, None
     stop_reason = empty = unapplied = None
-    watch = _LogWatch(log, _stall_seconds(ctx.pool.kind))
+    watch = _LogWatch(log, _stall_seconds(getattr(getattr(ctx, "pool", None), "kind", "")))
     while True:
         finished = proc.poll() is not None
         for step, data in tail.poll():
