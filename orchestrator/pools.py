@@ -142,6 +142,11 @@ class PoolSpec(BaseModel):
     # feature checks use it (``verl/engines.engine_version``); unset, the version verl's own
     # extras pin (``verl[vllm]==0.9.1``: vLLM 0.24.0, ``verl[sglang]``: SGLang 0.5.12).
     engine_versions: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
+    # The Python environment a cpu pool's jobs of an engine run in ({vllm: .venv-vllm-cpu}; a
+    # relative path is under the checkout): vLLM-CPU needs its own (orchestrator/verl/
+    # cpu_engines.py). Where the interpreter lives is placement, not part of a trial's identity;
+    # the engine's version is recorded with each attempt (engine.version).
+    engine_envs: dict[Literal["vllm"], str] = Field(default_factory=dict)
     cpus_per_node: StrictInt = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.

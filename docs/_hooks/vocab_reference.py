@@ -38,7 +38,9 @@ def setups(sections: dict[str, type[BaseModel]]) -> list[tuple[str, str, str, st
     engines: list[Any] = []
     rollout = sections.get("rollout")
     if rollout is not None and "engine" in rollout.model_fields:
-        engines = [v for v in candidate_values(rollout, "engine") if v is not None]
+        from orchestrator.engine import ENGINES  # gpu pools' engines (cpu pools: cpu, vllm)
+
+        engines = [v for v in candidate_values(rollout, "engine") if v in ENGINES]
     out = []
     for title, backend, pool, recipe in PROBES:
         if engines and backend in ("verl", "k8s") and not pool.startswith("cpu"):

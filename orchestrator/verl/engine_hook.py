@@ -69,12 +69,16 @@ SGLANG_FIELDS = {n: n for n in (
     "chunked_prefill_size", "enable_fp32_lm_head", "disable_radix_cache",
     "disable_overlap_schedule", "max_running_requests", "enable_deterministic_inference",
     "random_seed")}
+# Attribute paths in vLLM's VllmConfig (tests/verl_cpu/test_vllm_cpu_facts.py reads each one in
+# the installed vLLM). Chunked prefill is SchedulerConfig.enable_chunked_prefill in 0.32
+# (config/scheduler.py:134) and in 0.24: the old chunked_prefill_enabled was a deprecated alias
+# "removed in v0.12" (vllm-project/vllm config/scheduler.py, the property's @deprecated text).
 VLLM_FIELDS = {
     "dtype": "model_config.dtype", "quantization": "model_config.quantization",
     "enforce_eager": "model_config.enforce_eager", "logprobs_mode": "model_config.logprobs_mode",
     "head_dtype": "model_config.head_dtype", "kv_cache_dtype": "cache_config.cache_dtype",
     "enable_prefix_caching": "cache_config.enable_prefix_caching",
-    "chunked_prefill_enabled": "scheduler_config.chunked_prefill_enabled",
+    "enable_chunked_prefill": "scheduler_config.enable_chunked_prefill",
     "max_num_seqs": "scheduler_config.max_num_seqs",
     "async_scheduling": "scheduler_config.async_scheduling",
     "cudagraph_mode": "compilation_config.cudagraph_mode",

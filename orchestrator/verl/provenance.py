@@ -22,15 +22,14 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.engine import RolloutSpec
-from orchestrator.verl import engines
+from orchestrator.verl import cpu_engines, engines
 
 LOG_ENV = "ABLATE_ENGINE_LOG"
 # verl key leaf -> the engine's own setting name, where they differ (async_sglang_server.py:318,
 # 329; vllm_async_server.py:307 pops compilation_config into vLLM's cudagraph_mode).
 RENAMES = {
     "sglang": {"enforce_eager": "disable_cuda_graph", "max_num_seqs": "max_running_requests"},
-    "vllm": {"compilation_config": "cudagraph_mode", "hf_overrides": "head_dtype",
-             "enable_chunked_prefill": "chunked_prefill_enabled"},
+    "vllm": {"compilation_config": "cudagraph_mode", "hf_overrides": "head_dtype"},
     "cpu": {},
 }
 # Flags verl applies itself (sampling parameters per request, sleep / wake-up between phases):
@@ -91,7 +90,8 @@ def expected(rollout: RolloutSpec, table_engine: str, engine: str) -> dict[str, 
     for flag, value in rollout.requested().items():
         if flag in VERL_SIDE or flag == "engine":
             continue
-        for entry in engines.TABLES[table_engine].get(flag, ()):
+        table = cpu_engines.CPU_VLLM if table_engine == "vllm-cpu" else engines.TABLES[table_engine]
+        for entry in table.get(flag, ()):
             if not isinstance(entry, engines.Key):
                 continue
             emit, verl_value = entry.value_for(value)
@@ -150,7 +150,9 @@ def attempt_provenance(config: Mapping[str, Any], pool_kind: str,
                        path: Path) -> tuple[Provenance, bool]:
     """(provenance, strict) of one verl attempt from its engine log."""
     rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    if pool_kind == "cpu":
+    if pool_kind == "cpu" and cpu_engines.engine_of(rollout) == "vllm":
+        engine, table_engine = "vllm", "vllm-cpu"
+    elif pool_kind == "cpu":
         engine, table_engine = "cpu", "sglang"  # cpu pools map dtype with the shared keys
     else:
         engine = str(engines.engine_of(rollout, config))

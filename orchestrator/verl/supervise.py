@@ -23,7 +23,7 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engine_hook
+from orchestrator.verl import cpu_engines, engine_hook
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.files import (
     ZERO_ADV_METRIC,
@@ -44,6 +44,16 @@ ZERO_ADV_PATIENCE = 3  # consecutive steps with all-zero advantages before repor
 EMPTY_BATCH_ERRORS = ("must contain at least one valid token", "Expected at least one valid token")
 RS_MASKED = "rollout_corr/rollout_rs_masked_fraction"  # bypass: actor/rollout_corr/..., mapped
 CPU_MODULES = ("verl", "transfer_queue")  # what a cpu pool's job imports on this machine
+# Lines after which a job never makes progress again (issue 37: verl's reload into vLLM-CPU's
+# packed linears fails at the first sync, the sender's shared memory then refuses to close and
+# the job hangs): the attempt ends at once as an infra failure naming the line.
+FATAL_LOG_MARKERS = ("BufferError: cannot close exported pointers exist",
+                     "object has no attribute 'weight_loader'",
+                     "Sleep mode is not supported on current platform")
+# A cpu pool's job that logs no step for this long (engine start included) is hung: an infra
+# failure, never a wait without end. $ABLATE_VERL_STALL_SECONDS replaces it (any pool).
+STALL_SECONDS = {"cpu": 900.0}
+STALL_ENV = "ABLATE_VERL_STALL_SECONDS"
 
 
 # --------------------------------------------------------------------------- the attempt
@@ -103,7 +113,7 @@ def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: i
 def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 ctx: RunContext) -> AttemptResult:
     """Run the job until it ends or ``ctx.should_stop()``; stream metrics and checkpoints."""
-    from orchestrator.verl.cpu import procs  # cpu pools only: their process reaper
+    from orchestrator.verl.cpu import procs, shm  # cpu pools only: process reaper, /dev/shm
     from orchestrator.verl.cpu.envvars import LOAD_LOG_ENV, SYNC_LOG_ENV
 
     nodes = world_size(ctx.pool, config) // ctx.pool.gpus_per_node
@@ -146,7 +156,12 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     # on GPU the hook reads SGLang's / vLLM's resolved settings in the server processes.
     engine_log = logs / f"engine.attempt{ctx.attempt}.jsonl"
     env[engine_hook.LOG_ENV] = str(engine_log)
-    if ctx.pool.kind == "gpu":
+    # vLLM on a cpu pool: the job runs in the vLLM-CPU environment's Python, with the variables
+    # its platform needs, and the hook reads its VllmConfig as on a gpu pool.
+    engine_env = cpu_engines.job_env(config) if ctx.pool.kind == "cpu" else {}
+    env.update(engine_env)
+    python = str(cpu_engines.python(ctx.pool)) if engine_env else sys.executable
+    if ctx.pool.kind == "gpu" or engine_env:
         env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
             env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
     check_engine = _engine_check(config, ctx.pool.kind, engine_log)
@@ -160,6 +175,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
         with procs.subreaper(), open(log, "ab") as out, procs.RssSampler() as sampler, \
                 contextlib.ExitStack() as ray_cluster:
             before = frozenset(p.pid for p in procs.descendants())
+            shm_before = shm.snapshot()
             address = None
             if spread is not None:  # Ray on every node first, with the env the driver gets
                 num_cpus, num_gpus = ray_node_resources(ctx.pool)
@@ -168,7 +184,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 ctx.describe_environment({"ray.address": address, "ray.nodes": ",".join(joined)})
             argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
                                    resume_path=resume_path, save_freq=ctx.checkpoint_every,
-                                   python=sys.executable, assets_root=assets_root,
+                                   python=python, assets_root=assets_root,
                                    ray_temp_dir=None if address else ray_tmp, ray_address=address)
             started = time.monotonic()
             proc = subprocess.Popen(argv, cwd=work, env=env, stdout=out,
@@ -184,10 +200,12 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                     terminate(proc)
                 ray_cluster.close()  # the Ray nodes this attempt started, by pid, gracefully
                 reaped = procs.kill_tree(keep=before)
+                shm_removed = shm.remove_new(shm_before)
                 summary = write_job_summary(logs / f"job.attempt{ctx.attempt}.json", proc,
                                             started, sampler, reaped)
                 provenance, _ = attempt_provenance(config, ctx.pool.kind, engine_log)
                 facts = job_facts(ctx.pool, summary)
+                facts["verl.job.shm_segments_removed"] = str(len(shm_removed))
                 facts["verl.rollout"] = provenance.facts["engine.name"]
                 ctx.describe_environment({**facts, **provenance.facts})
     finally:
@@ -262,9 +280,11 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
     saved = ctx.resume_step or 0
     zero_run, warning = 0, None
     stop_reason = empty = unapplied = None
+    watch = _LogWatch(log, _stall_seconds(getattr(getattr(ctx, "pool", None), "kind", "")))
     while True:
         finished = proc.poll() is not None
         for step, data in tail.poll():
+            watch.progress()
             if check_engine is not None:  # once: the engine has started by the first step
                 unapplied, check_engine = check_engine(), None
             if unapplied:
@@ -283,6 +303,12 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
         if stop_reason or empty or unapplied:
             terminate(proc)
             continue
+        hung = watch.problem()
+        if hung:
+            terminate(proc)
+            for step, data in tail.poll():  # steps logged before the end still count
+                ctx.log_metrics(step, data)
+            raise InfraFailure(f"{hung} after step {tail.last_logged}; see {log}")
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=POLL_SECONDS)  # returns at once when the job ends
     last = tail.last_logged
@@ -303,6 +329,39 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
         raise InfraFailure(f"verl exited cleanly after step {last} of {trial.steps} (data "
                            "exhausted or a step was not logged); see " + str(log))
     return AttemptResult(AttemptOutcome.COMPLETED, last, reason=warning)
+
+
+def _stall_seconds(pool_kind: str) -> float | None:
+    value = os.environ.get(STALL_ENV)
+    try:
+        return float(value) if value else STALL_SECONDS.get(pool_kind)
+    except ValueError:
+        return STALL_SECONDS.get(pool_kind)
+
+
+class _LogWatch:
+    """A job that will make no more progress: a fatal line in its log (read incrementally) or
+    no step for ``stall`` seconds."""
+
+    def __init__(self, log: Path, stall: float | None) -> None:
+        self.log, self.stall, self.offset = log, stall, 0
+        self.last = time.monotonic()
+
+    def progress(self) -> None:
+        self.last = time.monotonic()
+
+    def problem(self) -> str | None:
+        with contextlib.suppress(OSError), open(self.log, "rb") as fh:
+            fh.seek(max(0, self.offset - 200))  # a marker split across two reads
+            chunk = fh.read().decode(errors="replace")
+            self.offset = fh.tell()
+            for line in chunk.splitlines():
+                if any(marker in line for marker in FATAL_LOG_MARKERS):
+                    return f"the job failed and will not recover: {line.strip()[:300]}"
+        if self.stall is not None and time.monotonic() - self.last > self.stall:
+            return (f"the job logged no step for {self.stall:.0f} s (hung; {STALL_ENV} sets "
+                    "the bound)")
+        return None
 
 
 def terminate(proc: subprocess.Popen[bytes]) -> None:

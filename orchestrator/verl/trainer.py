@@ -25,7 +25,7 @@ from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engine_versions, engines, mapping
+from orchestrator.verl import cpu_engines, engine_versions, engines, mapping
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.memory import check_memory
@@ -59,8 +59,12 @@ class VerlTrainer(Trainer):
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
         """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
+        if pool.kind == "cpu" and rollout.engine == "vllm":  # vLLM-CPU (cpu_engines)
+            rollout_problem = cpu_engines.check(rollout, pool)
+        else:
+            rollout_problem = mapping.check_rollout(rollout, pool)
         return (mapping.check_pool(pool) or mapping.check_correction(correction)
-                or mapping.check_rollout(rollout, pool) or cls._engine_refusal(rollout, pool))
+                or rollout_problem or cls._engine_refusal(rollout, pool))
 
     @staticmethod
     def _engine_refusal(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
@@ -109,6 +113,11 @@ class VerlTrainer(Trainer):
         ``actor_rollout_ref.rollout.name``): flags the engine's table refuses, and an installed
         engine that lacks a requested feature. A missing engine package only warns (stderr):
         the gpu pool's image has it."""
+        if pool.kind == "cpu" and rollout.engine == "vllm":
+            # Its own environment (no traceback deep in the job when it is missing), then what
+            # the vllm-cpu installed there does not apply.
+            return (cpu_engines.env_problem(pool)
+                    or engine_versions.check_version(rollout, "vllm", pool))
         if pool.kind != "gpu":
             return None
         engine = str(engines.engine_of(rollout, config))
@@ -261,9 +270,15 @@ class VerlTrainer(Trainer):
         for key, value in pool.verl_overrides.items():
             out[key.lstrip("+")] = mapping.override(key, value)
         # Engine flags set in the grid replace the recipe's value of the same key; cpu pools map
-        # rollout.dtype / temperature alone, with the keys both GPU engines share.
-        engine = engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
-        engine_items = engines.engine_overrides(rollout, str(engine))
+        # rollout.dtype / temperature alone, with the keys both GPU engines share, or run
+        # vLLM-CPU with its own table and what its platform forces (cpu_engines).
+        if pool.kind == "cpu" and rollout.engine == "vllm":
+            engine_items = cpu_engines.overrides(rollout)
+        else:
+            engine = engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
+            if pool.kind == "cpu":  # rollout.engine: cpu is the pool's own rollout.name
+                rollout = rollout.model_copy(update={"engine": None})
+            engine_items = engines.engine_overrides(rollout, str(engine))
         for item in engine_items + mapping.correction_overrides(correction):
             out[item.split("=", 1)[0].lstrip("+")] = item
         # The learner's keys last: they replace the pool's trainer precision (cpu pools: fp32).

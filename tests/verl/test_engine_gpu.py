@@ -17,7 +17,7 @@ FLAGS = {"rollout.enforce_eager": True, "rollout.chunked_prefill": False,
 # The engine setting each requested flag shows up as (verl.provenance.RENAMES / tables).
 SHOWN = {"sglang": {"disable_cuda_graph": "true", "chunked_prefill_size": "-1",
                     "max_running_requests": "64"},
-         "vllm": {"enforce_eager": "true", "chunked_prefill_enabled": "false",
+         "vllm": {"enforce_eager": "true", "enable_chunked_prefill": "false",
                   "max_num_seqs": "64"}}
 
 

@@ -45,7 +45,7 @@ class EngineArgs:
                                   quantization=None, logprobs_mode="processed_logprobs",
                                   hf_overrides={"head_dtype": "float32"}),
                   cache_config=ns(cache_dtype="auto", enable_prefix_caching=True),
-                  scheduler_config=ns(chunked_prefill_enabled=True, max_num_seqs=1024,
+                  scheduler_config=ns(enable_chunked_prefill=True, max_num_seqs=1024,
                                       async_scheduling=False),
                   compilation_config=ns(cudagraph_mode=CUDAGraphMode.PIECEWISE))
 '''
@@ -108,7 +108,7 @@ def test_requested_flags_against_the_report() -> None:
 def test_vllm_names_and_every_replica_must_agree() -> None:
     asked = RolloutSpec(engine="vllm", cudagraph_mode="piecewise", chunked_prefill=False,
                         lm_head_fp32=True, max_num_seqs=1)
-    good = {"cudagraph_mode": "piecewise", "chunked_prefill_enabled": "false",
+    good = {"cudagraph_mode": "piecewise", "enable_chunked_prefill": "false",
             "head_dtype": "float32", "max_num_seqs": "1"}
     prov = P.compare(asked, [P.EngineReport("vllm", "0.33.0", good)] * 2,
                      table_engine="vllm", engine="vllm")

