@@ -306,7 +306,48 @@ class ResumeAction(Strict):
 
 
 class OnCollapseSpec(Strict):
+    """``on_collapse: {resume: ...}``: the one-entry rescue policy ``[{when: collapsed, resume: ...}]``."""
+
     resume: ResumeAction
+
+
+class WarningWhen(Strict):
+    # ``early_warning`` (the trend detector) or a collapse rule whose verdict is ``unstable``.
+    warning: StrictStr = Field(max_length=40)
+
+
+class RescueEntry(Strict):
+    """One entry of a grid's ``rescue:`` list (``scheduler._rescue``): on ``when``, resume."""
+
+    when: Literal["collapsed", "infra_failed"] | WarningWhen
+    resume: ResumeAction
+    times: StrictInt = Field(1, ge=1, le=100)  # rescues of one trial by this entry
+    of_rescues: StrictBool = False  # also rescue a trial that is itself a rescue
+
+    @property
+    def event(self) -> str:
+        """``collapsed``, ``infra_failed`` or ``warning:RULE``."""
+        return self.when if isinstance(self.when, str) else f"warning:{self.when.warning}"
+
+    @property
+    def warning(self) -> str | None:
+        return None if isinstance(self.when, str) else self.when.warning
+
+
+NOTIFY_EVENTS = ("collapsed", "warning", "infra_failed", "rescued", "budget_exhausted", "grid_done")
+
+
+class NotifySpec(Strict):
+    """One webhook of a grid's ``notify:`` list (``scheduler._notify``). The URL is read from
+    the environment variable ``url_env`` when an event is sent, so it is never in the grid, the
+    records, the results, the logs or MLflow."""
+
+    url_env: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
+    events: list[Literal["collapsed", "warning", "infra_failed", "rescued", "budget_exhausted",
+                         "grid_done"]] = Field(default_factory=lambda: list(NOTIFY_EVENTS), min_length=1)
+    min_interval_s: StrictFloat | StrictInt = Field(1.0, ge=0, le=3600)  # rate limit: seconds between sends
+    timeout_s: StrictFloat | StrictInt = Field(5.0, gt=0, le=60)  # one request's timeout
+    max_tries: StrictInt = Field(8, ge=1, le=100)  # then the event is given up (kept as failed)
 
 
 class GridFile(Strict):
@@ -337,6 +378,8 @@ class GridFile(Strict):
     tracking: TrackingSpec = Field(default_factory=TrackingSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
+    rescue: list[RescueEntry] | None = Field(default=None, min_length=1, max_length=20)
+    notify: list[NotifySpec] = Field(default_factory=list, max_length=10)
     compare: CompareDecl | list[CompareDecl] | None = None
     # How the p-values of the declared comparisons are adjusted (orchestrator.stats.hypotheses).
     multiplicity: Literal["holm", "bh", "none"] = "holm"
@@ -351,6 +394,26 @@ class GridFile(Strict):
         if isinstance(v, list) and len(set(v)) != len(v):
             raise ValueError(f"seeds must be unique, got {v}")
         return v
+
+    @model_validator(mode="after")
+    def _one_rescue_key(self) -> GridFile:
+        if self.on_collapse is not None and self.rescue is not None:
+            raise ValueError("on_collapse and rescue both given: on_collapse is the one-entry "
+                             "shorthand of rescue; fix: move it into the rescue list as "
+                             "{when: collapsed, resume: ...}")
+        return self
+
+    @property
+    def rescue_policy(self) -> tuple[RescueEntry, ...]:
+        """The ordered rescue list; ``on_collapse: X`` is ``[{when: collapsed, resume: X.resume}]``."""
+        if self.on_collapse is not None:
+            return (RescueEntry(when="collapsed", resume=self.on_collapse.resume),)
+        return tuple(self.rescue or ())
+
+    @property
+    def rescue_key(self) -> str:
+        """The grid key the rescue policy was written under (for messages and line numbers)."""
+        return "on_collapse" if self.on_collapse is not None else "rescue"
 
     @property
     def seed_values(self) -> list[int]:

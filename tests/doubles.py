@@ -11,7 +11,9 @@ exactly where an uninterrupted one would be. Behaviour switches (all from the tr
 * env ``ABLATE_DOUBLE_FAIL_ONCE=<dir>``: the first attempt of each trial raises at step 7
   (a marker file in <dir> remembers it), to test retries;
 * ``train.lr: 0.0666`` (a sentinel no real grid uses) makes every attempt raise at step 7, to
-  test exhausted retries.
+  test exhausted retries;
+* env ``ABLATE_DOUBLE_BAD_POOL=<pool>``: every attempt on that pool raises at step 7 (a bad
+  node or a pool gone), to test a rescue onto another pool once retries are spent.
 
 Register it for a test with :func:`register` (the driver ships the (module, class) pair to Ray
 workers, which import this module from ``tests/`` on their PYTHONPATH).
@@ -50,7 +52,7 @@ class DoubleTrainer(Trainer):
                 return AttemptResult(AttemptOutcome.STOPPED, step, reason)
             step += 1
             time.sleep(delay)
-            if lr == 0.0666 and step == 7:
+            if step == 7 and (lr == 0.0666 or ctx.pool.name == os.environ.get("ABLATE_DOUBLE_BAD_POOL")):
                 raise RuntimeError("injected infra failure at step 7 (every attempt)")
             if fail_dir and step == 7:
                 marker = Path(fail_dir) / f"{trial.trial_id}.failed"

@@ -173,6 +173,16 @@ def ui_body(args: argparse.Namespace) -> int:
                   workdir=args.workdir) or 0)
 
 
+def notify_test_body(args: argparse.Namespace) -> int:
+    from orchestrator.scheduler import notify_test  # deferred: --help stays fast
+
+    failed = 0
+    for hook, error in notify_test(args.grid):
+        print(f"{hook}: {'delivered' if error is None else 'not delivered: ' + error}")
+        failed += error is not None
+    return 1 if failed else 0
+
+
 def run_trial_body(args: argparse.Namespace) -> int:
     _preflight(args)
     from orchestrator.run import run_single  # deferred: --help stays fast
@@ -284,6 +294,10 @@ def add_commands(sub: Any) -> None:
                    help="port on 127.0.0.1 (default 5000, or a free one if 5000 is taken)")
     _common(u)
     u.set_defaults(func=ui_body)
+
+    nt = sub.add_parser("notify-test", help="send one test event to each of the grid's notify: webhooks")
+    nt.add_argument("grid")
+    nt.set_defaults(func=notify_test_body)
 
     rt = sub.add_parser("run-trial", help="run one trial in this process, without Ray (debugging)")
     rt.add_argument("grid")

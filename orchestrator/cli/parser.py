@@ -18,7 +18,7 @@ from orchestrator.cli.environment import collect
 from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
 from orchestrator.cli.scaffold import init_command
 from orchestrator.exceptions import UserError
-from orchestrator.grid import expand, load_grid, plan_lines
+from orchestrator.grid import check_notify, expand, load_grid, plan_lines
 from orchestrator.recipes import flatten
 
 if TYPE_CHECKING:
@@ -43,6 +43,7 @@ def plan_command(args: argparse.Namespace) -> int:
             print(f"{key} = {json.dumps(value)}")
         return 0
     trials = expand(grid, force=args.force)
+    check_notify(grid)
     details = _backend_details(grid, trials) if args.show_overrides else {}
     if args.json:
         out = {

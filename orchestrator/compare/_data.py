@@ -67,6 +67,7 @@ class TrialResult:
     finals: dict[str, float] = dataclasses.field(default_factory=dict)
     peaks: dict[str, float] = dataclasses.field(default_factory=dict)
     steps_done: int | None = None
+    rescue: dict[str, str] = dataclasses.field(default_factory=dict)  # ``rescue.*`` tags (``_rescues``)
 
     @property
     def reward_key(self) -> str:
@@ -210,6 +211,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
                       if k.startswith("numerics.")},
             cost=from_tags(tags) or cost_from_dir(grid_dir, tid, int(params.get("steps", 0) or 0)),
             variant=variant, config=tags.get(CONFIG_TAG, ""),
+            rescue={k.removeprefix("rescue."): v for k, v in tags.items() if k.startswith("rescue.")},
         )
     _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
     split_configs(seen.values(), axis_names)

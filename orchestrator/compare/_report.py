@@ -7,7 +7,7 @@ draws the plots (``compare_plots``) and writes ``results/<grid>/``:
 - ``summary.md``, ``summary.html`` (self-contained: plots embedded), ``cells.csv`` (one row per
   cell, numbers only), ``trials.csv`` (one row per trial), ``importance.csv``, ``cost.csv`` and,
   when the grid declares comparisons, ``comparisons.csv`` (``_cost``), ``survival.csv`` (time to
-  collapse per cell, ``_survival``);
+  collapse per cell, ``_survival``), ``rescues.csv`` (when the grid rescued trials, ``_rescues``);
 - ``survival.png``, ``curves_reward.png``, ``curves_k3_kl.png``, ``curves_grad_norm.png``, ``mismatch_by_prob.png``,
   ``verdict_map.png``, ``importance.png``;
 - ``MANIFEST.json`` (``orchestrator.compare.manifest``): code version, the hash of what decides the numbers,
@@ -30,6 +30,7 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare import _cost as C
 from orchestrator.compare import _plots as P
+from orchestrator.compare import _rescues as R
 from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
@@ -181,7 +182,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
               "results": results, "effects": effects, "importance": importance, "plots": plots,
               "reward_metric": reward, "environments": environments(r.numerics for r in results),
               "cost": cost, "comparisons": comparisons,
-              "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names)}
+              "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names),
+              "rescues": R.rescue_section(results, out, level)}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))
@@ -300,7 +302,7 @@ def render_markdown(report: dict[str, Any]) -> str:
     if report.get("fanova_note"):
         lines += ["", md.text(report["fanova_note"])]
     if "survival" in report:
-        lines += ["", *S.markdown(report["survival"], md.text)]
+        lines += ["", *S.markdown(report["survival"], md.text), *R.markdown(report.get("rescues"), md.text)]
     if "cost" in report:
         lines += ["", *C.markdown(report["cost"], report["comparisons"], report["level"], md.text)]
     lines += ["", "## Trials", "", "| trial | run | seed | pool | verdict | step | reason |",
@@ -378,7 +380,7 @@ def render_html(report: dict[str, Any]) -> str:
     if report.get("fanova_note"):
         parts.append(f"<p>{esc(report['fanova_note'])}</p>")
     if "survival" in report:
-        parts.append(S.html_section(report["survival"]))
+        parts += [S.html_section(report["survival"]), R.html_section(report.get("rescues"))]
     if "cost" in report:
         parts.append(C.html_section(report["cost"], report["comparisons"], report["level"]))
     parts.append("<h2>Trials</h2><table><tr><th>trial</th><th>seed</th><th>pool</th><th>verdict</th>"

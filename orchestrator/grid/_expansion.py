@@ -20,6 +20,7 @@ from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.grid._cells import check_comparisons, check_emitted
 from orchestrator.grid._checker import Checker
+from orchestrator.grid._policy import set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
 from orchestrator.learner import (
@@ -143,9 +144,9 @@ class _Resolver:
             return ("axes", key)
         if key in (self.grid.spec.overrides or {}):
             return ("overrides", key)
-        rescue = self.grid.spec.on_collapse
-        if rescue is not None and key in rescue.resume.set:
-            return ("on_collapse", "resume", "set", key)
+        rescue = set_keys(self.grid.spec)
+        if key in rescue:
+            return rescue[key]
         return ("overrides",)
 
     def _backend_check(self, section_items: list[tuple[str, Any]], pool: str, context: Any) -> None:
@@ -258,14 +259,16 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
 
 
 def _check_rescue(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
-    """``on_collapse: {resume: {set: ...}}`` derives trials only when a collapse happens: derive
-    one now per pool (nothing is written) so a value the backend refuses fails at plan time."""
-    act = grid.spec.on_collapse.resume if grid.spec.on_collapse is not None else None
-    if act is None or not act.set:
-        return
+    """A rescue entry's ``resume: {set: ...}`` derives trials only when its event happens:
+    derive one now per pool (nothing is written) so a value the backend refuses fails at plan
+    time."""
     firsts = {t.pool: t for t in reversed(trials)}
-    for t in firsts.values():
-        derive_trial(grid, t, act.set, pool=act.pool or t.pool, from_step=0)
+    for entry in grid.spec.rescue_policy:
+        act = entry.resume
+        if not act.set and act.pool is None:
+            continue
+        for t in firsts.values():
+            derive_trial(grid, t, act.set, pool=act.pool or t.pool, from_step=0)
 
 
 def _excluded(combo: tuple[int, ...], seed_idx: int | None,

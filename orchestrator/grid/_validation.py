@@ -20,6 +20,7 @@ from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
 from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.grid._checker import Checker
+from orchestrator.grid._policy import check_policy, set_keys
 from orchestrator.grid._schema_errors import short_value as _short
 from orchestrator.grid._spec import SECTIONS, Axis, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
@@ -77,13 +78,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     if spec.search is not None:
         for key, param in spec.search.params.items():
             _search_param(key, param, chk, dict(fixed), base)
-    if spec.on_collapse is not None:
-        act = spec.on_collapse.resume
-        if act.pool is not None:
-            catalog.get(act.pool, file=file, line=chk.lines.get(("on_collapse", "resume", "pool")),
-                        key="on_collapse.resume.pool")
-        for k, v in act.set.items():
-            chk.value(k, v, ("on_collapse", "resume", "set", k))
+    check_policy(spec, chk, catalog, runs)
     for pool in spec.budget.per_pool:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
@@ -140,8 +135,8 @@ def _check_submission_wide(spec: GridFile, axes: Sequence[Axis], chk: Checker) -
     places = [(("axes", a.name) + ((label,) if a.kind == "bundle" else ()), key)
               for a in axes for label, ov in zip(a.labels, a.overrides) for key, _ in ov]
     places += [(("include", i), key) for i, rule in enumerate(spec.include) for key in rule]
-    if spec.on_collapse is not None:  # a rescue's derived trial would differ from its parent
-        places += [(("on_collapse", "resume", "set", key), key) for key in spec.on_collapse.resume.set]
+    # A rescue's derived trial would differ from its parent.
+    places += [(path, key) for key, path in set_keys(spec).items()]
     for path, key in places:
         if key in SUBMISSION_WIDE:
             raise chk.err(f"{key} cannot vary between trials: {SUBMISSION_WIDE[key]}", path,

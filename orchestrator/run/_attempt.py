@@ -77,6 +77,11 @@ class AttemptRun(AttemptStart):
         reason = self.engine.observe(step, row)
         if reason and self.stop_reason is None:
             self.stop_reason = reason
+        if self.stop_on and self.stop_reason is None:
+            self.rescue_stop = self.rescue_warning()
+            if self.rescue_stop is not None:
+                self.stop_reason = (f"stopped for a rescue: warning {self.rescue_stop[0]} at step "
+                                    f"{self.rescue_stop[1]}")
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
         if step > self.last_step:
@@ -133,9 +138,10 @@ class AttemptRun(AttemptStart):
         self._end_attempt("stopped_early" if outcome == "stopped" else outcome, reason)
         self.commit(self.last_step, save=False)  # saved with the end state just below
         verdict = self.engine.verdict(self.last_step, outcome, reason)
+        rescued = self._rescued(verdict) if outcome == "stopped" and self.rescue_stop else {}
         state = TrialState.CANCELLED if outcome == "cancelled" else TrialState.DONE
         self.record.state = transition(self.record.state, state)
-        self.record.verdict = verdict.to_json()
+        self.record.verdict = {**verdict.to_json(), **rescued}
         self.record.last_step = self.last_step
         # One check of the closed file now, so readers of the grid need not parse it again.
         trial_summary = write_summary(self.paths, self.last_step)
@@ -143,11 +149,15 @@ class AttemptRun(AttemptStart):
         records.save_state(self.paths, self.record)
         summary = {**self.last_values, **{k: float(v) for k, v in result.summary.items()}}
         out = {"trial_id": self.job.trial.trial_id, "state": state.value, "outcome": outcome,
-               "last_step": self.last_step, "attempt": self.number, "verdict": verdict.to_json(),
+               "last_step": self.last_step, "attempt": self.number, "verdict": self.record.verdict,
                "node": self.attempt.node, "summary": summary}
         if self.tracker is not None:
             self.tracker.set_tags(trial_summary.tags())
             self.tracker.set_verdict(verdict)
+            if rescued:
+                self.tracker.set_tags({"verdict.reason": rescued["reason"][:4000],
+                                       "verdict.rescued_step": str(rescued["rescued_step"]),
+                                       "verdict.rescued_by": rescued["rescued_by"]})
             self.tracker.log_attempts(self.attempts)
             self.tracker.flush(30.0)
             self.tracker.end("KILLED" if state is TrialState.CANCELLED else "FINISHED")
@@ -155,6 +165,14 @@ class AttemptRun(AttemptStart):
             records.clear_cancel_requests(self.grid_dir, [self.job.trial.trial_id])
         shutil.rmtree(self.paths.root / "work", ignore_errors=True)
         return out
+
+    def _rescued(self, verdict: Any) -> dict[str, Any]:
+        """What a trial stopped on a warning for a rescue adds to its verdict: the warning and
+        its step (``grid.entry_for`` reads them); its kind stays what it was up to then."""
+        name, step = self.rescue_stop  # type: ignore[misc]
+        return {"rescued_step": step, "rescued_by": name,
+                "reason": f"rescued at step {step} on warning {name}, stopped at step "
+                          f"{self.last_step}; until then {verdict.reason}"}
 
     def fail(self, exc: BaseException, *, retriable: bool) -> None:
         """Record a failed attempt. Retriable failures go back to PENDING for Tune to retry."""

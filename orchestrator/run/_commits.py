@@ -60,6 +60,7 @@ class AttemptCommits(AttemptState):
         if self.request is not None and self.request.reason:
             tags.update({"resume.reason": str(self.request.reason), "resume.from_step": str(start),
                          "resume.pool": str(self.request.pool or self.job.pool.name)})
+            tags.update(rescue_tags(self.record, str(self.request.reason)))
         if tags:
             self.tracker.set_tags(tags)
         if len(self.attempts) > 1:
@@ -138,3 +139,16 @@ def tracked_rows(rows: list[tuple[int, dict[str, float]]], every: int, named: se
             out.append((step, row))
         prev_keys = keys
     return out, prev_keys
+
+
+def rescue_tags(rec: records.TrialRecord, reason: str) -> dict[str, str]:
+    """A rescue's run names what it rescues (``compare`` reads these): a derived rescue its
+    parent, one moved in place the event; a resume by hand has neither."""
+    if rec.rescue_of:
+        return {"rescue.of": str(rec.rescue_of.get("parent")), "rescue.event": str(rec.rescue_of.get("event")),
+                "rescue.from_step": str(rec.rescue_of.get("step"))}
+    note = rec.rescue or {}
+    if note.get("trial") == rec.trial_id and reason.startswith(f"{note.get('by')} rescue "):
+        return {"rescue.of": rec.trial_id, "rescue.event": str(note.get("event", "collapsed")),
+                "rescue.from_step": str(note.get("start"))}
+    return {}

@@ -131,4 +131,4 @@ def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: Trac
         collapse=spec.collapse, early_stop=spec.early_stop_spec, tracking=tracking,
         submission=submission, backend_ref=backends.backend(trial.backend), start=start,
         reopen=reopen,
-        tracking_every=spec.tracking.every)
+        tracking_every=spec.tracking.every, rescue=spec.rescue_policy)

@@ -14,8 +14,9 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import Backend
+from orchestrator.grid import warning_stops
 from orchestrator.pools import PoolSpec
-from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec
+from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, RescueEntry
 from orchestrator.store import CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.tracking import TrackingTarget
 from orchestrator.trial import Attempt, TrialSpec
@@ -41,6 +42,7 @@ class AttemptJob:
     defer_tracking: bool = False  # fill the outbox only; the orchestrator sends it (tracking.Sender)
     lock_timeout: float = 120.0
     tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
+    rescue: tuple[RescueEntry, ...] = ()  # the grid's rescue policy: a warning it acts on stops the trial
 
 
 class AttemptState:
@@ -54,6 +56,9 @@ class AttemptState:
                                                job.trial.trial_id, job.checkpoint.keep)
         self.record = records.load_state(self.paths, job.trial.trial_id)
         self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps)
+        # Warnings the grid's rescue policy acts on for this trial: it stops when one fires.
+        self.stop_on = warning_stops(job.rescue, self.record)
+        self.rescue_stop: tuple[str, int] | None = None  # (warning, its onset step) it stopped on
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}
@@ -72,6 +77,17 @@ class AttemptState:
         self.kept_rows: list[tuple[int, dict[str, float]]] = []  # metrics.jsonl up to the start
         self.tail: list[tuple[int, dict[str, float]]] = []  # rows after it that MLflow held
         self.timing: dict[str, float] = {}  # orchestration cost of the attempt (result.json)
+
+    def rescue_warning(self) -> tuple[str, int] | None:
+        """The first warning in ``stop_on`` that has fired, with its onset step: the early
+        warning's, or an ``unstable`` rule's firing."""
+        fired = []
+        if "early_warning" in self.stop_on and self.engine.warning_step is not None:
+            fired.append(("early_warning", self.engine.warning_step))
+        for rule in self.engine.rules:
+            if rule.spec.name in self.stop_on and rule.firing is not None:
+                fired.append((rule.spec.name, rule.firing.onset))
+        return min(fired, key=lambda f: f[1]) if fired else None
 
     @property
     def started(self) -> bool:

@@ -216,6 +216,30 @@ class Planner:
         self.started.add(trial.trial_id)
         return Admit.START
 
+    def refuse_rescue(self, trial: TrialSpec, pool: str, start: int) -> str | None:
+        """Why a rescue of ``trial`` on ``pool`` from step ``start`` would exceed the grid's
+        accelerator-hour budget (its steps left at the projected step time), or None."""
+        spec = self.spec
+        limits = ((spec.gpu_hours, None, "budget.gpu_hours"),
+                  (spec.gpu_hours_per_pool.get(pool), pool, f"budget.gpu_hours_per_pool.{pool}"))
+        if all(limit is None for limit, _, _ in limits):
+            return None
+        self.pools.setdefault(pool, self.grid.pools.get(pool))
+        self._refresh(force=True)
+        step = self.step_s(trial, pool)
+        if step is None:
+            return None  # no step time anywhere: the gate measures it like any trial's
+        n, unit = pool_rate(self.pools[pool])
+        cost = max(trial.steps - start, 0) * step * n / 3600
+        for limit, on, key in limits:
+            spent = self.spent(on, self._unit(pool)) if limit is not None else 0.0
+            if limit is not None and spent + cost > limit:
+                self.budget_out = True
+                return (f"budget: the rescue would cost {fmt_hours(cost, unit)} with "
+                        f"{fmt_hours(spent, unit)} of {key}={limit:g} h spent; raise it and "
+                        "submit again")
+        return None
+
     def skip_reason(self, trial: TrialSpec, pool: str) -> str:
         limit = self.spec.gpu_hours_per_pool.get(pool)
         key = f"budget.gpu_hours_per_pool.{pool}" if limit is not None else "budget.gpu_hours"

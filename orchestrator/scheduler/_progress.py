@@ -17,6 +17,7 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import metrics as names
 from orchestrator.cost import TrialCost, fmt_hours, trial_cost
 from orchestrator.exceptions import StateFileError
+from orchestrator.grid import notes
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
@@ -49,6 +50,7 @@ class TrialView:
     # Its spec.json or state.json cannot be read as this trial's (corrupt, or another trial's):
     # the one-line error with its fix; the trial is shown as "unreadable" and nothing else.
     unreadable: str = ""
+    rescue: str = ""  # its rescues and refusals (the grid's ``rescue:`` policy), or what it rescues
 
     def to_json(self) -> dict[str, Any]:
         return {**dataclasses.asdict(self), "cost": self.cost.to_json() if self.cost else None}
@@ -163,6 +165,7 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
         if rec.verdict:
             view.verdict = rec.verdict.get("kind")
             view.note = rec.verdict.get("reason", "")
+        view.rescue = rescue_text(rec)
         if rec.state.value == "pending":
             view.note = rec.pending_reason or queue.get(spec.trial_id) or rec.error or "queued"
         elif rec.state.value == "failed":
@@ -210,6 +213,22 @@ def _fmt_eta(seconds: float | None) -> str:
     return f"{h}h{m:02d}m{s:02d}s" if h else f"{m}m{s:02d}s"
 
 
+def rescue_text(rec: records.TrialRecord) -> str:
+    """One line on a trial's rescues: by which entry, on what, into which trial; refusals."""
+    parts = []
+    if rec.rescue_of:
+        parts.append(f"rescue of {rec.rescue_of.get('parent')} ({rec.rescue_of.get('event')})")
+    for n in notes(rec):
+        event = f"{n.get('event', 'collapsed')}{'' if n.get('step') is None else ' @' + str(n['step'])}"
+        if n.get("error"):
+            parts.append(f"{n.get('by')} on {event} refused: {n['error']}")
+        else:
+            into = "" if n.get("trial") == rec.trial_id else f" as {n.get('trial')}"
+            parts.append(f"rescued by {n.get('by')} on {event}{into} on {n.get('pool')} "
+                         f"from step {n.get('start')}")
+    return "; ".join(parts)
+
+
 def render(view: GridView, *, max_rows: int = 40) -> Any:
     """A rich renderable: per-pool counts, then the trials (running first)."""
     from rich.console import Group
@@ -234,7 +253,7 @@ def render(view: GridView, *, max_rows: int = 40) -> Any:
         table.add_row(t.trial_id, t.pool, t.state, f"{t.step}/{t.steps}", _fmt(t.reward, ".3f"),
                       _fmt(t.k3_kl, ".2e"), str(t.attempts),
                       fmt_hours(t.cost.hours, t.cost.unit) if t.cost else "",
-                      escape(t.note[:100] or t.verdict or ""))
+                      escape("; ".join(filter(None, (t.rescue, t.note[:100] or t.verdict or "")))))
     parts: list[Any] = [pools, table, *cost_parts(view.trials)]
     if len(rows) > max_rows:
         parts.append(f"... {len(rows) - max_rows} more trials (ablate status --json lists all)")

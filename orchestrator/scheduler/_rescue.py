@@ -23,7 +23,7 @@ from orchestrator.backends import Backend, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
-from orchestrator.grid import derive_trial
+from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, notes
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.store import MANIFEST, CheckpointStore, ResumeRequest, TrialPaths, records
@@ -31,6 +31,8 @@ from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
+    from orchestrator.scheduler._budget import Planner
+    from orchestrator.schema import RescueEntry
 
 log = logging.getLogger(__name__)
 COLLAPSED = ("collapsed", "numeric_failure")  # a NaN blow-up is a collapse for `--collapsed`
@@ -55,37 +57,116 @@ class Plan:
 # --------------------------------------------------------------------------- automatic rescue
 
 
-def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
-    """The grid's ``on_collapse: {resume: ...}`` for collapsed trials not rescued before.
+def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str], *,
+                budget: Planner | None = None) -> list[TrialSpec]:
+    """The grid's rescue policy (``rescue:``; ``on_collapse:`` is its one-entry form) for the
+    finished trials among ``trial_ids``: the trials to run now.
 
-    Called by the scheduler under the grid lease after a submission's trials ran. Each trial is
-    rescued at most once (``state.json`` ``rescue``); a rescue that cannot be planned (no healthy
-    checkpoint, pool refused) is recorded there with its reason instead of failing the submit.
-    Returns the trials to run now.
+    Called by the scheduler under the grid lease after a submission's trials ran. Which entry
+    acts, and how often, is ``grid.entry_for``'s; every rescue or refusal (no checkpoint, pool
+    refused, over budget) is a note in the trial's ``state.json`` (``rescues``) instead of a
+    failed submit. A rescue's derived trial that a killed submission seeded but never ran is
+    returned again, so a re-submission runs it once and rescues nothing twice.
     """
-    spec = grid.spec.on_collapse
-    if spec is None:
-        return []
-    action = spec.resume
-    out: list[TrialSpec] = []
+    policy = grid.spec.rescue_policy
+    out: dict[str, TrialSpec] = {}
     for tid in trial_ids:
         paths = TrialPaths(grid_dir, tid)
         rec = records.load_state(paths, tid)
         parent = records.load_spec(paths)
-        kind = (rec.verdict or {}).get("kind")
-        if parent is None or rec.rescue is not None or not rec.state.is_finished() or kind != "collapsed":
+        if parent is None or not policy:
             continue
-        target = action.pool or rec.pool or parent.pool
-        reason = f"on_collapse rescue of {kind} trial {tid}"
-        try:
-            plans = plan(grid, grid_dir, [parent], pool=target, start=action.start,
-                         sets=dict(action.set), reason=reason)
-        except UserError as exc:
-            log.warning("trial %s: on_collapse rescue refused: %s", tid, exc)
-            rec.rescue = {"by": "on_collapse", "error": str(exc), "at": time.time()}
-            records.save_state(paths, rec)
+        for child in _unfinished_rescues(grid_dir, rec):
+            out.setdefault(child.trial_id, child)
+        event, step = _event(rec)
+        found = entry_for(policy, event, rec) if event is not None else None
+        if found is None:
             continue
-        out.extend(apply(grid, grid_dir, plans, rescue=True))
+        for trial in _rescue_one(grid, grid_dir, rec, parent, found, event, step, budget):
+            out.setdefault(trial.trial_id, trial)
+    return list(out.values())
+
+
+def _event(rec: records.TrialRecord) -> tuple[str | None, int | None]:
+    """The event a finished trial ended on that a rescue entry may act on, and its step."""
+    verdict = rec.verdict or {}
+    if not rec.state.is_finished() or rec.state is TrialState.CANCELLED:
+        return None, None
+    if verdict.get("rescued_step") is not None:
+        return f"warning:{verdict.get('rescued_by')}", int(verdict["rescued_step"])
+    if rec.state is TrialState.FAILED:  # Tune's retries are spent
+        return "infra_failed", rec.last_step
+    if verdict.get("kind") == "collapsed":
+        return "collapsed", verdict.get("step")
+    return None, None
+
+
+def _unfinished_rescues(grid_dir: Path, rec: records.TrialRecord) -> list[TrialSpec]:
+    out = []
+    for note in notes(rec):
+        child = note.get("trial")
+        if not child or child == rec.trial_id:
+            continue
+        paths = TrialPaths(grid_dir, child)
+        spec = records.load_spec(paths)
+        if spec is not None and not records.load_state(paths, child).state.is_finished():
+            out.append(spec)
+    return out
+
+
+def _rescue_one(grid: GridSpec, grid_dir: Path, rec: records.TrialRecord, parent: TrialSpec,
+                found: tuple[int, RescueEntry], event: str, step: int | None,
+                budget: Planner | None) -> list[TrialSpec]:
+    """One entry's rescue of one trial: planned, checked against the budget, applied; or a
+    recorded refusal."""
+    index, entry = found
+    tid = parent.trial_id
+    by = "on_collapse" if grid.spec.on_collapse is not None else f"rescue[{index}]"
+    note: dict[str, Any] = {"event": event, "entry": index, "by": by, "step": step}
+    action = entry.resume
+    target = action.pool or rec.pool or parent.pool
+    what = event if entry.warning is None else f"warning {entry.warning} at step {step}"
+    reason = f"{by} rescue of {what} trial {tid}"
+    paths = TrialPaths(grid_dir, tid)
+    try:
+        start: str | int = action.start
+        if entry.warning is not None:  # the newest checkpoint at or before the warning
+            have = [s for s in _store(grid, paths, tid).steps() if step is not None and s <= step]
+            if not have:
+                raise CheckpointError(f"trial {tid}: no checkpoint at or before step {step} of "
+                                      f"warning {entry.warning}; fix: a smaller checkpoint.every")
+            start = have[-1]
+        plans = plan(grid, grid_dir, [parent], pool=target, start=start, sets=dict(action.set),
+                     reason=reason, derive=entry.warning is not None)
+    except UserError as exc:
+        return _refuse(paths, rec, note, str(exc), "plan")
+    why = budget.refuse_rescue(plans[0].trial, target, plans[0].start) if budget is not None else None
+    if why is not None:
+        return _refuse(paths, rec, note, why, BUDGET_REFUSAL)
+    return apply(grid, grid_dir, plans, rescue=note)
+
+
+def _refuse(paths: TrialPaths, rec: records.TrialRecord, note: dict[str, Any], why: str,
+            kind: str) -> list[TrialSpec]:
+    log.warning("trial %s: %s rescue refused: %s", rec.trial_id, note["by"], why)
+    note = {**note, "error": why, "refused": kind, "at": time.time()}
+    rec.rescues = [*notes(rec), note]
+    rec.rescue = note
+    records.save_state(paths, rec)
+    return []
+
+
+def rescue_links(grid_dir: Path) -> dict[str, str]:
+    """Tags for the grid's MLflow parent run: ``rescue.<parent>`` names each rescue of a trial
+    (the trial it runs as, the event, pool and start step; refusals with their reason)."""
+    out = {}
+    for tid in records.known_trials(grid_dir):
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        text = [f"{n.get('event')}: refused: {n.get('error')}" if n.get("error") else
+                f"{n.get('event')} @{n.get('step')}: {n.get('trial')} on {n.get('pool')} from step {n.get('start')}"
+                for n in notes(rec)]
+        if text:
+            out[f"rescue.{tid}"] = "; ".join(text)[:4000]
     return out
 
 
@@ -240,18 +321,23 @@ def _store(grid: GridSpec, paths: TrialPaths, trial_id: str) -> CheckpointStore:
 # --------------------------------------------------------------------------- applying
 
 
-def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool = False) -> list[TrialSpec]:
-    """Write the resume requests (and seed derived trials); returns the trials to run."""
+def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *,
+          rescue: Mapping[str, Any] | None = None) -> list[TrialSpec]:
+    """Write the resume requests (and seed derived trials); returns the trials to run.
+    ``rescue``: the note of the rescue policy's entry that asked for it (event, entry, by)."""
     out = []
     for p in plans:
-        note = {"by": "on_collapse" if rescue else "ablate resume", "trial": p.trial.trial_id,
+        note = {"by": "ablate resume", **(rescue or {}), "trial": p.trial.trial_id,
                 "pool": p.pool, "start": p.start, "at": time.time()}
         if p.derived:
-            _seed_derived(grid, grid_dir, p)
+            _seed_derived(grid, grid_dir, p, rescue_of=(
+                {"parent": p.parent.trial_id, "event": rescue.get("event"), "step": p.start}
+                if rescue else None))
         paths = TrialPaths(grid_dir, p.parent.trial_id)
         rec = records.load_state(paths, p.parent.trial_id)
-        if rescue:
-            rec.rescue = note  # in the same write as the request: a trial is rescued once
+        if rescue:  # in the same write as the request: a killed submit rescues nothing twice
+            rec.rescues = [*notes(rec), note]
+            rec.rescue = note
         if not p.derived:
             rec.resume = ResumeRequest(p.pool, p.start, p.reason)
             rec.state = transition(rec.state, TrialState.PENDING, resume=True)
@@ -263,7 +349,8 @@ def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *, rescue: bool
     return out
 
 
-def _seed_derived(grid: GridSpec, grid_dir: Path, p: Plan) -> None:
+def _seed_derived(grid: GridSpec, grid_dir: Path, p: Plan,
+                  rescue_of: dict[str, Any] | None = None) -> None:
     """A derived trial starts as a copy of its parent at ``p.start``: checkpoint, metric
     history and (inherited) attempt ranges; its state is written last, so a crash in between
     leaves a trial that the same resume command seeds again."""
@@ -287,5 +374,5 @@ def _seed_derived(grid: GridSpec, grid_dir: Path, p: Plan) -> None:
                                      reason=f"steps {lo}-{hi} of trial {p.parent.trial_id}"))
     records.save_attempts(paths, inherited)
     rec = records.TrialRecord(trial_id=p.trial.trial_id, pool=p.pool, last_step=p.start,
-                              resume=ResumeRequest(p.pool, p.start, p.reason))
+                              resume=ResumeRequest(p.pool, p.start, p.reason), rescue_of=rescue_of)
     records.save_state(paths, rec)

@@ -26,6 +26,7 @@ module without starting anything.
 from __future__ import annotations
 
 import functools
+import itertools
 import logging
 import math
 import os
@@ -40,13 +41,14 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import backends
 from orchestrator.cost import total_metrics
 from orchestrator.exceptions import UserError
-from orchestrator.grid import expand, load_grid
+from orchestrator.grid import check_notify, expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
+from orchestrator.scheduler._notify import Notifier
 from orchestrator.scheduler._placement import (
     Placement,
     check_address,
@@ -55,7 +57,7 @@ from orchestrator.scheduler._placement import (
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
-from orchestrator.scheduler._rescue import auto_rescue
+from orchestrator.scheduler._rescue import auto_rescue, rescue_links
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
 from orchestrator.scheduler._tune import (
@@ -90,6 +92,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     """
     grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
     trials = [] if grid.spec.search is not None else expand(grid, force=force)
+    check_notify(grid)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
     if not math.isfinite(summary_every_s) or summary_every_s <= 0:
@@ -169,10 +172,11 @@ class Submission:
         self.max_parallel = max_parallel or grid.spec.budget.max_parallel
         self.progress, self.ray_tmp = progress, ray_tmp
         self.search = SearchSpace(grid) if grid.spec.search is not None else None
-        self.on_collapse = grid.spec.on_collapse if rescue and self.search is None else None
+        self.policy = grid.spec.rescue_policy if rescue and self.search is None else ()
         self.remote_store = is_remote(self.tracking_uri)
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
+        self.notifier = Notifier(grid, self.grid_dir)  # the grid's `notify:` webhooks (none: idle)
         # Budgets and adaptive seeds (``_budget``); it knows every seed a cell may get.
         self.planner = Planner(grid, self.grid_dir, trials, grid.pools.pools, add_seeds=rescue)
         self.started = 0.0
@@ -193,6 +197,7 @@ class Submission:
         os.environ.setdefault("RAY_AIR_NEW_OUTPUT", "0")
         self.started = time.time()
         self.sender.start()
+        self.notifier.start()
         ok = False
         with stop_on_full_disk(self.grid_dir, self.trials):
             try:
@@ -200,6 +205,7 @@ class Submission:
                 ok = True
                 return summary
             finally:
+                self.notifier.close()
                 self.sender.close()
                 if not ok and self.sender.parent is not None:
                     try:
@@ -272,8 +278,9 @@ class Submission:
         cluster only has resources for these."""
         grid = self.grid
         pools = {p: grid.pools.get(p) for p in set(self.routes.values()) | set(grid.spec.budget.per_pool)}
-        if self.on_collapse is not None and self.on_collapse.resume.pool:
-            pools[self.on_collapse.resume.pool] = grid.pools.get(self.on_collapse.resume.pool)
+        for entry in self.policy:  # a rescue may move a trial to its pool
+            if entry.resume.pool:
+                pools[entry.resume.pool] = grid.pools.get(entry.resume.pool)
         if self.search is not None:
             pools.update({lab: grid.pools.get(lab) for a in grid.axes if a.kind == "pool"
                           for lab in a.labels})
@@ -305,7 +312,7 @@ class Submission:
                            grid.spec.checkpoint, grid.spec.collapse, grid.spec.early_stop_spec,
                            self.tracking_uri, self.submission,
                            {grid.backend: backends.backend(grid.backend)}, objective,
-                           grid.spec.retries.preemptions)
+                           grid.spec.retries.preemptions, self.policy)
 
     def _fit(self, gctx: GridContext, runnable: list[TrialSpec], routes: Mapping[str, str],
              budget: int, name: str) -> Any:
@@ -371,15 +378,25 @@ class Submission:
         return {"warm_up": warm_up, **tracking}
 
     def _rescue(self, gctx: GridContext) -> list[TrialSpec]:
-        """``on_collapse: {resume: ...}``: one automatic rescue round, under this lease."""
-        if self.on_collapse is None:
+        """The grid's rescue policy (``rescue:``, ``on_collapse:``), under this lease: rounds
+        of rescues, each another fit, until no trial has an entry left to act on (each entry
+        acts on a trial a bounded number of times, so this ends)."""
+        if not self.policy:
             return []
-        rescued = auto_rescue(self.grid, self.grid_dir, [t.trial_id for t in self.trials])
-        if rescued:
+        out: list[TrialSpec] = []
+        ids = [t.trial_id for t in self.trials]
+        for n in itertools.count(1):
+            if "*" in records.cancel_requests(self.grid_dir):  # `ablate cancel GRID`: no rescue either
+                return out
+            rescued = auto_rescue(self.grid, self.grid_dir, ids, budget=self.planner)
+            if not rescued:
+                return out
+            out += [t for t in rescued if t.trial_id not in {o.trial_id for o in out}]
+            ids = list(dict.fromkeys(ids + [t.trial_id for t in rescued]))
             again = self._routes(rescued)
             self._fit(gctx, park_unplaceable(self.grid_dir, rescued, self.placements, again),
-                      again, 0, self.submission + "-rescue")
-        return rescued
+                      again, 0, f"{self.submission}-rescue{'' if n == 1 else n}")
+        return out
 
     def _summary(self, rescued: list[TrialSpec], embedded: bool) -> dict[str, Any]:
         """The JSON-safe summary, once MLflow has everything; ends the parent run."""
@@ -393,8 +410,9 @@ class Submission:
         summary = summarize(self.grid, self.grid_dir, trials)
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
-        parent.log_cost(total_metrics(summary["cost"]), cost_run_tags(summary))
+        parent.log_cost(total_metrics(summary["cost"]), {**cost_run_tags(summary), **rescue_links(self.grid_dir)})
         summary["repaired"] = self.repaired
+        self._notify_end(summary)
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),
@@ -402,6 +420,18 @@ class Submission:
                        ray="embedded" if embedded else "cluster")
         parent.end("FINISHED")
         return summary
+
+
+    def _notify_end(self, summary: dict[str, Any]) -> None:
+        """The grid-level alerts: the budget ran out in this submission, and the grid is done."""
+        if self.planner.budget_out:
+            self.notifier.queue("budget_exhausted", {"reason": "the grid's budget is spent: trials "
+                                "were not started; raise it and submit again"},
+                                f"budget_exhausted:{self.submission}")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("states", {}).items()))
+        self.notifier.queue("grid_done", {"reason": counts, "states": summary.get("states"),
+                                          "rescued": summary.get("rescued")},
+                            f"grid_done:{self.submission}")
 
 
 def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],

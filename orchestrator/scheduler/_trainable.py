@@ -23,7 +23,13 @@ from orchestrator.pools import PoolSpec
 from orchestrator.recipes import apply_overrides
 from orchestrator.run import AttemptJob, run_attempt
 from orchestrator.scheduler._search import objective_value
-from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, SearchObjective
+from orchestrator.schema import (
+    CheckpointSpec,
+    CollapseSpec,
+    EarlyStopSpec,
+    RescueEntry,
+    SearchObjective,
+)
 from orchestrator.store.workspace import DISK_FULL
 from orchestrator.tracking import TrackingTarget
 from orchestrator.trial import TrialSpec
@@ -44,6 +50,7 @@ class GridContext:
     backend_refs: Mapping[str, Backend]
     objective: SearchObjective | None
     preemptions: int = 20  # retries.preemptions: retried here, apart from Tune's retries.max
+    rescue: tuple[RescueEntry, ...] = ()  # the grid's rescue policy (a warning it acts on stops a trial)
 
 
 _PASSED: set[str] = set()  # warm-up barriers this worker process has passed
@@ -88,7 +95,8 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
                      pool=gctx.pools[config["pool"]], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
                      early_stop=gctx.early_stop, submission=gctx.submission,
                      tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
-                     backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True)
+                     backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True,
+                     rescue=gctx.rescue)
     try:
         result = _attempts(job, gctx.preemptions)
     except OSError as exc:

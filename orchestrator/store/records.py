@@ -66,8 +66,12 @@ class TrialRecord:
     objective: float | None = None
     # MLflow runs this trial's run replaced (a resume before what MLflow held), oldest first.
     superseded_runs: list[str] = dataclasses.field(default_factory=list)
-    # The one automatic rescue (`on_collapse:`) or its refusal: {"by", "trial", "pool", "start"|"error"}.
+    # The latest automatic rescue of this trial or its refusal: {"event", "entry", "by", "trial",
+    # "pool", "start"|"error"}; ``rescues`` holds every one, oldest first (``grid._policy``).
     rescue: dict[str, Any] | None = None
+    rescues: list[dict[str, Any]] = dataclasses.field(default_factory=list)
+    # A trial derived by a rescue: {"parent", "event", "step"} (no rescue of a rescue unless asked).
+    rescue_of: dict[str, Any] | None = None
     # What metrics.jsonl held when the trial ended (``store.summary.Stamp``): readers trust it
     # while the file's size and mtime are unchanged instead of parsing the file again.
     metrics_stamp: dict[str, Any] | None = None

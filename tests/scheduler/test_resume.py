@@ -363,7 +363,9 @@ def test_on_collapse_set_rescue_derives_a_trial_once_and_records_it(isolated: Pa
     assert rec.state.value == "done" and rec.verdict["kind"] == "collapsed"  # the parent stays
     crec = records.load_state(TrialPaths(grid_dir, child.trial_id), child.trial_id)
     assert crec.state.value == "pending" and crec.resume.reason.startswith("on_collapse rescue")
-    assert auto_rescue(grid, grid_dir, [t.trial_id]) == []  # once
+    # Once: asked again (a re-submission), the same unfinished child comes back, no second one.
+    assert auto_rescue(grid, grid_dir, [t.trial_id]) == [child]
+    assert len(records.load_state(TrialPaths(grid_dir, t.trial_id), t.trial_id).rescues) == 1
 
 
 @pytest.mark.slow

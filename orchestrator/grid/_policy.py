@@ -1,0 +1,116 @@
+"""A grid's rescue policy: the ordered ``rescue:`` list (``on_collapse:`` is its one-entry
+form), checked at plan time, and which entry applies to one trial and one event.
+
+An event is ``collapsed``, ``infra_failed`` (retries spent) or ``warning:RULE``. The first entry
+for the event that still may act takes it: an entry rescues one trial at most ``times`` times,
+and a trial that is itself a rescue (derived by one, or resumed in place by another entry) only
+when the entry says ``of_rescues: true``. What happened is kept in the trial's ``state.json``
+(``rescues``: one note per rescue or refusal), written in the same write as the request, so a
+killed submission that is submitted again finds every rescue it made. A refusal for budget is
+kept but does not count: a submission with a larger budget rescues the trial then.
+
+Here rather than in the scheduler because the runner asks it too: a trial stops on a warning
+only when an entry would rescue it (``warning_stops``).
+"""
+from __future__ import annotations
+
+from collections.abc import Mapping, Sequence
+from typing import TYPE_CHECKING, Any
+
+from orchestrator.grid._checker import Checker
+from orchestrator.pools import PoolCatalog
+from orchestrator.safeyaml import format_path
+from orchestrator.schema import GridFile, RescueEntry
+from orchestrator.store import records
+from orchestrator.verdict import resolve_rules
+
+if TYPE_CHECKING:
+    from orchestrator.backends import Backend
+
+EARLY_WARNING = "early_warning"  # the name of the trend detector (``collapse.early_warning``)
+BUDGET_REFUSAL = "budget"  # a note's ``refused`` value that does not count against ``times``
+
+
+def entry_paths(spec: GridFile) -> list[tuple[RescueEntry, tuple[Any, ...]]]:
+    """Each entry with the grid key path it was written under (for errors and line numbers)."""
+    if spec.on_collapse is not None:
+        return [(e, ("on_collapse",)) for e in spec.rescue_policy]
+    return [(e, ("rescue", i)) for i, e in enumerate(spec.rescue_policy)]
+
+
+def notes(rec: records.TrialRecord) -> list[dict[str, Any]]:
+    """The trial's rescue notes, oldest first (a record from before the list: its one note)."""
+    if rec.rescues:
+        return list(rec.rescues)
+    if rec.rescue is not None:
+        return [{"event": "collapsed", "entry": 0, **rec.rescue}]
+    return []
+
+
+def entry_for(policy: Sequence[RescueEntry], event: str,
+              rec: records.TrialRecord) -> tuple[int, RescueEntry] | None:
+    """The entry that rescues ``rec``'s trial on ``event`` now, with its index, or None."""
+    had = notes(rec)
+    for i, entry in enumerate(policy):
+        if entry.event != event:
+            continue
+        mine = [n for n in had if n.get("entry", 0) == i and n.get("refused") != BUDGET_REFUSAL]
+        if len(mine) >= entry.times:
+            continue
+        other = [n for n in had if n.get("entry", 0) != i and n.get("trial") == rec.trial_id]
+        if (rec.rescue_of is not None or other) and not entry.of_rescues:
+            continue
+        return i, entry
+    return None
+
+
+def warning_stops(policy: Sequence[RescueEntry], rec: records.TrialRecord) -> frozenset[str]:
+    """The warnings that stop this trial: those an entry would rescue it on."""
+    return frozenset(e.warning for e in policy
+                     if e.warning is not None and entry_for(policy, e.event, rec) is not None)
+
+
+def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backend) -> None:
+    """Plan-time checks of every entry: its pool (known, of a kind the trainer runs), its
+    ``set:`` keys and values, its warning rule."""
+    for entry, path in entry_paths(spec):
+        act = entry.resume
+        if act.pool is not None:
+            catalog.get(act.pool, file=chk.file, line=chk.lines.get((*path, "resume", "pool")),
+                        key=format_path((*path, "resume", "pool")))
+            kind = catalog.pools[act.pool].kind
+            if kind not in runs.pool_kinds:
+                ok = [p for p in catalog.names() if catalog.pools[p].kind in runs.pool_kinds]
+                raise chk.err(f"pool {act.pool!r} is a {kind} pool; backend {spec.backend!r} "
+                              f"runs on {' and '.join(runs.pool_kinds)} pools",
+                              (*path, "resume", "pool"), allowed=ok)
+        for k, v in act.set.items():
+            chk.value(k, v, (*path, "resume", "set", k))
+        if entry.warning is not None:
+            _check_warning(spec, entry.warning, chk, (*path, "when", "warning"))
+
+
+def _check_warning(spec: GridFile, name: str, chk: Checker, path: tuple[Any, ...]) -> None:
+    rules = {r.name: r for r in resolve_rules(spec.collapse)}
+    warnings = [n for n, r in rules.items() if r.verdict == "unstable"]
+    if spec.collapse.warning_spec is not None:
+        warnings.insert(0, EARLY_WARNING)
+    if name in warnings:
+        return
+    if name == EARLY_WARNING:
+        raise chk.err("the early warning is switched off (collapse.early_warning: false)", path,
+                      fix="switch it on, or name a collapse rule with verdict: unstable")
+    if name in rules:
+        raise chk.err(f"rule {name!r} judges a collapse, not a warning", path,
+                      fix="use 'when: collapsed' for it, or give the rule verdict: unstable")
+    raise chk.err(f"unknown warning rule {name!r}", path, allowed=warnings or ["(none)"], got=name,
+                  fix="name the early warning or a collapse rule with verdict: unstable")
+
+
+def set_keys(spec: GridFile) -> Mapping[str, tuple[Any, ...]]:
+    """Every key a rescue entry sets, with the path of its first mention."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for entry, path in entry_paths(spec):
+        for key in entry.resume.set:
+            out.setdefault(key, (*path, "resume", "set", key))
+    return out
