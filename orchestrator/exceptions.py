@@ -10,7 +10,10 @@ import difflib
 import re
 from collections.abc import Iterable, Sequence
 
-MAX_WORD = 120  # a value echoed in a message (a key, a path, a label) is cut to this many chars
+MAX_WORD = 120  # a value echoed in a message (a key, a label) is cut to this many chars
+# A path is the part of a message the user acts on ("delete it"), and a workdir on a shared file
+# system is easily longer than MAX_WORD: a word with a "/" is kept whole up to this length.
+MAX_PATH_WORD = 1024
 MAX_MESSAGE = 2000
 _LONG_WORD = re.compile(rf"\S{{{MAX_WORD + 1},}}")
 
@@ -18,8 +21,13 @@ _LONG_WORD = re.compile(rf"\S{{{MAX_WORD + 1},}}")
 def clip(message: str) -> str:
     """One line, of bounded length: a 100k-character key in a grid must not become a 200 KB
     error. Each over-long word keeps its start and says how long it was."""
-    text = _LONG_WORD.sub(lambda m: f"{m.group()[:MAX_WORD - 20]}...[{len(m.group())} chars]",
-                          " ".join(str(message).split()))
+    def cut(m: re.Match[str]) -> str:
+        word = m.group()
+        if "/" in word and len(word) <= MAX_PATH_WORD:
+            return word
+        return f"{word[:MAX_WORD - 20]}...[{len(word)} chars]"
+
+    text = _LONG_WORD.sub(cut, " ".join(str(message).split()))
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 20] + " ...[cut]"
 
 

@@ -364,14 +364,17 @@ class Unfinished:
     running: int
     queued: int
     active: bool  # a submission is running the grid now
+    unsent: int = 0  # finished by their records, not (yet) in MLflow: the outbox sends them
 
     def __bool__(self) -> bool:
-        return self.running + self.queued > 0
+        return self.running + self.queued + self.unsent > 0
 
     def describe(self) -> str:
-        n = self.running + self.queued
+        n = self.running + self.queued + self.unsent
         trials = f"{n} trial{'' if n == 1 else 's'}"
         counts = f"{self.running} running, {self.queued} queued"
+        if self.unsent:
+            counts += f", {self.unsent} finished but not in MLflow yet"
         if self.active:
             return f"{trials} still running ({counts})"
         return (f"{trials} unfinished ({counts}) and no submission runs them; `ablate submit` "
@@ -395,6 +398,7 @@ def split_unfinished(results: Sequence[TrialResult], grid_dir: Path | None, *,
                 except StateFileError:
                     continue  # left out of the tables (``LocalMetrics.unreadable``)
     done = []
+    sent = {r.trial_id for r in results}
     for r in results:
         state = states.get(r.trial_id)
         if state is None and r.status == "RUNNING" and r.verdict is None:
@@ -405,5 +409,8 @@ def split_unfinished(results: Sequence[TrialResult], grid_dir: Path | None, *,
             states.setdefault(r.trial_id, state)
     running = sum(s is TrialState.RUNNING for s in states.values())
     queued = sum(s is TrialState.PENDING for s in states.values())
+    # A trial that finished a moment ago may not have reached MLflow (its outbox sends it): it
+    # is neither in the tables nor running, and must not drop out of the counts unsaid.
+    unsent = sum(s is TrialState.DONE and tid not in sent for tid, s in states.items())
     active = grid_dir is not None and active_holder(Path(grid_dir)) is not None
-    return done, Unfinished(running, queued, active)
+    return done, Unfinished(running, queued, active, unsent)

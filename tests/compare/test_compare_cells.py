@@ -88,3 +88,21 @@ def test_one_label_two_configurations_are_two_cells() -> None:
     same = [result("t1", "c1"), result("t2", "c1")]
     split_configs(same, ["a"])
     assert [r.variant for r in same] == ["", ""]
+
+
+def test_a_finished_trial_not_yet_in_mlflow_is_counted_not_dropped() -> None:
+    """Three trials on disk: one done and in MLflow, one done a moment ago whose run the outbox
+    has not sent, one running. The partial comparison counts all three."""
+    from orchestrator.compare._data import TrialResult, split_unfinished
+    from orchestrator.trial import TrialState
+
+    sent = TrialResult(trial_id="ta", run_id="r", axes={}, seed=0, pool="sim-h100",
+                       status="FINISHED", verdict="healthy", verdict_step=10, verdict_reason="",
+                       derived_from=None, curves={}, latest={}, segments=[])
+    states = {"ta": TrialState.DONE, "tb": TrialState.DONE, "tc": TrialState.RUNNING}
+    done, unfinished = split_unfinished([sent], None, states=states)
+    assert [r.trial_id for r in done] == ["ta"]
+    assert (unfinished.running, unfinished.queued, unfinished.unsent) == (1, 0, 1)
+    assert unfinished and len(done) + unfinished.running + unfinished.unsent == 3
+    assert unfinished.describe().startswith(
+        "2 trials unfinished (1 running, 0 queued, 1 finished but not in MLflow yet)")

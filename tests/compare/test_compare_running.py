@@ -20,7 +20,7 @@ GRID = """\
 name: running
 recipe: sim/grpo_tiny
 backend: sim
-steps: 450
+steps: 150
 seeds: [0]
 axes:
   correction.is_level: [none, token, sequence]
@@ -84,11 +84,14 @@ def test_compare_while_the_grid_runs(tmp_path: Path) -> None:
                   lambda s: any(t.state.value == "done" and t.mlflow_run_id for t in s.values()))
             mid = cliproc.run(["compare", "g.yaml", "--out", str(out)], env, tmp_path)
             assert mid.returncode == 0, mid.stdout + mid.stderr
+            # A trial that ended a moment ago may not be in MLflow yet: it is counted as such.
             m = re.search(r"compared the (\d+) finished trials?; (\d+) trials? still running "
-                          r"\((\d+) running, (\d+) queued\): run `ablate compare` again", mid.stdout)
+                          r"\((\d+) running, (\d+) queued(?:, (\d+) finished but not in MLflow "
+                          r"yet)?\): run `ablate compare` again", mid.stdout)
             assert m, mid.stdout
-            finished, unfinished, running, queued = map(int, m.groups())
-            assert finished >= 1 and finished + unfinished == 3 and running + queued == unfinished
+            finished, unfinished, running, queued, unsent = (int(g or 0) for g in m.groups())
+            assert finished >= 1 and finished + unfinished == 3
+            assert running + queued + unsent == unfinished
             assert unfinished >= 1
             with (out / "trials.csv").open() as f:
                 rows = list(csv.DictReader(f))

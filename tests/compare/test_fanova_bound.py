@@ -78,3 +78,14 @@ def test_rank_order_is_numeric_not_lexical() -> None:
 
     assert _rank_order({"1e-05", "0.0002", "3e-05"}) == ["1e-05", "3e-05", "0.0002"]
     assert _rank_order({"b", "a", "c"}) == ["a", "b", "c"]
+
+
+def test_a_target_that_differs_only_in_the_last_bits_has_no_importance_and_no_crash() -> None:
+    """Final rewards 0.5, 0.5 and 0.5 + 1e-12 (three arms that learned the same): Optuna's
+    forest finds no variance in any tree and raises; compare reports no importance instead of a
+    traceback (a 3-trial grid compared while it ran hit this)."""
+    results = _results(3, seeds=1)[:3]
+    for r, y in zip(results, (0.5, 0.5, 0.5 + 1e-12), strict=True):
+        r.curves[M.EVAL_REWARD] = [(1, y)]
+        r.finals[M.EVAL_REWARD] = r.peaks[M.EVAL_REWARD] = y
+    assert fanova_importance(results, ["lr", "pool"], "final_reward") == {}

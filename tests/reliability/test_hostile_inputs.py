@@ -75,3 +75,16 @@ def test_hostile_input_is_one_line_exit_2(case: str, tmp_path: Path) -> None:
     assert proc.stderr.count("\n") == 1 and len(proc.stderr) < 1000, proc.stderr[:2000]
     assert proc.stderr.startswith(f"error: {grid}") and expect in proc.stderr, proc.stderr
     assert not (tmp_path / ".ablate").exists()
+
+
+def test_a_long_path_in_a_message_stays_whole_a_huge_value_is_cut() -> None:
+    """The file a message names is what the user acts on: a 200-character path (a workdir deep
+    in a shared file system) is kept whole; a 100k-character key or path is still cut."""
+    from orchestrator.exceptions import UserError
+
+    path = "/" + "/".join(["d" * 30] * 6) + "/trials/t1/attempts.json"
+    assert 150 < len(path) < 1024
+    assert f"{path}: corrupt JSON state file" in str(UserError(f"{path}: corrupt JSON state file"))
+    for huge in ("k" * 100_000, "/" + "p" * 5000):
+        message = str(UserError(f"bad key {huge} (fix: rename it)"))
+        assert f"...[{len(huge)} chars]" in message and len(message) < 300
