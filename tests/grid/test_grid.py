@@ -167,7 +167,11 @@ def test_plan_table_shows_labels_that_look_like_markup_verbatim(
 VLLM_CPU_GRIDS = ("verl_cpu_vllm.yaml",)
 
 
-def test_repo_grids_plan(repo: Path, isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+def test_repo_grids_plan(repo: Path, isolated: Path, capsys: pytest.CaptureFixture[str],
+                         monkeypatch: pytest.MonkeyPatch) -> None:
+    # The repo's Slurm grids name a user's partitions, not those of the test cluster a session
+    # fixture may have pointed $SLURM_CONF at on this worker (tests/slurm/conftest.py).
+    monkeypatch.delenv("SLURM_CONF", raising=False)
     for grid in sorted((repo / "grids").rglob("*.yaml")):
         if set(yaml.safe_load(grid.read_text())) == {"pools"}:
             continue  # a pool catalogue a grid names (grids/slurm_pools.yaml), not a grid
