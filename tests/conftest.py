@@ -71,7 +71,7 @@ if importlib.util.find_spec("xdist") is not None:
         def _split_scope(self, nodeid: str) -> str:
             return scope_of(nodeid)
 
-    @pytest.hookimpl(tryfirst=True)
+    @pytest.hookimpl(tryfirst=True, optionalhook=True)  # `-p no:xdist` runs without it
     def pytest_xdist_make_scheduler(config: pytest.Config, log: Any) -> Any:
         if config.getvalue("dist") not in ("load", "loadfile", "loadscope"):
             return None  # ``--dist each``, ``worksteal``...: the caller's choice
