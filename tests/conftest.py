@@ -40,8 +40,47 @@ def pytest_configure(config: pytest.Config) -> None:
     # Keep Ray and torch polite on a 2-core machine.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")
+    if not hasattr(config, "workerinput"):  # the controller (or a run without -n)
+        config.pluginmanager.register(SuiteTimes(), "ablate-suite-times")
 
 
+def _cpu_jiffies() -> tuple[int, int] | None:
+    """(busy, total) clock ticks of all CPUs since boot (Linux ``/proc/stat``), else None."""
+    try:
+        fields = [int(v) for v in Path("/proc/stat").read_text().split("\n", 1)[0].split()[1:]]
+    except (OSError, ValueError):
+        return None
+    idle = fields[3] + (fields[4] if len(fields) > 4 else 0)  # idle + iowait
+    return sum(fields) - idle, sum(fields)
+
+
+class SuiteTimes:
+    """Where the suite's time went (issue 44), printed after pytest's own summary: the sum of
+    setup + call + teardown per test directory, and how busy the machine's CPUs were over the
+    run (near 100% means the suite is CPU-bound: more workers would not make it faster)."""
+
+    def __init__(self) -> None:
+        self.by_dir: dict[str, float] = {}
+        self.start = _cpu_jiffies()
+
+    def pytest_runtest_logreport(self, report: pytest.TestReport) -> None:
+        path = report.nodeid.split("::", 1)[0].split("/")
+        key = "/".join(path[:2]) if len(path) > 2 else path[0]
+        self.by_dir[key] = self.by_dir.get(key, 0.0) + report.duration
+
+    def pytest_terminal_summary(self, terminalreporter: Any) -> None:
+        if not self.by_dir:
+            return
+        total = sum(self.by_dir.values())
+        terminalreporter.section("time per directory (setup + call + teardown, summed)")
+        for key, secs in sorted(self.by_dir.items(), key=lambda kv: -kv[1]):
+            terminalreporter.write_line(f"{secs:9.0f} s  {100 * secs / total:5.1f}%  {key}")
+        terminalreporter.write_line(f"{total:9.0f} s  total")
+        end = _cpu_jiffies()
+        if self.start and end and end[1] > self.start[1]:
+            busy = (end[0] - self.start[0]) / (end[1] - self.start[1])
+            terminalreporter.write_line(
+                f"CPUs busy {100 * busy:.0f}% of the run ({os.cpu_count()} cores, all processes)")
 
 
 # How the suite splits over pytest-xdist's workers (``pytest -n 2``, the README's test command):

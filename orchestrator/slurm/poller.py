@@ -89,9 +89,15 @@ class StatusPoller:
                 return  # another caller refreshed meanwhile
         try:
             got = self.client.states(ids) if ids else {}
-        except SlurmError as exc:  # a controller that timed out: unknown this round
-            log.warning("slurm: status of %d jobs failed: %s", len(ids), exc)
-            got = {}
+        except SlurmError as exc:
+            # A controller that gave no answer (slow under load, restarting) says nothing about
+            # the jobs: each keeps the state it was last seen in, and a job never seen yet stays
+            # unknown. Emptying the cache here made a watcher count a running job as lost after
+            # 30 s of a slow controller, cancel it and start it again as a new job.
+            log.warning("slurm: status of %d jobs failed (their last known states stay): %s",
+                        len(ids), exc)
+            with self._lock:
+                got = dict(self._states)
         with self._lock:
             got = {j: s for j, s in got.items() if j in self._asked}
             changed = got != {j: s for j, s in self._states.items() if j in self._asked}
@@ -150,6 +156,7 @@ class ActorPoller:
     def __init__(self, timeout: float = 60.0) -> None:
         self.timeout = timeout
         self.conf = _conf()
+        self._last: dict[str, JobState | None] = {}  # job -> the actor's last answer
         self.name = f"{ACTOR}-{hashlib.sha256(self.conf.encode()).hexdigest()[:12]}"
         self._actor: Any = None
         self._fallback: StatusPoller | None = None
@@ -180,15 +187,18 @@ class ActorPoller:
                     self._fallback = local_poller()
                     return getattr(self._fallback, method)(job_id)
             except GetTimeoutError:
+                # No answer is not "the job is gone": the caller gets the last one it had.
                 log.warning("slurm: the shared status poller gave no answer in %.0f s",
                             self.timeout)
-                return None
+                return self._last.get(job_id) if method == "state" else None
         return None
 
     def state(self, job_id: str) -> JobState | None:
-        return self._call("state", job_id)
+        self._last[job_id] = got = self._call("state", job_id)
+        return got
 
     def forget(self, job_id: str) -> None:
+        self._last.pop(job_id, None)
         self._call("forget", job_id)
 
 

