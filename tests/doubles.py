@@ -13,7 +13,9 @@ exactly where an uninterrupted one would be. Behaviour switches (all from the tr
 * ``train.lr: 0.0666`` (a sentinel no real grid uses) makes every attempt raise at step 7, to
   test exhausted retries;
 * env ``ABLATE_DOUBLE_BAD_POOL=<pool>``: every attempt on that pool raises at step 7 (a bad
-  node or a pool gone), to test a rescue onto another pool once retries are spent.
+  node or a pool gone), to test a rescue onto another pool once retries are spent;
+* env ``ABLATE_DOUBLE_SLOW_POOL=<pool>:<seconds>``: that pool's steps take ``seconds`` each
+  (one trial still running while another has ended).
 
 Register it for a test with :func:`register` (the driver ships the (module, class) pair to Ray
 workers, which import this module from ``tests/`` on their PYTHONPATH).
@@ -43,6 +45,9 @@ class DoubleTrainer(Trainer):
             state = json.loads((ctx.checkpoint_path(ctx.resume_step) / "state.json").read_text())
             step, acc = state["step"], state["acc"]
         delay = float(os.environ.get("ABLATE_DOUBLE_STEP_S", "0.02"))
+        slow_pool, _, slow_s = os.environ.get("ABLATE_DOUBLE_SLOW_POOL", "").partition(":")
+        if slow_pool == ctx.pool.name:
+            delay = float(slow_s)
         fail_dir = os.environ.get("ABLATE_DOUBLE_FAIL_ONCE")
         lr = float(config["train"]["lr"])
         collapse = config["correction"]["is_level"] == "none" and ctx.pool.name == "sim-a100"

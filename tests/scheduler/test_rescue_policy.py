@@ -208,6 +208,69 @@ notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
         t.trial_id, t.trial_id, "infra_failed", "True")
 
 
+
+@pytest.mark.slow
+def test_a_grid_cancelled_after_a_collapse_rescues_nothing(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ablate cancel GRID`` while the submission runs: the trial that collapsed before it is
+    not rescued (rescues run at the round's end, after the cancel), the running one is
+    cancelled, and the submission ends with nothing rescued and no derived trial."""
+    import threading
+    import time
+
+    from orchestrator.scheduler import cancel, submit
+
+    doubles.register(monkeypatch)
+    monkeypatch.setenv("ABLATE_DOUBLE_SLOW_POOL", "sim-h20:0.5")  # 40 steps: ~20 s
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+    path = isolated / "cancelled.yaml"
+    path.write_text("""\
+name: cancelled
+recipe: sim/grpo_tiny
+backend: sim
+steps: 40
+seeds: [0]
+axes:
+  pool: [sim-a100, sim-h20]
+overrides: {correction.is_level: none}
+checkpoint: {every: 5, keep: 2}
+early_stop: false
+rescue:
+  - {when: collapsed, resume: {pool: sim-h100}}
+""")
+    trials = {t.pool: t for t in expand(load_grid(path))}
+    grid_dir = workspace.grid_dir("cancelled")
+    collapsed, slow = (TrialPaths(grid_dir, trials[p].trial_id) for p in ("sim-a100", "sim-h20"))
+    asked: list[int] = []
+
+    def cancel_after_the_collapse() -> None:
+        deadline = time.monotonic() + 120
+        while time.monotonic() < deadline:
+            if collapsed.state.exists() and slow.state.exists():
+                done = records.load_state(collapsed, trials["sim-a100"].trial_id)
+                running = records.load_state(slow, trials["sim-h20"].trial_id)
+                if done.state.is_finished() and running.state.value == "running":
+                    asked.append(cancel(str(path)))
+                    return
+            time.sleep(0.1)
+
+    canceller = threading.Thread(target=cancel_after_the_collapse, daemon=True)
+    canceller.start()
+    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths have a length cap
+    try:
+        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    canceller.join(timeout=10)
+    assert asked == [1], asked  # the slow trial was the one left to cancel
+    first = records.load_state(collapsed, trials["sim-a100"].trial_id)
+    assert first.verdict["kind"] == "collapsed" and not first.rescues and not first.rescue
+    second = records.load_state(slow, trials["sim-h20"].trial_id)
+    assert second.state.value == "cancelled", second.state
+    assert summary["rescued"] == []
+    assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == sorted(
+        t.trial_id for t in trials.values())
+
 def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warned) -> None:
     import csv
 
