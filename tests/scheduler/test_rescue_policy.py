@@ -67,6 +67,23 @@ def _k3(grid_dir: Path, tid: str) -> dict[int, float]:
     return {s: m[K3] for s, m in records.iter_metrics(TrialPaths(grid_dir, tid).metrics)}
 
 
+def _use_the_double(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Backend ``sim`` is the test double, in this process and in the Ray workers it starts."""
+    doubles.register(monkeypatch)
+    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
+
+
+def _submit(path: Path, times: int = 1) -> list[dict]:
+    """``ablate submit`` of ``path`` in this process, ``times`` times over, on one local Ray."""
+    from orchestrator.scheduler import submit
+
+    ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # short: Ray's socket paths have a length cap
+    try:
+        return [submit(str(path), progress=False, ray_tmp=ray_tmp) for _ in range(times)]
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+
+
 @pytest.fixture(scope="module")
 def warned(tmp_path_factory: pytest.TempPathFactory):
     """A sim-a100 trial stopped on its k3 warning, rescued once and the rescue run (shared)."""
@@ -146,14 +163,11 @@ def test_an_infra_failure_moves_to_another_pool_after_its_retries(
     """Through ``ablate submit``: every attempt on sim-a100 fails (the double's fault hook); after
     ``retries.max`` the trial resumes from its checkpoint on sim-h20; submitting again runs and
     rescues nothing. The collapse entry beside it is not used."""
-    from orchestrator.scheduler import submit
-
-    doubles.register(monkeypatch)
+    _use_the_double(monkeypatch)
     hook = Receiver()
     monkeypatch.setenv("ABLATE_TEST_WEBHOOK", hook.url)
     monkeypatch.setenv("ABLATE_DOUBLE_BAD_POOL", "sim-a100")
     monkeypatch.setenv("ABLATE_DOUBLE_STEP_S", "0.001")
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
     path = isolated / "infra.yaml"
     path.write_text("""\
 name: infra
@@ -172,12 +186,9 @@ rescue:
 notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
 """)
     (t,) = expand(load_grid(path))
-    ray_tmp = tempfile.mkdtemp(prefix="rp", dir="/tmp")  # short: Ray's socket paths have a length cap
     try:
-        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
-        again = submit(str(path), progress=False, ray_tmp=ray_tmp)
+        summary, again = _submit(path, times=2)
     finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
         hook.close()
     assert summary["rescued"] == [t.trial_id]
     # The alerts: the failure and the rescue once over both submissions, each submission's end.
@@ -208,7 +219,6 @@ notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
         t.trial_id, t.trial_id, "infra_failed", "True")
 
 
-
 @pytest.mark.slow
 def test_a_grid_cancelled_after_a_collapse_rescues_nothing(
         isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -218,11 +228,10 @@ def test_a_grid_cancelled_after_a_collapse_rescues_nothing(
     import threading
     import time
 
-    from orchestrator.scheduler import cancel, submit
+    from orchestrator.scheduler import cancel
 
-    doubles.register(monkeypatch)
+    _use_the_double(monkeypatch)
     monkeypatch.setenv("ABLATE_DOUBLE_SLOW_POOL", "sim-h20:0.5")  # 40 steps: ~20 s
-    monkeypatch.setenv("PYTHONPATH", os.pathsep.join([str(TESTS), str(TESTS.parent)]))
     path = isolated / "cancelled.yaml"
     path.write_text("""\
 name: cancelled
@@ -256,11 +265,7 @@ rescue:
 
     canceller = threading.Thread(target=cancel_after_the_collapse, daemon=True)
     canceller.start()
-    ray_tmp = tempfile.mkdtemp(prefix="rc", dir="/tmp")  # short: Ray's socket paths have a length cap
-    try:
-        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
-    finally:
-        shutil.rmtree(ray_tmp, ignore_errors=True)
+    (summary,) = _submit(path)
     canceller.join(timeout=10)
     assert asked == [1], asked  # the slow trial was the one left to cancel
     first = records.load_state(collapsed, trials["sim-a100"].trial_id)
@@ -270,6 +275,7 @@ rescue:
     assert summary["rescued"] == []
     assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == sorted(
         t.trial_id for t in trials.values())
+
 
 def test_compare_reports_the_rescue_per_cell_with_its_gain_over_the_parent(warned) -> None:
     import csv

@@ -116,7 +116,6 @@ def test_a_failed_refresh_is_unknown_not_an_error() -> None:
     assert poller.state("1") is None
 
 
-
 class Flaky(FakeClient):
     """Answers from ``jobs`` while ``up``, else as a controller that timed out."""
 
@@ -177,6 +176,7 @@ def test_a_watcher_waits_out_a_slow_controller(tmp_path: Path,
     result = follow.run()
     assert result.outcome.value == "completed" and result.last_step == 2
     assert sum(waited) >= 200 and not client.up
+
 
 def test_client_batch_is_one_squeue_and_one_sacct(monkeypatch: pytest.MonkeyPatch) -> None:
     calls: list[list[str]] = []
