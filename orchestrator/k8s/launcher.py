@@ -168,21 +168,29 @@ class K8sLauncher(Launcher):
             ctx.resume_step or 0,
             fp16,
         )
-        saved = ctx.resume_step or 0
+        saved = fed = ctx.resume_step or 0  # fed: the last step given to the run context
+        reason = None
         while True:
             state = client.state(name)
             finished = state is None or state.phase.finished
             for step, data in tail.poll() + (tail.flush() if finished else []):
+                # The job runs ahead of this loop: once the context asks to stop, no later
+                # step is recorded, as an in-process trainer would not run it.
+                reason = reason or ctx.should_stop()
+                if reason:
+                    break
                 ctx.log_metrics(step, data)
-            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+                fed = step
+            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, fed)
+            reason = reason or (None if finished else ctx.should_stop())
+            if reason:
+                if not finished:
+                    client.delete(name)
+                return AttemptResult(AttemptOutcome.STOPPED, fed, reason)
             if finished:
                 break
-            reason = ctx.should_stop()
-            if reason:
-                client.delete(name)
-                return AttemptResult(AttemptOutcome.STOPPED, tail.last_logged, reason)
             self._sleep(self.poll_seconds)
-        last = tail.last_logged
+        last = fed
         if state is None:
             raise InfraFailure(
                 f"infra_failure: RayJob {settings.namespace}/{name} disappeared "

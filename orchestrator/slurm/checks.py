@@ -4,6 +4,7 @@ the cluster answers, its partitions (``sinfo``) and the whole request (``sbatch 
 Each problem is one line naming the pool, the key and the fix."""
 from __future__ import annotations
 
+import os
 import tempfile
 from collections.abc import Mapping
 from typing import Any
@@ -27,13 +28,14 @@ def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
                 "slurm: {partition: gpu, gres: 'gpu:h100:8'} to the pool")
     if sc.missing_clients():
         return None if reachable_only else f"pool {pool.name}: no Slurm clients here"
-    key = (pool.model_dump_json(), reachable_only)
-    if key not in _CHECKED:  # once per pool and process: plan checks every trial
+    # Once per pool, cluster and process: plan checks every trial.
+    key = (pool.model_dump_json(), reachable_only, os.environ.get("SLURM_CONF", ""))
+    if key not in _CHECKED:
         _CHECKED[key] = _ask_cluster(pool, reachable_only)
     return _CHECKED[key]
 
 
-_CHECKED: dict[tuple[str, bool], str | None] = {}
+_CHECKED: dict[tuple[str, bool, str], str | None] = {}
 
 
 def nodes_problem(pool: PoolSpec, config: Mapping[str, Any]) -> str | None:

@@ -177,6 +177,8 @@ class _Follow:
         self.facts: dict[str, str] = {"slurm.job_id": job_id, "slurm.partition":
                                       (ctx.pool.slurm.partition or "") if ctx.pool.slurm else ""}
         self.end: dict[str, Any] | None = None
+        # Why the run context asked the attempt to stop, once it has (``_drain``).
+        self.stopping: str | None = None
         # Restarts the job's own "start" record reports: a requeue seen before the poller's
         # next refresh shows it (that may be up to poller.MAX_S away).
         self.restarts = 0
@@ -196,6 +198,8 @@ class _Follow:
                 self.facts["slurm.reason"] = state.reason
                 self.ctx.describe_environment(self.facts)
             self._drain()
+            if self.stopping:
+                return self._stop()
             if self.end is not None:
                 return self._ended()
             if (state is not None and state.restarts) or self.restarts:
@@ -208,18 +212,25 @@ class _Follow:
                 pass  # a controller restarting, or a job that just ended and whose record lags
             elif state is None or state.finished:
                 self._drain()
+                if self.stopping:
+                    return self._stop()
                 if self.end is not None:
                     return self._ended()
                 what = state.describe() if state else "unknown to squeue, scontrol and sacct"
                 error = (Preempted if state and state.state in sc.PREEMPTION else InfraFailure)
                 raise error(f"infra_failure: Slurm job {self.job_id} ended after step "
                             f"{self.last}: {what}{self._log_tail()}")
-            reason = self.ctx.should_stop()
-            if reason:
-                (self.job_dir / STOP).touch()
-                self.client.cancel(self.job_id)
-                return AttemptResult(AttemptOutcome.STOPPED, self.last, reason)
+            self.stopping = self.ctx.should_stop()
+            if self.stopping:
+                return self._stop()
             self.sleep(self.poll)
+
+    def _stop(self) -> AttemptResult:
+        """The run context asked the attempt to stop (an early stop, a warning the rescue policy
+        acts on, a cancel): the job is told and cancelled; the attempt ends at the last step fed."""
+        (self.job_dir / STOP).touch()
+        self.client.cancel(self.job_id)
+        return AttemptResult(AttemptOutcome.STOPPED, self.last, self.stopping)
 
     def _unknown_since(self, now: float) -> float:
         """Seconds the job has been unknown to Slurm (0 when it was known at the last poll)."""
@@ -228,9 +239,16 @@ class _Follow:
         return now - self._unknown_at
 
     def _drain(self) -> None:
+        """Feed the job's new events to the run context. A job runs ahead of the orchestrator
+        (a short sim job may have ended by the first poll): once the context asks to stop, as
+        an in-process trainer asks before each step, no later step is fed (that step's
+        checkpoint still is), so the attempt ends where it would have in-process."""
         for ev in self.events.poll():
             kind = ev.get("type")
             if kind == "metrics":
+                self.stopping = self.stopping or self.ctx.should_stop()
+                if self.stopping:
+                    return
                 self.ctx.log_metrics(int(ev["step"]), ev["metrics"])
                 self.last = int(ev["step"])
             elif kind == "checkpoint":

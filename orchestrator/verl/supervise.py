@@ -282,7 +282,7 @@ def empty_step(step: int, data: Mapping[str, float]) -> str | None:
 
 def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tail: MetricTail,
            ckpt_dir: Path, log: Path, check_engine: Any = None) -> AttemptResult:
-    saved = ctx.resume_step or 0
+    saved = fed = ctx.resume_step or 0  # fed: the last step given to the run context
     zero_run, warning = 0, None
     stop_reason = empty = unapplied = None
     watch = _LogWatch(log, _stall_seconds(getattr(getattr(ctx, "pool", None), "kind", "")))
@@ -294,14 +294,20 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
                 unapplied, check_engine = check_engine(), None
             if unapplied:
                 break  # the step ran on an engine that ignored a flag: not recorded
+            # verl runs ahead of this loop: once the context asks to stop (or a step trained
+            # on nothing), no later step is recorded, as an in-process trainer would not run it.
+            stop_reason = stop_reason or ctx.should_stop()
+            if stop_reason or empty:
+                break
             ctx.log_metrics(step, data)
+            fed = step
             empty = empty or empty_step(step, data)
             zero_run = zero_run + 1 if data.get(ZERO_ADV_METRIC) == 1.0 else 0
             if zero_run >= ZERO_ADV_PATIENCE and warning is None:
                 warning = group_diversity_warning(step, data)
                 print(f"[{trial.trial_id}] {warning}", file=sys.stderr)
         if not unapplied:
-            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, tail.last_logged)
+            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, fed)
         if finished:
             break
         stop_reason = stop_reason or ctx.should_stop()
@@ -316,7 +322,7 @@ def _watch(proc: subprocess.Popen[bytes], trial: TrialSpec, ctx: RunContext, tai
             raise InfraFailure(f"{hung} after step {tail.last_logged}; see {log}")
         with contextlib.suppress(subprocess.TimeoutExpired):
             proc.wait(timeout=POLL_SECONDS)  # returns at once when the job ends
-    last = tail.last_logged
+    last = fed
     if unapplied:
         raise InfraFailure(unapplied)
     if empty:

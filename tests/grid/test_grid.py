@@ -169,8 +169,8 @@ VLLM_CPU_GRIDS = ("verl_cpu_vllm.yaml",)
 
 def test_repo_grids_plan(repo: Path, isolated: Path, capsys: pytest.CaptureFixture[str],
                          monkeypatch: pytest.MonkeyPatch) -> None:
-    # The repo's Slurm grids name a user's partitions, not those of the test cluster a session
-    # fixture may have pointed $SLURM_CONF at on this worker (tests/slurm/conftest.py).
+    # The repo's Slurm grids name a user's partitions, not those of a cluster this machine's
+    # environment points at.
     monkeypatch.delenv("SLURM_CONF", raising=False)
     for grid in sorted((repo / "grids").rglob("*.yaml")):
         if set(yaml.safe_load(grid.read_text())) == {"pools"}:

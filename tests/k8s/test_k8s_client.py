@@ -445,6 +445,38 @@ def test_run_stops_by_deleting_the_rayjob(server, client, tmp_path) -> None:
     assert server.calls[-1][0] == "DELETE" and server.rayjobs == {}
 
 
+class StopAfter(Ctx):
+    """Asks to stop once step ``after`` is logged, as an early-stop verdict at that step does."""
+
+    def __init__(self, *args: Any, after: int, **kw: Any) -> None:
+        super().__init__(*args, **kw)
+        self.after = after
+
+    def should_stop(self) -> str | None:
+        done = self.logged and self.logged[-1][0] >= self.after
+        return f"early stop: collapsed at step {self.after}" if done else None
+
+
+def test_steps_the_job_ran_past_a_stop_are_not_recorded(server, client, tmp_path) -> None:
+    """The RayJob ran ahead of the watch (here: to its end before the first poll); the attempt
+    ends where an in-process trainer would have: at the step the stop was decided on, and no
+    checkpoint of a later step is taken."""
+    grid, trials = loaded(GPU_GRIDS[0])
+    trial = trials[1]
+    ctx = StopAfter(trial, grid.pools.pools[trial.pool], tmp_path, after=2)
+    backend, s = _backend(server, client, tmp_path, [])
+    _write(s.metrics_path(trial.grid, trial.trial_id, 1),
+           *({"step": k, "data": {"x": k}} for k in range(1, 5)))
+    ckpt = s.checkpoint_dir(trial.grid, trial.trial_id)
+    for step in (2, 4):
+        _save(ckpt, step)
+    server.statuses = [{"jobDeploymentStatus": "Complete", "jobStatus": "SUCCEEDED"}]
+    result = backend.run(VerlTrainer(), trial, grid.trial_config(trial), ctx)
+    assert (result.outcome, result.last_step) == (AttemptOutcome.STOPPED, 2), result
+    assert [step for step, _ in ctx.logged] == [1, 2]
+    assert list(ctx.saved) == []  # verl's newest checkpoint (4) is past the stop: not taken
+
+
 def test_run_failure_raises_infra_failure_with_log_tail(server, client, tmp_path) -> None:
     grid, trials = loaded(GPU_GRIDS[0])
     trial = trials[2]

@@ -5,7 +5,6 @@ the end of the session; the tests are skipped with the reason where one cannot s
 Slurm or slurmdbd/MariaDB not installed)."""
 from __future__ import annotations
 
-import os
 import shutil
 import sys
 import tempfile
@@ -26,18 +25,22 @@ def slurm_cluster() -> Iterator[cluster.Cluster]:
     if reason:
         pytest.skip(reason)
     c = cluster.Cluster(Path(tempfile.mkdtemp(prefix="slurm-", dir="/tmp")))
-    before = os.environ.get("SLURM_CONF")
     try:
         c.start()
-        os.environ["SLURM_CONF"] = str(c.conf)  # the backend's checks in this process
         yield c
     finally:
         c.stop()
         shutil.rmtree(c.root, ignore_errors=True)
-        if before is None:
-            os.environ.pop("SLURM_CONF", None)
-        else:
-            os.environ["SLURM_CONF"] = before
+
+
+@pytest.fixture(autouse=True)
+def _slurm_conf(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``SLURM_CONF`` at the test cluster for the length of each test that uses it (the backend's
+    checks in this process read it), never longer: a worker that ran one of these goes on to
+    other directories' tests, which must see the machine's environment (CI's stop 47 planned the
+    README's Slurm grids against this cluster's partitions)."""
+    if "slurm_cluster" in request.fixturenames:
+        monkeypatch.setenv("SLURM_CONF", str(request.getfixturevalue("slurm_cluster").conf))
 
 
 @pytest.fixture(scope="session")

@@ -253,6 +253,75 @@ def test_bad_partition_and_gres_refused_in_one_line(tmp_path: Path, slurm_cluste
         assert not (tmp_path / ".ablate" / f"bad-{pool}" / "trials").exists()
 
 
+# sim-a100's profile (weights two syncs stale: most of its k3) on partition pb.
+LAGGED = """  slurm-a100-lag:
+    kind: sim
+    accelerator: A100 (emulated, weights two syncs stale) on partition pb
+    capacity: 2
+    sim_profile: {dtype: bf16, weight_quant: int4, router: fp8, lm_head: fp8, kv_cache: fp8,
+                  reduction_order: chunked, weight_lag: 2}
+    slurm: {partition: pb, constraint: fb}
+"""
+# tests/scheduler/test_rescue_policy.py's warning (k3 above 4e-3 from step 3) and switch, with
+# the rescue moved to the other partition's pool.
+RESCUE = """overrides:
+  train.prompts_per_step: 4
+  train.group_size: 4
+  eval.every: 100
+collapse:
+  rules:
+    - {name: k3_warn, metric: rollout_corr/k3_kl, kind: above, threshold: 0.004, patience: 2,
+       min_step: 3, verdict: unstable}
+  early_warning: false
+early_stop: false
+rescue:
+  - {when: {warning: k3_warn}, resume: {pool: slurm-h100, set: {rollout.weight_lag: 0}}}
+"""
+
+
+def test_a_warning_rescue_runs_as_a_slurm_job_on_the_rescue_pools_partition(
+        tmp_path: Path, slurm_cluster) -> None:
+    """The rescue policy acts in the scheduler, above the launcher: on Slurm, the parent's job
+    ends at the warning, the rescue is a new Slurm job on the rescue pool's partition, resumed
+    from the checkpoint before the warning, and the parent records it."""
+    from orchestrator.store import records
+
+    grid = write_grid(tmp_path, "slurm-rescue", steps=12, pools=["slurm-a100-lag"], seeds=[0],
+                      every=2, extra_pools=LAGGED, extra=RESCUE)
+    env = _env(tmp_path, slurm_cluster)
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=300)
+    assert res.returncode == 0, res.stdout + res.stderr
+    grid_dir = tmp_path / ".ablate" / "slurm-rescue"
+    got = trials(grid_dir)
+    assert len(got) == 2, sorted(got)
+    (parent,) = [tid for tid, t in got.items() if t["spec"]["pool"] == "slurm-a100-lag"]
+    (child,) = [tid for tid, t in got.items() if t["spec"]["pool"] == "slurm-h100"]
+    (note,) = got[parent]["state"].rescues
+    assert (note["event"], note["step"], note["start"], note["trial"], note["pool"]) == (
+        "warning:k3_warn", 3, 2, child, "slurm-h100")
+    assert got[parent]["steps"] == [1, 2, 3, 4]  # stopped when the warning fired
+    assert got[child]["state"].rescue_of == {"parent": parent, "event": "warning:k3_warn",
+                                             "step": 2}
+    assert got[child]["state"].state.value == "done" and got[child]["steps"] == list(range(1, 13))
+    inherited, attempt = got[child]["attempts"]
+    assert (inherited.outcome, inherited.end_step) == ("inherited", 2)
+    assert (attempt.pool, attempt.resumed_from_step, attempt.outcome) == ("slurm-h100", 2,
+                                                                          "completed")
+    (stopped,) = got[parent]["attempts"]
+    assert (stopped.outcome, stopped.end_step) == ("stopped_early", 4), stopped
+    # Each ran as its own Slurm job, on its pool's partition and node (the parent's job, a few
+    # seconds of sim, may have ended before the orchestrator read its step 4 and cancelled it).
+    for tid, node, partition, states in ((parent, "n2", "pb", ("COMPLETED", "CANCELLED")),
+                                         (child, "n1", "pa", ("COMPLETED",))):
+        (job,) = job_ids(got[tid]["paths"].root)
+        shown = slurm_cluster.run(["scontrol", "-o", "show", "job", job])
+        assert f"NodeList={node} " in shown and f"Partition={partition} " in shown, shown
+        assert any(f"JobState={s} " in shown for s in states), shown
+    # The switch took: k3 of the rescue below the warning's threshold from step 4 on.
+    k3 = {s: m["rollout_corr/k3_kl"] for s, m in records.iter_metrics(got[child]["paths"].metrics)}
+    assert max(k3[s] for s in range(4, 13)) < 0.004, k3
+
+
 def _job_reasons(cluster, jobs: list[str]) -> list[str]:
     """What Slurm says of each job (state, exit code, reason): shown when a trial needed more
     than one job."""

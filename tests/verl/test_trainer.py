@@ -577,6 +577,15 @@ FAKE_JOB = textwrap.dedent("""\
         else:
             fh.write(line + b"\\n")
     put(0, {"val-core/math_dapo/acc/mean@4": 0.25})
+    if mode == "burst":  # the whole run, checkpoint 2 first, before the watcher's first look
+        d = os.path.join(ckpt, "global_step_2", "actor")
+        os.makedirs(d)
+        open(os.path.join(d, "model_world_size_8_rank_0.pt"), "w").write("w")
+        open(os.path.join(ckpt, "latest_checkpointed_iteration.txt"), "w").write("2")
+        fh.write(b"".join(json.dumps({"step": s, "data": {"critic/score/mean": 0.1 * s}}).encode()
+                          + b"\\n" for s in (1, 2, 3)))
+        child.kill()
+        sys.exit(0)
     for step in (1, 2, 3):
         adv = 0.0 if mode == "same" else 1.5
         rejected = 1.0 if mode == "rejected" and step == 2 else 0.1
@@ -681,6 +690,19 @@ def test_stop_terminates_the_whole_process_group(tmp_path: Path,
     while _alive(child) and time.monotonic() < deadline:
         time.sleep(0.1)
     assert not _alive(child)
+
+
+@pytest.mark.parametrize("stop_after,saved", [(1, []), (2, [2])])
+def test_steps_verl_ran_past_a_stop_are_not_recorded(
+        tmp_path: Path, monkeypatch: pytest.MonkeyPatch, stop_after: int, saved: list[int]) -> None:
+    """verl ran ahead of the watcher (here: to its end at once). The attempt ends where an
+    in-process trainer would have, at the step the stop was decided on: no later step is
+    recorded and no checkpoint of a later step taken (verl's newest, 2, only once step 2 is)."""
+    ctx = FakeCtx(tmp_path, stop_after=stop_after)
+    result, _ = _fake_run(tmp_path, "burst", ctx, monkeypatch)
+    assert (result.outcome.value, result.last_step) == ("stopped", stop_after), result
+    assert [s for s, _ in ctx.steps] == list(range(1, stop_after + 1))
+    assert [s for s, _ in ctx.saved] == saved
 
 
 @pytest.mark.parametrize("mode,last,needle", [
