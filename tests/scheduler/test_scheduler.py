@@ -374,6 +374,59 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     assert mlc.get_run(new_id).data.tags["pool_steps"] == "sim-h100:1-15,sim-h20:16-20"
 
 
+# tests/scheduler/test_rescue_policy.py's warning (k3 above 4e-3 from step 3 on sim-a100, whose
+# weights are two syncs stale) and switch, with the rescue moved to another pool's node.
+RESCUE_GRID = """\
+name: rescue-on-cluster
+recipe: sim/grpo_tiny
+backend: sim
+steps: 12
+seeds: [0]
+axes:
+  pool: [sim-a100]
+overrides:
+  train.prompts_per_step: 4
+  train.group_size: 4
+  eval.every: 100
+checkpoint: {every: 2, keep: 3}
+collapse:
+  rules:
+    - {name: k3_warn, metric: rollout_corr/k3_kl, kind: above, threshold: 0.004, patience: 2,
+       min_step: 3, verdict: unstable}
+  early_warning: false
+early_stop: false
+rescue:
+  - {when: {warning: k3_warn}, resume: {pool: sim-h100, set: {rollout.weight_lag: 0}}}
+"""
+
+
+@pytest.mark.slow
+def test_a_warning_rescue_runs_on_the_rescue_pools_node_of_a_ray_cluster(setup) -> None:
+    """The rescue policy on a Ray cluster: the parent stops at the warning on sim-a100's node,
+    its rescue runs on sim-h100's node from the checkpoint before the warning, in one submit."""
+    tmp, (c, nodes) = setup
+    path = tmp / "rescue.yaml"
+    path.write_text(RESCUE_GRID)
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    got = read_trials(Path(summary["grid_dir"]))
+    (parent,) = [t for t in got.values() if not t["state"].rescue_of]
+    (child,) = [t for t in got.values() if t["state"].rescue_of]
+    assert summary["rescued"] == [child["spec"]["trial_id"]], summary
+    assert {t["state"].state.value for t in got.values()} == {"done"}
+    (stopped,) = parent["attempts"]
+    assert (stopped.pool, stopped.node, stopped.outcome, stopped.end_step) == (
+        "sim-a100", nodes["sim-a100"], "stopped_early", 4)
+    (note,) = parent["state"].rescues
+    assert (note["event"], note["step"], note["start"], note["pool"]) == (
+        "warning:k3_warn", 3, 2, "sim-h100")
+    inherited, ran = child["attempts"]
+    assert (inherited.outcome, inherited.end_step) == ("inherited", 2)
+    assert (ran.pool, ran.node, ran.resumed_from_step, ran.end_step) == (
+        "sim-h100", nodes["sim-h100"], 2, 12)
+    k3 = {s: m["rollout_corr/k3_kl"] for s, m in records.iter_metrics(child["paths"].metrics)}
+    assert max(k3[s] for s in range(4, 13)) < 0.004, k3
+
+
 def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> None:
     from mlflow.tracking import MlflowClient
 
