@@ -12,6 +12,12 @@ each in a fresh subprocess, it times:
 * ``compare_server_s``: ``ablate compare GRID`` against a loopback ``mlflow server`` on the same
   SQLite file, with an empty workdir (compare on another machine).
 
+Each checkout's commands run twice: with ``--baseline`` in the order baseline, code, code,
+baseline, without it code twice (its first run is then the coldest); each figure is the mean of
+the two, both runs kept under ``runs`` with their position, so no figure owes anything to what
+ran before it. The MLflow server is started as ``ablate ui`` starts it and timing begins once
+its processes are idle.
+
 ``--code PATH`` records and times another checkout (e.g. ``/work/main`` for the figures before a
 change); ``--baseline PATH`` times the same commands with another checkout's code (e.g. ``/work/main``)
 on the same recorded grid, in the same run (``baseline`` in each row); that code ignores the
@@ -49,6 +55,7 @@ CODE = Path(os.environ.get("COMPARE_SCALE_CODE", REPO))
 sys.path.insert(0, str(CODE))
 
 from orchestrator import metrics as M
+from orchestrator.backends.base import Trainer
 
 GRID_NAME = "compare-scale"
 SEEDS = 5  # trials = lr values x 2 IS levels x 2 pools x 5 seeds
@@ -80,9 +87,11 @@ def metric_names(n: int) -> list[str]:
     return names[:n]
 
 
-class GeneratedTrainer:
+class GeneratedTrainer(Trainer):
     """Logs generated values through the runner's ``RunContext`` (nothing is trained)."""
 
+    name = "sim"
+    version = "compare-scale-1"
     pool_kinds = ("sim",)
     metrics = 40
 
@@ -169,12 +178,16 @@ def _free_port() -> int:
 
 @contextlib.contextmanager
 def mlflow_server(db: Path, log: Path) -> Iterator[str]:
-    """A loopback ``mlflow server`` on the SQLite file ``db``, stopped on exit."""
+    """A loopback ``mlflow server`` on the SQLite file ``db`` as ``ablate ui`` starts it (its
+    command and environment: MLflow's job runner off), stopped on exit. Yields once it answers
+    and its processes are idle: MLflow's job runner, when on, starts ~7 more processes after
+    ``/health`` answers, ~20 CPU-seconds that the first command timed would compete with."""
+    from orchestrator.tracking._ui import server_command, server_env
+
     port = _free_port()
     with open(log, "w") as fh:
-        proc = subprocess.Popen([sys.executable, "-m", "mlflow", "server", "--backend-store-uri",
-                                 f"sqlite:///{db}", "--host", "127.0.0.1", "--port", str(port),
-                                 "--workers", "2"], stdout=fh, stderr=subprocess.STDOUT)
+        proc = subprocess.Popen(server_command(f"sqlite:///{db}", port, db.parent / "artifacts"),
+                                env=server_env(), stdout=fh, stderr=subprocess.STDOUT)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -185,6 +198,7 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
             if proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"mlflow server did not start; see {log}")
             time.sleep(0.5)
+        _settle(proc.pid)
         yield url
     finally:
         proc.terminate()
@@ -198,6 +212,58 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
 def _status(code: Path, root: Path, timeout: float) -> float:
     return round(_ablate(code, ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")],
                          root, timeout), 2)
+
+
+def _tree_cpu_s(pid: int) -> float:
+    import psutil
+
+    total = 0.0
+    with contextlib.suppress(psutil.Error):
+        root = psutil.Process(pid)
+        for proc in [root, *root.children(recursive=True)]:
+            with contextlib.suppress(psutil.Error):
+                t = proc.cpu_times()
+                total += t.user + t.system
+    return total
+
+
+def _settle(pid: int, idle_s: float = 0.1, limit_s: float = 60.0) -> None:
+    """Wait (at most ``limit_s``) until process ``pid`` and its children use under ``idle_s``
+    CPU-seconds in a second: a server still starting workers would slow what is timed next."""
+    deadline = time.monotonic() + limit_s
+    before = _tree_cpu_s(pid)
+    while time.monotonic() < deadline:
+        time.sleep(1.0)
+        now = _tree_cpu_s(pid)
+        if now - before < idle_s:
+            return
+        before = now
+
+
+def _in_turns(code: Path, baseline: Path | None, run: Any) -> tuple[dict[str, Any], dict[str, Any] | None]:
+    """``run(checkout, tag)`` (a dict of timings) twice for each checkout: with a baseline in
+    the order baseline, code, code, baseline, so neither is measured only after the other had
+    warmed the page cache for it; without, code twice (its first run the coldest of all).
+    Each checkout's figures are the mean of its two runs, with both runs kept (``runs``)."""
+    order = [(baseline, "-baseline"), (code, ""), (code, ""), (baseline, "-baseline")] \
+        if baseline is not None else [(code, ""), (code, "")]
+    runs: dict[str, list[dict[str, Any]]] = {"": [], "-baseline": []}
+    for position, (checkout, tag) in enumerate(order, 1):
+        runs[tag].append({"position": position, **run(checkout, tag)})
+    return _mean(runs[""]), (_mean(runs["-baseline"]) if baseline is not None else None)
+
+
+def _mean(runs: list[dict[str, Any]]) -> dict[str, Any]:
+    out: dict[str, Any] = {"runs": runs}
+    for key in runs[0]:
+        if key.endswith("_s"):
+            vals = [r.get(key) for r in runs]
+            out[key] = (round(sum(vals) / len(vals), 2)  # type: ignore[arg-type]
+                        if all(v is not None for v in vals) else None)
+    timed_out = [r["timed_out_after_s"] for r in runs if "timed_out_after_s" in r]
+    if timed_out:
+        out["timed_out_after_s"] = timed_out[0]
+    return out
 
 
 def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str = "") -> dict[str, float]:
@@ -310,18 +376,21 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
         if status_only:
             with _locked(lock):
                 row["loadavg_before"] = _loadavg()
-                if baseline is not None:
-                    row["baseline"] = {"code": _code_label(baseline), "status_s": _status(baseline, root, timeout)}
-                row["status_s"] = _status(code, root, timeout)
+                ours, theirs = _in_turns(code, baseline, lambda c, tag: {"status_s": _status(
+                    c, root, timeout if tag == "" else (baseline_timeout or timeout))})
+                row.update(ours)
+                if theirs is not None:
+                    row["baseline"] = {"code": _code_label(baseline), **theirs}
                 row["loadavg_after"] = _loadavg()
             print(json.dumps(row), file=sys.stderr, flush=True)
             return row
         with _locked(lock), mlflow_server(root / "workdir" / "mlflow.db", root / "server.log") as url:
             row["loadavg_before"] = _loadavg()
-            if baseline is not None:  # first: the page cache is then as warm for ours
-                row["baseline"] = {"code": _code_label(baseline),
-                                   **time_commands(baseline, root, url, baseline_timeout or timeout, "-baseline")}
-            row.update(time_commands(code, root, url, timeout))
+            ours, theirs = _in_turns(code, baseline, lambda c, tag: time_commands(
+                c, root, url, timeout if tag == "" else (baseline_timeout or timeout), tag))
+            row.update(ours)
+            if theirs is not None:
+                row["baseline"] = {"code": _code_label(baseline), **theirs}
             row["loadavg_after"] = _loadavg()
         row["tables_agree"] = _tables_agree(root, baseline is not None)
         print(json.dumps(row), file=sys.stderr, flush=True)
