@@ -93,8 +93,11 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
             }
         )
     pools = sorted({t.pool for t in trials})
+    # A rescue runs on its entry's pool: its queue must exist before the grid starts.
+    rescue_pools = sorted({e.resume.pool for e in grid.spec.rescue_policy
+                           if e.resume.pool is not None} - set(pools))
     (out / "kueue.yaml").write_text(
-        dump(render_kueue(grid.pools, settings, pools)), encoding="utf-8"
+        dump(render_kueue(grid.pools, settings, pools + rescue_pools)), encoding="utf-8"
     )
     (out / "control-rayjob.yaml").write_text(
         dump([render_control_rayjob(grid.name, str(grid_path), settings)]), encoding="utf-8"
@@ -103,5 +106,7 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     print(
         f"wrote {len(index)} RayJob manifest(s) for grid {grid.name!r} on pool(s) "
         f"{', '.join(pools)} to {out}"
+        + (f" (Kueue objects also for rescue pool(s) {', '.join(rescue_pools)})"
+           if rescue_pools else "")
     )
     return 0

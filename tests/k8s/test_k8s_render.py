@@ -525,3 +525,34 @@ def test_plan_refuses_what_the_dry_run_refuses(tmp_path: Path, monkeypatch, caps
         errors = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
         assert len(errors) == 1 and needle in errors[0], (argv, err)
     assert not (tmp_path / "o").exists()
+
+
+def test_a_rescue_pool_is_checked_at_plan_and_queued_by_the_dry_run(tmp_path: Path, monkeypatch,
+                                                                    capsys) -> None:
+    """A rescue runs on its entry's pool: that pool gets the plan-time checks of a trial's (a
+    bad image refused before anything starts, not on the weekend the rescue fires), and the dry
+    run's kueue.yaml holds its ResourceFlavor, or the rescue's RayJob would wait on a queue
+    nobody created."""
+    from orchestrator.cli import main
+
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setenv("ABLATE_K8S_IMAGE", IMAGE)
+    grid = tmp_path / "k.yaml"
+    head = "name: k\nrecipe: verl/qwen3_4b_dapo\nbackend: k8s\nsteps: 2\npool: h100\n"
+    grid.write_text(head + f"pool_catalog: {K8S_BAD / 'bad_image.yaml'}\n"
+                    "rescue:\n  - {when: collapsed, resume: {pool: gpu-x}}\n")
+    for argv in (["plan", str(grid)], ["submit", str(grid), "--dry-run", "--out", "o"]):
+        assert main(argv) == 2, argv
+        err = capsys.readouterr().err.strip()
+        errors = [ln for ln in err.splitlines() if not ln.startswith("warning: ")]
+        assert len(errors) == 1 and "image 'repo img' contains whitespace" in errors[0], err
+    assert not (tmp_path / "o").exists()
+    grid.write_text(head + "rescue:\n  - {when: collapsed, resume: {pool: h20}}\n")
+    assert main(["submit", str(grid), "--dry-run", "--out", "o"]) == 0
+    assert "rescue pool(s) h20" in capsys.readouterr().out
+    objs = list(load_all((tmp_path / "o" / "kueue.yaml").read_text()))
+    for obj in objs:
+        validate(obj)
+    flavors = {o["metadata"]["name"] for o in objs if o["kind"] == "ResourceFlavor"}
+    assert any("h20" in f for f in flavors) and any("h100" in f for f in flavors), flavors
+    assert len(list((tmp_path / "o" / "rayjobs").glob("ab-*.yaml"))) == 1  # the trial's only

@@ -127,6 +127,24 @@ def test_gpu_pool_without_placement_or_nodes_unlike_nnodes_refused_at_plan(tmp_p
             assert f"pool {pool}" in res.stderr and words in res.stderr, res.stderr
 
 
+def test_a_rescue_to_a_pool_without_placement_is_refused_at_plan(tmp_path: Path) -> None:
+    """A rescue's pool gets the trial pools' placement check at plan, not first when the
+    rescue fires (after its parent collapsed, perhaps days into the grid)."""
+    extra = ("  bare-gpu:\n    kind: gpu\n    accelerator: H100\n    gpus_per_node: 8\n"
+             "  gpu-ok:\n    kind: gpu\n    accelerator: H100\n    gpus_per_node: 8\n"
+             "    slurm: {partition: gpu}\n")
+    with cliproc.ablate_env(tmp_path, {"PATH": os.defpath}) as env:
+        grid = write_grid(tmp_path, "g-rescue", steps=2, pools=["gpu-ok"], seeds=[0], every=1,
+                          extra_pools=extra,
+                          extra="rescue:\n  - {when: collapsed, resume: {pool: bare-gpu}}\n")
+        grid.write_text(grid.read_text().replace("recipe: sim/grpo_tiny", "recipe: verl/cpu_tiny"))
+        res = cliproc.run(["plan", str(grid)], env, tmp_path)
+    lines = [ln for ln in res.stderr.strip().splitlines() if not ln.startswith("warning: ")]
+    assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
+    assert "pool bare-gpu: no slurm: placement" in lines[0], lines[0]
+    assert "derived from" in lines[0], lines[0]  # the rescue's trial, planned with the grid's
+
+
 def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
     """On a multi-node job verl connects to the Ray the job started: the pool's ray_init
     resources move to each node's `ray start` (Ray refuses them from a connecting driver)."""
