@@ -45,7 +45,8 @@ class PoolGate(Searcher):
                  routes: Mapping[str, str] | None = None,
                  extra_config: Callable[[], Mapping[str, Any]] | None = None,
                  standby: Mapping[str, int] | None = None,
-                 hold: Callable[[], bool] | None = None, planner: Planner | None = None) -> None:
+                 hold: Callable[[], bool] | None = None, planner: Planner | None = None,
+                 rescue: Callable[[str], list[tuple[TrialSpec, str]]] | None = None) -> None:
         super().__init__()
         self.grid_dir = Path(grid_dir)
         self.queue = list(queue)
@@ -68,6 +69,10 @@ class PoolGate(Searcher):
         # Budgets and adaptive seeds (``_budget``): asked before a queued trial starts, and for
         # the next seed when the queue is empty.
         self.planner = planner if planner is not None and planner.active else None
+        # The grid's rescue policy, asked as each trial ends: the trials it queues, each with
+        # the pool it runs on. While trials run, one of them may still bring a rescue, so the
+        # fit is not finished before the last one ends.
+        self.rescue = rescue
 
     # Tune calls these when it wraps searchers; the gate enforces limits itself.
     def set_search_properties(self, metric: str | None, mode: str | None, config: dict,
@@ -107,7 +112,8 @@ class PoolGate(Searcher):
 
     def finished(self) -> bool:
         return (not self.queue and self._held is None and (self.inner is None or self.search_left <= 0)
-                and (self.planner is None or not self.planner.waiting(self.running)))
+                and (self.planner is None or not self.planner.waiting(self.running))
+                and (self.rescue is None or not self.running))
 
     def suggest(self, trial_id: str) -> dict[str, Any] | str | None:
         if records.cancel_requests(self.grid_dir).get("*"):
@@ -249,6 +255,24 @@ class PoolGate(Searcher):
         if result:
             self.results[tid] = result
         self._answer(tid, (result or {}).get("objective"), error=error)
+        if self.rescue is not None and not error:
+            self._queue_rescues(tid)
+
+    def _queue_rescues(self, tid: str) -> None:
+        """The rescues of trial ``tid``, queued in this fit: a collapse or a warning is acted on
+        when the trial ends, not once every trial of the grid has (a trial Tune gave up on is
+        marked failed after the fit; the submission's rescue round takes that one)."""
+        try:
+            found = self.rescue(tid) if self.rescue is not None else []
+        except Exception:  # never into Tune's loop: the rescue round after the fit tries again
+            log.exception("trial %s: its rescue could not be planned now; tried again after the fit", tid)
+            return
+        queued = {t.trial_id for t in self.queue} | {t for t, _ in self.running.values()}
+        for trial, pool in found:
+            if trial.trial_id not in queued:
+                self.queue.append(trial)
+                self.routes[trial.trial_id] = pool
+                queued.add(trial.trial_id)
 
     def tell_previous(self, stored: Mapping[str, Any], objective: float | None) -> None:
         """Teach Optuna a point an earlier submission already evaluated."""
@@ -260,7 +284,7 @@ class PoolGate(Searcher):
         # Tune pickles its search algorithm into tuner.pkl (for Tuner.restore, which we never
         # use); the hooks close over the submission's live objects (locks, threads).
         return {**self.__dict__, "on_new_trial": None, "extra_config": None, "hold": None,
-                "planner": None}
+                "planner": None, "rescue": None}
 
     def save(self, checkpoint_path: str) -> None:
         # Tune checkpoints searchers; the durable truth is in the trial records, so JSON counters

@@ -159,7 +159,8 @@ class Submission:
     of this submission), ``_prepare`` (the trial records), ``_pools`` (every pool it may run on),
     connect to Ray, ``_place`` (pools as Ray resources; trials of a pool without capacity stay
     pending with the reason), ``_fit`` (one Tune fit through the gate), ``_rescue`` (the grid's
-    ``on_collapse`` round: another fit) and ``_summary``.
+    policy: rescues queued in the fit as trials end, then rounds of what is left) and
+    ``_summary``.
     """
 
     def __init__(self, grid: GridSpec, trials: list[TrialSpec], submission: str, *,
@@ -192,6 +193,7 @@ class Submission:
         self.limits: dict[str, int] = {}  # pool -> trials it runs at once
         self.standby: dict[str, int] = {}  # pool -> trials staged beyond its limit (_gate)
         self.repaired: list[str] = []  # damaged metrics files repaired before the run
+        self.rescued: list[TrialSpec] = []  # rescues queued by a running fit (``_rescue_now``)
 
     def run(self, address: str | None) -> dict[str, Any]:
         """Run the trials to the end on Ray (``address``, or an embedded cluster); the summary."""
@@ -331,7 +333,8 @@ class Submission:
                         search_budget=budget, on_new_trial=self._remember,
                         extra_config=functools.partial(self._extra_config, warm_up),
                         standby=self.standby, hold=self._hold_for_store, planner=self.planner,
-                        routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)})
+                        routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)},
+                        rescue=self._rescue_now if self.policy else None)
         for stored, value in self.prior:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
@@ -379,14 +382,32 @@ class Submission:
         tracking = {"tracking": [target.experiment_id, target.parent_run_id]} if target else {}
         return {"warm_up": warm_up, **tracking}
 
+    def _rescue_now(self, trial_id: str) -> list[tuple[TrialSpec, str]]:
+        """The rescues of a trial that just ended, for the running fit to queue (the gate asks),
+        each with the pool it runs on; one whose pool has no capacity stays pending with the
+        reason. None after ``ablate cancel GRID``."""
+        if "*" in records.cancel_requests(self.grid_dir):
+            return []
+        found = auto_rescue(self.grid, self.grid_dir, [trial_id], budget=self.planner)
+        if not found:
+            return []
+        routes = self._routes(found)
+        runnable = park_unplaceable(self.grid_dir, found, self.placements, routes)
+        have = {t.trial_id for t in self.rescued}
+        self.rescued += [t for t in found if t.trial_id not in have]
+        return [(t, routes[t.trial_id]) for t in runnable]
+
     def _rescue(self, gctx: GridContext) -> list[TrialSpec]:
-        """The grid's rescue policy (``rescue:``, ``on_collapse:``), under this lease: rounds
-        of rescues, each another fit, until no trial has an entry left to act on (each entry
-        acts on a trial a bounded number of times, so this ends)."""
+        """The grid's rescue policy (``rescue:``, ``on_collapse:``) after the fit, under this
+        lease: a running fit already queued the rescues of its trials' collapses and warnings
+        as they ended (``_rescue_now``); here, rounds of what is left (a trial Tune gave up on,
+        marked failed after the fit; a rescue of a rescue's end), each another fit, until no
+        trial has an entry left to act on (each entry acts on a trial a bounded number of
+        times, so this ends)."""
         if not self.policy:
             return []
-        out: list[TrialSpec] = []
-        ids = [t.trial_id for t in self.trials]
+        out: list[TrialSpec] = list(self.rescued)
+        ids = list(dict.fromkeys([t.trial_id for t in self.trials] + [t.trial_id for t in out]))
         for n in itertools.count(1):
             if "*" in records.cancel_requests(self.grid_dir):  # `ablate cancel GRID`: no rescue either
                 return out

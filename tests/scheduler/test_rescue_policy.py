@@ -219,60 +219,95 @@ notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
         t.trial_id, t.trial_id, "infra_failed", "True")
 
 
-@pytest.mark.slow
-def test_a_grid_cancelled_after_a_collapse_rescues_nothing(
-        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    """``ablate cancel GRID`` while the submission runs: the trial that collapsed before it is
-    not rescued (rescues run at the round's end, after the cancel), the running one is
-    cancelled, and the submission ends with nothing rescued and no derived trial."""
-    import threading
-    import time
-
-    from orchestrator.scheduler import cancel
-
-    _use_the_double(monkeypatch)
-    monkeypatch.setenv("ABLATE_DOUBLE_SLOW_POOL", "sim-h20:0.5")  # 40 steps: ~20 s
-    path = isolated / "cancelled.yaml"
-    path.write_text("""\
-name: cancelled
+SLOW_GRID = """\
+name: {name}
 recipe: sim/grpo_tiny
 backend: sim
 steps: 40
 seeds: [0]
 axes:
   pool: [sim-a100, sim-h20]
-overrides: {correction.is_level: none}
-checkpoint: {every: 5, keep: 2}
+overrides: {{correction.is_level: none}}
+checkpoint: {{every: 5, keep: 8}}
 early_stop: false
 rescue:
-  - {when: collapsed, resume: {pool: sim-h100}}
-""")
+  - {{when: collapsed, resume: {{pool: {rescue_pool}}}}}
+"""
+
+
+def _slow_grid(isolated: Path, monkeypatch: pytest.MonkeyPatch, name: str,
+               rescue_pool: str) -> tuple[Path, dict, dict[str, TrialPaths]]:
+    """The double's sim-a100 trial collapses within a second; its sim-h20 trial takes ~30 s."""
+    _use_the_double(monkeypatch)
+    monkeypatch.setenv("ABLATE_DOUBLE_SLOW_POOL", "sim-h20:0.75")  # 40 steps: ~30 s
+    path = isolated / f"{name}.yaml"
+    path.write_text(SLOW_GRID.format(name=name, rescue_pool=rescue_pool))
     trials = {t.pool: t for t in expand(load_grid(path))}
-    grid_dir = workspace.grid_dir("cancelled")
-    collapsed, slow = (TrialPaths(grid_dir, trials[p].trial_id) for p in ("sim-a100", "sim-h20"))
+    grid_dir = workspace.grid_dir(name)
+    return path, trials, {p: TrialPaths(grid_dir, t.trial_id) for p, t in trials.items()}
+
+
+@pytest.mark.slow
+def test_a_collapse_is_rescued_while_the_grids_other_trials_still_run(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lab's grid runs for days: a trial that collapses is rescued when it ends, not once the
+    last trial of the grid has."""
+    path, trials, paths = _slow_grid(isolated, monkeypatch, "early", "sim-h100")
+    (summary,) = _submit(path)
+    parent = records.load_state(paths["sim-a100"], trials["sim-a100"].trial_id)
+    (note,) = parent.rescues
+    child = note["trial"]
+    assert summary["rescued"] == [child] and note["pool"] == "sim-h100"
+    grid_dir = paths["sim-a100"].root.parent.parent
+    *_, ran = records.load_attempts(TrialPaths(grid_dir, child))
+    (slow,) = records.load_attempts(paths["sim-h20"])
+    assert (ran.pool, ran.outcome) == ("sim-h100", "completed")
+    assert ran.started_at < slow.ended_at, (ran.started_at, slow.ended_at)
+    # In the grid's own fit: no rescue round after it (its Tune run would be "<id>-rescue").
+    assert [d.name for d in (grid_dir / "tune").iterdir()] == [ran.submission]
+
+
+@pytest.mark.slow
+def test_a_grid_cancelled_cancels_its_rescues_and_makes_no_more(
+        isolated: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``ablate cancel GRID`` while a rescue runs (the collapsed trial resumed in place on the
+    slow pool): the rescue is cancelled with the grid's other trials, and a cancelled trial is
+    no collapse to rescue: the submission ends with the one rescue it had made."""
+    import threading
+    import time
+
+    from orchestrator.scheduler import cancel
+
+    path, trials, paths = _slow_grid(isolated, monkeypatch, "cancelled", "sim-h20")
+    grid_dir = paths["sim-a100"].root.parent.parent
     asked: list[int] = []
 
-    def cancel_after_the_collapse() -> None:
+    def cancel_once_the_rescue_runs() -> None:
         deadline = time.monotonic() + 120
         while time.monotonic() < deadline:
-            if collapsed.state.exists() and slow.state.exists():
-                done = records.load_state(collapsed, trials["sim-a100"].trial_id)
-                running = records.load_state(slow, trials["sim-h20"].trial_id)
-                if done.state.is_finished() and running.state.value == "running":
+            if paths["sim-a100"].state.exists():
+                done = records.load_state(paths["sim-a100"], trials["sim-a100"].trial_id)
+                kids = [TrialPaths(grid_dir, n["trial"]) for n in done.rescues if n.get("trial")]
+                slow = records.load_state(paths["sim-h20"], trials["sim-h20"].trial_id)
+                if (kids and kids[0].state.exists() and slow.state.value == "running"
+                        and records.load_state(kids[0], kids[0].root.name).state.value == "running"):
                     asked.append(cancel(str(path)))
                     return
             time.sleep(0.1)
 
-    canceller = threading.Thread(target=cancel_after_the_collapse, daemon=True)
+    canceller = threading.Thread(target=cancel_once_the_rescue_runs, daemon=True)
     canceller.start()
     (summary,) = _submit(path)
     canceller.join(timeout=10)
-    assert asked == [1], asked  # the slow trial was the one left to cancel
-    first = records.load_state(collapsed, trials["sim-a100"].trial_id)
-    assert first.verdict["kind"] == "collapsed" and not first.rescues and not first.rescue
-    second = records.load_state(slow, trials["sim-h20"].trial_id)
+    assert asked == [2], asked  # the slow trial and the rescue were left to cancel
+    parent = trials["sim-a100"].trial_id
+    first = records.load_state(paths["sim-a100"], parent)
+    (note,) = first.rescues  # one rescue, none of its cancelled end
+    assert (note["event"], note["trial"], note["pool"]) == ("collapsed", parent, "sim-h20")
+    assert first.state.value == "cancelled", first.state  # the rescue: the trial resumed in place
+    second = records.load_state(paths["sim-h20"], trials["sim-h20"].trial_id)
     assert second.state.value == "cancelled", second.state
-    assert summary["rescued"] == []
+    assert summary["rescued"] == [parent]
     assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == sorted(
         t.trial_id for t in trials.values())
 
