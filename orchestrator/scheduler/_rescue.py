@@ -11,11 +11,12 @@ grid lease it holds.
 from __future__ import annotations
 
 import dataclasses
+import itertools
 import json
 import logging
 import shutil
 import time
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -26,6 +27,8 @@ from orchestrator.exceptions import CheckpointError, GridError, UserError, no_su
 from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, notes
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._bookkeeping import park_unplaceable
+from orchestrator.scheduler._placement import Placement
 from orchestrator.store import MANIFEST, CheckpointStore, ResumeRequest, TrialPaths, records
 from orchestrator.trial import Attempt, TrialSpec, TrialState, transition
 
@@ -85,6 +88,50 @@ def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str], *,
         for trial in _rescue_one(grid, grid_dir, rec, parent, found, event, step, budget):
             out.setdefault(trial.trial_id, trial)
     return list(out.values())
+
+
+class Rescuer:
+    """A submission's rescue policy at work, under its lease: ``now`` for the running fit (its
+    gate asks as each trial ends, so a collapse or a warning is acted on then, not once every
+    trial of the grid has), ``rounds`` after the fit for what is left (a trial Tune gave up on
+    is marked failed only after it). ``made``: every rescue of the submission, in order."""
+
+    def __init__(self, grid: GridSpec, grid_dir: Path, planner: Planner | None,
+                 placements: Mapping[str, Placement],
+                 routes: Callable[[list[TrialSpec]], dict[str, str]]) -> None:
+        self.grid, self.grid_dir, self.planner = grid, grid_dir, planner
+        self.placements, self.routes = placements, routes
+        self.made: list[TrialSpec] = []
+
+    def _found(self, trial_ids: list[str]) -> list[TrialSpec]:
+        if "*" in records.cancel_requests(self.grid_dir):  # `ablate cancel GRID`: no rescue either
+            return []
+        found = auto_rescue(self.grid, self.grid_dir, trial_ids, budget=self.planner)
+        have = {t.trial_id for t in self.made}
+        self.made += [t for t in found if t.trial_id not in have]
+        return found
+
+    def now(self, trial_id: str) -> list[tuple[TrialSpec, str]]:
+        """The rescues of a trial that just ended, each with the pool it runs on; one whose
+        pool has no capacity stays pending with the reason."""
+        found = self._found([trial_id])
+        routes = self.routes(found)
+        return [(t, routes[t.trial_id])
+                for t in park_unplaceable(self.grid_dir, found, self.placements, routes)]
+
+    def rounds(self, trial_ids: list[str],
+               fit: Callable[[list[TrialSpec], dict[str, str], int], Any]) -> list[TrialSpec]:
+        """Rounds of rescues, each ``fit(runnable, routes, n)``, until no trial has an entry
+        left to act on (each entry acts on a trial a bounded number of times, so this ends)."""
+        ids = list(dict.fromkeys([*trial_ids, *(t.trial_id for t in self.made)]))
+        for n in itertools.count(1):
+            found = self._found(ids)
+            if not found:
+                return self.made
+            ids = list(dict.fromkeys(ids + [t.trial_id for t in found]))
+            again = self.routes(found)
+            fit(park_unplaceable(self.grid_dir, found, self.placements, again), again, n)
+        return self.made
 
 
 def _event(rec: records.TrialRecord) -> tuple[str | None, int | None]:

@@ -26,7 +26,6 @@ module without starting anything.
 from __future__ import annotations
 
 import functools
-import itertools
 import logging
 import math
 import os
@@ -57,7 +56,7 @@ from orchestrator.scheduler._placement import (
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
-from orchestrator.scheduler._rescue import auto_rescue, rescue_links
+from orchestrator.scheduler._rescue import Rescuer, rescue_links
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
 from orchestrator.scheduler._tune import (
@@ -193,7 +192,7 @@ class Submission:
         self.limits: dict[str, int] = {}  # pool -> trials it runs at once
         self.standby: dict[str, int] = {}  # pool -> trials staged beyond its limit (_gate)
         self.repaired: list[str] = []  # damaged metrics files repaired before the run
-        self.rescued: list[TrialSpec] = []  # rescues queued by a running fit (``_rescue_now``)
+        self.rescuer: Rescuer | None = None  # the rescue policy at work, once pools are placed
 
     def run(self, address: str | None) -> dict[str, Any]:
         """Run the trials to the end on Ray (``address``, or an embedded cluster); the summary."""
@@ -228,6 +227,9 @@ class Submission:
                                   elsewhere=backends.backend(self.grid.backend).computes_elsewhere)
         try:
             runnable = self._place(pools, embedded)
+            if self.policy:
+                self.rescuer = Rescuer(self.grid, self.grid_dir, self.planner, self.placements,
+                                       self._routes)
             gctx = self._context(pools)
             budget = 0
             if self.search is not None:
@@ -334,7 +336,7 @@ class Submission:
                         extra_config=functools.partial(self._extra_config, warm_up),
                         standby=self.standby, hold=self._hold_for_store, planner=self.planner,
                         routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)},
-                        rescue=self._rescue_now if self.policy else None)
+                        rescue=self.rescuer.now if self.rescuer is not None else None)
         for stored, value in self.prior:
             gate.tell_previous(stored, value)
         live = LiveView(self.grid_dir, self.grid.name, gate, self.progress,
@@ -382,44 +384,13 @@ class Submission:
         tracking = {"tracking": [target.experiment_id, target.parent_run_id]} if target else {}
         return {"warm_up": warm_up, **tracking}
 
-    def _rescue_now(self, trial_id: str) -> list[tuple[TrialSpec, str]]:
-        """The rescues of a trial that just ended, for the running fit to queue (the gate asks),
-        each with the pool it runs on; one whose pool has no capacity stays pending with the
-        reason. None after ``ablate cancel GRID``."""
-        if "*" in records.cancel_requests(self.grid_dir):
-            return []
-        found = auto_rescue(self.grid, self.grid_dir, [trial_id], budget=self.planner)
-        if not found:
-            return []
-        routes = self._routes(found)
-        runnable = park_unplaceable(self.grid_dir, found, self.placements, routes)
-        have = {t.trial_id for t in self.rescued}
-        self.rescued += [t for t in found if t.trial_id not in have]
-        return [(t, routes[t.trial_id]) for t in runnable]
-
     def _rescue(self, gctx: GridContext) -> list[TrialSpec]:
-        """The grid's rescue policy (``rescue:``, ``on_collapse:``) after the fit, under this
-        lease: a running fit already queued the rescues of its trials' collapses and warnings
-        as they ended (``_rescue_now``); here, rounds of what is left (a trial Tune gave up on,
-        marked failed after the fit; a rescue of a rescue's end), each another fit, until no
-        trial has an entry left to act on (each entry acts on a trial a bounded number of
-        times, so this ends)."""
-        if not self.policy:
+        """The rescue rounds after the fit (``Rescuer.rounds``), each another fit; every
+        rescue this submission made."""
+        if self.rescuer is None:
             return []
-        out: list[TrialSpec] = list(self.rescued)
-        ids = list(dict.fromkeys([t.trial_id for t in self.trials] + [t.trial_id for t in out]))
-        for n in itertools.count(1):
-            if "*" in records.cancel_requests(self.grid_dir):  # `ablate cancel GRID`: no rescue either
-                return out
-            rescued = auto_rescue(self.grid, self.grid_dir, ids, budget=self.planner)
-            if not rescued:
-                return out
-            out += [t for t in rescued if t.trial_id not in {o.trial_id for o in out}]
-            ids = list(dict.fromkeys(ids + [t.trial_id for t in rescued]))
-            again = self._routes(rescued)
-            self._fit(gctx, park_unplaceable(self.grid_dir, rescued, self.placements, again),
-                      again, 0, f"{self.submission}-rescue{'' if n == 1 else n}")
-        return out
+        return self.rescuer.rounds([t.trial_id for t in self.trials], lambda runnable, routes, n: (
+            self._fit(gctx, runnable, routes, 0, f"{self.submission}-rescue{'' if n == 1 else n}")))
 
     def _summary(self, rescued: list[TrialSpec], embedded: bool) -> dict[str, Any]:
         """The JSON-safe summary, once MLflow has everything; ends the parent run."""
