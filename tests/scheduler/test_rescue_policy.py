@@ -19,6 +19,7 @@ from pathlib import Path
 
 import doubles
 import pytest
+from warnrescue import K3, SECTIONS, THRESHOLD, rescue
 from webhooks import Receiver
 
 from orchestrator.compare import compare
@@ -28,30 +29,14 @@ from orchestrator.scheduler._rescue import auto_rescue
 from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.tracking import parent_run
 
-K3 = "rollout_corr/k3_kl"
 TESTS = Path(__file__).resolve().parents[1]
-GRID = """\
-name: {name}
-recipe: sim/grpo_tiny
-backend: sim
-steps: 12
-seeds: [0]
-axes:
-  pool: [sim-a100]
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  eval.every: 100
-checkpoint: {{every: 2, keep: 3}}
-collapse:
-  rules:
-    - {{name: k3_warn, metric: {k3}, kind: above, threshold: 0.004, patience: 2, min_step: 3,
-       verdict: unstable}}
-  early_warning: false
-early_stop: false
-rescue:
-  - {{when: {{warning: k3_warn}}, resume: {{set: {{rollout.weight_lag: 0}}}}}}
-"""
+
+
+def _grid(name: str) -> str:
+    """One sim-a100 trial of 12 steps that warns at step 3 and is rescued (``warnrescue``)."""
+    return (f"name: {name}\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\n"
+            "axes:\n  pool: [sim-a100]\ncheckpoint: {every: 2, keep: 3}\n"
+            + SECTIONS + rescue())
 
 
 def _run(grid, trial) -> dict:
@@ -93,7 +78,7 @@ def warned(tmp_path_factory: pytest.TempPathFactory):
     mp.setenv("ABLATE_RECIPES", str(TESTS.parent / "recipes"))
     mp.delenv("MLFLOW_TRACKING_URI", raising=False)
     path = tmp / "warn.yaml"
-    path.write_text(GRID.format(name="warn", k3=K3))
+    path.write_text(_grid("warn"))
     grid = load_grid(path)
     (parent,) = expand(grid)
     grid_dir = workspace.grid_dir(grid.name)
@@ -143,7 +128,7 @@ def test_the_correction_switch_runs_from_the_checkpoint_before_the_warning_and_k
     # the checkpoint, taken with the old setting); the switch shows from step 4 on.
     assert ck3[3] == pytest.approx(pk3[3])
     after = [ck3[s] for s in range(4, 13)]
-    assert max(after) < 0.004 < min(pk3[3], pk3[4])  # below the warning's threshold, every step
+    assert max(after) < THRESHOLD < min(pk3[3], pk3[4])  # below the warning's threshold, every step
     assert max(after) < pk3[4] / 10
 
 
@@ -374,7 +359,7 @@ def test_a_rescue_over_budget_is_refused_with_its_reason_and_tried_again_later(
     from orchestrator.scheduler._budget import Planner
 
     path = isolated / "poor.yaml"
-    path.write_text(GRID.format(name="poor", k3=K3) + "budget: {gpu_hours: 0.00034}\n")
+    path.write_text(_grid("poor") + "budget: {gpu_hours: 0.00034}\n")
     grid = load_grid(path)
     (parent,) = expand(grid)
     grid_dir = workspace.grid_dir(grid.name)
@@ -387,7 +372,7 @@ def test_a_rescue_over_budget_is_refused_with_its_reason_and_tried_again_later(
     assert note["refused"] == "budget" and note["error"].startswith("budget: the rescue would cost")
     assert "of budget.gpu_hours=0.00034 h spent; raise it and submit again" in note["error"]
     assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == [parent.trial_id]
-    path.write_text(GRID.format(name="poor", k3=K3) + "budget: {gpu_hours: 10}\n")
+    path.write_text(_grid("poor") + "budget: {gpu_hours: 10}\n")
     richer = load_grid(path)
     (child,) = auto_rescue(richer, grid_dir, [parent.trial_id],
                            budget=Planner(richer, grid_dir, [parent], richer.pools.pools))

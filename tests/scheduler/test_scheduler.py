@@ -21,6 +21,7 @@ import pytest
 from rayclusters import pool_cluster, submit_while, write_grid
 from trialrecords import mlflow_steps
 from trialrecords import trials as read_trials
+from warnrescue import K3, SECTIONS, THRESHOLD, rescue
 
 from orchestrator import scheduler
 from orchestrator.exceptions import ConcurrencyError
@@ -374,30 +375,11 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     assert mlc.get_run(new_id).data.tags["pool_steps"] == "sim-h100:1-15,sim-h20:16-20"
 
 
-# tests/scheduler/test_rescue_policy.py's warning (k3 above 4e-3 from step 3 on sim-a100, whose
-# weights are two syncs stale) and switch, with the rescue moved to another pool's node.
-RESCUE_GRID = """\
-name: rescue-on-cluster
-recipe: sim/grpo_tiny
-backend: sim
-steps: 12
-seeds: [0]
-axes:
-  pool: [sim-a100]
-overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  eval.every: 100
-checkpoint: {every: 2, keep: 3}
-collapse:
-  rules:
-    - {name: k3_warn, metric: rollout_corr/k3_kl, kind: above, threshold: 0.004, patience: 2,
-       min_step: 3, verdict: unstable}
-  early_warning: false
-early_stop: false
-rescue:
-  - {when: {warning: k3_warn}, resume: {pool: sim-h100, set: {rollout.weight_lag: 0}}}
-"""
+# The rescue tests' warning and switch (``warnrescue``), with the rescue moved to another
+# pool's node.
+RESCUE_GRID = ("name: rescue-on-cluster\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\n"
+               "seeds: [0]\naxes:\n  pool: [sim-a100]\ncheckpoint: {every: 2, keep: 3}\n"
+               + SECTIONS + rescue("sim-h100"))
 
 
 @pytest.mark.slow
@@ -423,8 +405,8 @@ def test_a_warning_rescue_runs_on_the_rescue_pools_node_of_a_ray_cluster(setup) 
     assert (inherited.outcome, inherited.end_step) == ("inherited", 2)
     assert (ran.pool, ran.node, ran.resumed_from_step, ran.end_step) == (
         "sim-h100", nodes["sim-h100"], 2, 12)
-    k3 = {s: m["rollout_corr/k3_kl"] for s, m in records.iter_metrics(child["paths"].metrics)}
-    assert max(k3[s] for s in range(4, 13)) < 0.004, k3
+    k3 = {s: m[K3] for s, m in records.iter_metrics(child["paths"].metrics)}
+    assert max(k3[s] for s in range(4, 13)) < THRESHOLD, k3
 
 
 def test_infra_failures_exhaust_retries_and_fail_the_trial(setup, double) -> None:

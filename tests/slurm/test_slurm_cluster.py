@@ -17,6 +17,7 @@ import cliproc
 import pytest
 from slurmgrids import job_ids, write_grid
 from trialrecords import mlflow_steps, trials
+from warnrescue import K3, SECTIONS, THRESHOLD, rescue
 
 from orchestrator.metrics import TRAIN_REWARD
 
@@ -262,21 +263,9 @@ LAGGED = """  slurm-a100-lag:
                   reduction_order: chunked, weight_lag: 2}
     slurm: {partition: pb, constraint: fb}
 """
-# tests/scheduler/test_rescue_policy.py's warning (k3 above 4e-3 from step 3) and switch, with
-# the rescue moved to the other partition's pool.
-RESCUE = """overrides:
-  train.prompts_per_step: 4
-  train.group_size: 4
-  eval.every: 100
-collapse:
-  rules:
-    - {name: k3_warn, metric: rollout_corr/k3_kl, kind: above, threshold: 0.004, patience: 2,
-       min_step: 3, verdict: unstable}
-  early_warning: false
-early_stop: false
-rescue:
-  - {when: {warning: k3_warn}, resume: {pool: slurm-h100, set: {rollout.weight_lag: 0}}}
-"""
+# The rescue tests' warning and switch (``warnrescue``), the rescue moved to the other
+# partition's pool.
+RESCUE = SECTIONS + rescue("slurm-h100")
 
 
 def test_a_warning_rescue_runs_as_a_slurm_job_on_the_rescue_pools_partition(
@@ -318,8 +307,8 @@ def test_a_warning_rescue_runs_as_a_slurm_job_on_the_rescue_pools_partition(
         assert f"NodeList={node} " in shown and f"Partition={partition} " in shown, shown
         assert any(f"JobState={s} " in shown for s in states), shown
     # The switch took: k3 of the rescue below the warning's threshold from step 4 on.
-    k3 = {s: m["rollout_corr/k3_kl"] for s, m in records.iter_metrics(got[child]["paths"].metrics)}
-    assert max(k3[s] for s in range(4, 13)) < 0.004, k3
+    k3 = {s: m[K3] for s, m in records.iter_metrics(got[child]["paths"].metrics)}
+    assert max(k3[s] for s in range(4, 13)) < THRESHOLD, k3
 
 
 def _job_reasons(cluster, jobs: list[str]) -> list[str]:
