@@ -181,13 +181,15 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
     """A loopback ``mlflow server`` on the SQLite file ``db`` as ``ablate ui`` starts it (its
     command and environment: MLflow's job runner off), stopped on exit. Yields once it answers
     and its processes are idle: MLflow's job runner, when on, starts ~7 more processes after
-    ``/health`` answers, ~20 CPU-seconds that the first command timed would compete with."""
-    from orchestrator.tracking._ui import server_command, server_env
+    ``/health`` answers, ~20 CPU-seconds that the first command timed would compete with.
+    Stopped as ``ablate ui`` stops it: its whole process group (gunicorn's workers too)."""
+    from orchestrator.tracking._ui import server_command, server_env, stop_group
 
     port = _free_port()
     with open(log, "w") as fh:
         proc = subprocess.Popen(server_command(f"sqlite:///{db}", port, db.parent / "artifacts"),
-                                env=server_env(), stdout=fh, stderr=subprocess.STDOUT)
+                                env=server_env(), stdout=fh, stderr=subprocess.STDOUT,
+                                start_new_session=True)
     url = f"http://127.0.0.1:{port}"
     try:
         deadline = time.monotonic() + 120
@@ -201,12 +203,7 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
         _settle(proc.pid)
         yield url
     finally:
-        proc.terminate()
-        try:
-            proc.wait(timeout=20)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_group(proc)
 
 
 def _status(code: Path, root: Path, timeout: float) -> float:
