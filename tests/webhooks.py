@@ -8,16 +8,19 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 
 class Receiver:
-    """A loopback webhook: records each JSON body; ``delay`` seconds before it answers."""
+    """A loopback webhook: records each JSON body (and, in ``times``, when it came);
+    ``delay`` seconds before it answers."""
 
     def __init__(self, delay: float = 0.0) -> None:
         bodies, self.delay = [], delay
+        self.times: list[float] = []
         outer = self
 
         class Handler(BaseHTTPRequestHandler):
             def do_POST(self) -> None:
                 data = self.rfile.read(int(self.headers["Content-Length"]))
                 time.sleep(outer.delay)
+                outer.times.append(time.time())
                 bodies.append(json.loads(data))
                 self.send_response(200)
                 self.end_headers()

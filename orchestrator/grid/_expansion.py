@@ -20,7 +20,7 @@ from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.grid._cells import check_comparisons, check_emitted, watched_metrics
 from orchestrator.grid._checker import Checker
-from orchestrator.grid._policy import set_keys
+from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._validation import SUBMISSION_WIDE
 from orchestrator.learner import (
@@ -133,6 +133,9 @@ class _Resolver:
             # The line of the grid key it is about if the grid sets it, else of the pool.
             grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
             pool_key = ("pool",) if self.grid.spec.pool else ("axes", "pool")
+            rescue_pool = pool_paths(self.grid.spec).get(pool)
+            if rescue_pool is not None and str(context).startswith("derived from"):
+                pool_key = rescue_pool  # a rescue's trial, on the pool its entry names
             where = self._where(problem) if grid_sets_it else pool_key
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *where)

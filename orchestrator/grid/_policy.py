@@ -114,3 +114,12 @@ def set_keys(spec: GridFile) -> Mapping[str, tuple[Any, ...]]:
         for key in entry.resume.set:
             out.setdefault(key, (*path, "resume", "set", key))
     return out
+
+
+def pool_paths(spec: GridFile) -> Mapping[str, tuple[Any, ...]]:
+    """Every pool a rescue entry moves to, with the path of its first mention."""
+    out: dict[str, tuple[Any, ...]] = {}
+    for entry, path in entry_paths(spec):
+        if entry.resume.pool is not None:
+            out.setdefault(entry.resume.pool, (*path, "resume", "pool"))
+    return out

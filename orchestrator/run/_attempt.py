@@ -22,7 +22,7 @@ from typing import Any
 
 from orchestrator.backends import AttemptOutcome, AttemptResult
 from orchestrator.run._start import AttemptStart
-from orchestrator.store import records
+from orchestrator.store import atomic_write_json, records
 from orchestrator.store.summary import write_summary
 from orchestrator.trial import TrialState, transition
 
@@ -82,6 +82,25 @@ class AttemptRun(AttemptStart):
             if self.rescue_stop is not None:
                 self.stop_reason = (f"stopped for a rescue: warning {self.rescue_stop[0]} at step "
                                     f"{self.rescue_stop[1]}")
+        if not self.warned:
+            self._record_warning()
+
+    def _record_warning(self) -> None:
+        """The trial's first warning, on record the step it fires (``warning.json``, once per
+        trial): the grid's ``warning`` alert reads it while the trial runs, not at its end."""
+        if self.rescue_stop is not None:
+            rule, step = self.rescue_stop
+            why = f"{rule} fired at step {step}; the grid's rescue policy stops the trial for it"
+        elif self.engine.warning_step is not None:
+            rule, step = "early_warning", self.engine.warning_step
+            w = self.engine.warning.spec  # type: ignore[union-attr]
+            why = (f"mismatch early warning at step {step}: {w.metric} rose above {w.ratio:g}x its "
+                   f"level {w.lag} observations back (still running at step {self.last_step})")
+        else:
+            return
+        self.warned = True
+        atomic_write_json(self.paths.warning, {"rule": rule, "step": step, "reason": why,
+                                               "attempt": self.number, "at": time.time()})
 
     def save_checkpoint(self, step: int, write: Callable[[Path], None]) -> None:
         if step > self.last_step:

@@ -139,6 +139,8 @@ class AttemptStart(AttemptCommits):
             start = request.start  # `ablate resume --from STEP`, consumed by this attempt
         if start == "fresh":
             self.store.clear()  # a later crash must not resume from the discarded run
+            self.paths.warning.unlink(missing_ok=True)  # nor its warning stand for this run's
+            self.warned = False
             return None
         if start == "latest":
             return self.store.latest()

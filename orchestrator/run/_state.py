@@ -62,6 +62,7 @@ class AttemptState:
         # Warnings the grid's rescue policy acts on for this trial: it stops when one fires.
         self.stop_on = warning_stops(job.rescue, self.record)
         self.rescue_stop: tuple[str, int] | None = None  # (warning, its onset step) it stopped on
+        self.warned = self.paths.warning.exists()  # its first warning is on record (alerts)
         self.tracker: Any = None
         self.pending: list[tuple[int, dict[str, float]]] = []  # logged locally, not yet in MLflow
         self.last_values: dict[str, float] = {}

@@ -2,7 +2,8 @@
 rescues, an exhausted budget and the grid's end, without ever holding the grid up.
 
 Events come from the trial files (the runners write them in Ray workers): ``scan`` reads each
-trial's ``state.json`` and queues what it finds, one event per trial and kind (a rescue: one per
+trial's ``state.json`` (and ``warning.json``, which a runner writes the step a warning fires, so
+that alert goes out while the trial runs) and queues what it finds, one event per trial and kind (a rescue: one per
 rescue note), in an outbox in the grid's directory (``notify/``, one atomic JSON file per event
 and webhook). A file that exists is never queued again, so a re-submission sends nothing twice.
 A background thread sends what is due: one POST per event with a JSON body (Slack's ``text``
@@ -86,8 +87,15 @@ class Notifier:
             if v.get("kind") in ("collapsed", "numeric_failure"):
                 self.queue("collapsed", {**base, "verdict": v["kind"], "step": v.get("step"),
                                          "reason": v.get("reason")}, f"collapsed:{tid}")
+            # A warning as it fires (the runner's ``warning.json``), or, for a trial that ran
+            # before the file existed, from its verdict at the end: one key, sent once.
+            told = _told(TrialPaths(self.grid_dir, tid))
             warned = v.get("rescued_step", v.get("warning_step"))
-            if warned is not None:
+            if told is not None:
+                self.queue("warning", {**base, "verdict": v.get("kind") or "running",
+                                       "step": told.get("step"), "rule": told.get("rule"),
+                                       "reason": told.get("reason")}, f"warning:{tid}")
+            elif warned is not None:
                 self.queue("warning", {**base, "verdict": v.get("kind"), "step": warned,
                                        "reason": v.get("reason")}, f"warning:{tid}")
             for n, note in enumerate(notes(rec)):
@@ -166,6 +174,15 @@ class Notifier:
         self._deadline = time.monotonic() + drain_s
         self._stop.set()
         self._thread.join(timeout=drain_s + 0.5)
+
+
+def _told(paths: TrialPaths) -> dict[str, Any] | None:
+    """The trial's ``warning.json`` (its runner's first warning), or None: none yet, or not
+    readable (told at the trial's end from its verdict instead)."""
+    try:
+        return read_json(paths.warning) if paths.warning.exists() else None
+    except (OSError, ValueError):
+        return None
 
 
 def post(hook: NotifySpec, body: dict[str, Any]) -> tuple[str | None, bool]:

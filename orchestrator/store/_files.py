@@ -69,6 +69,12 @@ class TrialPaths:
         return self.root / "trial.log"
 
     @property
+    def warning(self) -> Path:
+        """The first warning the trial's runner saw, written as it fired (``run._attempt``), so
+        the grid's ``warning`` alert goes out while the trial still runs."""
+        return self.root / "warning.json"
+
+    @property
     def run_lock(self) -> Path:
         """Held (``flock``) by whoever writes the trial's files: its runner for a whole attempt,
         the orchestrator while it sends the trial's MLflow outbox or resets a dead run."""

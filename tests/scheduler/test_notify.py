@@ -153,3 +153,62 @@ def test_notify_test_sends_one_event(isolated: Path, receiver: Receiver, monkeyp
     assert capsys.readouterr().out == f"notify[0] ({HOOK}): delivered\n"
     (body,) = receiver.bodies
     assert body["event"] == "test" and body["text"].startswith("[alerts] rl-ablate notify-test")
+
+
+PROMPT_GRID = """\
+name: prompt
+recipe: sim/grpo_tiny
+backend: sim
+steps: 16
+seeds: [0]
+pool: sim-h20
+overrides: {correction.is_level: token}
+collapse:
+  early_warning: {window: 1, lag: 1, ratio: 1.2, floor: 1.5e-4, patience: 2}
+early_stop: false
+notify: [{url_env: ABLATE_TEST_WEBHOOK, min_interval_s: 0}]
+"""
+
+
+def test_a_warning_is_sent_while_its_trial_runs(isolated: Path, receiver: Receiver,
+                                                monkeypatch: pytest.MonkeyPatch) -> None:
+    """A lab hears of a warning nobody acts on when it fires, not when the trial ends: the test
+    double's k3 (2e-4, 3e-4, 4e-4 at steps 1-3) rises past this early warning at step 2 (held
+    two steps, so known at step 3) of a 16-step trial of 0.4 s a step; the alert arrives while
+    the trial runs, once, with the step and rule, and the trial's verdict at its end does not
+    send it again."""
+    import doubles
+
+    from orchestrator.run import make_job, run_attempt
+    from orchestrator.tracking import parent_run
+
+    doubles.register(monkeypatch)
+    monkeypatch.setenv("ABLATE_DOUBLE_SLOW_POOL", "sim-h20:0.4")
+    monkeypatch.setenv(HOOK, receiver.url)
+    path = isolated / "prompt.yaml"
+    path.write_text(PROMPT_GRID)
+    grid = load_grid(path)
+    (trial,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    n = Notifier(grid, grid_dir)
+    n.start()
+    try:
+        with parent_run(grid, tracking_uri=workspace.tracking_uri(None, None),
+                        workdir=workspace.workdir(None)) as target:
+            run_attempt(make_job(grid, trial, grid_dir=grid_dir, tracking=target, submission="t"))
+    finally:
+        n.close(drain_s=3.0)
+    paths = TrialPaths(grid_dir, trial.trial_id)
+    (attempt,) = records.load_attempts(paths)
+    rec = records.load_state(paths, trial.trial_id)
+    assert rec.verdict["warning_step"] == 2 and attempt.end_step == 16
+    again = Notifier(grid, grid_dir)  # the trial has ended: its verdict holds the warning too
+    again.scan()
+    again.send_due()
+    (warning,) = [b for b in receiver.bodies if b["event"] == "warning"]
+    (sent_at,) = [t for t, b in zip(receiver.times, receiver.bodies) if b["event"] == "warning"]
+    assert sent_at < attempt.ended_at - 2.0, (sent_at, attempt.started_at, attempt.ended_at)
+    assert (warning["trial_id"], warning["step"], warning["rule"], warning["verdict"]) == (
+        trial.trial_id, 2, "early_warning", "running")
+    assert warning["text"].startswith(f"[prompt] warning: trial {trial.trial_id} (sim-h20) on "
+                                      "sim-h20 at step 2: mismatch early warning at step 2")

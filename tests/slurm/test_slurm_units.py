@@ -143,6 +143,8 @@ def test_a_rescue_to_a_pool_without_placement_is_refused_at_plan(tmp_path: Path)
     assert res.returncode == 2 and len(lines) == 1, res.stdout + res.stderr
     assert "pool bare-gpu: no slurm: placement" in lines[0], lines[0]
     assert "derived from" in lines[0], lines[0]  # the rescue's trial, planned with the grid's
+    # The line and key are the rescue entry's pool, not the grid's own pool axis.
+    assert lines[0].startswith(f"error: {grid}:12: rescue[0].resume.pool: "), lines[0]
 
 
 def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
