@@ -170,6 +170,7 @@ def test_the_installed_wheel_runs_a_grid_from_an_empty_folder(tmp_path: Path) ->
     names = zipfile.ZipFile(wheel).namelist()
     assert "orchestrator/_recipes/sim/grpo_tiny.yaml" in names
     assert "orchestrator/pools.yaml" in names and "orchestrator/templates/grid.yaml" in names
+    assert "orchestrator/verl/vllm_cpu_constraints.txt" in names  # ablate vllm-cpu-env's pins
     site = tmp_path / "site"
     subprocess.run([sys.executable, "-m", "pip", "install", "--no-deps", "--no-compile", "-q",
                     "--target", str(site), str(wheel)], check=True, timeout=300,
@@ -179,9 +180,11 @@ def test_the_installed_wheel_runs_a_grid_from_an_empty_folder(tmp_path: Path) ->
     ray_tmp = tempfile.mkdtemp(prefix="rw", dir="/tmp")
     # The dependencies come from this environment; orchestrator from the install target only.
     env = {k: v for k, v in os.environ.items()
-           if k not in ("ABLATE_RECIPES", "RAY_ADDRESS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID")}
+           if k not in ("ABLATE_RECIPES", "RAY_ADDRESS", "MLFLOW_TRACKING_URI", "MLFLOW_RUN_ID",
+                        "ABLATE_VLLM_CPU_ENV")}
+    data = tmp_path / "data"
     env.update(PYTHONPATH=str(site), ABLATE_WORKDIR=str(empty / ".ablate"), RAY_TMPDIR=ray_tmp,
-               COLUMNS="200")
+               COLUMNS="200", XDG_DATA_HOME=str(data))
 
     def ablate(*args: str) -> subprocess.CompletedProcess[str]:
         proc = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=empty, env=env,
@@ -202,6 +205,19 @@ def test_the_installed_wheel_runs_a_grid_from_an_empty_folder(tmp_path: Path) ->
         # The ids of the installed package equal the ids of this (editable) one.
         in_process = [t.trial_id for t in expand(load_grid(empty / "g.yaml"))]
         assert sorted(t["trial_id"] for t in planned) == sorted(in_process)
+        # The vLLM-CPU environment of an installed package: in the user's data directory (not
+        # site-packages), rl-ablate installed there from the wheel it came from, and a vLLM grid
+        # planned before it exists names the command that creates it, with that place.
+        shown = ablate("vllm-cpu-env", "--show").stdout.splitlines()
+        venv = data / "rl-ablate" / "venv-vllm-cpu"
+        assert shown[0] == f"environment: {venv}", shown
+        assert shown[1].endswith(f"rl-ablate {__version__} from {wheel} (no dependencies)"), shown
+        (empty / "v.yaml").write_text((REPO / "grids" / "verl_cpu_vllm.yaml").read_text())
+        refused = subprocess.run([sys.executable, "-m", "orchestrator", "plan", "v.yaml"], cwd=empty,
+                                 env=env, text=True, capture_output=True, timeout=600, check=False)
+        lines = [ln for ln in refused.stderr.splitlines() if not ln.startswith("warning: ")]
+        assert refused.returncode == 2 and len(lines) == 1, refused.stdout + refused.stderr
+        assert f"{venv} has none" in lines[0] and "fix: run ablate vllm-cpu-env" in lines[0], lines
         submitted = ablate("submit", "g.yaml", "--json")
         assert "Traceback" not in submitted.stderr
         compared = ablate("compare", "g.yaml")

