@@ -220,6 +220,8 @@ class EventWatcher:
         pool = self.seen[spec.trial_id].pool
         for number in range(old + 1, new + 1):
             this = attempts[number - 1] if len(attempts) >= number else None
+            if this is not None and this.outcome == "inherited":
+                continue  # a derived trial's record of its parent's steps: nothing began
             prev = attempts[number - 2] if number >= 2 and len(attempts) >= number - 1 else None
             retry = prev is not None and prev.outcome in ("infra_failure", "error")
             step = (this.start_step - 1) if this is not None else 0

@@ -389,6 +389,18 @@ def test_resume_off_a_terminal_prints_one_line_per_trial_event(tmp_path: Path) -
     assert lines.index(started[0]) < lines.index(finished[0])
     assert lines[-1].startswith(f"{tid}: resumed on sim-h100 from step ") and \
         lines[-1].endswith("-> healthy"), lines
+    # A derived trial (--set) starts once: its record of the parent's steps (an attempt of
+    # outcome "inherited") began nothing and is not reported as a start.
+    with cliproc.ablate_env(tmp_path) as env:
+        derived = cliproc.run(["resume", str(path), "--trial", tid, "--pool", "sim-h100",
+                               "--from", "5", "--set", "correction.is_level=token"], env,
+                              tmp_path, double=True)
+    assert derived.returncode == 0, derived.stderr
+    (child,) = [p.name for p in (tmp_path / ".ablate" / "resume-events" / "trials").iterdir()
+                if p.name != tid]
+    started = [ln for ln in derived.stdout.splitlines() if " started " in f" {ln} "]
+    assert len(started) == 1 and child in started[0] and "step 5/12 attempt 2" in started[0], \
+        derived.stdout
 
 
 def test_a_derived_trial_must_run_a_step_under_its_setting(isolated: Path,
