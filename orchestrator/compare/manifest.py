@@ -33,19 +33,26 @@ from orchestrator.sim.numerics import DECIDING, fingerprint
 NAME = "MANIFEST.json"
 SCHEMA_VERSION = 1
 REPO = Path(__file__).resolve().parents[2]
-# Source files, relative to the repository, whose content decides a simulator grid's numbers:
-# the simulator's training path (not its calibration or command-line modules), the backend adapter
-# that builds its config, the correction and engine vocabularies (defaults and validation), the
-# pinned numerics, and the verdict rules (verdicts, collapse steps and early
-# stops are part of every table).
-NUMERIC_SOURCES = ("orchestrator/sim/config.py", "orchestrator/sim/correction_math.py",
-                   "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
-                   "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/sim/job.py",
-                   "orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/sim/numerics.py",
-                   "orchestrator/verdict/_value.py", "orchestrator/verdict/_rules.py",
-                   "orchestrator/verdict/_detectors.py", "orchestrator/verdict/_engine.py",
-                   "orchestrator/learner.py", "orchestrator/sim/loss_math.py",
-                   "orchestrator/sim/precision.py")
+# Source files, relative to the repository, whose content decides a grid's numbers. Every
+# grid: the correction and engine vocabularies (defaults and validation), the learner's, and the
+# verdict rules (verdicts, collapse steps and early stops are part of every table). A simulator
+# pool's trials: the simulator's training path (not its calibration or command-line modules),
+# the backend adapter that builds its config and the pinned numerics. A cpu or gpu pool's (real
+# verl jobs): the verl backend, which builds each job's overrides, environment and engine
+# settings and reads its metrics, with the CPU platform, plugin and rollout engine it loads.
+COMMON_SOURCES = ("orchestrator/corrections.py", "orchestrator/engine.py", "orchestrator/learner.py",
+                  "orchestrator/verdict/_value.py", "orchestrator/verdict/_rules.py",
+                  "orchestrator/verdict/_detectors.py", "orchestrator/verdict/_engine.py")
+KIND_SOURCES: dict[str, tuple[str, ...]] = {
+    "sim": ("orchestrator/sim/config.py", "orchestrator/sim/correction_math.py",
+            "orchestrator/sim/model.py", "orchestrator/sim/profile.py", "orchestrator/sim/rollout.py",
+            "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/sim/job.py",
+            "orchestrator/sim/numerics.py", "orchestrator/sim/loss_math.py",
+            "orchestrator/sim/precision.py"),
+    "cpu": ("orchestrator/verl/*.py", "orchestrator/verl/cpu/*.py"),
+}
+KIND_SOURCES["gpu"] = KIND_SOURCES["cpu"]
+NUMERIC_SOURCES = COMMON_SOURCES + KIND_SOURCES["sim"]  # a simulator grid's, the usual case
 # The fields of a pool that decide a trial's numbers: its simulator profile, or for verl the
 # overrides, environment and world size it runs with.
 POOL_FIELDS = ("kind", "sim_profile", "verl_overrides", "verl_env", "gpus_per_node", "nodes")
@@ -91,7 +98,8 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
                 code_root: Path = REPO) -> dict[str, str]:
     """Label -> sha256 of everything that decides the numbers of ``grid_file``'s trials: the
     grid file (labelled relative to ``grid_root``), its composed recipe (as JSON, so Hydra's file
-    layout does not matter), the pools its trials use, :data:`NUMERIC_SOURCES` and ``extra``
+    layout does not matter), the pools its trials use, the sources that decide their numbers
+    (:data:`COMMON_SOURCES` and :data:`KIND_SOURCES` of each pool's kind) and ``extra``
     (globs relative to ``code_root``, the checkout or install the code runs from)."""
     grid = load_grid(grid_file)
     inputs = {f"grid:{_label(Path(grid_file), grid_root)}": _file_digest(Path(grid_file)),
@@ -100,11 +108,13 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
     # files: a new pool elsewhere in the catalogue, or a pool's description, capacity or price,
     # changes no number.
     names = grid.pools.names() if grid.spec.search is not None else sorted({t.pool for t in expand(grid)})
+    sources = list(COMMON_SOURCES)
     for name in names:
         spec = grid.pools.get(name).model_dump(mode="json")
         numeric = {k: spec.get(k) for k in POOL_FIELDS}
         inputs[f"pool:{name}"] = _sha256(json.dumps(numeric, sort_keys=True).encode())
-    for path in source_files((*NUMERIC_SOURCES, *extra), code_root):
+        sources += [s for s in KIND_SOURCES[spec["kind"]] if s not in sources]
+    for path in source_files((*sources, *extra), code_root):
         inputs[_label(path, code_root)] = _file_digest(path)
     return inputs
 
