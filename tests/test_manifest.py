@@ -133,11 +133,11 @@ def test_records_and_messages_name_a_store_by_its_absolute_path(
 def test_the_inputs_are_what_decides_each_backends_numbers() -> None:
     """A grid of real verl jobs is hashed with the verl backend, its CPU platform and engine (an
     edit there changes its numbers), not with the simulator; a simulator grid the reverse."""
-    verl = manifest.grid_inputs(REPO / "grids" / "verl_cpu_vllm.yaml")
+    verl = manifest.grid_inputs(REPO / "grids" / "verl_cpu.yaml")
     sim = manifest.grid_inputs(REPO / "grids" / "quickstart.yaml")
     for inputs, has, lacks in ((verl, "orchestrator/verl/", "orchestrator/sim/"),
                                (sim, "orchestrator/sim/", "orchestrator/verl/")):
         assert any(k.startswith(has) for k in inputs) and not any(k.startswith(lacks) for k in inputs)
         assert {"orchestrator/verdict/_rules.py", "orchestrator/corrections.py"} <= set(inputs)
     assert {"orchestrator/verl/cpu_engines.py", "orchestrator/verl/cpu/plugin.py",
-            "orchestrator/verl/mapping.py"} <= set(verl)
+            "orchestrator/verl/mapping.py", "orchestrator/verl/cpu/rollout/server.py"} <= set(verl)

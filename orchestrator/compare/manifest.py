@@ -49,7 +49,7 @@ KIND_SOURCES: dict[str, tuple[str, ...]] = {
             "orchestrator/sim/task.py", "orchestrator/sim/trainer.py", "orchestrator/sim/job.py",
             "orchestrator/sim/numerics.py", "orchestrator/sim/loss_math.py",
             "orchestrator/sim/precision.py"),
-    "cpu": ("orchestrator/verl/*.py", "orchestrator/verl/cpu/*.py"),
+    "cpu": ("orchestrator/verl/**/*.py",),
 }
 KIND_SOURCES["gpu"] = KIND_SOURCES["cpu"]
 NUMERIC_SOURCES = COMMON_SOURCES + KIND_SOURCES["sim"]  # a simulator grid's, the usual case
