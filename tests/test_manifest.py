@@ -141,3 +141,11 @@ def test_the_inputs_are_what_decides_each_backends_numbers() -> None:
         assert {"orchestrator/verdict/_rules.py", "orchestrator/corrections.py"} <= set(inputs)
     assert {"orchestrator/verl/cpu_engines.py", "orchestrator/verl/cpu/plugin.py",
             "orchestrator/verl/mapping.py", "orchestrator/verl/cpu/rollout/server.py"} <= set(verl)
+
+
+def test_a_result_is_checked_where_its_engine_is_not_installed(monkeypatch: pytest.MonkeyPatch,
+                                                               tmp_path: Path) -> None:
+    """results/verl-cpu-vllm/ needs the vLLM-CPU environment to plan its grid; a checkout
+    without one checks it all the same (the pools the grid names), with the same inputs."""
+    monkeypatch.setenv("ABLATE_VLLM_CPU_ENV", str(tmp_path / "none"))
+    assert manifest.stale(REPO / "results" / "verl-cpu-vllm") is None

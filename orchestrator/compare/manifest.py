@@ -25,10 +25,14 @@ import os
 import subprocess
 from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
+from orchestrator.exceptions import GridError
 from orchestrator.grid import expand, load_grid
 from orchestrator.sim.numerics import DECIDING, fingerprint
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 NAME = "MANIFEST.json"
 SCHEMA_VERSION = 1
@@ -107,7 +111,7 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
     # The numeric fields of the pools its trials use (a search may pick any), not the catalogue
     # files: a new pool elsewhere in the catalogue, or a pool's description, capacity or price,
     # changes no number.
-    names = grid.pools.names() if grid.spec.search is not None else sorted({t.pool for t in expand(grid)})
+    names = grid.pools.names() if grid.spec.search is not None else _used_pools(grid)
     sources = list(COMMON_SOURCES)
     for name in names:
         spec = grid.pools.get(name).model_dump(mode="json")
@@ -117,6 +121,21 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
     for path in source_files((*sources, *extra), code_root):
         inputs[_label(path, code_root)] = _file_digest(path)
     return inputs
+
+
+def _used_pools(grid: GridSpec) -> list[str]:
+    """The pools of the grid's trials; where this machine cannot plan them (an engine's Python
+    environment it lacks, say), every pool the grid names: the inputs of a committed result
+    never depend on what is installed where it is checked."""
+    try:
+        return sorted({t.pool for t in expand(grid)})
+    except GridError:
+        named = {grid.spec.pool} if grid.spec.pool else set()
+        for axis in grid.axes:
+            if axis.kind == "pool":
+                named.update(axis.labels)
+        named.update(v for inc in grid.includes for k, v in inc if k == "pool")
+        return sorted(named)
 
 
 def combined(inputs: Mapping[str, str]) -> str:
