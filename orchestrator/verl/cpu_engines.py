@@ -17,6 +17,7 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator import __version__
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.verl import engines, vllm_cpu_setup
@@ -123,9 +124,7 @@ def env_problem(pool: PoolSpec) -> str | None:
         return (f"rollout.engine: vllm on cpu pool {pool.name!r} runs in the vLLM-CPU "
                 f"environment, and {where} has none (no bin/python with {DISTRIBUTION}); fix: "
                 f"run {SETUP_COMMAND} (or set ${ENV_VAR} to where it is)")
-    from orchestrator import __version__ as own
-
-    there = installed_version(pool, vllm_cpu_setup.DISTRIBUTION)
+    own, there = __version__, installed_version(pool, vllm_cpu_setup.DISTRIBUTION)
     if there != own and own != "0+unknown":  # a source tree run uninstalled: nothing to match
         return (f"rollout.engine: vllm on cpu pool {pool.name!r}: the vLLM-CPU environment "
                 f"{where} has rl-ablate {there or '(none)'}, this is {own}; fix: run "
