@@ -76,7 +76,8 @@ class Notifier:
     def scan(self) -> None:
         """Queue the events the trial files hold now."""
         for tid, spec in records.known_trials(self.grid_dir).items():
-            rec = records.load_state(TrialPaths(self.grid_dir, tid), tid)
+            paths = TrialPaths(self.grid_dir, tid)
+            rec = records.load_state(paths, tid)
             base = {"trial_id": tid, "pool": rec.pool or spec.pool,
                     "cell": ", ".join(f"{k}={v}" for k, v in spec.axes) or spec.pool,
                     "mlflow_run_id": rec.mlflow_run_id}
@@ -89,7 +90,7 @@ class Notifier:
                                          "reason": v.get("reason")}, f"collapsed:{tid}")
             # A warning as it fires (the runner's ``warning.json``), or, for a trial that ran
             # before the file existed, from its verdict at the end: one key, sent once.
-            told = _told(TrialPaths(self.grid_dir, tid))
+            told = _told(paths)
             warned = v.get("rescued_step", v.get("warning_step"))
             if told is not None:
                 self.queue("warning", {**base, "verdict": v.get("kind") or "running",
@@ -180,8 +181,8 @@ def _told(paths: TrialPaths) -> dict[str, Any] | None:
     """The trial's ``warning.json`` (its runner's first warning), or None: none yet, or not
     readable (told at the trial's end from its verdict instead)."""
     try:
-        return read_json(paths.warning) if paths.warning.exists() else None
-    except (OSError, ValueError):
+        return read_json(paths.warning)
+    except (OSError, ValueError):  # FileNotFoundError: no warning yet
         return None
 
 
