@@ -133,6 +133,10 @@ class Trainer(abc.ABC):
     # The version of the reference evaluator(s) this trainer runs, recorded with every score it
     # makes after the fact (``store.reference``); None: it runs none.
     reference_version: ClassVar[str | None] = None
+    # True: the trial's evals cannot run the reference in-process (verl evaluates through the
+    # trial's own engine), so the runner scores each checkpoint as it is saved, with
+    # :meth:`evaluate_checkpoint`, into ``reference.json`` (``run/_attempt.py``).
+    reference_at_checkpoints: ClassVar[bool] = False
 
     def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
                             checkpoint: Path, step: int, target: str) -> float:

@@ -20,10 +20,19 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator import evaluation
+from orchestrator import metrics as M
 from orchestrator.backends import AttemptOutcome, AttemptResult
 from orchestrator.run._start import AttemptStart
 from orchestrator.store import atomic_write_json, records
+from orchestrator.store.reference import (
+    ReferenceScores,
+    read_reference,
+    send_reference,
+    write_reference,
+)
 from orchestrator.store.summary import write_summary
+from orchestrator.tracking import DeferredRun, log_steps
 from orchestrator.trial import TrialState, transition
 
 log = logging.getLogger(__name__)
@@ -115,7 +124,44 @@ class AttemptRun(AttemptStart):
             # be past the onset, and `ablate resume --from last-healthy` needs one before it.
             older = [s for s in self.store.protected() if s < step]
             self.store.protect(older[-1:] + [step])
+        self._score_reference(step)  # before retention may drop the checkpoint
         self.store.prune()
+
+    def _score_reference(self, step: int) -> None:
+        """For a trainer whose evals cannot run the grid's reference evaluator in-process
+        (``Trainer.reference_at_checkpoints``: verl), score the checkpoint just saved into the
+        trial's ``reference.json`` and its MLflow run, as ``ablate evaluate`` would later. A
+        score that cannot be made is logged and left to ``ablate evaluate``; it never fails the
+        trial's training."""
+        target = evaluation.reference_of(self.job.config)
+        trainer = self.job.backend_ref.trainer(self.job.pool)
+        if target is None or not trainer.reference_at_checkpoints:
+            return
+        t0 = time.perf_counter()
+        try:
+            value = trainer().evaluate_checkpoint(self.job.trial, self.job.config, self.job.pool,
+                                                  self.store.path(step), step, target)
+        except Exception as exc:  # noqa: BLE001 - a missing score is visible; training goes on
+            log.warning("trial %s: reference score of step %d not made: %s",
+                        self.job.trial.trial_id, step, exc)
+            return
+        held = read_reference(self.paths)
+        if held is None or (held.target, held.evaluator) != (target, trainer.reference_version):
+            held = ReferenceScores(target, str(trainer.reference_version))
+        held.scores[step] = (value, time.perf_counter() - t0)
+        write_reference(self.paths, held)  # sent to MLflow at the attempt's end (_send_reference)
+
+    def _send_reference(self) -> None:
+        """The attempt's reference scores to the trial's MLflow run (one request, at its end:
+        the outbox takes rows in step order only, and these are for steps it has sent); left
+        for ``ablate evaluate`` when the run does not exist yet or the store is down."""
+        held = read_reference(self.paths)
+        target = self.job.tracking
+        if held is None or target is None or self.tracker is None \
+                or isinstance(self.tracker, DeferredRun):
+            return  # a deferred attempt's orchestrator sends them with its outbox (send_trial)
+        send_reference(self.paths, held, self.tracker.run_id, lambda run, values: log_steps(
+            target.uri, run, M.EVAL_REWARD_REF, values))
 
     def should_stop(self) -> str | None:
         if self.stop_reason is not None:
@@ -179,6 +225,7 @@ class AttemptRun(AttemptStart):
                                        "verdict.rescued_by": rescued["rescued_by"]})
             self.tracker.log_attempts(self.attempts)
             self.tracker.flush(30.0)
+            self._send_reference()
             self.tracker.end("KILLED" if state is TrialState.CANCELLED else "FINISHED")
         if outcome == "cancelled":
             records.clear_cancel_requests(self.grid_dir, [self.job.trial.trial_id])

@@ -16,6 +16,7 @@ import time
 from orchestrator.cost import pool_rate
 from orchestrator.run._commits import AttemptCommits
 from orchestrator.store import atomic_write_json, records
+from orchestrator.store.reference import drop_reference_after
 from orchestrator.trial import Attempt, TrialState, transition
 
 log = logging.getLogger(__name__)
@@ -104,6 +105,7 @@ class AttemptStart(AttemptCommits):
             records.write_metrics(paths.root / "superseded" / f"attempt-{self.number}.jsonl", self.tail)
         if self.resume_step is not None:
             self.store.drop_after(self.resume_step)  # the abandoned branch's checkpoints
+        drop_reference_after(paths, start)  # and their reference scores (fresh: all of them)
         self.kept_rows = records.truncate_metrics(paths.metrics, start)
         if job.start == "fresh":
             self.record = records.TrialRecord(trial_id=job.trial.trial_id)

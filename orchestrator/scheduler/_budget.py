@@ -42,6 +42,7 @@ from orchestrator.stats.seeds import (
     seeds_to_decide,
 )
 from orchestrator.store import TrialPaths, records
+from orchestrator.store.reference import read_reference
 from orchestrator.trial import TrialSpec, TrialState
 
 if TYPE_CHECKING:
@@ -368,6 +369,10 @@ def _outcome(spec: TrialSpec, rec: records.TrialRecord, paths: TrialPaths,
     vstep = (rec.verdict or {}).get("step")
     step = vstep if collapsed and isinstance(vstep, int) else rec.last_step
     ref = records.finite_or_none(summary.get(M.EVAL_REWARD_REF))
+    if ref is None:  # scored at its checkpoints (verl) or after the fact: its last scored step
+        held = read_reference(paths)
+        ref = records.finite_or_none(held.scores[max(held.scores)][0]) \
+            if held is not None and held.scores else None
     return Outcome(spec.seed, collapsed, math.nan if reward is None else reward,
                    None if cost is None else cost.hours, None if collapsed is None else step,
                    math.nan if ref is None else ref)

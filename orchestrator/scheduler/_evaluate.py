@@ -25,8 +25,13 @@ from orchestrator.exceptions import UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.recipes import apply_overrides
 from orchestrator.store import CheckpointStore, GridLease, TrialPaths, records, workspace
-from orchestrator.store.reference import ReferenceScores, read_reference, write_reference
-from orchestrator.tracking import client
+from orchestrator.store.reference import (
+    ReferenceScores,
+    read_reference,
+    send_reference,
+    write_reference,
+)
+from orchestrator.tracking import log_steps
 from orchestrator.trial import TrialSpec
 
 log = logging.getLogger(__name__)
@@ -130,22 +135,6 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
 
 def _send(paths: TrialPaths, held: ReferenceScores, uri: str, report: EvaluateReport) -> None:
     """Log the scores MLflow has not taken yet to the trial's run (its record names it)."""
-    unsent = sorted(set(held.scores) - held.sent)
-    if not unsent:
-        return
     run_id = records.load_state(paths, paths.root.name).mlflow_run_id
-    if run_id is None:
-        report.unsent += len(unsent)
-        return
-    try:
-        from mlflow.entities import Metric  # deferred: mlflow only where scores are sent
-
-        now = int(time.time() * 1000)
-        client(uri).log_batch(run_id, metrics=[
-            Metric(M.EVAL_REWARD_REF, held.scores[s][0], now, s) for s in unsent])
-    except Exception as exc:  # noqa: BLE001 - the file is the record; MLflow gets it next time
-        log.warning("reference scores of %s not sent to MLflow: %s", paths.root.name, exc)
-        report.unsent += len(unsent)
-        return
-    held.sent.update(unsent)
-    write_reference(paths, held)
+    report.unsent += send_reference(
+        paths, held, run_id, lambda run, values: log_steps(uri, run, M.EVAL_REWARD_REF, values))

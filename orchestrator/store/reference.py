@@ -1,5 +1,6 @@
-"""Reference scores a trial's checkpoints got after the fact (``ablate evaluate``), in
-``trials/<id>/reference.json``.
+"""Reference scores of a trial's checkpoints, in ``trials/<id>/reference.json``: made after the
+fact (``ablate evaluate``), or by the runner as each checkpoint is saved for a trainer whose
+evals cannot run the reference in-process (verl: ``Trainer.reference_at_checkpoints``).
 
 A trial of a grid with ``eval: {reference: ...}`` logs ``eval/reward_ref`` with its other
 metrics (``metrics.jsonl``, the source of truth). A trial that ran without it (a grid recorded
@@ -14,9 +15,13 @@ keeps what it finished and a second run scores only what is missing.
 from __future__ import annotations
 
 import dataclasses
+import logging
+from collections.abc import Callable
 from typing import Any
 
 from orchestrator.store._files import TrialPaths, atomic_write_json, corrupt_state_file, read_json
+
+log = logging.getLogger(__name__)
 
 
 @dataclasses.dataclass
@@ -57,4 +62,39 @@ def write_reference(paths: TrialPaths, scores: ReferenceScores) -> None:
     atomic_write_json(paths.reference, scores.to_json())
 
 
-__all__ = ["ReferenceScores", "read_reference", "write_reference"]
+def send_reference(paths: TrialPaths, scores: ReferenceScores, run_id: str | None,
+                   send: Callable[[str, dict[int, float]], None]) -> int:
+    """Send the scores the trial's MLflow run ``run_id`` lacks with ``send(run_id, {step:
+    value})`` and record them as sent; returns how many are left unsent (no run yet, or the
+    send failed: the file is the record, the next ``ablate evaluate`` sends them)."""
+    unsent = sorted(set(scores.scores) - scores.sent)
+    if not unsent:
+        return 0
+    if run_id is None:
+        return len(unsent)
+    try:
+        send(run_id, {s: scores.scores[s][0] for s in unsent})
+    except Exception as exc:  # noqa: BLE001 - a store outage must not lose or fail anything
+        log.warning("reference scores of %s not sent to MLflow: %s", paths.root.name, exc)
+        return len(unsent)
+    scores.sent.update(unsent)
+    write_reference(paths, scores)
+    return 0
+
+
+def drop_reference_after(paths: TrialPaths, step: int) -> None:
+    """Forget the scores of the steps after ``step`` (a resume before them replaces those
+    checkpoints; ``step`` 0: a fresh start, the whole file)."""
+    held = read_reference(paths)
+    if held is None or all(s <= step for s in held.scores):
+        return
+    if step <= 0:
+        paths.reference.unlink(missing_ok=True)
+        return
+    held.scores = {s: v for s, v in held.scores.items() if s <= step}
+    held.sent &= set(held.scores)
+    write_reference(paths, held)
+
+
+__all__ = ["ReferenceScores", "drop_reference_after", "read_reference", "send_reference",
+           "write_reference"]

@@ -19,11 +19,14 @@ import threading
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from orchestrator.metrics import EVAL_REWARD_REF
 from orchestrator.store import TrialPaths, records
+from orchestrator.store.reference import read_reference, send_reference
 from orchestrator.tracking._deferred import DeferredRun
 from orchestrator.tracking._grid_run import GridRun, TrackingTarget
 from orchestrator.tracking._outbox import Outbox
 from orchestrator.tracking._runs import TrialRun, drain
+from orchestrator.tracking._store import log_steps
 from orchestrator.trial import TrialState
 from orchestrator.verdict import Verdict
 
@@ -83,6 +86,10 @@ def _send_locked(grid: GridSpec, paths: TrialPaths, trial_id: str, buf: Path,
     if run_id is not None and rec.mlflow_run_id != run_id:
         rec.mlflow_run_id = run_id
         records.save_state(paths, rec)
+    held = read_reference(paths)  # scores made at the trial's checkpoints (verl), once its run is
+    if held is not None and ok:
+        ok = not send_reference(paths, held, run_id, lambda run, values: log_steps(
+            target.uri, run, EVAL_REWARD_REF, values))
     return ok
 
 

@@ -52,6 +52,19 @@ def client(tracking_uri: str) -> MlflowClient:
     return MlflowClient(tracking_uri=tracking_uri)
 
 
+def log_steps(tracking_uri: str, run_id: str, name: str, values: dict[int, float]) -> None:
+    """Log ``name`` at each step of ``values`` to an existing run, in one request (steps in any
+    order: a trial's outbox takes rows in step order only, so a value made for an earlier step,
+    such as a reference score, goes this way). Raises what MLflow raises."""
+    import time
+
+    from mlflow.entities import Metric
+
+    now = int(time.time() * 1000)
+    client(tracking_uri).log_batch(run_id, metrics=[
+        Metric(mlflow_key(name), v, now, s) for s, v in sorted(values.items())])
+
+
 def is_remote(uri: str) -> bool:
     return uri.startswith(("http://", "https://"))
 

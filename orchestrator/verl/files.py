@@ -67,7 +67,9 @@ def normalise(data: Mapping[str, Any], loss_scaled: bool = False) -> dict[str, f
 
 
 def _eval_reward(m: Mapping[str, float]) -> float | None:
-    """Mean over data sources of ``val-core/<source>/<var>/mean@N`` (reward, else acc/score)."""
+    """Mean over data sources of ``val-core/<source>/<var>/mean@N``: verl's core validation
+    metric, ``acc`` when the reward function returns one, else the reward
+    (``trainer/ppo/ray_trainer.py:725``; the other parts are under ``val-aux/``)."""
     for var in ("reward", "acc", "score"):
         vals = [v for k, v in m.items() if k.startswith("val-core/") and f"/{var}/mean@" in k
                 and math.isfinite(v)]

@@ -50,9 +50,11 @@ OWNED_ENV = frozenset({"VERL_FILE_LOGGER_PATH", "PYTHONUNBUFFERED", "ABLATE_TRIA
 ENV_NAME = re.compile(r"[A-Za-z_][A-Za-z0-9_]*")
 # Recipe paths that verl opens on the workers: relative ones are resolved against the repo.
 PATH_KEYS = ("function_tool_path", "tool_config_path")
-# Recipe sections that are not verl keys: the vocabularies, and ``assets`` (model, tokenizer and
-# data built in code, orchestrator/verl/cpu/assets.py), which become verl paths.
-SECTIONS = ("correction", "rollout", "learner", "assets")
+# Recipe sections that are not verl keys: the vocabularies, ``assets`` (model, tokenizer and
+# data built in code, orchestrator/verl/cpu/assets.py), which become verl paths, and ``eval``
+# (the grid's ``eval: {reference: ...}``, which the runner acts on: orchestrator/evaluation.py;
+# verl 0.9.1's config has no top-level ``eval``, its validation is ``trainer.test_freq``).
+SECTIONS = ("correction", "rollout", "learner", "assets", "eval")
 
 VERL_DTYPE = {"fp32": "float32", "bf16": "bfloat16", "fp16": "float16"}
 

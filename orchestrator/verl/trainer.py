@@ -16,17 +16,18 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
+from orchestrator import evaluation, recipes
 from orchestrator import metrics as M
-from orchestrator import recipes
 from orchestrator.backends.base import AttemptResult, RunContext, Trainer
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.exceptions import CheckpointError, GridError
+from orchestrator.exceptions import CheckpointError, GridError, UserError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 from orchestrator.verl import cpu_engines, engine_versions, engines, mapping
 from orchestrator.verl import learner as verl_learner
+from orchestrator.verl.cpu import reference
 from orchestrator.verl.cpu.assets import asset_values
 from orchestrator.verl.memory import check_memory
 from orchestrator.verl.preflight import preflight
@@ -102,9 +103,11 @@ class VerlTrainer(Trainer):
 
     @classmethod
     def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """Plan time: a model too large for a cpu pool's memory (``memory``), and
-        separate_async's batch constraints for ``learner.max_staleness``."""
-        return check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
+        """Plan time: a model too large for a cpu pool's memory (``memory``),
+        separate_async's batch constraints for ``learner.max_staleness``, and a reference
+        evaluator for a recipe whose task it cannot score."""
+        return (check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
+                or _reference_recipe_problem(config))
 
     @classmethod
     def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
@@ -134,14 +137,31 @@ class VerlTrainer(Trainer):
 
     @classmethod
     def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
-        """Refused: verl validates only through the trial's own rollout engine, in-process. A
-        shared evaluator would be a separate job over the saved FSDP shards (an fp32 forward of
-        the merged weights, one fixed configuration for every arm) that this backend does not
-        run yet, and a number it did not compute is not recorded (docs/evaluation.md)."""
-        return (f"eval.reference: {target} is not available on the verl backend (its only eval "
-                "is the trial's own validation engine; a shared reference evaluator over the "
-                "saved checkpoints is not implemented); fix: drop eval.reference, or run the "
-                "grid on the sim backend")
+        """``trainer`` on the cpu pools, for recipes whose task the project builds (``assets:``):
+        verl validates only through the trial's own engine, so each saved checkpoint is scored
+        by an fp32 forward of its shards (``verl/cpu/reference.py``) as it is saved. A gpu
+        pool's checkpoints would need that forward run as a job on a fixed evaluation pool,
+        which this backend does not run: refused, as a number it did not compute is not
+        recorded (docs/evaluation.md)."""
+        if target != "trainer":
+            return f"eval.reference: {target} is not a target here"
+        if pool.kind != "cpu":
+            return (f"eval.reference: {target} on the verl backend runs on the cpu pools only "
+                    f"(pool {pool.name} is a {pool.kind} pool: scoring its checkpoints with one "
+                    "fixed evaluator would be a job on an evaluation pool, not implemented); "
+                    "fix: drop eval.reference, or run the grid on cpu or sim pools")
+        return None
+
+    reference_version: ClassVar[str | None] = reference.VERSION
+    reference_at_checkpoints: ClassVar[bool] = True
+
+    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                            checkpoint: Path, step: int, target: str) -> float:
+        """The fp32 reference score of a stored verl checkpoint (``verl/cpu/reference.py``)."""
+        problem = self.check_reference(target, pool) or _reference_recipe_problem(config, target)
+        if problem:
+            raise UserError(f"trial {trial.trial_id}: {problem}")
+        return reference.score(checkpoint, config)
 
     @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
@@ -360,6 +380,17 @@ def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSp
         raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
                         f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
     return corr, roll
+
+
+def _reference_recipe_problem(config: Mapping[str, Any], target: str | None = None) -> str | None:
+    """The reference evaluator scores the task of the recipe's ``assets:`` (its prompts and
+    reward, ``verl/cpu/reference.py``): a recipe without one cannot be scored."""
+    target = target or evaluation.reference_of(config)
+    if target is None or config.get("assets"):
+        return None
+    return (f"eval.reference: {target} on the verl backend scores the in-code task of the "
+            "recipe's 'assets:' section (its prompts and reward), and this recipe has none; "
+            "fix: drop eval.reference, or use a recipe like verl/cpu_tiny")
 
 
 def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:

@@ -60,16 +60,30 @@ def test_bad_reference_settings_are_one_line_at_plan(tmp_path: Path, extra: str,
     assert "\n" not in str(info.value)
 
 
-def test_verl_refuses_the_reference_at_plan_and_ablate_plan_exits_2(
+def test_verl_takes_the_reference_on_cpu_pools_only(
         tmp_path: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    path = _with(tmp_path, "name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\n"
-                 "pool: cpu-fp32\neval: {reference: trainer}\n")
-    with pytest.raises(GridError, match=r"eval\.reference.*not available on the verl backend.*"
-                       r"fix: drop eval\.reference"):
-        load_grid(path)
-    assert main(["plan", str(path)]) == 2
+    """verl's reference is an fp32 forward of the checkpoints of the in-code task (the cpu pools,
+    ``verl/cpu/reference.py``): part of the ids there; a gpu pool or a recipe without
+    ``assets:`` is one line at plan, exit 2."""
+    head = "name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\n"
+    ok = load_grid(_with(tmp_path, head + "pool: cpu-fp32\neval: {reference: trainer}\n"))
+    (trial,) = expand(ok)
+    assert dict(trial.overrides)[evaluation.OVERRIDE_KEY] == "trainer"
+    gpu = _with(tmp_path, head + "pool: h100\neval: {reference: trainer}\n", "gpu.yaml")
+    with pytest.raises(GridError, match=r"eval\.reference: trainer on the verl backend runs on "
+                       r"the cpu pools only \(pool h100 is a gpu pool.*fix: drop eval\.reference"):
+        load_grid(gpu)
+    assert main(["plan", str(gpu)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "verl backend" in err
+    assert len(err.splitlines()) == 1 and "cpu pools only" in err
+    bare = (REPO / "recipes" / "verl" / "cpu_tiny.yaml").read_text().split("\nalgorithm:", 1)[1]
+    recipes = tmp_path / "recipes" / "verl"
+    recipes.mkdir(parents=True)
+    (recipes / "no_assets.yaml").write_text("algorithm:" + bare)
+    text = ("name: v\nrecipe: verl/no_assets\n"
+            "backend: verl\nsteps: 3\npool: cpu-fp32\neval: {reference: trainer}\n")
+    with pytest.raises(GridError, match=r"in-code task of the recipe's 'assets:' section"):
+        expand(load_grid(_with(tmp_path, text, "bare.yaml")))
 
 
 def test_final_reward_ref_is_a_target_only_with_a_reference(tmp_path: Path) -> None:

@@ -728,3 +728,18 @@ def _alive(pid: int) -> bool:
     except (OSError, IndexError):
         return False
     return state not in ("Z", "X")
+
+
+def test_a_grid_with_a_reference_evaluator_passes_verls_own_preflight(tmp_path: Path) -> None:
+    """``eval: {reference: trainer}`` is the runner's, never a verl key (verl 0.9.1 has no
+    top-level ``eval``: Hydra refused ``eval.reference`` in the first real trial that set it);
+    the trial's ids still carry it."""
+    path = tmp_path / "g.yaml"
+    path.write_text("name: g\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 2\npool: cpu-fp32\n"
+                    "eval: {reference: trainer}\n")
+    grid = load_grid(path)
+    (trial,) = expand(grid)
+    assert dict(trial.overrides)["eval.reference"] == "trainer"
+    config, pool = grid.trial_config(trial), grid.pools.get(trial.pool)
+    assert not [i for i in VerlTrainer.overrides(trial, config, pool) if "eval." in i]
+    VerlTrainer.validate(trial, config, pool)

@@ -9,6 +9,7 @@ Needs ``pip install -e '.[verl]'`` (verl 0.9.1 + TransferQueue); no GPU, no netw
 """
 from __future__ import annotations
 
+import csv
 import itertools
 import json
 import textwrap
@@ -118,6 +119,68 @@ def test_checkpoints_land_in_each_trials_store(submitted) -> None:
         step = trials / tid / "checkpoints" / "step-00000002"
         assert (step / "actor" / "model_world_size_1_rank_0.pt").is_file(), tid
         assert (step / "actor" / "optim_world_size_1_rank_0.pt").is_file(), tid
+
+
+@pytest.mark.slow
+def test_evaluate_scores_every_kept_checkpoint_with_the_fp32_reference(submitted) -> None:
+    """``ablate evaluate`` on verl trials (issue 41): each kept checkpoint of each trial scored by
+    the fp32 trainer-side forward (``verl/cpu/reference.py``) into ``reference.json``, once; the
+    weights it loads are the ones verl synced into the fp32 rollout server (same fingerprint), and
+    its greedy batch decode scores what the CPU engine's own decode loop gives on them."""
+    import torch
+    import yaml
+
+    from orchestrator.verl.cpu import assets, reward
+    from orchestrator.verl.cpu import reference as ref
+    from orchestrator.verl.cpu.rollout import decoding, weights
+
+    env, tmp = submitted["env"], submitted["tmp"]
+    proc = cliproc.run(["evaluate", str(GRID)], env, tmp)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    trials = submitted["workdir"] / "verl-cpu" / "trials"
+    config = yaml.safe_load((REPO / "recipes" / "verl" / "cpu_tiny.yaml").read_text())
+    fp32_fingerprints = []
+    for trial in sorted(trials.iterdir()):
+        kept = sorted(int(p.name.removeprefix("step-")) for p in (trial / "checkpoints").glob("step-*"))
+        held = json.loads((trial / "reference.json").read_text())
+        assert held["evaluator"] == ref.VERSION and held["target"] == "trainer", held
+        assert sorted(int(s) for s in held["scores"]) == kept == [2, 3], (trial.name, held)
+        assert all(0.0 <= v["reward"] <= 1.0 and v["seconds"] > 0 for v in held["scores"].values())
+        if json.loads((trial / "spec.json").read_text())["pool"] == "cpu-fp32":
+            fp32_fingerprints.append((trial, held))
+    assert len(fp32_fingerprints) == 2
+    trial, held = fp32_fingerprints[0]
+    step2 = trial / "checkpoints" / "step-00000002"
+    model, tokenizer = ref.load_model(step2)
+    syncs = {round(json.loads(ln)["fingerprint"], 6) for ln in
+             (trial / "logs" / "weight_sync.attempt1.jsonl").read_text().splitlines() if ln.strip()}
+    assert round(weights.fingerprint(model), 6) in syncs, (weights.fingerprint(model), syncs)
+    spec = assets.spec_from_recipe(config["assets"])
+    params = decoding.SamplingParams(max_new_tokens=config["data"]["max_response_length"],
+                                     temperature=0.0, stop_token_ids=frozenset({tokenizer.eos_token_id}))
+    sums = {"score": 0.0, "acc": 0.0}
+    rows = assets.val_rows(spec)
+    with torch.inference_mode():
+        for row in rows:
+            ids = tokenizer.apply_chat_template(row["prompt"], add_generation_prompt=True,
+                                                tokenize=True, return_dict=False)
+            out = decoding.decode(model, list(ids), params, torch.Generator().manual_seed(0))
+            answer = tokenizer.decode(out.token_ids, skip_special_tokens=True)
+            parts = reward.score_answer(answer, row["reward_model"]["ground_truth"])
+            for part in sums:
+                sums[part] += parts[part]
+    # The recorded score is verl's core part (acc: the reward returns one), as eval/reward is.
+    assert held["scores"]["2"]["reward"] == pytest.approx(sums["acc"] / len(rows), abs=1e-12)
+    assert ref.score_parts(step2, config)["score"] == pytest.approx(sums["score"] / len(rows),
+                                                                    abs=1e-12)
+    again = cliproc.run(["evaluate", str(GRID)], env, tmp)
+    assert again.returncode == 0 and "nothing to score" in again.stdout, again.stdout + again.stderr
+    out = tmp / "results-ref"
+    proc = cliproc.run(["compare", str(GRID), "--out", str(out)], env, tmp)
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    with (out / "trials.csv").open(newline="") as fh:
+        rows = list(csv.DictReader(fh))
+    assert len(rows) == 4 and all(float(r["final_reward_ref"]) >= 0 for r in rows), rows
 
 
 # Ray actors running verl's classes (the driver is main_ppo); TransferQueue's actors are not

@@ -43,6 +43,8 @@ GRID = """\
     pool: cpu-bf16
     overrides:
       rollout.engine: vllm
+      trainer.test_freq: 1
+    eval: {reference: trainer}
     budget:
       max_parallel: 1
     checkpoint:
@@ -141,6 +143,49 @@ def test_a_vllm_trial_resumes_on_the_cpu_engine(submitted) -> None:
     log = (child / "logs" / "verl.attempt2.log").read_text()
     assert "global_step_1" in log and "Loaded model from" in log
     assert [r["step"] for r in _metrics(submitted, "vllm")] == [1, 2]  # the parent as it was
+
+
+def test_each_checkpoint_is_scored_by_the_reference_beside_the_engines_own_eval(
+        submitted) -> None:
+    """``eval: {reference: trainer}`` on verl (issue 41): the engine's own validation
+    (``eval/reward``, vLLM-CPU in bf16) every step, and each checkpoint scored as it was saved by
+    the fp32 reference (``verl/cpu/reference.py``) into ``reference.json`` and the trial's MLflow
+    run: the same numbers the evaluator gives on those checkpoints here."""
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.verl.cpu import reference
+
+    rows = _metrics(submitted, "vllm")
+    assert all(0.0 <= r["metrics"]["eval/reward"] <= 1.0 for r in rows), rows
+    trial = _trial(submitted, "vllm")
+    held = json.loads((trial / "reference.json").read_text())
+    assert held["evaluator"] == reference.VERSION and sorted(held["scores"]) == ["1", "2"], held
+    assert all(v["sent"] for v in held["scores"].values()), held
+    state = json.loads((trial / "state.json").read_text())
+    client = MlflowClient(tracking_uri=f"sqlite:///{submitted['tmp'] / '.ablate' / 'mlflow.db'}")
+    history = {m.step: m.value for m in client.get_metric_history(state["mlflow_run_id"],
+                                                                   "eval/reward_ref")}
+    assert history == {int(s): v["reward"] for s, v in held["scores"].items()}, history
+    by_step = {r["step"]: r["metrics"] for r in rows}
+    for step, value in held["scores"].items():
+        own = by_step[int(step)]
+        assert value["reward"] == own["eval/reward"]  # both verl's core part: acc
+        ckpt = trial / "checkpoints" / f"step-{int(step):08d}"
+        if ckpt.is_dir():  # retention may have dropped step 1 after step 2 was saved
+            parts = reference.score_parts(ckpt, _recipe())
+            assert parts["acc"] == value["reward"]
+            # The greedy answers of the bf16 engine and of the fp32 reference agree here (a
+            # 2-step policy whose EOS leads the next token by ~3x), so the rewards do too.
+            assert parts["score"] == pytest.approx(
+                own["val-aux/ablate_cpu/copy/reward/mean@1"], abs=1e-6), (parts, own)
+
+
+def _recipe() -> dict[str, Any]:
+    import yaml
+
+    from orchestrator.recipes import BUILTIN_RECIPES
+
+    return yaml.safe_load((BUILTIN_RECIPES / "verl" / "cpu_tiny.yaml").read_text())
 
 
 def test_no_shared_memory_is_left(submitted) -> None:

@@ -217,7 +217,12 @@ def write_data(out: Path, spec: AssetSpec) -> None:
     # Distinct seeds per split; with 1-2 digits the two splits overlap (only 110 prompts exist),
     # which is fine for a smoke task: validation measures what the policy does, not generalisation.
     pd.DataFrame(rows(spec, "train", spec.n_train, spec.data_seed)).to_parquet(out / "train.parquet")
-    pd.DataFrame(rows(spec, "val", spec.n_val, spec.data_seed + 1)).to_parquet(out / "val.parquet")
+    pd.DataFrame(val_rows(spec)).to_parquet(out / "val.parquet")
+
+
+def val_rows(spec: AssetSpec) -> list[dict]:
+    """The validation rows (``val.parquet``; the reference evaluator scores the same prompts)."""
+    return rows(spec, "val", spec.n_val, spec.data_seed + 1)
 
 
 # --------------------------------------------------------------------------- recipes
