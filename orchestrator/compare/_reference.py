@@ -87,16 +87,23 @@ def rows(report: dict[str, Any]) -> list[tuple[str, dict[str, Any]]]:
 
 def _summary_lines(found: list[tuple[str, dict[str, Any]]]) -> list[str]:
     bad = [label for label, s in found if disagrees(s)]
-    best_own = max(found, key=lambda x: _key(x[1]["final_reward"]))[0]
-    best_ref = max(found, key=lambda x: _key(x[1]["final_reward_ref"]))[0]
+    best_own, best_ref = _best(found, "final_reward"), _best(found, "final_reward_ref")
     lines = [f"Own and reference disagree (own - reference excludes 0) in {len(bad)} of "
              f"{len(found)} cells" + (f": {'; '.join(bad)}." if bad else ".")]
-    if best_own != best_ref:
-        lines.append(f"The best cell by the arms' own engines ({best_own}) is not the best by the "
-                     f"reference ({best_ref}).")
+    if len(found) > 1 and len(best_own) == len(best_ref) == len(found):
+        lines.append("Every cell has the same final value by either number: neither ranks them.")
+    elif best_own != best_ref:
+        lines.append(f"The best cell by the arms' own engines ({'; '.join(best_own)}) is not the "
+                     f"best by the reference ({'; '.join(best_ref)}).")
     else:
-        lines.append(f"The best cell is the same by either number ({best_own}).")
+        lines.append(f"The best cell is the same by either number ({'; '.join(best_own)}).")
     return lines
+
+
+def _best(found: list[tuple[str, dict[str, Any]]], key: str) -> list[str]:
+    """The cells with the highest final ``key`` (several when they tie)."""
+    top = max(_key(s[key]) for _, s in found)
+    return [label for label, s in found if _key(s[key]) == top]
 
 
 def _key(v: float) -> float:
@@ -108,6 +115,22 @@ INTRO = ("Every eval step was also scored by one reference evaluator, the same f
          "prompts with the same sampling noise per seed). Own: the arm's own engine "
          "(`eval/reward`: its pool's numerics and engine flags, stale weights where the pool "
          "lags). Final values, mean [95% interval] over seeds; own - reference paired by trial.")
+VERL_INTRO = ("Every saved checkpoint was also scored by one reference evaluator, the same for "
+              f"every arm (`{REF}`: the trainer-side model in fp32 with the checkpoint's weights, "
+              "greedy on the recipe's validation prompts, averaged as verl averages its own "
+              "validation; docs/evaluation.md). Own: the arm's own rollout engine (`eval/reward`: "
+              "verl's validation through its engine, dtype and flags). Final values (the last "
+              "step, which verl always saves), mean [95% interval] over seeds; own - reference "
+              "paired by trial.")
+
+
+def intro(pool_kinds: frozenset[str]) -> str:
+    """What the section says the reference evaluator is: the simulator's, or verl's (cpu and gpu
+    pools), or both where a grid's trials ran on both kinds."""
+    verl = bool(pool_kinds & {"cpu", "gpu"})
+    if verl and "sim" in pool_kinds:
+        return f"{INTRO} On the verl pools: {VERL_INTRO}"
+    return VERL_INTRO if verl else INTRO
 
 
 def markdown(report: dict[str, Any], text: Callable[[str], str]) -> list[str]:
@@ -115,7 +138,7 @@ def markdown(report: dict[str, Any], text: Callable[[str], str]) -> list[str]:
     found = rows(report)
     if not found:
         return []
-    lines = ["## Reference evaluation", "", INTRO, "",
+    lines = ["## Reference evaluation", "", report.get("reference_intro", INTRO), "",
              "| cell | own final | reference final | own - reference | disagree |",
              "|---|---|---|---|---|"]
     for label, s in found:
@@ -132,7 +155,7 @@ def html_section(report: dict[str, Any]) -> str:
     if not found:
         return ""
     esc = html.escape
-    parts = ["<h2>Reference evaluation</h2>", f"<p>{esc(INTRO.replace('`', ''))}</p>",
+    parts = ["<h2>Reference evaluation</h2>", f"<p>{esc(report.get('reference_intro', INTRO).replace('`', ''))}</p>",
              ("<table><tr><th>cell</th><th>own final</th><th>reference final</th>"
               "<th>own - reference</th><th>disagree</th></tr>")]
     for label, s in found:

@@ -122,7 +122,9 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                           unfinished=unfinished.describe() if unfinished else None,
                           compare=grid.spec.comparisons, adaptive=grid.spec.adaptive,
                           steps=grid.spec.steps, multiplicity=grid.spec.multiplicity,
-                          reward_range=grid.spec.metrics.bounds("reward"))
+                          reward_range=grid.spec.metrics.bounds("reward"),
+                          pool_kinds=frozenset(p.kind for p in grid.pools.pools.values()
+                                               if p.name in {r.pool for r in results}))
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
         r.numerics for r in results), evaluated=RF.present(results) and not grid.spec.eval.reference))
     _log_to_parent(mlc, exp.experiment_id, out)
@@ -138,11 +140,13 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
                  adaptive: AdaptiveSeedsSpec | None = None, steps: int = 0,
                  multiplicity: str = "holm",
-                 reward_range: tuple[float, float] = DEFAULT_RANGE) -> dict[str, Any]:
+                 reward_range: tuple[float, float] = DEFAULT_RANGE,
+                 pool_kinds: frozenset[str] = frozenset({"sim"})) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
     grid's steps (the horizon of the time to collapse; 0: the longest trial's); ``reward_range``:
-    the reward's declared range (``metrics.range.reward``), which its cell intervals stay in."""
+    the reward's declared range (``metrics.range.reward``), which its cell intervals stay in;
+    ``pool_kinds``: the kinds of the trials' pools (which reference evaluator the section names)."""
     variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
@@ -172,7 +176,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
               "reward_metric": reward, "environments": environments(r.numerics for r in results),
               "cost": cost, "comparisons": comparisons,
               "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names),
-              "rescues": RS.rescue_section(results, out, level)}
+              "rescues": RS.rescue_section(results, out, level),
+              "reference_intro": RF.intro(pool_kinds)}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))

@@ -16,8 +16,8 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator import evaluation, recipes
 from orchestrator import metrics as M
+from orchestrator import recipes
 from orchestrator.backends.base import AttemptResult, RunContext, Trainer
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
@@ -107,7 +107,7 @@ class VerlTrainer(Trainer):
         separate_async's batch constraints for ``learner.max_staleness``, and a reference
         evaluator for a recipe whose task it cannot score."""
         return (check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
-                or _reference_recipe_problem(config))
+                or reference.recipe_problem(config))
 
     @classmethod
     def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
@@ -158,7 +158,7 @@ class VerlTrainer(Trainer):
     def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
                             checkpoint: Path, step: int, target: str) -> float:
         """The fp32 reference score of a stored verl checkpoint (``verl/cpu/reference.py``)."""
-        problem = self.check_reference(target, pool) or _reference_recipe_problem(config, target)
+        problem = self.check_reference(target, pool) or reference.recipe_problem(config, target)
         if problem:
             raise UserError(f"trial {trial.trial_id}: {problem}")
         return reference.score(checkpoint, config)
@@ -380,17 +380,6 @@ def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSp
         raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
                         f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
     return corr, roll
-
-
-def _reference_recipe_problem(config: Mapping[str, Any], target: str | None = None) -> str | None:
-    """The reference evaluator scores the task of the recipe's ``assets:`` (its prompts and
-    reward, ``verl/cpu/reference.py``): a recipe without one cannot be scored."""
-    target = target or evaluation.reference_of(config)
-    if target is None or config.get("assets"):
-        return None
-    return (f"eval.reference: {target} on the verl backend scores the in-code task of the "
-            "recipe's 'assets:' section (its prompts and reward), and this recipe has none; "
-            "fix: drop eval.reference, or use a recipe like verl/cpu_tiny")
 
 
 def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:

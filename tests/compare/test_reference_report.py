@@ -62,3 +62,21 @@ def test_trials_without_reference_scores_change_nothing(tmp_path: Path) -> None:
     assert "final_reward_ref" not in _rows(tmp_path / "trials.csv")[0]
     assert "Reference evaluation" not in (tmp_path / "summary.md").read_text()
     assert not (tmp_path / "curves_reward_ref.png").exists()
+
+
+def test_the_section_names_the_grids_evaluator_and_never_a_best_cell_of_a_tie() -> None:
+    """verl's reference scores checkpoints greedily, the simulator's samples every eval step:
+    the section says which ran. Cells that all tie (a policy that answers nothing, own and
+    reference 0 everywhere) have no best cell; a tie at the top names every cell in it."""
+    from orchestrator.compare import _reference as RF
+
+    assert "sampling noise per seed" in RF.intro(frozenset({"sim"}))
+    assert "greedy" in RF.intro(frozenset({"cpu"})) and "noise" not in RF.intro(frozenset({"cpu"}))
+    assert "On the verl pools" in RF.intro(frozenset({"sim", "gpu"}))
+    zero = {"final_reward": 0.0, "final_reward_ref": 0.0, "own_minus_ref": 0.0,
+            "own_minus_ref_lo": 0.0, "own_minus_ref_hi": 0.0}
+    lines = RF._summary_lines([("a", zero), ("b", zero)])
+    assert lines[-1] == "Every cell has the same final value by either number: neither ranks them."
+    top = {**zero, "final_reward": 0.5, "final_reward_ref": 0.5}
+    lines = RF._summary_lines([("a", top), ("b", top), ("c", zero)])
+    assert lines[-1] == "The best cell is the same by either number (a; b)."

@@ -32,12 +32,25 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator import evaluation
 from orchestrator.exceptions import CheckpointError
 from orchestrator.verl.cpu import assets
 from orchestrator.verl.cpu import reward as reward_module
 
 VERSION = "verl-cpu-ref-1"  # bump when the evaluator's numbers would change
 _SHARD = re.compile(r"model_world_size_(\d+)_rank_(\d+)\.pt")
+
+
+def recipe_problem(config: Mapping[str, Any], target: str | None = None) -> str | None:
+    """Why a trial of this recipe cannot be scored (``eval.reference`` set, ``target`` or the
+    config's own): the evaluator scores the task of the recipe's ``assets:`` (its prompts and
+    reward), so a recipe without one cannot be."""
+    target = target or evaluation.reference_of(config)
+    if target is None or config.get("assets"):
+        return None
+    return (f"eval.reference: {target} on the verl backend scores the in-code task of the "
+            "recipe's 'assets:' section (its prompts and reward), and this recipe has none; "
+            "fix: drop eval.reference, or use a recipe like verl/cpu_tiny")
 
 
 def actor_dir(checkpoint: Path) -> Path:
