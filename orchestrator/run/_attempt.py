@@ -134,8 +134,10 @@ class AttemptRun(AttemptStart):
         score that cannot be made is logged and left to ``ablate evaluate``; it never fails the
         trial's training."""
         target = evaluation.reference_of(self.job.config)
+        if target is None:
+            return
         trainer = self.job.backend_ref.trainer(self.job.pool)
-        if target is None or not trainer.reference_at_checkpoints:
+        if not trainer.reference_at_checkpoints:
             return
         t0 = time.perf_counter()
         try:

@@ -15,6 +15,7 @@ import os
 import sqlite3
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -56,9 +57,7 @@ def log_steps(tracking_uri: str, run_id: str, name: str, values: dict[int, float
     """Log ``name`` at each step of ``values`` to an existing run, in one request (steps in any
     order: a trial's outbox takes rows in step order only, so a value made for an earlier step,
     such as a reference score, goes this way). Raises what MLflow raises."""
-    import time
-
-    from mlflow.entities import Metric
+    from mlflow.entities import Metric  # deferred: mlflow only where values are sent
 
     now = int(time.time() * 1000)
     client(tracking_uri).log_batch(run_id, metrics=[
