@@ -138,7 +138,7 @@ def markdown(report: dict[str, Any], text: Callable[[str], str]) -> list[str]:
     found = rows(report)
     if not found:
         return []
-    lines = ["## Reference evaluation", "", report.get("reference_intro", INTRO), "",
+    lines = ["## Reference evaluation", "", report["reference_intro"], "",
              "| cell | own final | reference final | own - reference | disagree |",
              "|---|---|---|---|---|"]
     for label, s in found:
@@ -155,7 +155,7 @@ def html_section(report: dict[str, Any]) -> str:
     if not found:
         return ""
     esc = html.escape
-    parts = ["<h2>Reference evaluation</h2>", f"<p>{esc(report.get('reference_intro', INTRO).replace('`', ''))}</p>",
+    parts = ["<h2>Reference evaluation</h2>", f"<p>{esc(report['reference_intro'].replace('`', ''))}</p>",
              ("<table><tr><th>cell</th><th>own final</th><th>reference final</th>"
               "<th>own - reference</th><th>disagree</th></tr>")]
     for label, s in found:

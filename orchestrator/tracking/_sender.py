@@ -86,7 +86,9 @@ def _send_locked(grid: GridSpec, paths: TrialPaths, trial_id: str, buf: Path,
     if run_id is not None and rec.mlflow_run_id != run_id:
         rec.mlflow_run_id = run_id
         records.save_state(paths, rec)
-    held = read_reference(paths)  # scores made at the trial's checkpoints (verl), once its run is
+    # Reference scores the runner made at the trial's checkpoints (verl) and could not send
+    # itself (a deferred attempt): the outbox takes rows in step order only.
+    held = read_reference(paths)
     if held is not None and ok:
         ok = not send_reference(paths, held, run_id, lambda run, values: log_steps(
             target.uri, run, EVAL_REWARD_REF, values))

@@ -139,7 +139,7 @@ def test_evaluate_scores_every_kept_checkpoint_with_the_fp32_reference(submitted
     assert proc.returncode == 0, proc.stderr[-2000:]
     trials = submitted["workdir"] / "verl-cpu" / "trials"
     config = yaml.safe_load((REPO / "recipes" / "verl" / "cpu_tiny.yaml").read_text())
-    fp32_fingerprints = []
+    fp32_trials = []
     for trial in sorted(trials.iterdir()):
         kept = sorted(int(p.name.removeprefix("step-")) for p in (trial / "checkpoints").glob("step-*"))
         held = json.loads((trial / "reference.json").read_text())
@@ -147,9 +147,9 @@ def test_evaluate_scores_every_kept_checkpoint_with_the_fp32_reference(submitted
         assert sorted(int(s) for s in held["scores"]) == kept == [2, 3], (trial.name, held)
         assert all(0.0 <= v["reward"] <= 1.0 and v["seconds"] > 0 for v in held["scores"].values())
         if json.loads((trial / "spec.json").read_text())["pool"] == "cpu-fp32":
-            fp32_fingerprints.append((trial, held))
-    assert len(fp32_fingerprints) == 2
-    trial, held = fp32_fingerprints[0]
+            fp32_trials.append((trial, held))
+    assert len(fp32_trials) == 2
+    trial, held = fp32_trials[0]
     step2 = trial / "checkpoints" / "step-00000002"
     model, tokenizer = ref.load_model(step2)
     syncs = {round(json.loads(ln)["fingerprint"], 6) for ln in
