@@ -5,9 +5,10 @@
    MLflow history call for these trials, whatever the store.
 2. MLflow, for the trials the workdir does not have (compare on another machine) or whose file is
    damaged: the run's ``summary.*`` tags give final and peak values; the curves come in bulk from
-   the tracking server's ``get-history-bulk`` endpoint (up to 100 runs and 25,000 points per
-   request; a full reply is split and asked again, as the server cuts a longer one silently),
-   from a few threads. A store without that endpoint (a SQLite file, an older server) gets one
+   the tracking server's ``get-history-bulk`` endpoint (up to 100 runs, a query of at most
+   ``BULK_MAX_QUERY_BYTES``, and 25,000 points per request; a full reply is split and asked
+   again, as the server cuts a longer one silently, and so is a request the server refuses as
+   too long), from a few threads. A store without that endpoint (a SQLite file, an older server) gets one
    ``get_metric_history`` call per run and metric.
 
 Curves read from MLflow are reduced like the summary's (``store.summary.reduce_curve``) once
@@ -40,6 +41,11 @@ log = logging.getLogger(__name__)
 BULK_ENDPOINT = "/ajax-api/2.0/mlflow/metrics/get-history-bulk"
 BULK_MAX_POINTS = 25_000  # the server's cap on one reply (mlflow/server/handlers.py)
 BULK_MAX_RUNS = 100
+# The run ids go in the query string (a GET), and gunicorn, which ``mlflow server --gunicorn-opts``
+# and ``ablate ui`` run, refuses a request line over 4,094 bytes (its ``limit_request_line``
+# default) with HTTP 400: at ~40 bytes a run id, 100 of them do not fit. Each batch keeps its
+# run ids within this many bytes of query, so the request line stays under that limit.
+BULK_MAX_QUERY_BYTES = 3_000
 THREADS = 4
 
 Curve = list[tuple[int, float]]
@@ -96,13 +102,16 @@ def _single(mlc: Any, run_id: str, key: str) -> Curve:
 
 
 def _bulk(uri: str, run_ids: Sequence[str], key: str) -> dict[str, Curve] | None:
-    """One ``get-history-bulk`` request; None when the reply may have been cut at the cap."""
+    """One ``get-history-bulk`` request; None when the reply may have been cut at the cap, or
+    the server refused a request of several runs (as too long, the likely reason)."""
     from mlflow.utils.credentials import get_default_host_creds
     from mlflow.utils.rest_utils import http_request
 
     resp = http_request(get_default_host_creds(uri), BULK_ENDPOINT, "GET",
                         params={"run_id": list(run_ids), "metric_key": key,
                                 "max_results": BULK_MAX_POINTS}, max_retries=2, timeout=120)
+    if resp.status_code in (400, 414) and len(run_ids) > 1:
+        return None  # a server with a shorter request-line limit: asked again in halves
     if resp.status_code != 200:
         raise OSError(f"{BULK_ENDPOINT}: HTTP {resp.status_code}")
     points = resp.json().get("metrics", [])
@@ -116,22 +125,25 @@ def _bulk(uri: str, run_ids: Sequence[str], key: str) -> dict[str, Curve] | None
 
 
 def _bulk_batches(items: Sequence[tuple[str, int]]) -> list[list[tuple[str, int]]]:
-    """Runs (with their expected points) in batches a reply can hold."""
+    """Runs (with their expected points) in batches a reply can hold and a request line can
+    name (``run_id=<id>&`` per run in the query)."""
     out: list[list[tuple[str, int]]] = [[]]
-    total = 0
+    total = query = 0
     for run_id, n in items:
-        n = max(n, 1)
-        if out[-1] and (total + n > BULK_MAX_POINTS * 0.9 or len(out[-1]) >= BULK_MAX_RUNS):
+        n, q = max(n, 1), len(run_id) + 8
+        if out[-1] and (total + n > BULK_MAX_POINTS * 0.9 or len(out[-1]) >= BULK_MAX_RUNS
+                        or query + q > BULK_MAX_QUERY_BYTES):
             out.append([])
-            total = 0
+            total = query = 0
         out[-1].append((run_id, n))
         total += n
+        query += q
     return [b for b in out if b]
 
 
 def _fetch_batch(mlc: Any, uri: str, key: str, batch: Sequence[str]) -> dict[str, Curve]:
-    """A batch by bulk requests, halved while a reply is full; one run alone past the cap (more
-    than 25,000 points) goes through the client, which pages."""
+    """A batch by bulk requests, halved while a reply is full (or the request refused); one run
+    alone past the cap (more than 25,000 points) goes through the client, which pages."""
     got = _bulk(uri, batch, key)
     if got is not None:
         return got

@@ -72,3 +72,47 @@ def test_a_store_without_the_endpoint_gets_one_call_per_run(tmp_path: Path) -> N
     got = _fetch.fetch_curves(client(uri), uri, {ids[2]: {M.K3_KL: 50}})
     assert got[ids[2]][M.K3_KL][:3] == [(1, 2.01), (2, 2.02), (3, 99.0)]
     assert M.EVAL_REWARD not in got[ids[2]]  # not asked for
+
+
+@pytest.mark.slow
+def test_a_hundred_runs_are_read_in_bulk_from_the_gunicorn_server_ablate_ui_starts(
+        tmp_path: Path, monkeypatch) -> None:
+    """gunicorn (``ablate ui``'s server, ``mlflow server --gunicorn-opts``) answers a request line
+    over 4,094 bytes with HTTP 400, and 100 run ids in one query are ~4,100 bytes: such a request
+    used to fail, and compare fell back to one call per run and metric (340 s instead of ~20 s
+    for 1,000 trials, ``benchmarks/compare_scale.py``). Batches now stay within
+    ``BULK_MAX_QUERY_BYTES`` of run ids: every curve comes in bulk, no request is refused."""
+    from mlflow.entities import Metric
+
+    srv = MlflowServer(tmp_path / "srv")
+    mlc = client(f"sqlite:///{srv.root / 'server.db'}")  # recorded first, then served
+    exp = mlc.create_experiment("many")
+    ids = []
+    for i in range(100):
+        run_id = mlc.create_run(exp).info.run_id
+        mlc.log_batch(run_id, metrics=[Metric(M.K3_KL, 0.01 * i + s, 1000 + s, s) for s in (1, 2, 3)])
+        ids.append(run_id)
+    srv.start()
+    try:
+        assert _fetch._bulk(srv.uri, ids, M.K3_KL) is None  # all 100 at once: refused
+        calls, singles = [], []
+        bulk, single = _fetch._bulk, _fetch._single
+
+        def counted(uri, run_ids, key):
+            got = bulk(uri, run_ids, key)
+            calls.append((len(run_ids), got is not None))
+            return got
+
+        def counted_single(mlc_, run_id, key):
+            singles.append(run_id)
+            return single(mlc_, run_id, key)
+
+        monkeypatch.setattr(_fetch, "_bulk", counted)
+        monkeypatch.setattr(_fetch, "_single", counted_single)
+        got = _fetch.fetch_curves(client(srv.uri), srv.uri, {r: {M.K3_KL: 3} for r in ids})
+        assert singles == [] and all(ok for _, ok in calls), calls
+        assert sum(n for n, _ in calls) == 100 and len(calls) == 2, calls
+        for i, r in enumerate(ids):
+            assert got[r][M.K3_KL] == [(s, 0.01 * i + s) for s in (1, 2, 3)], r
+    finally:
+        srv.stop()
