@@ -43,7 +43,8 @@ BULK_MAX_POINTS = 25_000  # the server's cap on one reply (mlflow/server/handler
 BULK_MAX_RUNS = 100
 # The run ids go in the query string (a GET), and gunicorn, which ``mlflow server --gunicorn-opts``
 # and ``ablate ui`` run, refuses a request line over 4,094 bytes (its ``limit_request_line``
-# default) with HTTP 400: at ~40 bytes a run id, 100 of them do not fit. Each batch keeps its
+# default: gunicorn 26.2.0, ``gunicorn/config.py`` line 920) with HTTP 400: at ~40 bytes a run
+# id, 100 of them do not fit (tests/compare/test_fetch.py sees the refusal). Each batch keeps its
 # run ids within this many bytes of query, so the request line stays under that limit.
 BULK_MAX_QUERY_BYTES = 3_000
 THREADS = 4
