@@ -8,8 +8,8 @@
    the tracking server's ``get-history-bulk`` endpoint (up to 100 runs, a query of at most
    ``BULK_MAX_QUERY_BYTES``, and 25,000 points per request; a full reply is split and asked
    again, as the server cuts a longer one silently, and so is a request the server refuses as
-   too long), from a few threads. A store without that endpoint (a SQLite file, an older server) gets one
-   ``get_metric_history`` call per run and metric.
+   too long), from a few threads. A store without that endpoint (a SQLite file, an older
+   server) gets one ``get_metric_history`` call per run and metric.
 
 Curves read from MLflow are reduced like the summary's (``store.summary.reduce_curve``) once
 their final and peak values are taken: the plots need no more than that.
@@ -131,7 +131,7 @@ def _bulk_batches(items: Sequence[tuple[str, int]]) -> list[list[tuple[str, int]
     out: list[list[tuple[str, int]]] = [[]]
     total = query = 0
     for run_id, n in items:
-        n, q = max(n, 1), len(run_id) + 8
+        n, q = max(n, 1), len(run_id) + len("run_id=&")
         if out[-1] and (total + n > BULK_MAX_POINTS * 0.9 or len(out[-1]) >= BULK_MAX_RUNS
                         or query + q > BULK_MAX_QUERY_BYTES):
             out.append([])
