@@ -248,7 +248,8 @@ class AttemptRun(AttemptStart):
         self.record.error = reason
         self.record.last_step = self.last_step
         if retriable:
-            self.record.state = transition(self.record.state, TrialState.PENDING)
+            if self.record.state is not TrialState.PENDING:  # it failed before it was marked running
+                self.record.state = transition(self.record.state, TrialState.PENDING)
         else:
             self.record.state = transition(self.record.state, TrialState.FAILED)
             self.record.verdict = self.engine.verdict(self.last_step, "infra_failure", reason).to_json()

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.exceptions import DiskFullError
+from orchestrator.schema import CheckpointSpec
 from orchestrator.store import TrialPaths, records, workspace
 from orchestrator.trial import TrialSpec, TrialState
 
@@ -51,39 +52,69 @@ def tree_size(root: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
-            try:
-                st = os.lstat(os.path.join(dirpath, f))
-            except OSError:
-                continue
-            total += max(st.st_size, st.st_blocks * 512)  # what the disk gives it, in blocks
+            total += _file_size(Path(dirpath, f))  # what the disk gives it, in blocks
     return total
 
 
-def space_needed(grid_dir: Path, trials: Iterable[TrialSpec]) -> int | None:
+def space_needed(grid_dir: Path, trials: Iterable[TrialSpec],
+                 checkpoint: CheckpointSpec | None = None) -> int | None:
     """About how many more bytes the unfinished trials' files take until they finish: a
-    finished trial's size (or the largest trial's size scaled to its steps) for each, less what
-    each already has. None when no trial has written a step to measure from."""
-    sizes: dict[str, tuple[int, TrialSpec, records.TrialRecord]] = {}
+    finished trial's size (else the largest projection of an unfinished one) for each, less
+    what each already has. None when no trial has written a step to measure from.
+
+    A projection scales what grows with the steps (metrics, logs) to the trial's steps, and
+    counts its checkpoints as many as retention holds at its end: ``checkpoint.keep`` plus the
+    protected healthy one, at most one per ``checkpoint.every`` steps. Scaling the checkpoints
+    with the steps too would count every checkpoint ever saved (twice the truth and more on
+    a 40-step trial stopped at step 5, CI's disk-full test)."""
+    sizes: dict[str, tuple[int, TrialSpec, records.TrialRecord, TrialPaths]] = {}
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
         try:
             rec = records.load_state(paths, t.trial_id)
         except ValueError:
             continue
-        sizes[t.trial_id] = (tree_size(paths.root) if paths.root.exists() else 0, t, rec)
-    done = [size for size, _t, rec in sizes.values() if rec.state is TrialState.DONE]
-    scaled = [size * t.steps / rec.last_step for size, t, rec in sizes.values() if rec.last_step > 0]
-    per_trial = max(done or scaled or [0])
+        sizes[t.trial_id] = (tree_size(paths.root) if paths.root.exists() else 0, t, rec, paths)
+    done = [size for size, _t, rec, _p in sizes.values() if rec.state is TrialState.DONE]
+    projected = [_projected(size, t.steps, rec.last_step, paths, checkpoint)
+                 for size, t, rec, paths in sizes.values() if rec.last_step > 0]
+    per_trial = max(done or projected or [0])
     if per_trial <= 0:
         return None
-    return int(sum(max(per_trial - size, 0) for size, _t, rec in sizes.values()
+    return int(sum(max(per_trial - size, 0) for size, _t, rec, _p in sizes.values()
                    if not rec.state.is_finished()))
 
 
-def disk_full(where: Path, grid_dir: Path, trials: Iterable[TrialSpec], detail: str) -> DiskFullError:
+def _projected(size: int, steps: int, last_step: int, paths: TrialPaths,
+               checkpoint: CheckpointSpec | None) -> float:
+    """The bytes a trial ``size`` bytes big at ``last_step`` takes at ``steps`` (see
+    ``space_needed``): its metrics and logs scaled to the steps, its checkpoints as many as
+    retention holds at the end, the rest (records, the tracking outbox) as they are. Without a
+    checkpoint to measure one by, or without the grid's retention, all of it is scaled."""
+    saved = [d for d in paths.checkpoints.glob("step-*") if d.is_dir()]
+    if not saved or checkpoint is None:
+        return size * steps / last_step
+    held = sum(tree_size(d) for d in saved)
+    growing = sum(tree_size(p) if p.is_dir() else _file_size(p)
+                  for p in (paths.metrics, paths.log, paths.root / "logs"))
+    at_end = min(steps // checkpoint.every, checkpoint.keep + 1)
+    return (size - held - growing + growing * steps / last_step
+            + held / len(saved) * max(at_end, len(saved)))
+
+
+def _file_size(path: Path) -> int:
+    try:
+        st = path.lstat()
+    except OSError:
+        return 0
+    return max(st.st_size, st.st_blocks * 512)
+
+
+def disk_full(where: Path, grid_dir: Path, trials: Iterable[TrialSpec], detail: str,
+              checkpoint: CheckpointSpec | None = None) -> DiskFullError:
     """The one-line error: where, what is free, about how much more the grid needs, the fix."""
     free = workspace.free_bytes(where)
-    need = space_needed(grid_dir, trials)
+    need = space_needed(grid_dir, trials, checkpoint)
     have = f"{workspace.human(free)} free there" if free is not None else "free space unknown"
     more = (f"its unfinished trials need about {workspace.human(need)} more (measured from its "
             f"own trials' files)" if need else "no trial has written a step yet to measure how "
@@ -96,7 +127,8 @@ def disk_full(where: Path, grid_dir: Path, trials: Iterable[TrialSpec], detail: 
 
 
 @contextlib.contextmanager
-def stop_on_full_disk(grid_dir: Path, trials: Iterable[TrialSpec]) -> Iterator[None]:
+def stop_on_full_disk(grid_dir: Path, trials: Iterable[TrialSpec],
+                      checkpoint: CheckpointSpec | None = None) -> Iterator[None]:
     """Turn a full disk met anywhere inside (a write of this process, a trial's ``fault``
     raised by the fit) into the one-line ``DiskFullError``."""
     try:
@@ -107,4 +139,4 @@ def stop_on_full_disk(grid_dir: Path, trials: Iterable[TrialSpec]) -> Iterator[N
         if not is_disk_full(exc):
             raise
         detail = f"{type(exc).__name__}: {exc}" if str(exc) else type(exc).__name__
-        raise disk_full(grid_dir.parent, grid_dir, list(trials), detail) from None
+        raise disk_full(grid_dir.parent, grid_dir, list(trials), detail, checkpoint) from None

@@ -106,7 +106,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     grid_dir = workspace.grid_dir(grid.name, workdir)
     submission = submission_id()
     lease = GridLease(grid_dir, grid.name)
-    with stop_on_full_disk(grid_dir, trials):
+    with stop_on_full_disk(grid_dir, trials, grid.spec.checkpoint):
         lease.acquire(submission)
         try:
             note = check_identity(grid, grid_dir, trials, extend=extend)
@@ -202,7 +202,7 @@ class Submission:
         self.sender.start()
         self.notifier.start()
         ok = False
-        with stop_on_full_disk(self.grid_dir, self.trials):
+        with stop_on_full_disk(self.grid_dir, self.trials, self.grid.spec.checkpoint):
             try:
                 summary = self._stages(address)
                 ok = True

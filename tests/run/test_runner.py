@@ -105,6 +105,53 @@ def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, t
     assert got == pytest.approx(want)
 
 
+def test_a_failure_before_the_attempt_runs_is_recorded_with_its_own_reason(env, monkeypatch) -> None:
+    """An attempt that fails after its record is written but before the trial is marked running
+    (opening its MLflow run, say) goes back to PENDING with its own error, not an illegal
+    PENDING -> PENDING that hid it (CI, stop 49), and the next attempt runs the trial."""
+    from orchestrator.run._start import AttemptStart
+
+    _grid, trials, grid_dir, job, _uri = env
+    t = trials[("none", "sim-a100")]
+    real = AttemptStart._open_tracking
+
+    def refused(self) -> None:
+        raise OSError("tracking store refused the run")
+
+    monkeypatch.setattr(AttemptStart, "_open_tracking", refused)
+    with pytest.raises(OSError, match="refused"):
+        run_attempt(job(t))
+    paths = TrialPaths(grid_dir, t.trial_id)
+    rec = records.load_state(paths, t.trial_id)
+    assert rec.state.value == "pending" and rec.error == "OSError: tracking store refused the run"
+    assert [a.outcome for a in records.load_attempts(paths)] == ["infra_failure"]
+    monkeypatch.setattr(AttemptStart, "_open_tracking", real)
+    out = run_attempt(job(t))
+    assert out["state"] == "done" and out["attempt"] == 2
+
+
+def test_the_space_a_stopped_trial_still_needs_is_estimated_from_its_own_files(
+        env, tmp_path, monkeypatch) -> None:
+    """What the disk-full line says a trial still needs (``scheduler._faults.space_needed``),
+    against what its files then grow by: within 2x, as the full-tmpfs test asks of a grid. Its checkpoints count as many as
+    retention keeps at its end; scaling them with the steps, as growing files are, counted every
+    checkpoint ever saved (CI, stop 49: 2.2x, over its disk-full test's 2x bound)."""
+    from orchestrator.scheduler._faults import space_needed, tree_size
+
+    grid, trials, grid_dir, job, _uri = env
+    t = trials[("token", "sim-h100")]
+    monkeypatch.setenv("ABLATE_DOUBLE_FAIL_ONCE", str(tmp_path))
+    with pytest.raises(RuntimeError, match="injected"):
+        run_attempt(job(t))  # stops at step 6, its checkpoint at step 5 saved
+    monkeypatch.delenv("ABLATE_DOUBLE_FAIL_ONCE")
+    root = TrialPaths(grid_dir, t.trial_id).root
+    before = tree_size(root)
+    need = space_needed(grid_dir, [t], grid.spec.checkpoint)
+    assert run_attempt(job(t))["last_step"] == 20
+    grown = tree_size(root) - before
+    assert need is not None and grown / 2 <= need <= grown * 2, (need, grown)
+
+
 def test_deferred_attempts_fill_the_outbox_and_the_sender_finishes_the_run(env, tmp_path, monkeypatch) -> None:
     """Inside Ray the scheduler defers MLflow (tracking/_deferred.py): the worker never talks to the store,
     a failed attempt and its retry share one outbox, and the sender creates, fills and ends

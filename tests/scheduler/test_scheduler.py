@@ -354,7 +354,7 @@ def test_resume_request_moves_a_finished_trial_to_another_pool(setup) -> None:
     rec.resume = records.ResumeRequest(pool="sim-h20", start=15)  # keep: 2 leaves steps 15 and 20
     records.save_state(paths, rec)
     second = scheduler.submit(str(path), address=c.address, progress=False)
-    assert second["states"] == {"done": 1}
+    assert second["states"] == {"done": 1}, records.load_state(paths, tid).error  # why, if not
     t = read_trials(grid_dir)[tid]
     a1, a2 = t["attempts"]
     assert (a1.pool, a1.node, a1.outcome) == ("sim-h100", nodes["sim-h100"], "completed")

@@ -174,10 +174,12 @@ def test_each_checkpoint_is_scored_by_the_reference_beside_the_engines_own_eval(
         if ckpt.is_dir():  # retention may have dropped step 1 after step 2 was saved
             parts = reference.score_parts(ckpt, _recipe())
             assert parts["acc"] == value["reward"]
-            # The greedy answers of the bf16 engine and of the fp32 reference agree here (a
-            # 2-step policy whose EOS leads the next token by ~3x), so the rewards do too.
+            # The bf16 engine's greedy answers and the fp32 reference's are not the same on
+            # every CPU (the mismatch this tool measures): on CI's host one answer differed
+            # (score 0.1280 against the engine's 0.1297), on this machine none did. What holds
+            # everywhere: the two scores of a 2-step policy stay close.
             assert parts["score"] == pytest.approx(
-                own["val-aux/ablate_cpu/copy/reward/mean@1"], abs=1e-6), (parts, own)
+                own["val-aux/ablate_cpu/copy/reward/mean@1"], abs=0.02), (parts, own)
 
 
 def _recipe() -> dict[str, Any]:
