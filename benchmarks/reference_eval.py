@@ -16,6 +16,7 @@ The machine may be shared: run it twice and compare.
 from __future__ import annotations
 
 import argparse
+import copy
 import dataclasses
 import json
 import math
@@ -72,7 +73,9 @@ def main() -> None:
     for i, trial in enumerate(trials):
         if args.steps:
             trial = dataclasses.replace(trial, steps=args.steps)
-        base_cfg = grid.trial_config(trial)
+        # The quickstart grid scores with the reference itself: the baseline drops it.
+        base_cfg = copy.deepcopy(dict(grid.trial_config(trial)))
+        (base_cfg.get("eval") or {}).pop("reference", None)
         ref_cfg = recipes.apply_overrides(base_cfg, {"eval.reference": "trainer"})
         pool = grid.pools.get(trial.pool)
         orders = [["base", "ref"], ["ref", "base"]] if args.abba else [

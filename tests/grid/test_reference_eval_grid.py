@@ -30,18 +30,23 @@ def test_the_schema_and_the_vocabulary_name_the_same_targets() -> None:
 
 
 def test_quickstart_ids_are_the_committed_ones_and_the_key_gives_new_ones(tmp_path: Path) -> None:
+    """The quickstart scores with the reference (its committed ids are those); the same grid
+    without the key has the ids it had before the key existed (``t9ad24f93ff05``: the README's
+    collapse until then), so grids that never set it keep theirs."""
     with open(REPO / "results" / "quickstart" / "trials.csv", newline="") as f:
         committed = {row["trial_id"] for row in csv.DictReader(f)}
-    plain = expand(load_grid(QUICKSTART))
-    assert {t.trial_id for t in plain} == committed
-    ref = expand(load_grid(_with(tmp_path, QUICKSTART.read_text()
-                                 + "eval:\n  reference: trainer\n", "quickstart.yaml")))
-    assert len(ref) == len(plain) and not {t.trial_id for t in ref} & committed
+    text = QUICKSTART.read_text()
+    assert "eval: {reference: trainer}\n" in text
+    ref = expand(load_grid(QUICKSTART))
+    assert {t.trial_id for t in ref} == committed
+    plain = expand(load_grid(_with(tmp_path, text.replace("eval: {reference: trainer}\n", ""),
+                                   "quickstart.yaml")))
+    assert len(ref) == len(plain) and not {t.trial_id for t in plain} & committed
+    assert "t9ad24f93ff05" in {t.trial_id for t in plain}
     for a, b in zip(plain, ref):  # the same cells, each with the one extra override
         assert a.axes == b.axes and a.seed == b.seed
         assert dict(b.overrides) == {**dict(a.overrides), evaluation.OVERRIDE_KEY: "trainer"}
-    grid = load_grid(_with(tmp_path, QUICKSTART.read_text() + "eval: {reference: trainer}\n"))
-    assert evaluation.reference_of(grid.trial_config(expand(grid)[0])) == "trainer"
+    assert evaluation.reference_of(load_grid(QUICKSTART).trial_config(ref[0])) == "trainer"
 
 
 BASE = "name: g\nrecipe: sim/grpo_tiny\nsteps: 4\npool: sim-h100\n"
