@@ -16,16 +16,18 @@ import pytest
 
 from orchestrator.store import TrialPaths, records
 
+# 400 steps: the two trials after the first outlast a compare's start on a loaded 2-core host
+# (at 150 steps, about 10 s a trial, both had finished before the mid-run compare read the grid).
 GRID = """\
 name: running
 recipe: sim/grpo_tiny
 backend: sim
-steps: 150
+steps: 400
 seeds: [0]
 axes:
   correction.is_level: [none, token, sequence]
   pool: [sim-h100]
-checkpoint: {every: 50}
+checkpoint: {every: 100}
 budget: {max_parallel: 1}
 overrides:
   train.prompts_per_step: 4
