@@ -52,12 +52,11 @@ def tree_size(root: Path) -> int:
     total = 0
     for dirpath, _dirs, files in os.walk(root):
         for f in files:
-            total += _file_size(Path(dirpath, f))  # what the disk gives it, in blocks
+            total += _file_size(Path(dirpath, f))
     return total
 
 
-def space_needed(grid_dir: Path, trials: Iterable[TrialSpec],
-                 checkpoint: CheckpointSpec | None = None) -> int | None:
+def space_needed(grid_dir: Path, trials: Iterable[TrialSpec], checkpoint: CheckpointSpec) -> int | None:
     """About how many more bytes the unfinished trials' files take until they finish: a
     finished trial's size (else the largest projection of an unfinished one) for each, less
     what each already has. None when no trial has written a step to measure from.
@@ -86,13 +85,13 @@ def space_needed(grid_dir: Path, trials: Iterable[TrialSpec],
 
 
 def _projected(size: int, steps: int, last_step: int, paths: TrialPaths,
-               checkpoint: CheckpointSpec | None) -> float:
+               checkpoint: CheckpointSpec) -> float:
     """The bytes a trial ``size`` bytes big at ``last_step`` takes at ``steps`` (see
     ``space_needed``): its metrics and logs scaled to the steps, its checkpoints as many as
     retention holds at the end, the rest (records, the tracking outbox) as they are. Without a
-    checkpoint to measure one by, or without the grid's retention, all of it is scaled."""
+    checkpoint to measure one by (none saved yet, or a remote store), all of it is scaled."""
     saved = [d for d in paths.checkpoints.glob("step-*") if d.is_dir()]
-    if not saved or checkpoint is None:
+    if not saved:
         return size * steps / last_step
     held = sum(tree_size(d) for d in saved)
     growing = sum(tree_size(p) if p.is_dir() else _file_size(p)
@@ -103,6 +102,7 @@ def _projected(size: int, steps: int, last_step: int, paths: TrialPaths,
 
 
 def _file_size(path: Path) -> int:
+    """Bytes one file takes on disk (its blocks, or its size if larger); 0 if it is gone."""
     try:
         st = path.lstat()
     except OSError:
@@ -111,7 +111,7 @@ def _file_size(path: Path) -> int:
 
 
 def disk_full(where: Path, grid_dir: Path, trials: Iterable[TrialSpec], detail: str,
-              checkpoint: CheckpointSpec | None = None) -> DiskFullError:
+              checkpoint: CheckpointSpec) -> DiskFullError:
     """The one-line error: where, what is free, about how much more the grid needs, the fix."""
     free = workspace.free_bytes(where)
     need = space_needed(grid_dir, trials, checkpoint)
@@ -128,7 +128,7 @@ def disk_full(where: Path, grid_dir: Path, trials: Iterable[TrialSpec], detail: 
 
 @contextlib.contextmanager
 def stop_on_full_disk(grid_dir: Path, trials: Iterable[TrialSpec],
-                      checkpoint: CheckpointSpec | None = None) -> Iterator[None]:
+                      checkpoint: CheckpointSpec) -> Iterator[None]:
     """Turn a full disk met anywhere inside (a write of this process, a trial's ``fault``
     raised by the fit) into the one-line ``DiskFullError``."""
     try:

@@ -37,7 +37,8 @@ def test_quickstart_ids_are_the_committed_ones_and_the_key_gives_new_ones(tmp_pa
         committed = {row["trial_id"] for row in csv.DictReader(f)}
     text = QUICKSTART.read_text()
     assert "eval: {reference: trainer}\n" in text
-    ref = expand(load_grid(QUICKSTART))
+    grid = load_grid(QUICKSTART)
+    ref = expand(grid)
     assert {t.trial_id for t in ref} == committed
     plain = expand(load_grid(_with(tmp_path, text.replace("eval: {reference: trainer}\n", ""),
                                    "quickstart.yaml")))
@@ -46,7 +47,7 @@ def test_quickstart_ids_are_the_committed_ones_and_the_key_gives_new_ones(tmp_pa
     for a, b in zip(plain, ref):  # the same cells, each with the one extra override
         assert a.axes == b.axes and a.seed == b.seed
         assert dict(b.overrides) == {**dict(a.overrides), evaluation.OVERRIDE_KEY: "trainer"}
-    assert evaluation.reference_of(load_grid(QUICKSTART).trial_config(ref[0])) == "trainer"
+    assert evaluation.reference_of(grid.trial_config(ref[0])) == "trainer"
 
 
 BASE = "name: g\nrecipe: sim/grpo_tiny\nsteps: 4\npool: sim-h100\n"

@@ -133,9 +133,10 @@ def test_a_failure_before_the_attempt_runs_is_recorded_with_its_own_reason(env, 
 def test_the_space_a_stopped_trial_still_needs_is_estimated_from_its_own_files(
         env, tmp_path, monkeypatch) -> None:
     """What the disk-full line says a trial still needs (``scheduler._faults.space_needed``),
-    against what its files then grow by: within 2x, as the full-tmpfs test asks of a grid. Its checkpoints count as many as
-    retention keeps at its end; scaling them with the steps, as growing files are, counted every
-    checkpoint ever saved (CI, stop 49: 2.2x, over its disk-full test's 2x bound)."""
+    against what its files then grow by: within 2x, as the full-tmpfs test asks of a grid. Its
+    checkpoints count as many as retention keeps at its end; scaling them with the steps, as
+    growing files are, counted every checkpoint ever saved (CI, stop 49: 2.2x, over its
+    disk-full test's 2x bound)."""
     from orchestrator.scheduler._faults import space_needed, tree_size
 
     grid, trials, grid_dir, job, _uri = env
