@@ -1,17 +1,24 @@
-"""SIGKILL of ``ablate submit`` in the middle of a real verl trial on CPU, then a re-submit.
+"""SIGKILL of ``ablate submit`` in the middle of a real verl trial on two CPU ranks, then a
+re-submit: what a killed submission leaves and what depends on the world size, for real.
 
-One trial (cpu_tiny on cpu-fp32, 4 steps, a verl checkpoint every 2): the first submit is killed
-(its whole process group, SIGKILL) once verl's ``global_step_2`` is in the trial's checkpoint
-store. Everything it started must die with it: the Ray worker that launched the job (it goes when
-the submit's raylet goes), and the verl job (its driver gets SIGKILL when its launcher dies, and
-Ray's processes follow their driver) -- instead of training on as orphans. Once this failed only
-in full-suite runs: an earlier test had left the pytest process a subreaper that never reaped, so
-dead raylets stayed zombies and Ray's workers, which probe their raylet's pid, ran on
+One trial (cpu_tiny on the 2-rank ``cpu`` pool: two FSDP ranks on gloo, 4 steps, a verl
+checkpoint every 2): the first submit is killed (its whole process group, SIGKILL) once verl's
+``global_step_2`` is in the trial's checkpoint store, one shard per rank
+(``model_world_size_2_rank_{0,1}.pt``). Everything it started must die with it: the Ray worker
+that launched the job (it goes when the submit's raylet goes), and the verl job (its driver gets
+SIGKILL when its launcher dies, and Ray's processes follow their driver; here two trainer
+processes) -- instead of training on as orphans. Once this failed only in full-suite runs: an
+earlier test had left the pytest process a subreaper that never reaped, so dead raylets stayed
+zombies and Ray's workers, which probe their raylet's pid, ran on
 (``tests/verl_cpu/test_job_reaping.py``).
-The re-submit must resume from verl's own newest checkpoint (verl says so in its log: "Resuming
-from .../global_step_N"), run only the steps after it, and leave MLflow with steps 1-4 exactly
-once; the attempt records say: infra failure, then completed. About 2-3 minutes on a quiet 2-core
-machine (two verl start-ups). Needs ``pip install -e '.[verl]'``.
+The re-submit must resume from verl's own newest checkpoint: the orchestrator lays the trial's
+per-rank shards out again as ``global_step_N`` and verl loads them on two ranks (it says so in
+its log: "Resuming from .../global_step_N") and runs the remaining steps once; the attempt
+records say: infra failure, then completed. The opposite world-size case, a 1-rank checkpoint
+on two ranks, is refused by the pre-check (``test_grid_e2e.py``). This test was two until issue
+44 (a SIGKILL test on one rank, a two-rank train-and-resume test): one trial now checks both,
+two verl start-ups fewer. About 4-5 minutes on a quiet 2-core machine (two verl start-ups).
+Needs ``pip install -e '.[verl]'``.
 """
 from __future__ import annotations
 
@@ -36,6 +43,8 @@ REPO = Path(__file__).resolve().parents[2]
 # seconds each) are still to run, and the resumed attempt runs only those two (issue 44).
 STEPS = 4
 CHECKPOINT = "step-00000002"
+POOL = "cpu"  # two gloo ranks
+SHARDS = ["model_world_size_2_rank_0.pt", "model_world_size_2_rank_1.pt"]
 TIMEOUT_S = 900
 # Ray's own agents (children of the raylet): they exit on their own once the raylet is gone.
 RAY_DAEMONS = ("ray::DashboardAgent", "ray::RuntimeEnvAgent")
@@ -72,7 +81,7 @@ def _job_processes(trial_id: str, *, heavy: bool = False) -> dict[int, str]:
 
 @pytest.mark.slow
 @pytest.mark.timeout(1200)  # two verl start-ups: ~6 minutes measured on a heavily loaded machine
-def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
+def test_sigkill_of_submit_then_resubmit_resumes_from_verls_two_rank_checkpoint(
         tmp_path: Path, cli_env: dict[str, str]) -> None:
     grid = tmp_path / "verl_kill.yaml"
     grid.write_text(textwrap.dedent(f"""\
@@ -81,7 +90,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
         backend: verl
         steps: {STEPS}
         seeds: [0]
-        pool: cpu-fp32
+        pool: {POOL}
         budget: {{max_parallel: 1}}
         checkpoint: {{every: 2, keep: 2}}
         """))
@@ -99,11 +108,17 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
             time.sleep(0.2)
         (tid,) = [p.name for p in trials.iterdir()]
         launchers = _launchers(tid)
+        # one trainer process per rank, live in the job being killed
+        ranks = [c for c in _job_processes(tid).values() if c.startswith("ray::WorkerDict")]
     finally:
         os.killpg(first.pid, signal.SIGKILL)
         first.wait()
     assert launchers, "no process launched the verl job"
+    assert len(ranks) == 2, ranks
     root = trials / tid
+    # verl wrote one shard per rank; the store holds both (retention keeps the checkpoint)
+    shards = sorted(p.name for p in (root / "checkpoints" / CHECKPOINT / "actor").glob("*.pt"))
+    assert [s for s in shards if s.startswith("model_")] == SHARDS, shards
     state = json.loads((root / "state.json").read_text())
     assert state["state"] == "running", state  # killed mid-trial, not after it
     # The submit's Ray worker that launched the job goes with the submit's raylet, and the job
@@ -130,6 +145,7 @@ def test_sigkill_of_submit_then_resubmit_resumes_from_verls_checkpoint(
     # From a checkpoint (every 2 steps) the killed attempt had saved, never from scratch.
     assert resumed in range(2, STEPS, 2) and attempts[0]["end_step"] >= resumed, attempts
     assert (attempts[1]["start_step"], attempts[1]["end_step"]) == (resumed + 1, STEPS), attempts
+    assert [a["pool"] for a in attempts] == [POOL, POOL], attempts
     # verl itself loaded the checkpoint the orchestrator laid out as global_step_<resumed>.
     log = (root / "logs" / "verl.attempt2.log").read_text(errors="replace")
     assert any("Resuming from" in ln and f"global_step_{resumed}" in ln
