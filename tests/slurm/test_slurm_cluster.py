@@ -337,12 +337,13 @@ def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
     from orchestrator.pools import load_catalog
     from orchestrator.verl import cpu_engines
 
-    catalog = load_catalog()
-    engine = "vllm" if cpu_engines.installed_version(catalog.pools["cpu-fp32"]) else "cpu"
+    fp32 = load_catalog().pools["cpu-fp32"]
+    vllm_version = cpu_engines.installed_version(fp32)
+    engine = "vllm" if vllm_version else "cpu"
     if engine == "cpu":
-        print(f"vLLM-CPU environment absent ({cpu_engines.env_dir()}): the 1-node trial runs "
-              f"the CPU engine; create it with {cpu_engines.SETUP_COMMAND}")
-    body = catalog.pools["cpu-fp32"].model_dump(mode="json", exclude={"name"})
+        print(f"vLLM-CPU environment absent ({cpu_engines.env_dir(fp32)}): the 1-node trial "
+              f"runs the CPU engine; create it with {cpu_engines.SETUP_COMMAND}")
+    body = fp32.model_dump(mode="json", exclude={"name"})
     pools = {"slurm-cpu": {**body, "slurm": {"partition": "pb", "cpus_per_task": 2}},
              "slurm-cpu2": {**body, "nodes": 2, "slurm": {"partition": "duo", "cpus_per_task": 2}}}
     (tmp_path / "verl_pools.yaml").write_text(yaml.safe_dump({"pools": pools}))
@@ -382,11 +383,11 @@ def test_verl_cpu_trials_as_slurm_jobs(tmp_path: Path, slurm_cluster) -> None:
     # The engine the 1-node job ran, from its own report; vLLM from its environment's Python.
     assert env1["engine.name"] == engine and env1["engine.unapplied"] == "none", env1
     if engine == "vllm":
-        assert env1["engine.version"] == cpu_engines.installed_version(catalog.pools["cpu-fp32"])
+        assert env1["engine.version"] == vllm_version, env1
         assert env1["engine.ran.dtype"] == "float32", env1
         job_file = got["slurm-cpu"]["paths"].root / "logs" / "slurm-attempt-1" / "logs" / "job.attempt1.json"
         titles = " ".join(json.loads(job_file.read_text())["processes"].values())
-        assert str(cpu_engines.python(catalog.pools["cpu-fp32"])) in titles, titles[:2000]
+        assert str(cpu_engines.python(fp32)) in titles, titles[:2000]
     assert got["slurm-cpu2"]["attempts"][0].environment["engine.name"] == "cpu"
     # The 2-node trial: both Ray nodes joined (each marked with its Slurm node), and processes
     # that loaded the verl cpu plugin ran as Ray workers on each of them.
