@@ -7,7 +7,8 @@ SQLite store under the workdir), with a backend that logs generated values (a si
 a k3 KL with one-step spikes, a grad norm with rare explosions, 10% of trials collapsing). Then,
 each in a fresh subprocess, it times:
 
-* ``status_s``: ``ablate status GRID`` on the workdir;
+* ``status_s``: ``ablate status GRID`` on the workdir (and ``status_cpu_s``, its CPU seconds:
+  on a shared machine the figure another job inflates least);
 * ``compare_local_s``: ``ablate compare GRID`` with the workdir and its SQLite store;
 * ``compare_server_s``: ``ablate compare GRID`` against a loopback ``mlflow server`` on the same
   SQLite file, with an empty workdir (compare on another machine).
@@ -15,8 +16,9 @@ each in a fresh subprocess, it times:
 Each checkout's commands run twice: with ``--baseline`` in the order baseline, code, code,
 baseline, without it code twice (its first run is then the coldest); each figure is the mean of
 the two, both runs kept under ``runs`` with their position, so no figure owes anything to what
-ran before it. The MLflow server is started as ``ablate ui`` starts it and timing begins once
-its processes are idle.
+ran before it. Both checkouts are byte-compiled first (as ``pip install`` leaves a package), so
+no start-up pays a compile the other does not. The MLflow server is started as ``ablate ui``
+starts it and timing begins once its processes are idle.
 
 ``--code PATH`` records and times another checkout (e.g. ``/work/main`` for the figures before a
 change); ``--baseline PATH`` times the same commands with another checkout's code (e.g. ``/work/main``)
@@ -38,6 +40,7 @@ import hashlib
 import json
 import math
 import os
+import resource
 import shutil
 import socket
 import subprocess
@@ -154,20 +157,38 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
     return time.perf_counter() - t0
 
 
+CPU_S: dict[str, float] = {}  # the CPU seconds (user + system) of the last command ``_ablate`` ran
+
+
 def _ablate(code: Path, args: list[str], cwd: Path, timeout: float) -> float:
+    """The wall seconds of one ``ablate`` command; its CPU seconds (its processes, reaped) go to
+    ``CPU_S["last"]``: a figure another job on the machine inflates far less than wall time."""
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.perf_counter()
     try:
         out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
                              capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
+        CPU_S["last"] = math.inf
         return math.inf  # recorded as null with ``timed_out_after_s``
     dt = time.perf_counter() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    CPU_S["last"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
         raise RuntimeError(f"ablate {' '.join(args)} (code {code}) exited {out.returncode}: "
                            f"{out.stderr[-2000:]}")
     return dt
+
+
+def _compile(checkout: Path) -> None:
+    """Byte-compile a checkout's package before anything is timed, as ``pip install`` does: a
+    command started with ``PYTHONDONTWRITEBYTECODE`` set (as on the development machines) would
+    otherwise compile every module without a current ``.pyc`` on each start (0.15 s of a 1.4-s
+    ``ablate status`` here), and a fresh baseline checkout has none at all."""
+    subprocess.run([sys.executable, "-m", "compileall", "-q", str(checkout / "orchestrator")],
+                   check=True, stdout=subprocess.DEVNULL)
 
 
 def _free_port() -> int:
@@ -273,6 +294,7 @@ def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str 
     for o in (f"out-local{tag}", f"out-server{tag}"):  # a kept grid's earlier outputs
         shutil.rmtree(root / o, ignore_errors=True)
     out = {"status_s": _ablate(code, ["status", grid, "--workdir", str(wd)], root, timeout)}
+    out["status_cpu_s"] = CPU_S["last"]
     out["compare_local_s"] = _ablate(code, ["compare", grid, "--workdir", str(wd), "--out",
                                             str(root / f"out-local{tag}")], root, timeout)
     out["compare_server_s"] = _ablate(code, ["compare", grid, "--workdir", str(empty), "--tracking-uri",
@@ -374,7 +396,8 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
             with _locked(lock):
                 row["loadavg_before"] = _loadavg()
                 ours, theirs = _in_turns(code, baseline, lambda c, tag: {"status_s": _status(
-                    c, root, timeout if tag == "" else (baseline_timeout or timeout))})
+                    c, root, timeout if tag == "" else (baseline_timeout or timeout)),
+                    "status_cpu_s": round(CPU_S["last"], 2)})
                 row.update(ours)
                 if theirs is not None:
                     row["baseline"] = {"code": _code_label(baseline), **theirs}
@@ -422,6 +445,9 @@ def main() -> None:
     bad = [t for t in args.trials if t <= 0 or t % (4 * SEEDS)]
     if bad:
         p.error(f"--trials {bad}: each must be a positive multiple of {4 * SEEDS}")
+    for checkout in (args.code.resolve(), args.baseline):
+        if checkout is not None:
+            _compile(checkout)
     rows = [measure(t, args.steps, args.metrics, args.keep, args.code.resolve(), args.baseline,
                     args.timeout, args.lock, args.status_only, args.tracking_every, args.baseline_timeout)
             for t in args.trials]

@@ -58,7 +58,7 @@ def train_precisions(pool_kind: str, accelerator: str) -> tuple[str, ...] | None
 
 
 class Toleration(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
     key: str
     operator: Literal["Exists", "Equal"] = "Exists"
     value: str | None = None
@@ -75,7 +75,7 @@ class SlurmPlacement(BaseModel):
     as sbatch options. Each value becomes one ``#SBATCH --key=value`` line of the trial's job
     script; ``extra`` holds further options verbatim (``--exclusive``, ``--mem=64G``)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     partition: str | None = Field(None, pattern=SLURM_TOKEN)
     constraint: str | None = Field(None, pattern=SLURM_TOKEN)  # node features, e.g. h100&ib
@@ -114,7 +114,7 @@ class PoolSpec(BaseModel):
     ``kind: cpu`` pools run real verl jobs on this machine's CPU (``gpus_per_node`` GPU-shaped
     devices emulated through Ray resources, one gloo rank each)."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     name: str
     kind: Literal["sim", "gpu", "cpu"]

@@ -58,7 +58,7 @@ def _finite(value: Any) -> Any:
 
 
 class Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid", frozen=True, strict=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, strict=True, defer_build=True)
 
 
 class CollapseRuleSpec(Strict):

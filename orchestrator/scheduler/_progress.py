@@ -105,20 +105,22 @@ def _stat_key(path: Path) -> tuple[int, int, int] | None:
     return st.st_ino, st.st_size, st.st_mtime_ns
 
 
-def _specs(grid_dir: Path, cache: ViewCache | None) -> tuple[list[TrialSpec], list[TrialView]]:
-    """The trials' specs, and a view of each trial whose spec cannot be read as its own."""
+def _specs(grid_dir: Path, cache: ViewCache | None
+           ) -> tuple[list[tuple[TrialSpec, TrialPaths]], list[TrialView]]:
+    """The trials' specs with their paths, and a view of each trial whose spec cannot be read
+    as its own."""
     out, bad = [], []
     for tid in records.trial_ids(grid_dir):
+        paths = TrialPaths(grid_dir, tid)
         try:
-            spec = (cache.specs.get(tid) if cache is not None else None) or \
-                records.load_spec(TrialPaths(grid_dir, tid))
+            spec = (cache.specs.get(tid) if cache is not None else None) or records.load_spec(paths)
         except StateFileError as exc:
             bad.append(_unreadable(tid, exc))
             continue
         if spec is not None:
             if cache is not None:
                 cache.specs[tid] = spec
-            out.append(spec)
+            out.append((spec, paths))
     return out, bad
 
 
@@ -140,8 +142,7 @@ def collect(grid_dir: Path, grid_name: str | None = None, *, check: bool = False
     grid_dir = Path(grid_dir)
     queue = _queue(grid_dir)
     specs, trials = _specs(grid_dir, cache)
-    for spec in specs:
-        paths = TrialPaths(grid_dir, spec.trial_id)
+    for spec, paths in specs:
         key = _stat_key(paths.state) if cache is not None and not check else None
         hit = cache.views.get(spec.trial_id) if cache is not None and key is not None else None
         if hit is not None and hit[0] == key:

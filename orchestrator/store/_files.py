@@ -7,6 +7,7 @@ a one-line ``StateFileError`` naming the file and the fix.
 """
 from __future__ import annotations
 
+import functools
 import json
 import os
 import tempfile
@@ -20,61 +21,62 @@ SCHEMA_VERSION = 1
 
 
 class TrialPaths:
-    """Names every file of one trial's directory (``<workdir>/<grid>/trials/<trial_id>/``)."""
+    """Names every file of one trial's directory (``<workdir>/<grid>/trials/<trial_id>/``); each
+    name is made once per instance (``ablate status`` asks for four of them per trial)."""
 
     def __init__(self, grid_dir: Path, trial_id: str) -> None:
-        self.root = Path(grid_dir) / "trials" / trial_id
+        self.root = Path(grid_dir, "trials", trial_id)
 
-    @property
+    @functools.cached_property
     def spec(self) -> Path:
         return self.root / "spec.json"
 
-    @property
+    @functools.cached_property
     def state(self) -> Path:
         return self.root / "state.json"
 
-    @property
+    @functools.cached_property
     def attempts(self) -> Path:
         return self.root / "attempts.json"
 
-    @property
+    @functools.cached_property
     def metrics(self) -> Path:
         return self.root / "metrics.jsonl"
 
-    @property
+    @functools.cached_property
     def checkpoints(self) -> Path:
         return self.root / "checkpoints"
 
-    @property
+    @functools.cached_property
     def result(self) -> Path:
         return self.root / "result.json"
 
-    @property
+    @functools.cached_property
     def summary(self) -> Path:
         """Written once at the trial's end (``store.summary``)."""
         return self.root / "summary.json"
 
-    @property
+    @functools.cached_property
     def reference(self) -> Path:
         """Reference scores of its checkpoints, made after the fact (``store.reference``)."""
         return self.root / "reference.json"
 
-    @property
+    @functools.cached_property
     def outbox(self) -> Path:
         """The trial's MLflow outbox: what its run is still owed (``tracking._outbox``)."""
         return self.root / "mlflow-buffer"
 
-    @property
+    @functools.cached_property
     def log(self) -> Path:
         return self.root / "trial.log"
 
-    @property
+    @functools.cached_property
     def warning(self) -> Path:
         """The first warning the trial's runner saw, written as it fired (``run._attempt``), so
         the grid's ``warning`` alert goes out while the trial still runs."""
         return self.root / "warning.json"
 
-    @property
+    @functools.cached_property
     def run_lock(self) -> Path:
         """Held (``flock``) by whoever writes the trial's files: its runner for a whole attempt,
         the orchestrator while it sends the trial's MLflow outbox or resets a dead run."""
@@ -130,8 +132,8 @@ def read_json(path: Path) -> Any:
     """Read a JSON state file; a truncated or garbage file raises ``StateFileError`` (a one-line
     ``UserError``, still a ``ValueError``) naming the path and the fix."""
     try:
-        with open(path, encoding="utf-8") as fh:
-            return json.load(fh)
+        with open(path, "rb") as fh:  # no text layer: one decode of the whole file
+            return json.loads(fh.read().decode("utf-8"))
     except json.JSONDecodeError as exc:
         raise corrupt_state_file(path, f"{exc.msg}: line {exc.lineno} column {exc.colno}") from None
     except UnicodeDecodeError:

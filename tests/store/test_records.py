@@ -41,7 +41,13 @@ def test_the_trials_of_a_grid_are_the_directories_with_a_spec(tmp_path: Path) ->
     for tid in ("t3", "t1", "t2"):
         records.save_spec(TrialPaths(tmp_path, tid), _spec(tid))
     (tmp_path / "trials" / "t0").mkdir()  # no spec.json: not a trial
+    (tmp_path / "trials" / "t4").mkdir()
+    (tmp_path / "trials" / "t4" / "spec.json").mkdir()  # a folder named spec.json: not one either
+    (tmp_path / "trials" / ".t5").mkdir()  # hidden: an editor's or a copy's, not a trial
+    (tmp_path / "trials" / ".t5" / "spec.json").write_text("{}")
+    (tmp_path / "trials" / "t6.json").write_text("{}")  # a file, not a trial's folder
     assert records.trial_ids(tmp_path) == ["t1", "t2", "t3"]
+    assert records.trial_ids(tmp_path / "elsewhere") == []  # no trials folder: no trials
     assert list(records.known_trials(tmp_path)) == ["t1", "t2", "t3"]
     assert records.known_trials(tmp_path)["t2"] == _spec("t2")
 
