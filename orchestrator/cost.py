@@ -22,9 +22,12 @@ from __future__ import annotations
 import dataclasses
 import time
 from collections.abc import Iterable, Sequence
+from typing import TYPE_CHECKING
 
-from orchestrator.pools import PoolSpec
 from orchestrator.trial import Attempt
+
+if TYPE_CHECKING:
+    from orchestrator.pools import PoolSpec
 
 GPU_HOURS = "gpu_hours"
 CPU_HOURS = "cpu_hours"

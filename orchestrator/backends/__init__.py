@@ -15,20 +15,33 @@ import dataclasses
 import importlib
 from collections.abc import Iterable, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
-from orchestrator.backends.base import (
-    AttemptOutcome,
-    AttemptResult,
-    Launcher,
-    RunContext,
-    Trainer,
-)
-from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
-from orchestrator.learner import LearnerSpec
-from orchestrator.pools import PoolSpec
-from orchestrator.trial import TrialSpec
+if TYPE_CHECKING:
+    from orchestrator.backends.base import (
+        AttemptOutcome,
+        AttemptResult,
+        Launcher,
+        RunContext,
+        Trainer,
+    )
+    from orchestrator.corrections import CorrectionSpec
+    from orchestrator.engine import RolloutSpec
+    from orchestrator.learner import LearnerSpec
+    from orchestrator.pools import PoolSpec
+    from orchestrator.trial import TrialSpec
+
+# Imported on first use (PEP 562), as the trainers are: the interfaces pull in the grid's
+# schema library, which a command that only reads records (``ablate status``) does without.
+_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "RunContext", "Trainer")
+
+
+def __getattr__(name: str) -> Any:
+    if name in _FROM_BASE:
+        from orchestrator.backends import base  # deferred: see the comment above
+
+        return getattr(base, name)
+    raise AttributeError(f"module 'orchestrator.backends' has no attribute {name!r}")
 
 _TRAINERS: dict[str, tuple[str, str]] = {
     "sim": ("orchestrator.sim.job", "SimTrainer"),
@@ -170,6 +183,11 @@ class Backend:
 
     def unemitted_by(self, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, str]:
         """:meth:`unemitted` for a trial's resolved config, whose sections were checked at plan."""
+        # deferred: the schema library, only when a trial's config is validated here
+        from orchestrator.corrections import CorrectionSpec
+        from orchestrator.engine import RolloutSpec
+        from orchestrator.learner import LearnerSpec
+
         return self.unemitted(CorrectionSpec.model_validate(dict(config.get("correction") or {})),
                               RolloutSpec.model_validate(dict(config.get("rollout") or {})),
                               LearnerSpec.model_validate(dict(config.get("learner") or {})),

@@ -1,7 +1,6 @@
 """``ablate env``: versions, devices and endpoints, for bug reports."""
 from __future__ import annotations
 
-import importlib.metadata
 import os
 import platform
 import sys
@@ -16,6 +15,8 @@ ENGINE_PACKAGES = {"sglang": "sglang", "vllm": "vllm"}
 
 
 def _version(name: str) -> str:
+    import importlib.metadata
+
     try:
         return importlib.metadata.version(name)
     except importlib.metadata.PackageNotFoundError:

@@ -6,20 +6,17 @@ from __future__ import annotations
 
 import argparse
 import errno
-import importlib.metadata
 import json
 import sys
 from collections.abc import Sequence
 from typing import TYPE_CHECKING, Any
 
-from orchestrator import __version__, backends
+from orchestrator import backends
 from orchestrator.cli.commands import add_commands
 from orchestrator.cli.environment import collect
 from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
 from orchestrator.cli.scaffold import init_command
 from orchestrator.exceptions import UserError
-from orchestrator.grid import check_notify, expand, load_grid, plan_lines
-from orchestrator.recipes import flatten
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
@@ -36,6 +33,10 @@ def _console() -> Any:
 
 
 def plan_command(args: argparse.Namespace) -> int:
+    # deferred, as every command's library: the grid schema is not imported for the others
+    from orchestrator.grid import check_notify, expand, load_grid
+    from orchestrator.recipes import flatten
+
     grid = load_grid(args.grid, backend=args.backend,
                      limit_trials=not (args.force or args.show_recipe))
     if args.show_recipe:
@@ -77,6 +78,8 @@ def _print_plan(grid: GridSpec, trials: Sequence[TrialSpec], details: dict[str, 
                 limit: int) -> None:
     from rich.markup import escape
     from rich.table import Table
+
+    from orchestrator.grid import plan_lines  # deferred, as in plan_command
 
     console = _console()
     names = [a.name for a in grid.axes if a.kind != "pool"]
@@ -133,13 +136,23 @@ def env_command(args: argparse.Namespace) -> int:
 # --------------------------------------------------------------------------- parser
 
 
+class _Version(argparse.Action):
+    """``--version``, read from the package metadata only when asked."""
+
+    def __call__(self, parser: argparse.ArgumentParser, *args: Any, **kwargs: Any) -> None:
+        from orchestrator import __version__  # deferred: read only when asked
+
+        print(f"rl-ablate {__version__}")  # to stdout, as argparse's own version action
+        parser.exit()
+
+
 def build_parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="ablate",
         description="Declarative ablation grids for training-inference mismatch in LLM RL. "
         "Write a grid file, `ablate plan` it, `ablate submit` it, read `ablate compare`.",
     )
-    p.add_argument("--version", action="version", version=f"rl-ablate {__version__}")
+    p.add_argument("--version", action=_Version, nargs=0, help="show the version and exit")
     sub = p.add_subparsers(dest="command", required=True, metavar="COMMAND")
 
     plan = sub.add_parser("plan", help="validate and expand a grid; print its trials (no side effects)")
@@ -186,7 +199,7 @@ def _run(args: argparse.Namespace) -> int:
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)
         return 130
-    except (ModuleNotFoundError, importlib.metadata.PackageNotFoundError) as exc:
+    except ModuleNotFoundError as exc:  # importlib.metadata's PackageNotFoundError is one
         line = missing_package(exc)
         if line is None:
             raise

@@ -12,9 +12,8 @@ import os
 import sys
 from pathlib import Path
 
-from orchestrator.backends import backend
+from orchestrator import backends
 from orchestrator.exceptions import UserError, did_you_mean, no_such_trial
-from orchestrator.grid import load_grid
 from orchestrator.safeyaml import load_yaml
 from orchestrator.scheduler._progress import collect, render
 from orchestrator.store import TrialPaths, active_holder, records, workspace
@@ -25,7 +24,7 @@ def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
     """``grid`` is a grid file or a grid name; its directory must exist in the workdir."""
     name = grid
     if grid.endswith((".yaml", ".yml")) or os.path.sep in grid:
-        name = _declared_name(grid, workdir) or load_grid(grid).name
+        name = _declared_name(grid, workdir) or _composed_name(grid)
     grid_dir = workspace.grid_dir(name, workdir)
     if not (grid_dir / "trials").is_dir():
         known = [Path(p).parent.name for p in map(str, workspace.workdir(workdir).glob("*/trials"))]
@@ -33,6 +32,14 @@ def _resolve_grid_dir(grid: str, workdir: str | None) -> Path:
         raise UserError(f"grid {name!r} has no runs in {workspace.workdir(workdir)}"
                         + (f"; did you mean {hint!r}?" if hint else "; start it with `ablate submit GRID_FILE`"))
     return grid_dir
+
+
+def _composed_name(path: str) -> str:
+    """The name of a grid file that names no grid of the workdir: composed with Hydra, which
+    explains what is wrong with the file (the grid package is imported for this only)."""
+    from orchestrator.grid import load_grid  # deferred: see the docstring
+
+    return load_grid(path).name
 
 
 def _declared_name(path: str, workdir: str | None) -> str | None:
@@ -115,7 +122,7 @@ def cancel(grid: str, *, trials: list[str] | None = None, pool: str | None = Non
         try:
             mark_cancelled(grid_dir, tid)
             # Nobody runs it; a job its killed orchestrator submitted may still (Slurm).
-            backend(known[tid].backend).abandon(tid, TrialPaths(grid_dir, tid).root / "logs")
+            backends.backend(known[tid].backend).abandon(tid, TrialPaths(grid_dir, tid).root / "logs")
         finally:
             lock.release()
     return len(targets)

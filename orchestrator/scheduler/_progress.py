@@ -17,7 +17,6 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import metrics as names
 from orchestrator.cost import TrialCost, fmt_hours, trial_cost
 from orchestrator.exceptions import StateFileError
-from orchestrator.grid import notes
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
 from orchestrator.scheduler._events import EventWatcher
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
@@ -216,6 +215,10 @@ def _fmt_eta(seconds: float | None) -> str:
 
 def rescue_text(rec: records.TrialRecord) -> str:
     """One line on a trial's rescues: by which entry, on what, into which trial; refusals."""
+    if not (rec.rescue_of or rec.rescues or rec.rescue is not None):
+        return ""  # most trials: the grid package (its schema library) is not imported for them
+    from orchestrator.grid import notes
+
     parts = []
     if rec.rescue_of:
         parts.append(f"rescue of {rec.rescue_of.get('parent')} ({rec.rescue_of.get('event')})")
