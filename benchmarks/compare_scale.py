@@ -157,12 +157,9 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
     return time.perf_counter() - t0
 
 
-CPU_S: dict[str, float] = {}  # the CPU seconds (user + system) of the last command ``_ablate`` ran
-
-
-def _ablate(code: Path, args: list[str], cwd: Path, timeout: float) -> float:
-    """The wall seconds of one ``ablate`` command; its CPU seconds (its processes, reaped) go to
-    ``CPU_S["last"]``: a figure another job on the machine inflates far less than wall time."""
+def _ablate(code: Path, args: list[str], cwd: Path, timeout: float) -> tuple[float, float]:
+    """(wall seconds, CPU seconds) of one ``ablate`` command; the CPU seconds (user + system of
+    its processes, reaped) are a figure another job on the machine inflates far less."""
     env = {**os.environ, "PYTHONPATH": str(code), "PYTHONHASHSEED": "0"}
     env.pop("MLFLOW_TRACKING_URI", None)
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
@@ -171,15 +168,13 @@ def _ablate(code: Path, args: list[str], cwd: Path, timeout: float) -> float:
         out = subprocess.run([sys.executable, "-m", "orchestrator", *args], cwd=cwd, env=env,
                              capture_output=True, text=True, timeout=timeout, check=False)
     except subprocess.TimeoutExpired:
-        CPU_S["last"] = math.inf
-        return math.inf  # recorded as null with ``timed_out_after_s``
+        return math.inf, math.inf  # recorded as null with ``timed_out_after_s``
     dt = time.perf_counter() - t0
     after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    CPU_S["last"] = (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
     if out.returncode != 0:
         raise RuntimeError(f"ablate {' '.join(args)} (code {code}) exited {out.returncode}: "
                            f"{out.stderr[-2000:]}")
-    return dt
+    return dt, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 def _compile(checkout: Path) -> None:
@@ -227,9 +222,11 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
         stop_group(proc)
 
 
-def _status(code: Path, root: Path, timeout: float) -> float:
-    return round(_ablate(code, ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")],
-                         root, timeout), 2)
+def _status(code: Path, root: Path, timeout: float) -> dict[str, float]:
+    """``status_s`` and ``status_cpu_s`` of one ``ablate status`` of the recorded grid."""
+    wall, cpu = _ablate(code, ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")],
+                        root, timeout)
+    return {"status_s": round(wall, 2), "status_cpu_s": round(cpu, 2)}
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -293,12 +290,11 @@ def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str 
     empty.mkdir()
     for o in (f"out-local{tag}", f"out-server{tag}"):  # a kept grid's earlier outputs
         shutil.rmtree(root / o, ignore_errors=True)
-    out = {"status_s": _ablate(code, ["status", grid, "--workdir", str(wd)], root, timeout)}
-    out["status_cpu_s"] = CPU_S["last"]
+    out = _status(code, root, timeout)
     out["compare_local_s"] = _ablate(code, ["compare", grid, "--workdir", str(wd), "--out",
-                                            str(root / f"out-local{tag}")], root, timeout)
+                                            str(root / f"out-local{tag}")], root, timeout)[0]
     out["compare_server_s"] = _ablate(code, ["compare", grid, "--workdir", str(empty), "--tracking-uri",
-                                             server, "--out", str(root / f"out-server{tag}")], root, timeout)
+                                             server, "--out", str(root / f"out-server{tag}")], root, timeout)[0]
     timed = {k: (round(v, 2) if math.isfinite(v) else None) for k, v in out.items()}
     if not all(math.isfinite(v) for v in out.values()):
         timed["timed_out_after_s"] = timeout
@@ -395,9 +391,8 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
         if status_only:
             with _locked(lock):
                 row["loadavg_before"] = _loadavg()
-                ours, theirs = _in_turns(code, baseline, lambda c, tag: {"status_s": _status(
-                    c, root, timeout if tag == "" else (baseline_timeout or timeout)),
-                    "status_cpu_s": round(CPU_S["last"], 2)})
+                ours, theirs = _in_turns(code, baseline, lambda c, tag: _status(
+                    c, root, timeout if tag == "" else (baseline_timeout or timeout)))
                 row.update(ours)
                 if theirs is not None:
                     row["baseline"] = {"code": _code_label(baseline), **theirs}

@@ -141,8 +141,8 @@ def _stored_scheme(stored: Any, path: Path) -> int:
 
 def _specs_scheme(grid_dir: Path, sample: int = 20) -> int:
     """The id scheme of a grid's trial specs (a few are enough: one version wrote them all)."""
-    for path in sorted((Path(grid_dir) / "trials").glob("*/spec.json"))[:sample]:
-        if not read_json(path).get("config"):
+    for tid in records.trial_ids(grid_dir)[:sample]:
+        if not read_json(TrialPaths(grid_dir, tid).spec).get("config"):
             return 1
     return ID_SCHEME
 
