@@ -148,14 +148,14 @@ class BudgetSpec(Strict):
     per_pool: dict[StrictStr, Annotated[int, Field(ge=1, le=100_000)]] = Field(default_factory=dict)
     max_trials: StrictInt = Field(100_000, ge=1)
     # Accelerator-hours the grid may spend, over all its submissions (``orchestrator.cost``):
-    # GPU-hours on gpu pools, CPU-hours on the simulator and cpu pools. A trial whose projected
-    # cost does not fit is not started (``scheduler._budget``).
+    # GPU-hours on gpu pools, CPU-hours on sim and cpu pools; a trial whose cost does not fit
+    # is not started (``scheduler._budget``).
     gpu_hours: Hours | None = None
     gpu_hours_per_pool: dict[StrictStr, Hours] = Field(default_factory=dict)
 
 
-# What a comparison or adaptive seeds measure (``orchestrator.stats.seeds``).
-# final_reward_ref: the final eval/reward_ref of a grid with ``eval: {reference: ...}``.
+# What a comparison or adaptive seeds measure (``orchestrator.stats.seeds``; final_reward_ref:
+# the final eval/reward_ref of a grid with ``eval: {reference: ...}``).
 Target = Literal["collapse_rate", "final_reward", "time_to_collapse", "final_reward_ref"]
 
 
@@ -272,12 +272,13 @@ class TrackingSpec(Strict):
 
 
 class EvalSpec(Strict):
-    """``eval: {reference: trainer}``: every eval step is also scored by one reference
-    evaluator shared by every arm (``orchestrator/evaluation.py``), as ``eval/reward_ref``."""
+    """``eval: {reference: ...}``: one evaluator scores every arm, as ``eval/reward_ref``
+    (``orchestrator/evaluation.py``: trainer, the fp32 trainer-side model; engine, verl's
+    validation of each checkpoint by a fixed engine ``rollout`` on one named ``pool``)."""
 
-    # trainer: the trainer-side model in fp32 with its current weights, the same for every arm
-    # (``orchestrator/evaluation.py``); null: no reference evaluation (the trial's own eval only).
-    reference: Literal["trainer"] | None = None
+    reference: Literal["trainer", "engine"] | None = None  # the evaluator; null: own eval only
+    pool: StrictStr | None = None  # engine: the evaluation pool its job runs on (cpu or gpu)
+    rollout: dict[StrictStr, Any] | None = None  # engine: its engine settings (rollout.* keys)
 
 
 class SearchParam(Strict):

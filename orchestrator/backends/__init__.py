@@ -167,6 +167,12 @@ class Backend:
     def check_reference(self, target: str, pool: PoolSpec) -> str | None:
         return self.trainer(pool).check_reference(target, pool)
 
+    def check_reference_job(self, target: str, pool: PoolSpec, rollout: RolloutSpec,
+                            config: Mapping[str, Any], arm_keys: Iterable[str],
+                            trial_pools: Iterable[PoolSpec]) -> str | None:
+        return self.trainer(pool).check_reference_job(target, pool, rollout, config, arm_keys,
+                                                      trial_pools)
+
     def check_checkpoint(self, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
         return self.trainer(pool).check_checkpoint(checkpoint, pool, config, others)

@@ -23,6 +23,7 @@ from typing import Any, ClassVar, Protocol
 from orchestrator import metrics as M
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import BackendUnavailableError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
@@ -130,6 +131,17 @@ class Trainer(abc.ABC):
         return (f"backend {cls.name!r} has no reference evaluator; fix: drop eval.reference, "
                 "or use the sim backend")
 
+    @classmethod
+    def check_reference_job(cls, target: str, pool: PoolSpec, rollout: RolloutSpec,
+                            config: Mapping[str, Any], arm_keys: Iterable[str],
+                            trial_pools: Iterable[PoolSpec]) -> str | None:
+        """Why this trainer cannot run the evaluation job of reference ``target`` on ``pool``
+        (``eval.pool``) with engine settings ``rollout`` (``eval.rollout``) for the grid's
+        shared ``config``, or score arms that set ``arm_keys`` themselves, or load checkpoints
+        saved on ``trial_pools``; None if it can. By default it runs none."""
+        return (f"pool {pool.name} runs backend {cls.name!r}, which has no evaluation job; "
+                "fix: name a cpu or gpu pool of the verl backend")
+
     # The version of the reference evaluator(s) this trainer runs, recorded with every score it
     # makes after the fact (``store.reference``); None: it runs none.
     reference_version: ClassVar[str | None] = None
@@ -144,6 +156,27 @@ class Trainer(abc.ABC):
         (``ablate evaluate``): the number the trial would have logged as ``eval/reward_ref`` at
         that step. Only trainers whose :meth:`check_reference` accepts ``target``."""
         raise NotImplementedError(f"backend {self.name!r} has no reference evaluator")
+
+    # A reference that is a job of its own: the version of that job, recorded with its scores
+    # (``evaluation.job_evaluator``), and the config keys that name the model it loads (an arm
+    # that sets one trained another model than the job loads: it is not scored).
+    reference_job_version: ClassVar[str | None] = None
+    job_model_keys: ClassVar[tuple[str, ...]] = ()
+
+    @classmethod
+    def require_job(cls, pool: PoolSpec, config: Mapping[str, Any], *, where: str = "") -> None:
+        """Raise ``BackendUnavailableError`` (one line starting with ``where``) unless this
+        machine runs the evaluation job on ``pool`` (``ablate evaluate`` runs it here)."""
+        raise BackendUnavailableError(f"{where}: backend {cls.name!r} has no evaluation job")
+
+    def evaluate_job(self, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
+                     rollout: Mapping[str, Any], checkpoint: Path, step: int, *,
+                     grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
+        """A reference that is a job of its own (``evaluation.reference_job``): the score of the
+        checkpoint of ``step`` by the job on evaluation pool ``pool`` with engine settings
+        ``rollout``, run on the grid's ``shared`` config, and the job's evidence (JSON). Only trainers
+        whose :meth:`check_reference_job` accepts the pool."""
+        raise NotImplementedError(f"backend {self.name!r} has no evaluation job")
 
     @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],

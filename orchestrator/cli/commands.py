@@ -75,7 +75,21 @@ def submit_body(args: argparse.Namespace) -> int:
 
         for line in end_report(summary):
             print(line)
+    if not args.json:
+        _reference_job_hint(args.grid)
     return 0
+
+
+def _reference_job_hint(grid_path: str) -> None:
+    """A grid whose reference is a job of its own (``eval: {reference: engine}``): say which
+    command scores its checkpoints (``ablate submit`` holds no training slot for it)."""
+    from orchestrator import evaluation  # deferred: --help stays fast
+    from orchestrator.grid import load_grid  # deferred: --help stays fast
+
+    job = evaluation.reference_job(load_grid(grid_path).base_config)
+    if job is not None:
+        print(f"reference engine: the checkpoints are scored by `ablate evaluate {grid_path}` "
+              f"(a job per checkpoint on pool {job[0]}, run where that pool's devices are)")
 
 
 def _backend_of(args: argparse.Namespace) -> str:
@@ -170,9 +184,9 @@ def evaluate_body(args: argparse.Namespace) -> int:
     from orchestrator.scheduler import evaluate  # deferred: --help stays fast
 
     report = evaluate(args.grid, trials=args.trial, workdir=args.workdir,
-                      tracking_uri=args.tracking_uri)
+                      tracking_uri=args.tracking_uri, steps=args.step)
     print("\n".join(report.lines()))
-    return 0
+    return 1 if report.failed else 0
 
 
 def ui_body(args: argparse.Namespace) -> int:
@@ -309,6 +323,8 @@ def add_commands(sub: Any) -> None:
                         "evaluator (eval.reference; idempotent: each checkpoint once)")
     ev.add_argument("grid")
     ev.add_argument("--trial", action="append", help="trial id (repeatable; default: every trial)")
+    ev.add_argument("--step", action="append", type=int,
+                    help="checkpoint step (repeatable; default: every step the store holds)")
     _common(ev)
     ev.set_defaults(func=evaluate_body)
 

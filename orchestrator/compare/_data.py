@@ -18,6 +18,7 @@ from collections.abc import Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator import evaluation
 from orchestrator import metrics as M
 from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
 from orchestrator.cost import TrialCost, from_tags, trial_cost, with_reference
@@ -73,6 +74,8 @@ class TrialResult:
     rescue: dict[str, str] = dataclasses.field(default_factory=dict)  # ``rescue.*`` tags (``_rescues``)
     # Rules the trial's configuration gives no metric for, with why (``verdict.not_applicable``).
     not_applicable: dict[str, str] = dataclasses.field(default_factory=dict)
+    # The evaluator of the scores ``ablate evaluate`` ran as jobs (``engine``), "" for none.
+    reference_job: str = ""
 
     @property
     def reward_key(self) -> str:
@@ -334,6 +337,8 @@ def merge_reference(results: Sequence[TrialResult], grid_dir: Path | None) -> No
         r.cost = with_reference(r.cost, in_trial, held.seconds if held else 0.0)
         if held is None or not held.scores:
             continue
+        if held.target not in evaluation.IN_RUN_TARGETS:
+            r.reference_job = held.evaluator
         have = dict(r.curves.get(M.EVAL_REWARD_REF, []))
         merged = sorted({**{s: v for s, (v, _) in held.scores.items()}, **have}.items())
         r.curves[M.EVAL_REWARD_REF] = merged

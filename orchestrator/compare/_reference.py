@@ -124,9 +124,26 @@ VERL_INTRO = ("Every saved checkpoint was also scored by one reference evaluator
               "paired by trial.")
 
 
-def intro(pool_kinds: frozenset[str]) -> str:
+ENGINE_INTRO = ("Every scored checkpoint was also scored by one reference evaluator, the same "
+                f"for every arm (`{REF}`: verl's own validation of the checkpoint, run as a job "
+                "of its own by one engine setting on one evaluation pool: {}; "
+                "docs/evaluation.md). Own: the arm's own rollout engine (`eval/reward`: verl's "
+                "validation through its engine, dtype and flags). Final values (the last scored "
+                "checkpoint), mean [95% interval] over seeds; own - reference paired by trial.")
+
+
+def intro(pool_kinds: frozenset[str], jobs: frozenset[str] = frozenset()) -> str:
     """What the section says the reference evaluator is: the simulator's, or verl's (cpu and gpu
-    pools), or both where a grid's trials ran on both kinds."""
+    pools), or both where a grid's trials ran on both kinds; ``jobs``: the evaluators of scores
+    made by evaluation jobs (``engine``), which the section names (more than one: it says the
+    arms were not scored by one evaluator)."""
+    if jobs:
+        text = ENGINE_INTRO.format("; ".join(f"`{j}`" for j in sorted(jobs)))
+        if len(jobs) > 1:
+            text += (" Warning: these trials were scored by different evaluators, so the "
+                     "reference is not one evaluator for every arm; run `ablate evaluate` with "
+                     "one grid file over all of them.")
+        return text
     verl = bool(pool_kinds & {"cpu", "gpu"})
     if verl and "sim" in pool_kinds:
         return f"{INTRO} On the verl pools: {VERL_INTRO}"

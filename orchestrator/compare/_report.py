@@ -177,7 +177,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
               "cost": cost, "comparisons": comparisons,
               "survival": surv, "level": level, "fanova_note": fanova_note(results, axis_names),
               "rescues": RS.rescue_section(results, out, level),
-              "reference_intro": RF.intro(pool_kinds)}
+              "reference_intro": RF.intro(pool_kinds, frozenset(
+                  r.reference_job for r in results if r.reference_job))}
     if unfinished:
         report["unfinished"] = unfinished
     (out / "summary.md").write_text(render_markdown(report))

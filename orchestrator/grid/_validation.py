@@ -83,7 +83,7 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     for pool in spec.budget.per_pool:
         catalog.get(pool, file=file, line=lines.get(("budget", "per_pool", pool)),
                     key=f"budget.per_pool.{pool}")
-    fixed = _with_reference(spec, chk, runs, pools, fixed)
+    fixed = _with_reference(spec, chk, runs, pools, fixed, catalog, base)
     check_cost_keys(spec, axes, chk, catalog, axis_label)
     check_param_names(spec, axes, chk)
     check_static(spec, chk, dict(fixed), chk.leaves, lambda name: runs.reported(name, pools))
@@ -93,8 +93,9 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
 
 
 def _no_reference_override(spec: GridFile, chk: Checker) -> None:
-    """``eval.reference`` is set only by the grid key ``eval:``: one evaluator for every arm,
-    so never an axis, an include, an override or a rescue's ``set``."""
+    """``eval.reference`` (and the engine reference's ``eval.pool``, ``eval.rollout``) is set
+    only by the grid key ``eval:``: one evaluator for every arm, so never an axis, an include,
+    an override or a rescue's ``set``."""
     places: list[tuple[Any, ...]] = [("overrides", k) for k in spec.overrides]
     for name, values in spec.axes.items():
         places.append(("axes", name))
@@ -104,18 +105,26 @@ def _no_reference_override(spec: GridFile, chk: Checker) -> None:
     if spec.on_collapse is not None:
         places += [("on_collapse", "resume", "set", k) for k in spec.on_collapse.resume.set]
     for path in places:
-        if path[-1] == evaluation.OVERRIDE_KEY:
-            raise chk.err(f"{evaluation.OVERRIDE_KEY} is set by the grid key 'eval:', one "
-                          "evaluator for every trial", path,
-                          fix="write 'eval: {reference: trainer}' at the top of the grid")
+        if path[-1] in evaluation.GRID_KEYS:
+            raise chk.err(f"{path[-1]} is set by the grid key 'eval:', one evaluator for every "
+                          "trial", path, fix="write 'eval: {reference: trainer}' (or "
+                          "reference: engine with its pool) at the top of the grid")
 
 
 def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence[PoolSpec],
-                    fixed: tuple[tuple[str, Any], ...]) -> tuple[tuple[str, Any], ...]:
+                    fixed: tuple[tuple[str, Any], ...], catalog: PoolCatalog,
+                    base: Mapping[str, Any]) -> tuple[tuple[str, Any], ...]:
     """``eval: {reference: ...}`` (``orchestrator/evaluation.py``): every pool's trainer must
-    run that evaluator; it becomes the fixed override ``eval.reference``, so it is part of the
-    trials' ids when set and absent from them otherwise."""
-    target = spec.eval.reference
+    run that evaluator, and ``engine``'s job its pool and engine settings; the keys become the
+    fixed overrides ``eval.*``, so they are part of the trials' ids when set and absent from
+    them otherwise."""
+    ev = spec.eval
+    target = ev.reference
+    job_keys = [k for k in ("pool", "rollout") if getattr(ev, k) is not None]
+    if target != "engine" and job_keys:
+        raise chk.err(f"this key sets up the engine reference's job, and the grid's reference "
+                      f"is {target or 'not set'}", ("eval", job_keys[0]),
+                      fix=f"set 'reference: engine', or drop eval.{job_keys[0]}")
     if target is None:
         return fixed
     for pool in pools:
@@ -124,7 +133,34 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
             raise chk.err(problem.removeprefix(f"{evaluation.OVERRIDE_KEY}: "),
                           ("eval", "reference"),
                           fix=None if "; fix: " in problem else "drop eval.reference")
-    return tuple(sorted((*fixed, (evaluation.OVERRIDE_KEY, target))))
+    extra: list[tuple[str, Any]] = [(evaluation.OVERRIDE_KEY, target)]
+    if target == "engine":
+        if ev.pool is None:
+            raise chk.err("the engine reference scores every arm's checkpoints on one named "
+                          "pool, and eval.pool is not set", ("eval", "reference"),
+                          fix="add 'pool: <a cpu or gpu pool>' under eval:")
+        if ev.pool not in catalog.pools:
+            raise chk.err(f"unknown pool {ev.pool!r}", ("eval", "pool"), allowed=catalog.names(),
+                          got=ev.pool, fix=f"use a pool from {catalog.source}")
+        pool = catalog.pools[ev.pool]
+        for key, value in (ev.rollout or {}).items():
+            chk.value(f"rollout.{key}", value, ("eval", "rollout", key))
+        try:
+            rollout = SECTIONS["rollout"].model_validate(dict(ev.rollout or {}))
+        except ValidationError as exc:
+            raise chk.err(exc.errors()[0]["msg"].removeprefix("Value error, "),
+                          ("eval", "rollout")) from None
+        arm_keys = {k for _, values in spec.axes.items() if isinstance(values, dict)
+                    for ov in values.values() for k in ov or {}}
+        arm_keys |= set(spec.axes) | {k for rule in spec.include for k in rule}
+        problem = runs.check_reference_job(target, pool, rollout, base, sorted(arm_keys), pools)
+        if problem:
+            raise chk.err(problem, ("eval", "rollout" if ev.rollout else "pool"),
+                          fix=None if "; fix: " in problem else "pick another eval.pool")
+        extra.append((evaluation.POOL_KEY, pool.name))
+        if ev.rollout:
+            extra.append((evaluation.ROLLOUT_KEY, freeze(rollout.model_dump(exclude_none=True))))
+    return tuple(sorted((*fixed, *extra)))
 
 
 def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCatalog) -> Axis:

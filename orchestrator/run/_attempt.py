@@ -134,8 +134,8 @@ class AttemptRun(AttemptStart):
         score that cannot be made is logged and left to ``ablate evaluate``; it never fails the
         trial's training."""
         target = evaluation.reference_of(self.job.config)
-        if target is None:
-            return
+        if target not in evaluation.IN_RUN_TARGETS:
+            return  # none, or a job of its own that `ablate evaluate` runs
         trainer = self.job.backend_ref.trainer(self.job.pool)
         if not trainer.reference_at_checkpoints:
             return

@@ -9,6 +9,12 @@ second run scores nothing. The scores go to the trial's ``reference.json``
 that step; a score MLflow did not take is sent by the next run. The grid's lease is held
 throughout (nothing else writes its trials meanwhile), and a trial whose run lock is taken (a
 runner or a sender is on it) is left for a later run.
+
+A reference that is a job of its own (``engine``: ``evaluation.reference_job``) runs here, one
+job per checkpoint on the grid's evaluation pool, from the grid's shared config; a job that
+fails leaves its trial unscored with the reason (the next run tries again), and the job's logs
+and evidence (``evidence.json``: its validation metrics, the engine that ran) stay under the
+trial's ``logs/reference-step-<N>/``.
 """
 from __future__ import annotations
 
@@ -17,24 +23,35 @@ import logging
 import os
 import time
 from pathlib import Path
+from typing import Any
 
-from orchestrator import evaluation
+from orchestrator import evaluation, recipes
 from orchestrator import metrics as M
-from orchestrator.backends import backend
-from orchestrator.exceptions import UserError, no_such_trial
+from orchestrator.backends import Backend, backend
+from orchestrator.backends.base import Trainer
+from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
+from orchestrator.pools import PoolSpec
 from orchestrator.recipes import apply_overrides
-from orchestrator.store import CheckpointStore, GridLease, TrialPaths, records, workspace
+from orchestrator.store import (
+    CheckpointStore,
+    GridLease,
+    TrialPaths,
+    atomic_write_json,
+    records,
+    workspace,
+)
 from orchestrator.store.reference import (
     ReferenceScores,
     read_reference,
     send_reference,
     write_reference,
 )
-from orchestrator.tracking import log_steps
+from orchestrator.tracking import client, log_steps
 from orchestrator.trial import TrialSpec
 
 log = logging.getLogger(__name__)
+EVALUATOR_TAG = "eval.reference_evaluator"  # the MLflow tag naming the scores' evaluator
 
 
 @dataclasses.dataclass
@@ -45,6 +62,7 @@ class EvaluateReport:
     scored: dict[str, list[int]] = dataclasses.field(default_factory=dict)
     seconds: float = 0.0
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
+    failed: dict[str, str] = dataclasses.field(default_factory=dict)  # an evaluation job's
     unsent: int = 0
 
     def lines(self) -> list[str]:
@@ -52,6 +70,8 @@ class EvaluateReport:
         out = [f"{tid}: scored steps {', '.join(map(str, steps))}"
                for tid, steps in self.scored.items() if steps]
         out += [f"{tid}: not scored ({why})" for tid, why in self.skipped.items()]
+        out += [f"{tid}: evaluation job failed, not scored ({why}); the next run tries again"
+                for tid, why in self.failed.items()]
         out.append(f"reference {self.target}: {n} checkpoint(s) scored in {self.seconds:.1f}s"
                    if n else f"reference {self.target}: nothing to score (every saved "
                    "checkpoint has its score)")
@@ -62,10 +82,12 @@ class EvaluateReport:
 
 
 def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | None = None,
-             tracking_uri: str | None = None) -> EvaluateReport:
-    """Score the saved checkpoints of ``grid_path``'s recorded trials (all, or ``trials``)."""
+             tracking_uri: str | None = None, steps: list[int] | None = None) -> EvaluateReport:
+    """Score the saved checkpoints of ``grid_path``'s recorded trials (all, or ``trials``; every
+    step the store holds, or ``steps``)."""
     grid = load_grid(grid_path)
     target = grid.spec.eval.reference or evaluation.REFERENCE_TARGETS[0]
+    job = evaluation.reference_job(grid.base_config)
     grid_dir = workspace.grid_dir(grid.name, workdir)
     known = records.known_trials(grid_dir) if (grid_dir / "trials").is_dir() else {}
     if not known:
@@ -79,20 +101,40 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
         problem = backend(spec.backend).check_reference(target, grid.pools.get(spec.pool))
         if problem:
             raise UserError(f"{grid.file}: trial {spec.trial_id} on pool {spec.pool}: {problem}")
+    if job is not None:
+        _check_job(grid, chosen, job[0])
     uri = workspace.tracking_uri(tracking_uri, workdir)
     report = EvaluateReport(target)
     lease = GridLease(grid_dir, grid.name)
     lease.acquire(f"evaluate-{os.getpid()}-{int(time.time())}")
     try:
         for spec in chosen:
-            _evaluate_trial(grid, grid_dir, spec, target, uri, report)
+            _evaluate_trial(grid, grid_dir, spec, target, uri, report, set(steps or ()))
     finally:
         lease.release()
     return report
 
 
+def _check_job(grid: GridSpec, chosen: list[TrialSpec], pool_name: str) -> None:
+    """Before anything runs: this machine runs the evaluation pool's jobs, and each chosen
+    trial trained the model the grid's shared config loads (a trial recorded by another grid
+    file may not)."""
+    pool = grid.pools.get(pool_name)
+    trainer = backend(chosen[0].backend).trainer(pool)
+    trainer.require_job(pool, grid.base_config, where=f"{grid.file}: eval.pool {pool.name}")
+    shared = dict(recipes.flatten(grid.base_config))
+    for spec in chosen:
+        own = recipes.flatten(apply_overrides(grid.recipe_config, spec.override_map))
+        for key, value in own:
+            if key.startswith(trainer.job_model_keys) and shared.get(key) != value:
+                raise UserError(f"{grid.file}: trial {spec.trial_id} sets {key} = {value!r}, "
+                                "and the engine reference loads the grid's "
+                                f"{shared.get(key)!r} for every arm; fix: leave the trial out "
+                                "(--trial) or evaluate it with the grid file it ran under")
+
+
 def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str, uri: str,
-                    report: EvaluateReport) -> None:
+                    report: EvaluateReport, only: set[int]) -> None:
     from filelock import Timeout  # deferred: as records.run_lock defers filelock
 
     paths = TrialPaths(grid_dir, spec.trial_id)
@@ -105,24 +147,36 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
     try:
         runs = backend(spec.backend)
         pool = grid.pools.get(spec.pool)
-        trainer_cls = runs.trainer(pool)
-        version = str(trainer_cls.reference_version)
+        job = evaluation.reference_job(grid.base_config)
+        eval_pool = grid.pools.get(job[0]) if job else pool
+        trainer_cls = runs.trainer(eval_pool)
+        version = (str(trainer_cls.reference_version) if job is None else
+                   evaluation.job_evaluator(str(trainer_cls.reference_job_version), *job))
         held = read_reference(paths)
         if held is None or (held.target, held.evaluator) != (target, version):
             held = ReferenceScores(target, version)  # another evaluator's scores are replaced
         logged = {s for s, row in records.iter_metrics(paths.metrics) if M.EVAL_REWARD_REF in row} \
-            if paths.metrics.exists() else set()
+            if paths.metrics.exists() and job is None else set()
         ck = grid.spec.checkpoint
         store = CheckpointStore.for_trial(ck.store, paths.root, spec.trial_id, ck.keep)
-        todo = [s for s in store.steps() if s not in logged and s not in held.scores]
+        todo = [s for s in store.steps() if s not in logged and s not in held.scores
+                and (not only or s in only)]
         config = apply_overrides(grid.recipe_config, spec.override_map)
         trainer = trainer_cls()
         done = report.scored.setdefault(spec.trial_id, [])
         with workspace.scoped_environ(runs.worker_env(config)):
             for step in todo:
                 t0 = time.perf_counter()
-                value = trainer.evaluate_checkpoint(spec, config, pool, store.path(step), step,
-                                                    target)
+                if job is None:
+                    value = trainer.evaluate_checkpoint(spec, config, pool, store.path(step),
+                                                        step, target)
+                else:
+                    try:
+                        value = _run_job(runs, trainer, grid, grid_dir, spec, eval_pool,
+                                         job[1], store.path(step), step)
+                    except (InfraFailure, CheckpointError) as exc:
+                        report.failed[spec.trial_id] = f"step {step}: {exc}"
+                        break
                 seconds = time.perf_counter() - t0
                 held.scores[step] = (value, seconds)
                 write_reference(paths, held)
@@ -133,8 +187,31 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         lock.release()
 
 
+def _run_job(runs: Backend, trainer: Trainer, grid: GridSpec, grid_dir: Path, spec: TrialSpec,
+             pool: PoolSpec, rollout: dict[str, Any], checkpoint: Path, step: int) -> float:
+    """One evaluation job on ``pool``; its evidence (every validation metric it logged, the
+    engine that ran) kept beside its logs as ``evidence.json``."""
+    problem = runs.check_checkpoint(checkpoint, pool, grid.base_config, [])
+    if problem:
+        raise CheckpointError(f"its checkpoint is {problem}")
+    root = TrialPaths(grid_dir, spec.trial_id).root
+    logs = root / "logs" / f"reference-step-{step}"
+    value, evidence = trainer.evaluate_job(spec, grid.base_config, pool, rollout, checkpoint,
+                                           step, grid_dir=grid_dir, log_dir=logs,
+                                           workdir=root / "work" / logs.name)
+    atomic_write_json(logs / "evidence.json", {"step": step, "pool": pool.name,
+                                               "rollout": rollout, **evidence})
+    return value
+
+
 def _send(paths: TrialPaths, held: ReferenceScores, uri: str, report: EvaluateReport) -> None:
-    """Log the scores MLflow has not taken yet to the trial's run (its record names it)."""
+    """Log the scores MLflow has not taken yet to the trial's run (its record names it), and
+    tag the run with their evaluator: MLflow keeps the points of an evaluator these replaced
+    (``reference.json`` does not), so the tag says whose the newest points are."""
     run_id = records.load_state(paths, paths.root.name).mlflow_run_id
-    report.unsent += send_reference(
-        paths, held, run_id, lambda run, values: log_steps(uri, run, M.EVAL_REWARD_REF, values))
+
+    def send(run: str, values: dict[int, float]) -> None:
+        log_steps(uri, run, M.EVAL_REWARD_REF, values)
+        client(uri).set_tag(run, EVALUATOR_TAG, held.evaluator)
+
+    report.unsent += send_reference(paths, held, run_id, send)

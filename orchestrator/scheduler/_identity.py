@@ -67,8 +67,10 @@ def fields(grid: GridSpec) -> dict[str, Any]:
     data = grid.spec.model_dump(mode="json")
     out = {k: data.get(k) for k in FIELDS}
     out["recipe_digest"] = grid.recipe_digest
-    if grid.spec.eval.reference is not None:  # part of the ids when set (only then: grids
-        out["eval"] = data["eval"]            # recorded before it keep their identity)
+    # eval: part of the ids when set (only then, and its keys only where set: grids recorded
+    # before it, or before the engine reference's keys, keep their identity)
+    if grid.spec.eval.reference is not None:
+        out["eval"] = {k: v for k, v in data["eval"].items() if v is not None}
     return json.loads(json.dumps(out, sort_keys=True, default=str))
 
 

@@ -33,7 +33,7 @@ from orchestrator.verl.files import (
     prepare_resume,
 )
 from orchestrator.verl.provenance import attempt_provenance
-from orchestrator.verl.topology import ray_node_resources, world_size
+from orchestrator.verl.topology import config_value, ray_node_resources, world_size
 
 POLL_SECONDS = 2.0
 TERM_GRACE_SECONDS = 60.0
@@ -188,8 +188,10 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                                     start_new_session=True,  # its own process group, for stop
                                     preexec_fn=procs.die_with_parent())  # noqa: PLW1509
             try:
-                result = _watch(proc, trial, ctx, MetricTail(log_path, ctx.resume_step or 0,
-                                                           loss_scaled(config)),
+                # An evaluation job (``reference_job``: verl's val_only) logs its one
+                # validation at the resume step itself.
+                first = (ctx.resume_step or 0) - bool(config_value(config, "trainer.val_only"))
+                result = _watch(proc, trial, ctx, MetricTail(log_path, first, loss_scaled(config)),
                                 ckpt_dir, log, check_engine)
             finally:
                 if proc.poll() is None:

@@ -25,7 +25,7 @@ from orchestrator.exceptions import CheckpointError, GridError, UserError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import cpu_engines, engine_versions, engines, mapping
+from orchestrator.verl import cpu_engines, engine_versions, engines, mapping, reference_job
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu import reference
 from orchestrator.verl.cpu.assets import asset_values
@@ -48,8 +48,9 @@ LOGGERS = ("console", "file")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class VerlTrainer(Trainer):
-    """verl 0.9.1 GRPO + SGLang on a GPU pool (or the CPU rollout engine on a cpu pool)."""
+class VerlTrainer(reference_job.EngineReference, Trainer):
+    """verl 0.9.1 GRPO + SGLang on a GPU pool (or the CPU rollout engine on a cpu pool). Its
+    reference evaluators' checks and the engine reference's job: ``EngineReference``."""
 
     name: ClassVar[str] = "verl"
     version: ClassVar[str] = "verl-0.9.1"
@@ -134,23 +135,6 @@ class VerlTrainer(Trainer):
         if warning:
             _warn_once(warning)
         return refusal
-
-    @classmethod
-    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
-        """``trainer`` on the cpu pools, for recipes whose task the project builds (``assets:``):
-        verl validates only through the trial's own engine, so each saved checkpoint is scored
-        by an fp32 forward of its shards (``verl/cpu/reference.py``) as it is saved. A gpu
-        pool's checkpoints would need that forward run as a job on a fixed evaluation pool,
-        which this backend does not run: refused, as a number it did not compute is not
-        recorded (docs/evaluation.md)."""
-        if target != "trainer":
-            return f"eval.reference: {target} is not a target here"
-        if pool.kind != "cpu":
-            return (f"eval.reference: {target} on the verl backend runs on the cpu pools only "
-                    f"(pool {pool.name} is a {pool.kind} pool: scoring its checkpoints with one "
-                    "fixed evaluator would be a job on an evaluation pool, not implemented); "
-                    "fix: drop eval.reference, or run the grid on cpu or sim pools")
-        return None
 
     reference_version: ClassVar[str | None] = reference.VERSION
     reference_at_checkpoints: ClassVar[bool] = True

@@ -80,3 +80,37 @@ def test_the_section_names_the_grids_evaluator_and_never_a_best_cell_of_a_tie() 
     top = {**zero, "final_reward": 0.5, "final_reward_ref": 0.5}
     lines = RF._summary_lines([("a", top), ("b", top), ("c", zero)])
     assert lines[-1] == "The best cell is the same by either number (a; b)."
+
+
+def test_scores_of_an_evaluation_job_name_its_evaluator_and_a_mixture_is_flagged(
+        tmp_path: Path) -> None:
+    """Scores ``ablate evaluate`` made with the engine reference (``reference.json``, target
+    ``engine``) reach the curves, and the section names the job's evaluator (its pool and
+    engine settings) instead of the fp32 trainer; trials scored by two different jobs are not
+    one evaluator for every arm, and the section says so."""
+    from orchestrator.compare._data import merge_reference
+    from orchestrator.store import TrialPaths
+    from orchestrator.store.reference import ReferenceScores, write_reference
+
+    results = _results(False)[:2]
+    grid_dir = tmp_path / "grid"
+    names = ["verl-engine-ref-1 pool=cpu-fp32 rollout={}", "verl-engine-ref-1 pool=h100 rollout={}"]
+    for r, name, value in zip(results, names, (0.3, 0.4)):
+        paths = TrialPaths(grid_dir, r.trial_id)
+        paths.root.mkdir(parents=True)
+        write_reference(paths, ReferenceScores("engine", name, {20: (value, 9.0)}))
+    merge_reference(results[:1], grid_dir)
+    assert results[0].curves[M.EVAL_REWARD_REF] == [(20, 0.3)]
+    assert results[0].reference_job == names[0]
+    for sub in ("one", "two"):
+        (tmp_path / sub).mkdir()
+    report = build_report(results[:1], ["pool"], None, None, tmp_path / "one", grid_name="g",
+                          store="s", pool_kinds=frozenset({"cpu"}))
+    assert f"`{names[0]}`" in report["reference_intro"]
+    assert "model in fp32" not in report["reference_intro"]
+    assert "Warning" not in report["reference_intro"]
+    merge_reference(results, grid_dir)
+    report = build_report(results, ["pool"], None, None, tmp_path / "two", grid_name="g",
+                          store="s", pool_kinds=frozenset({"cpu"}))
+    assert "different evaluators" in report["reference_intro"]
+    assert "different evaluators" in (tmp_path / "two" / "summary.md").read_text()

@@ -1,6 +1,6 @@
-"""``eval: {reference: trainer}`` at plan: part of a trial's id only when set (the committed
+"""``eval: {reference: ...}`` at plan: part of a trial's id only when set (the committed
 quickstart ids stay), refused with one line where it cannot run or is spelt wrong, and never
-settable per trial."""
+settable per trial; ``engine``'s evaluation pool and engine settings checked as a trial's."""
 from __future__ import annotations
 
 import csv
@@ -77,7 +77,8 @@ def test_verl_takes_the_reference_on_cpu_pools_only(
     assert dict(trial.overrides)[evaluation.OVERRIDE_KEY] == "trainer"
     gpu = _with(tmp_path, head + "pool: h100\neval: {reference: trainer}\n", "gpu.yaml")
     with pytest.raises(GridError, match=r"eval\.reference: trainer on the verl backend runs on "
-                       r"the cpu pools only \(pool h100 is a gpu pool.*fix: drop eval\.reference"):
+                       r"the cpu pools only \(pool h100 is a gpu pool.*fix: use 'reference: "
+                       r"engine' with an evaluation pool"):
         load_grid(gpu)
     assert main(["plan", str(gpu)]) == 2
     err = capsys.readouterr().err.strip()
@@ -103,3 +104,73 @@ def test_final_reward_ref_is_a_target_only_with_a_reference(tmp_path: Path) -> N
     with pytest.raises(GridError, match=r"seeds\.adaptive\.target: final_reward_ref"):
         load_grid(_with(tmp_path, adaptive))
     load_grid(_with(tmp_path, adaptive + "eval: {reference: trainer}\n"))
+
+
+VERL = "name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: cpu-bf16\n"
+
+
+def test_the_engine_reference_names_its_pool_and_engine_in_every_trial_id(tmp_path: Path) -> None:
+    """``reference: engine`` (verl's validation by one engine setting on one pool, a job of its
+    own): the pool and the settings are part of every trial's id, so another evaluation pool
+    or engine is another grid; the recipe needs no in-code task (verl's own validation data and
+    reward), and the trial's pool may be a gpu pool (the job runs on the evaluation pool)."""
+    ids = {}
+    for label, ev in [("cpu", "{reference: engine, pool: cpu-fp32}"),
+                      ("cpu-eng", "{reference: engine, pool: cpu-fp32, rollout: {engine: cpu}}"),
+                      ("other", "{reference: engine, pool: cpu-bf16}")]:
+        (trial,) = expand(load_grid(_with(tmp_path, VERL + f"eval: {ev}\n", f"{label}.yaml")))
+        ids[label] = trial.trial_id
+        over = dict(trial.overrides)
+        assert over[evaluation.OVERRIDE_KEY] == "engine"
+        assert over[evaluation.POOL_KEY] == ("cpu-bf16" if label == "other" else "cpu-fp32")
+    assert len(set(ids.values())) == 3
+    (trial,) = expand(load_grid(_with(tmp_path, VERL + "eval: {reference: engine, pool: cpu-fp32, "
+                                      "rollout: {engine: cpu}}\n", "again.yaml")))
+    assert trial.trial_id == ids["cpu-eng"]
+    grid = load_grid(_with(tmp_path, VERL.replace("cpu-bf16", "h100")
+                           + "eval: {reference: engine, pool: h20}\n", "gpu.yaml"))
+    assert evaluation.reference_job(grid.base_config) == ("h20", {})
+    assert evaluation.reference_of(grid.base_config) == "engine"
+
+
+@pytest.mark.parametrize(("ev", "match"), [
+    ("{reference: engine}", (r"eval\.reference: the engine reference scores every arm's checkpoints "
+     r"on one named pool, and eval\.pool is not set; fix: add 'pool: <a cpu or gpu pool>'")),
+    ("{reference: trainer, pool: cpu-fp32}", (r"eval\.pool: .*the grid's reference is trainer; "
+     r"fix: set 'reference: engine', or drop eval\.pool")),
+    ("{rollout: {engine: cpu}}", r"eval\.rollout: .*the grid's reference is not set"),
+    ("{reference: engine, pool: nosuch}", r"eval\.pool: unknown pool 'nosuch'; allowed: .*cpu-fp32"),
+    ("{reference: engine, pool: sim-h100}", (r"eval\.pool: eval\.pool sim-h100 is a sim pool.*"
+     r"fix: name a gpu or cpu pool")),
+    ("{reference: engine, pool: cpu-fp32, rollout: {dtype: fp9}}",
+     r"eval\.rollout\.dtype: 'fp9' is not valid for rollout\.dtype"),
+    ("{reference: engine, pool: cpu-fp32, rollout: {enigne: cpu}}",
+     r"eval\.rollout\.enigne: unknown key 'rollout\.enigne'.*did you mean 'rollout\.engine'"),
+    ("{reference: engine, pool: cpu-fp32, rollout: {engine: sglang}}",
+     r"eval\.rollout: on evaluation pool cpu-fp32: rollout\.engine: sglang is a GPU engine"),
+    ("{reference: engine, pool: h100}", (r"eval\.pool: the checkpoints of pool cpu-bf16 hold 1 FSDP "
+     r"shard\(s\), and evaluation pool h100 runs 8 rank\(s\).*fix: an evaluation pool of 1 GPU")),
+])
+def test_bad_engine_reference_settings_are_one_line_at_plan(
+        tmp_path: Path, capsys: pytest.CaptureFixture[str], ev: str, match: str) -> None:
+    path = _with(tmp_path, VERL + f"eval: {ev}\n")
+    with pytest.raises(GridError, match=match) as info:
+        load_grid(path)
+    assert "\n" not in str(info.value)
+    assert main(["plan", str(path)]) == 2
+    assert len(capsys.readouterr().err.strip().splitlines()) == 1
+
+
+def test_the_engine_reference_refuses_the_simulator_and_arms_with_their_own_model(
+        tmp_path: Path) -> None:
+    with pytest.raises(GridError, match=r"eval\.reference: engine is not a target here; fix: "
+                       r"drop eval\.reference"):
+        load_grid(_with(tmp_path, BASE + "eval: {reference: engine, pool: cpu-fp32}\n"))
+    arms = VERL + ("axes:\n  m: {a: {assets.max_digits: 2}, b: {assets.max_digits: 3}}\n"
+                   "eval: {reference: engine, pool: cpu-fp32}\n")
+    with pytest.raises(GridError, match=r"assets\.max_digits is set per arm, and the engine "
+                       r"reference scores every arm with the grid's one model"):
+        load_grid(_with(tmp_path, arms, "arms.yaml"))
+    for key in ("eval.pool", "eval.rollout"):
+        with pytest.raises(GridError, match=rf"overrides\.{key}: {key} is set by the grid key"):
+            load_grid(_with(tmp_path, VERL + f"overrides: {{{key}: x}}\n", "o.yaml"))

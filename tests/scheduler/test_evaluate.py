@@ -117,6 +117,40 @@ def test_evaluate_refuses_trials_whose_pool_has_no_reference_evaluator(
     assert not paths.reference.exists() and not (workspace.grid_dir("v") / "lease.json").exists()
 
 
+def test_the_engine_references_job_is_refused_where_it_cannot_run_or_load_the_arm(
+        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """``reference: engine`` runs its job here: a gpu evaluation pool on a machine without its
+    GPUs is one line before anything is written, and so is a recorded trial that trained
+    another model than the grid file's shared config loads (another task here)."""
+    gpu = isolated / "v.yaml"
+    gpu.write_text("name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: h100\n"
+                   "eval: {reference: engine, pool: h20}\n")
+    (trial,) = expand(load_grid(gpu))
+    paths = TrialPaths(workspace.grid_dir("v"), trial.trial_id)
+    paths.root.mkdir(parents=True)
+    records.save_spec(paths, trial)
+    capsys.readouterr()  # planning a gpu pool here warns once that sglang is not installed
+    assert main(["evaluate", str(gpu)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and "eval.pool h20: the evaluation job runs on this " \
+        "machine and needs verl and the pool's 8 GPU(s) on one node" in err, err
+    assert not paths.reference.exists() and not (workspace.grid_dir("v") / "lease.json").exists()
+
+    cpu = isolated / "c.yaml"
+    body = "name: c\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: cpu-bf16\n"
+    cpu.write_text(body + "overrides: {assets.max_digits: 3}\n")
+    (other,) = expand(load_grid(cpu))  # recorded under a file with another task
+    paths = TrialPaths(workspace.grid_dir("c"), other.trial_id)
+    paths.root.mkdir(parents=True)
+    records.save_spec(paths, other)
+    cpu.write_text(body + "eval: {reference: engine, pool: cpu-fp32}\n")
+    assert main(["evaluate", str(cpu)]) == 2
+    err = capsys.readouterr().err.strip()
+    assert len(err.splitlines()) == 1 and f"trial {other.trial_id} sets assets.max_digits = 3" \
+        in err and "fix: leave the trial out" in err, err
+    assert not paths.reference.exists() and not (workspace.grid_dir("c") / "lease.json").exists()
+
+
 def test_adding_the_key_to_a_grid_that_ran_is_refused_with_ablate_evaluate_as_a_fix(
         isolated: Path) -> None:
     """The key gives every trial a new id: under the same name that is another grid (refused,

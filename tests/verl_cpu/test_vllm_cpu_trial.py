@@ -182,6 +182,61 @@ def test_each_checkpoint_is_scored_by_the_reference_beside_the_engines_own_eval(
                 own["val-aux/ablate_cpu/copy/reward/mean@1"], abs=0.02), (parts, own)
 
 
+def test_the_engine_reference_scores_the_vllm_trial_in_a_job_of_its_own(
+        submitted, tmp_path: Path) -> None:
+    """``eval: {reference: engine, pool: cpu-fp32, rollout: {engine: cpu}}`` (issue 41's fixed
+    evaluation configuration): ``ablate evaluate`` runs verl's own validation of the vLLM trial's
+    step-2 checkpoint as a job of its own on the evaluation pool with the project's CPU engine
+    in fp32. The score is the trial's kind of ``eval/reward`` (verl's core metric); the job's
+    other validation metrics agree with the fp32 trainer-side reference on the same checkpoint
+    (two separate computations: verl + the CPU engine, and ``verl/cpu/reference.py``); the engine
+    that ran is read back from it; the trial's own metrics are untouched; a second run scores
+    nothing. Run on a copy of the grid's workdir (its other tests read the trainer scores)."""
+    import shutil
+
+    from mlflow.tracking import MlflowClient
+
+    from orchestrator.verl.cpu import reference
+
+    root = tmp_path / "copy"
+    shutil.copytree(submitted["tmp"] / ".ablate", root / ".ablate", symlinks=True)
+    grid = root / "g.yaml"
+    grid.write_text(submitted["grid"].read_text().replace(
+        "eval: {reference: trainer}", "eval: {reference: engine, pool: cpu-fp32, "
+        "rollout: {engine: cpu}}"))
+    tid = submitted["trials"]["vllm"]
+    trial = root / ".ablate" / "vllm-cpu-engines" / "trials" / tid
+    metrics_before = (trial / "metrics.jsonl").read_bytes()
+    with cliproc.ablate_env(root) as env:
+        args = ["evaluate", str(grid), "--trial", tid, "--step", "2"]
+        proc = cliproc.run(args, env, root, timeout=SUBMIT_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        assert f"{tid}: scored steps 2" in proc.stdout, proc.stdout
+        again = cliproc.run(args, env, root, timeout=300)
+    assert again.returncode == 0 and "nothing to score" in again.stdout, again.stdout
+    held = json.loads((trial / "reference.json").read_text())
+    assert held["target"] == "engine" and list(held["scores"]) == ["2"], held
+    assert held["evaluator"].startswith("verl-engine-ref-1 pool=cpu-fp32 ")
+    evidence = json.loads((trial / "logs" / "reference-step-2" / "evidence.json").read_text())
+    facts, val = evidence["facts"], evidence["metrics"]
+    assert facts["engine.name"] == "cpu" and facts["engine.ran.dtype"] == "float32", facts
+    assert facts["engine.unapplied"] == "none" and facts["verl.job.exit_code"] == "0", facts
+    value = held["scores"]["2"]["reward"]
+    assert value == val["eval/reward"] == val["val-core/ablate_cpu/copy/acc/mean@1"], val
+    parts = reference.score_parts(trial / "checkpoints" / "step-00000002", _recipe())
+    assert parts["acc"] == value, (parts, val)
+    assert parts["score"] == pytest.approx(val["val-aux/ablate_cpu/copy/score/mean@1"],
+                                           abs=1e-6), (parts, val)
+    assert (trial / "metrics.jsonl").read_bytes() == metrics_before
+    assert not (trial / "work").exists()
+    # MLflow keeps the trainer reference's points too; the tag names the newest points' maker.
+    run_id = json.loads((trial / "state.json").read_text())["mlflow_run_id"]
+    client = MlflowClient(tracking_uri=f"sqlite:///{root / '.ablate' / 'mlflow.db'}")
+    history = client.get_metric_history(run_id, "eval/reward_ref")
+    assert value in [m.value for m in history if m.step == 2], history
+    assert client.get_run(run_id).data.tags["eval.reference_evaluator"] == held["evaluator"]
+
+
 def _recipe() -> dict[str, Any]:
     import yaml
 

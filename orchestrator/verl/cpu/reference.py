@@ -46,8 +46,8 @@ def recipe_problem(config: Mapping[str, Any], target: str | None = None) -> str 
     config's own): the evaluator scores the task of the recipe's ``assets:`` (its prompts and
     reward), so a recipe without one cannot be."""
     target = target or evaluation.reference_of(config)
-    if target is None or config.get("assets"):
-        return None
+    if target not in evaluation.IN_RUN_TARGETS or config.get("assets"):
+        return None  # none, or a job's target (verl's own validation scores any recipe)
     return (f"eval.reference: {target} on the verl backend scores the in-code task of the "
             "recipe's 'assets:' section (its prompts and reward), and this recipe has none; "
             "fix: drop eval.reference, or use a recipe like verl/cpu_tiny")
