@@ -124,10 +124,16 @@ def total(costs: Iterable[TrialCost | None]) -> dict[str, dict[str, float]]:
     return out
 
 
-def with_reference(c: TrialCost | None, in_trial_s: float, after_s: float) -> TrialCost | None:
+def with_reference(c: TrialCost | None, in_trial_s: float, after_s: float,
+                   rate: tuple[int, str] | None = None) -> TrialCost | None:
     """``c`` with the reference evaluator's time: ``in_trial_s`` seconds inside its attempts and
-    ``after_s`` seconds of ``ablate evaluate``, at one accelerator (a simulator trial's CPU: the
-    only trainer that runs a reference evaluator)."""
+    ``after_s`` seconds of ``ablate evaluate``, at one accelerator (a simulator trial's CPU, the
+    fp32 forward of a verl checkpoint), or at ``rate`` (an evaluation job's pool: accelerators
+    and unit). A job's hours in another unit than the trial's are not added to its row, which
+    has one unit (the job's own record, ``reference.json``, keeps its seconds and rate)."""
+    if rate is not None:
+        n, unit = rate
+        after_s = after_s * n if c is not None and unit == c.unit else 0.0
     if c is None or in_trial_s + after_s <= 0:
         return c
     return dataclasses.replace(c, reference_hours=(in_trial_s + after_s) / 3600)

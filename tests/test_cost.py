@@ -55,3 +55,16 @@ def test_an_attempt_closed_without_an_end_time_does_not_keep_costing() -> None:
                     accelerators=1, unit="cpu_hours")]
     c = trial_cost(dead, 60, now=1e9)
     assert c.hours == pytest.approx(0.2)  # 360 s (until the retry started) + 360 s
+
+
+def test_an_evaluation_jobs_time_counts_at_its_pools_rate_and_only_in_the_trials_unit() -> None:
+    """The engine reference's job holds its evaluation pool's accelerators: its seconds count
+    at that rate in the trial's reference column; in another unit (a cpu evaluation pool
+    scoring a gpu trial) they are not added to a row of GPU-hours (reference.json keeps them)."""
+    from orchestrator.cost import CPU_HOURS, GPU_HOURS, TrialCost, with_reference
+
+    gpu = TrialCost(hours=10.0, unit=GPU_HOURS)
+    assert with_reference(gpu, 0.0, 360.0).reference_hours == pytest.approx(0.1)
+    assert with_reference(gpu, 0.0, 360.0, (8, GPU_HOURS)).reference_hours == pytest.approx(0.8)
+    assert with_reference(gpu, 0.0, 360.0, (1, CPU_HOURS)) == gpu
+    assert with_reference(None, 0.0, 360.0, (8, GPU_HOURS)) is None

@@ -334,7 +334,8 @@ def merge_reference(results: Sequence[TrialResult], grid_dir: Path | None) -> No
             except StateFileError as exc:
                 log.warning("%s", exc)
         in_trial = sum(v for _, v in r.curves.get(M.TIME_EVAL_REF, []) if math.isfinite(v))
-        r.cost = with_reference(r.cost, in_trial, held.seconds if held else 0.0)
+        r.cost = with_reference(r.cost, in_trial, held.seconds if held else 0.0,
+                                held.rate if held else None)
         if held is None or not held.scores:
             continue
         if held.target not in evaluation.IN_RUN_TARGETS:

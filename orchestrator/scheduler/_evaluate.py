@@ -29,6 +29,7 @@ from orchestrator import evaluation, recipes
 from orchestrator import metrics as M
 from orchestrator.backends import Backend, backend
 from orchestrator.backends.base import Trainer
+from orchestrator.cost import pool_rate
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.pools import PoolSpec
@@ -155,6 +156,8 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         held = read_reference(paths)
         if held is None or (held.target, held.evaluator) != (target, version):
             held = ReferenceScores(target, version)  # another evaluator's scores are replaced
+        if job is not None:  # the job holds the evaluation pool's accelerators
+            held.rate = pool_rate(eval_pool)
         logged = {s for s, row in records.iter_metrics(paths.metrics) if M.EVAL_REWARD_REF in row} \
             if paths.metrics.exists() and job is None else set()
         ck = grid.spec.checkpoint

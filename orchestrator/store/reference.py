@@ -32,11 +32,17 @@ class ReferenceScores:
     evaluator: str  # the trainer's version of that evaluator (e.g. ``sim-ref-1``)
     scores: dict[int, tuple[float, float]] = dataclasses.field(default_factory=dict)
     sent: set[int] = dataclasses.field(default_factory=set)  # steps logged to the MLflow run
+    # The rate of the evaluator's seconds (``cost.pool_rate``): an evaluation job holds its
+    # pool's accelerators; None: one accelerator of the trial's own unit (in-process scoring).
+    rate: tuple[int, str] | None = None
 
     def to_json(self) -> dict[str, Any]:
-        return {"target": self.target, "evaluator": self.evaluator,
-                "scores": {str(s): {"reward": r, "seconds": t, "sent": s in self.sent}
-                           for s, (r, t) in sorted(self.scores.items())}}
+        out: dict[str, Any] = {"target": self.target, "evaluator": self.evaluator,
+                               "scores": {str(s): {"reward": r, "seconds": t, "sent": s in self.sent}
+                                          for s, (r, t) in sorted(self.scores.items())}}
+        if self.rate is not None:
+            out["accelerators"], out["unit"] = self.rate
+        return out
 
     @property
     def seconds(self) -> float:
@@ -53,7 +59,8 @@ def read_reference(paths: TrialPaths) -> ReferenceScores | None:
         scores = {int(s): (float(v["reward"]), float(v["seconds"]))
                   for s, v in data["scores"].items()}
         sent = {int(s) for s, v in data["scores"].items() if v.get("sent") is True}
-        return ReferenceScores(str(data["target"]), str(data["evaluator"]), scores, sent)
+        rate = (int(data["accelerators"]), str(data["unit"])) if "unit" in data else None
+        return ReferenceScores(str(data["target"]), str(data["evaluator"]), scores, sent, rate)
     except (TypeError, KeyError, ValueError, AttributeError) as exc:
         raise corrupt_state_file(paths.reference, f"not a reference-score record ({exc})") from None
 

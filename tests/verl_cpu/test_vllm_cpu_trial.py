@@ -217,6 +217,7 @@ def test_the_engine_reference_scores_the_vllm_trial_in_a_job_of_its_own(
     held = json.loads((trial / "reference.json").read_text())
     assert held["target"] == "engine" and list(held["scores"]) == ["2"], held
     assert held["evaluator"].startswith("verl-engine-ref-1 pool=cpu-fp32 ")
+    assert held["unit"] == "cpu_hours" and held["accelerators"] >= 1  # the job's pool's rate
     evidence = json.loads((trial / "logs" / "reference-step-2" / "evidence.json").read_text())
     facts, val = evidence["facts"], evidence["metrics"]
     assert facts["engine.name"] == "cpu" and facts["engine.ran.dtype"] == "float32", facts
