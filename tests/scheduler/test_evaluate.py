@@ -100,55 +100,39 @@ def test_evaluate_refuses_in_one_line(isolated: Path, capsys: pytest.CaptureFixt
     assert len(err.splitlines()) == 1 and "no recorded trials" in err and "ablate submit" in err
 
 
-def test_evaluate_refuses_trials_whose_pool_has_no_reference_evaluator(
-        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """A verl grid's recorded trial on a gpu pool: one line naming it and why, nothing written."""
-    path = isolated / "v.yaml"
-    path.write_text("name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: h100\n")
+VERL = "name: {name}\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: {pool}\n"
+
+
+@pytest.mark.parametrize(("recorded", "evaluated", "says"), [
+    # A verl trial on a gpu pool has no fp32 trainer reference.
+    (VERL.format(name="v", pool="h100"), "", ["trial t", "on pool h100", "runs on the cpu pools only"]),
+    # The engine reference runs its job here: a gpu evaluation pool needs its GPUs here.
+    (VERL.format(name="v", pool="h100"), "eval: {reference: engine, pool: h20}\n",
+     [("eval.pool h20: the evaluation job runs on this machine and needs verl and the pool's 8 "
+      "GPU(s) on one node")]),
+    # A trial recorded under a file with another task than the one the job would load.
+    (VERL.format(name="c", pool="cpu-bf16") + "overrides: {assets.max_digits: 3}\n",
+     "eval: {reference: engine, pool: cpu-fp32}\n",
+     ["trial t", "sets assets.max_digits = 3", "fix: leave the trial out"]),
+])
+def test_evaluate_refuses_trials_it_cannot_score_in_one_line_before_anything_is_written(
+        isolated: Path, capsys: pytest.CaptureFixture[str], recorded: str, evaluated: str,
+        says: list[str]) -> None:
+    """A recorded trial ``ablate evaluate`` cannot score with the grid file's reference: one
+    line naming it and why, no lease taken, nothing written."""
+    path = isolated / "g.yaml"
+    path.write_text(recorded)
     (trial,) = expand(load_grid(path))
-    paths = TrialPaths(workspace.grid_dir("v"), trial.trial_id)
+    name = load_grid(path).name
+    paths = TrialPaths(workspace.grid_dir(name), trial.trial_id)
     paths.root.mkdir(parents=True)
     records.save_spec(paths, trial)
+    path.write_text(recorded.split("overrides:")[0] + evaluated)
     capsys.readouterr()  # planning a gpu pool here warns once that sglang is not installed
     assert main(["evaluate", str(path)]) == 2
     err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"trial {trial.trial_id} on pool h100" in err
-    assert "runs on the cpu pools only" in err
-    assert not paths.reference.exists() and not (workspace.grid_dir("v") / "lease.json").exists()
-
-
-def test_the_engine_references_job_is_refused_where_it_cannot_run_or_load_the_arm(
-        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
-    """``reference: engine`` runs its job here: a gpu evaluation pool on a machine without its
-    GPUs is one line before anything is written, and so is a recorded trial that trained
-    another model than the grid file's shared config loads (another task here)."""
-    gpu = isolated / "v.yaml"
-    gpu.write_text("name: v\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: h100\n"
-                   "eval: {reference: engine, pool: h20}\n")
-    (trial,) = expand(load_grid(gpu))
-    paths = TrialPaths(workspace.grid_dir("v"), trial.trial_id)
-    paths.root.mkdir(parents=True)
-    records.save_spec(paths, trial)
-    capsys.readouterr()  # planning a gpu pool here warns once that sglang is not installed
-    assert main(["evaluate", str(gpu)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and "eval.pool h20: the evaluation job runs on this " \
-        "machine and needs verl and the pool's 8 GPU(s) on one node" in err, err
-    assert not paths.reference.exists() and not (workspace.grid_dir("v") / "lease.json").exists()
-
-    cpu = isolated / "c.yaml"
-    body = "name: c\nrecipe: verl/cpu_tiny\nbackend: verl\nsteps: 3\npool: cpu-bf16\n"
-    cpu.write_text(body + "overrides: {assets.max_digits: 3}\n")
-    (other,) = expand(load_grid(cpu))  # recorded under a file with another task
-    paths = TrialPaths(workspace.grid_dir("c"), other.trial_id)
-    paths.root.mkdir(parents=True)
-    records.save_spec(paths, other)
-    cpu.write_text(body + "eval: {reference: engine, pool: cpu-fp32}\n")
-    assert main(["evaluate", str(cpu)]) == 2
-    err = capsys.readouterr().err.strip()
-    assert len(err.splitlines()) == 1 and f"trial {other.trial_id} sets assets.max_digits = 3" \
-        in err and "fix: leave the trial out" in err, err
-    assert not paths.reference.exists() and not (workspace.grid_dir("c") / "lease.json").exists()
+    assert len(err.splitlines()) == 1 and all(part in err for part in says), err
+    assert not paths.reference.exists() and not (workspace.grid_dir(name) / "lease.json").exists()
 
 
 def test_adding_the_key_to_a_grid_that_ran_is_refused_with_ablate_evaluate_as_a_fix(
