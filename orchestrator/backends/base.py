@@ -174,9 +174,11 @@ class Trainer(abc.ABC):
                      grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
         """A reference that is a job of its own (``evaluation.reference_job``): the score of the
         checkpoint of ``step`` by the job on evaluation pool ``pool`` with engine settings
-        ``rollout``, run on the grid's ``shared`` config, and the job's evidence (JSON). Only trainers
-        whose :meth:`check_reference_job` accepts the pool."""
-        raise NotImplementedError(f"backend {self.name!r} has no evaluation job")
+        ``rollout``, run on the grid's ``shared`` config, and the job's evidence (JSON). Only
+        trainers whose :meth:`check_reference_job` accepts the pool (plan refuses the others); by
+        default a one-line refusal, as :meth:`require_job` gives before any job."""
+        raise BackendUnavailableError(f"backend {self.name!r} has no evaluation job; fix: name "
+                                      "a cpu or gpu pool of the verl backend as eval.pool")
 
     @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],

@@ -92,11 +92,10 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
             "excludes": excludes, "includes": includes, "lines": lines}
 
 
-def _no_reference_override(spec: GridFile, chk: Checker) -> None:
-    """``eval.reference`` (and the engine reference's ``eval.pool``, ``eval.rollout``) is set
-    only by the grid key ``eval:``: one evaluator for every arm, so never an axis, an include,
-    an override or a rescue's ``set``."""
-    places: list[tuple[Any, ...]] = [("overrides", k) for k in spec.overrides]
+def _arm_key_paths(spec: GridFile) -> list[tuple[Any, ...]]:
+    """Where the grid sets keys per arm: each axis, each key of an axis's bundles, each key of
+    an include and of a rescue's ``set``."""
+    places: list[tuple[Any, ...]] = []
     for name, values in spec.axes.items():
         places.append(("axes", name))
         if isinstance(values, dict):
@@ -104,7 +103,14 @@ def _no_reference_override(spec: GridFile, chk: Checker) -> None:
     places += [("include", i, k) for i, rule in enumerate(spec.include) for k in rule]
     if spec.on_collapse is not None:
         places += [("on_collapse", "resume", "set", k) for k in spec.on_collapse.resume.set]
-    for path in places:
+    return places
+
+
+def _no_reference_override(spec: GridFile, chk: Checker) -> None:
+    """``eval.reference`` (and the engine reference's ``eval.pool``, ``eval.rollout``) is set
+    only by the grid key ``eval:``: one evaluator for every arm, so never an axis, an include,
+    an override or a rescue's ``set``."""
+    for path in [("overrides", k) for k in spec.overrides] + _arm_key_paths(spec):
         if path[-1] in evaluation.GRID_KEYS:
             raise chk.err(f"{path[-1]} is set by the grid key 'eval:', one evaluator for every "
                           "trial", path, fix="write 'eval: {reference: trainer}' (or "
@@ -150,10 +156,8 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
         except ValidationError as exc:
             raise chk.err(exc.errors()[0]["msg"].removeprefix("Value error, "),
                           ("eval", "rollout")) from None
-        arm_keys = {k for _, values in spec.axes.items() if isinstance(values, dict)
-                    for ov in values.values() for k in ov or {}}
-        arm_keys |= set(spec.axes) | {k for rule in spec.include for k in rule}
-        problem = runs.check_reference_job(target, pool, rollout, base, sorted(arm_keys), pools)
+        arm_keys = sorted({str(path[-1]) for path in _arm_key_paths(spec)})
+        problem = runs.check_reference_job(target, pool, rollout, base, arm_keys, pools)
         if problem:
             raise chk.err(problem, ("eval", "rollout" if ev.rollout else "pool"),
                           fix=None if "; fix: " in problem else "pick another eval.pool")

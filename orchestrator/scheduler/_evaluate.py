@@ -55,6 +55,16 @@ log = logging.getLogger(__name__)
 EVALUATOR_TAG = "eval.reference_evaluator"  # the MLflow tag naming the scores' evaluator
 
 
+@dataclasses.dataclass(frozen=True)
+class _Job:
+    """A reference that is a job of its own: its evaluation pool, engine settings, and the
+    grid's shared config it runs (made once per ``ablate evaluate``)."""
+
+    pool: PoolSpec
+    rollout: dict[str, Any]
+    shared: dict[str, Any]
+
+
 @dataclasses.dataclass
 class EvaluateReport:
     """What one ``ablate evaluate`` did: per trial the steps it scored, and why any was left."""
@@ -88,7 +98,9 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
     step the store holds, or ``steps``)."""
     grid = load_grid(grid_path)
     target = grid.spec.eval.reference or evaluation.REFERENCE_TARGETS[0]
-    job = evaluation.reference_job(grid.base_config)
+    shared = grid.base_config
+    found = evaluation.reference_job(shared)
+    job = _Job(grid.pools.get(found[0]), found[1], shared) if found else None
     grid_dir = workspace.grid_dir(grid.name, workdir)
     known = records.known_trials(grid_dir) if (grid_dir / "trials").is_dir() else {}
     if not known:
@@ -103,27 +115,26 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
         if problem:
             raise UserError(f"{grid.file}: trial {spec.trial_id} on pool {spec.pool}: {problem}")
     if job is not None:
-        _check_job(grid, chosen, job[0])
+        _check_job(grid, chosen, job)
     uri = workspace.tracking_uri(tracking_uri, workdir)
     report = EvaluateReport(target)
     lease = GridLease(grid_dir, grid.name)
     lease.acquire(f"evaluate-{os.getpid()}-{int(time.time())}")
     try:
         for spec in chosen:
-            _evaluate_trial(grid, grid_dir, spec, target, uri, report, set(steps or ()))
+            _evaluate_trial(grid, grid_dir, spec, target, job, uri, report, set(steps or ()))
     finally:
         lease.release()
     return report
 
 
-def _check_job(grid: GridSpec, chosen: list[TrialSpec], pool_name: str) -> None:
+def _check_job(grid: GridSpec, chosen: list[TrialSpec], job: _Job) -> None:
     """Before anything runs: this machine runs the evaluation pool's jobs, and each chosen
     trial trained the model the grid's shared config loads (a trial recorded by another grid
     file may not)."""
-    pool = grid.pools.get(pool_name)
-    trainer = backend(chosen[0].backend).trainer(pool)
-    trainer.require_job(pool, grid.base_config, where=f"{grid.file}: eval.pool {pool.name}")
-    shared = dict(recipes.flatten(grid.base_config))
+    trainer = backend(chosen[0].backend).trainer(job.pool)
+    trainer.require_job(job.pool, job.shared, where=f"{grid.file}: eval.pool {job.pool.name}")
+    shared = dict(recipes.flatten(job.shared))
     for spec in chosen:
         own = recipes.flatten(apply_overrides(grid.recipe_config, spec.override_map))
         for key, value in own:
@@ -134,8 +145,8 @@ def _check_job(grid: GridSpec, chosen: list[TrialSpec], pool_name: str) -> None:
                                 "(--trial) or evaluate it with the grid file it ran under")
 
 
-def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str, uri: str,
-                    report: EvaluateReport, only: set[int]) -> None:
+def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str,
+                    job: _Job | None, uri: str, report: EvaluateReport, only: set[int]) -> None:
     from filelock import Timeout  # deferred: as records.run_lock defers filelock
 
     paths = TrialPaths(grid_dir, spec.trial_id)
@@ -148,16 +159,14 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
     try:
         runs = backend(spec.backend)
         pool = grid.pools.get(spec.pool)
-        job = evaluation.reference_job(grid.base_config)
-        eval_pool = grid.pools.get(job[0]) if job else pool
-        trainer_cls = runs.trainer(eval_pool)
-        version = (str(trainer_cls.reference_version) if job is None else
-                   evaluation.job_evaluator(str(trainer_cls.reference_job_version), *job))
+        trainer_cls = runs.trainer(job.pool if job else pool)
+        version = (str(trainer_cls.reference_version) if job is None else evaluation.job_evaluator(
+            str(trainer_cls.reference_job_version), job.pool.name, job.rollout))
         held = read_reference(paths)
         if held is None or (held.target, held.evaluator) != (target, version):
             held = ReferenceScores(target, version)  # another evaluator's scores are replaced
         if job is not None:  # the job holds the evaluation pool's accelerators
-            held.rate = pool_rate(eval_pool)
+            held.rate = pool_rate(job.pool)
         logged = {s for s, row in records.iter_metrics(paths.metrics) if M.EVAL_REWARD_REF in row} \
             if paths.metrics.exists() and job is None else set()
         ck = grid.spec.checkpoint
@@ -175,8 +184,8 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
                                                         step, target)
                 else:
                     try:
-                        value = _run_job(runs, trainer, grid, grid_dir, spec, eval_pool,
-                                         job[1], store.path(step), step)
+                        value = _run_job(runs, trainer, job, grid_dir, spec, store.path(step),
+                                         step)
                     except (InfraFailure, CheckpointError) as exc:
                         report.failed[spec.trial_id] = f"step {step}: {exc}"
                         break
@@ -190,20 +199,20 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         lock.release()
 
 
-def _run_job(runs: Backend, trainer: Trainer, grid: GridSpec, grid_dir: Path, spec: TrialSpec,
-             pool: PoolSpec, rollout: dict[str, Any], checkpoint: Path, step: int) -> float:
-    """One evaluation job on ``pool``; its evidence (every validation metric it logged, the
-    engine that ran) kept beside its logs as ``evidence.json``."""
-    problem = runs.check_checkpoint(checkpoint, pool, grid.base_config, [])
+def _run_job(runs: Backend, trainer: Trainer, job: _Job, grid_dir: Path, spec: TrialSpec,
+             checkpoint: Path, step: int) -> float:
+    """One evaluation job on the job's pool; its evidence (every validation metric it logged,
+    the engine that ran) kept beside its logs as ``evidence.json``."""
+    problem = runs.check_checkpoint(checkpoint, job.pool, job.shared, [])
     if problem:
         raise CheckpointError(f"its checkpoint is {problem}")
     root = TrialPaths(grid_dir, spec.trial_id).root
     logs = root / "logs" / f"reference-step-{step}"
-    value, evidence = trainer.evaluate_job(spec, grid.base_config, pool, rollout, checkpoint,
+    value, evidence = trainer.evaluate_job(spec, job.shared, job.pool, job.rollout, checkpoint,
                                            step, grid_dir=grid_dir, log_dir=logs,
                                            workdir=root / "work" / logs.name)
-    atomic_write_json(logs / "evidence.json", {"step": step, "pool": pool.name,
-                                               "rollout": rollout, **evidence})
+    atomic_write_json(logs / "evidence.json", {"step": step, "pool": job.pool.name,
+                                               "rollout": job.rollout, **evidence})
     return value
 
 
