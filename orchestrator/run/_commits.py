@@ -15,7 +15,7 @@ from typing import Any
 
 from orchestrator.run._state import AttemptState
 from orchestrator.store import records
-from orchestrator.tracking import DeferredRun, TrialRun, drain, supersede
+from orchestrator.tracking import DeferredRun, TrialRun, drain, outbox_run_id, supersede
 from orchestrator.verdict import VerdictEngine
 
 
@@ -35,6 +35,11 @@ class AttemptCommits(AttemptState):
         replace = self.record.committed_step > start and self.job.start != "fresh"
         if (self.job.start == "fresh" or replace) and outbox.exists():
             drain(outbox, target.uri, timeout=10)  # the old run gets what it was owed, then a new run
+            gone = outbox_run_id(outbox)
+            if self.job.start == "fresh" and gone and gone not in self.record.superseded_runs:
+                # The record was started anew (``_rewind``); the run of the discarded one is
+                # replaced like a resume's, not left live beside the new run.
+                self.record.superseded_runs = [*self.record.superseded_runs, gone]
             shutil.rmtree(outbox)
         if replace:
             self.record.mlflow_run_id, self.record.committed_step = None, 0

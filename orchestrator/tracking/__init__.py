@@ -10,7 +10,7 @@ from __future__ import annotations
 from orchestrator.tracking._deferred import DeferredRun
 from orchestrator.tracking._grid_run import GridRun, TrackingTarget, parent_run
 from orchestrator.tracking._publish import PublishReport, publish, recorded_elsewhere
-from orchestrator.tracking._runs import TrialRun, drain, supersede
+from orchestrator.tracking._runs import TrialRun, drain, outbox_run_id, supersede
 from orchestrator.tracking._sender import Sender, send_trial
 from orchestrator.tracking._store import (
     AXES_TAG,
@@ -44,6 +44,7 @@ __all__ = [
     "fail_fast",
     "is_remote",
     "log_steps",
+    "outbox_run_id",
     "parent_run",
     "publish",
     "recorded_elsewhere",

@@ -18,7 +18,11 @@ from typing import TYPE_CHECKING
 from orchestrator.exceptions import UserError
 from orchestrator.store import workspace
 from orchestrator.tracking._labels import _tags, provenance_tags
-from orchestrator.tracking._orphans import close_orphaned_parents, process_tags
+from orchestrator.tracking._orphans import (
+    close_orphaned_parents,
+    process_tags,
+    retire_orphaned_trial_runs,
+)
 from orchestrator.tracking._store import (
     ROLE_TAG,
     client,
@@ -100,6 +104,8 @@ class GridRun:
                 mlc.log_batch(run.info.run_id, params=[Param(k, str(v)) for k, v in params.items()])
                 save_trials_view(mlc, exp_id, [a.name for a in grid.axes])
                 close_orphaned_parents(mlc, exp_id, keep=run.info.run_id)
+                retire_orphaned_trial_runs(mlc, exp_id, workspace.grid_dir(grid.name, workdir),
+                                           keep=run.info.run_id)
                 return cls(tracking_uri, exp_id, run.info.run_id)
         except Exception as exc:
             if is_permanent(exc):

@@ -27,6 +27,7 @@ if TYPE_CHECKING:
     from orchestrator.trial import Attempt, TrialSpec
 
 THROUGH_TAG = "ablate.logged_through_step"  # last step whose metrics are all in the store
+CREATION_TAG = "ablate.outbox"  # the creation token of the trial outbox that made the run
 MAX_METRICS = 999  # MLflow: 1000 entities per log_batch; one slot is the THROUGH_TAG
 MAX_PARAMS_TAGS = 100
 MAX_TAG_LEN = 5000

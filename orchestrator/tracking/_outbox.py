@@ -6,7 +6,8 @@ but the reply was lost) writes the identical (key, value, timestamp, step) point
 SQL store drops as a duplicate. ``through_step`` is the last step known to be in the store;
 rows at or below it are never buffered again.
 
-Layout of ``buffer_dir``: ``run.json`` (run id, through_step, pending end status), ``pending.jsonl``
+Layout of ``buffer_dir``: ``run.json`` (run id, the token its creation is tagged with, through_step,
+pending end status), ``pending.jsonl``
 (metric rows), ``tags.json`` (pending tags), ``artifacts/`` (files to upload).
 """
 from __future__ import annotations
@@ -34,6 +35,9 @@ class Outbox:
         self.through_step: int = int(state.get("through_step", 0))
         self.end_status: str | None = state.get("end_status")
         self.params_logged: bool = bool(state.get("params_logged", False))
+        # Written before the run is created and tagged on it: a process killed after the store
+        # created the run but before this file named it leaves the run findable (``_runs``).
+        self.creation_token: str | None = state.get("creation_token")
         # Wall-clock ms of the run's real start and end: a run created later (a deferred attempt
         # sent by the orchestrator, or after an outage) still shows the trial's true duration.
         self.started_ms: int = int(state.get("started_ms") or time.time() * 1000)
@@ -57,6 +61,7 @@ class Outbox:
         atomic_write_json(self._state_path, {"run_id": self.run_id, "through_step": self.through_step,
                                              "end_status": self.end_status,
                                              "params_logged": self.params_logged,
+                                             "creation_token": self.creation_token,
                                              "started_ms": self.started_ms,
                                              "ended_ms": self.ended_ms})
 

@@ -12,11 +12,14 @@ from __future__ import annotations
 
 import logging
 import time
+import uuid
 from collections.abc import Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
+from orchestrator.store import read_json
 from orchestrator.tracking._labels import (
+    CREATION_TAG,
     MAX_METRICS,
     MAX_PARAMS_TAGS,
     THROUGH_TAG,
@@ -82,10 +85,7 @@ class TrialRun:
         def create() -> None:
             mlc = client(self.tracking_uri)
             if self.outbox.run_id is None:
-                run = mlc.create_run(self.experiment_id, run_name=trial_run_name(self.trial),
-                                     start_time=self.outbox.started_ms,
-                                     tags=trial_tags(self.trial, self.pool, self.parent_run_id))
-                self.outbox.run_id = run.info.run_id
+                self.outbox.run_id = self._create(mlc)
                 self.outbox.save_state()
             else:
                 run = mlc.get_run(self.outbox.run_id)
@@ -109,6 +109,27 @@ class TrialRun:
 
         self._connected = False
         return self._attempt(create)
+
+    def _create(self, mlc: Any) -> str:
+        """The run's id: the run an earlier creation of this outbox left in the store (its
+        process died, or lost the store's reply, before ``run.json`` named it), else a new run.
+        So a trial never has two live runs: ``_orphans`` retires any other."""
+        token = self.outbox.creation_token
+        if token is None:
+            self.outbox.creation_token = token = uuid.uuid4().hex
+            self.outbox.save_state()  # before the store can hold a run that nothing names
+        else:
+            found = mlc.search_runs([self.experiment_id], max_results=1,
+                                    filter_string=f"tags.`{CREATION_TAG}` = '{token}'")
+            if found:
+                log.info("trial %s: adopting MLflow run %s, created by a process that died "
+                         "before recording it", self.trial.trial_id, found[0].info.run_id)
+                return str(found[0].info.run_id)
+        run = mlc.create_run(self.experiment_id, run_name=trial_run_name(self.trial),
+                             start_time=self.outbox.started_ms,
+                             tags={**trial_tags(self.trial, self.pool, self.parent_run_id),
+                                   CREATION_TAG: token})
+        return str(run.info.run_id)
 
     def _attempt(self, fn: Any) -> bool:
         """Run ``fn`` against the store; on an outage remember it and back off, never raise."""
@@ -247,6 +268,12 @@ def supersede(tracking_uri: str, old_run_id: str, new_run_id: str) -> bool:
                 return True  # gone already (purged by `mlflow gc`)
             log.warning("could not mark MLflow run %s superseded by %s: %s", old_run_id, new_run_id, exc)
             return False
+
+
+def outbox_run_id(buffer_dir: Path) -> str | None:
+    """The run id an outbox names, or None (no outbox, or its run not created yet)."""
+    path = Path(buffer_dir) / "run.json"
+    return read_json(path).get("run_id") if path.exists() else None
 
 
 def drain(buffer_dir: Path, tracking_uri: str, timeout: float = 30) -> bool:

@@ -34,6 +34,29 @@ scheduler.submit({grid!r}, address={address!r}, progress=False)
 """
 
 
+# The orchestrator killed in the one window where a trial's MLflow run exists in the store and
+# nothing on disk names it yet: right after the store created it (issue 60). The Sender of this
+# process creates the runs of deferred attempts, so the first trial to finish meets it.
+KILL_AFTER_CREATE = """\
+import os, signal
+from mlflow.tracking import MlflowClient
+from orchestrator import backends, scheduler
+backends._TRAINERS["sim"] = ("doubles", "DoubleTrainer")
+_create = MlflowClient.create_run
+
+
+def create_run(self, experiment_id, *args, tags=None, **kwargs):
+    run = _create(self, experiment_id, *args, tags=tags, **kwargs)
+    if (tags or {{}}).get("ablate.role") == "trial":
+        os.kill(os.getpid(), signal.SIGKILL)
+    return run
+
+
+MlflowClient.create_run = create_run
+scheduler.submit({grid!r}, address={address!r}, progress=False)
+"""
+
+
 COLLAPSE_STOP = 11  # the double's none-on-sim-a100 trial is stopped early after step 11
 EXPECTED_TOTAL = 3 * STEPS + COLLAPSE_STOP  # steps of the 4-trial grid once everything ran
 
@@ -134,3 +157,36 @@ def test_random_sigkills_then_resubmit_end_every_trial_exactly_once(
     killed = [r for r in parents if r.info.status == "KILLED"]
     assert all("died" in r.data.tags["ablate.ended"] for r in killed), killed
     print(f"seed {seed}: kills {kills}; checked {counts}; parent runs {statuses}")
+
+
+def test_kill_between_run_creation_and_its_record_leaves_one_live_run(
+    isolated: Path, cluster, double
+) -> None:
+    """The run a killed process created but never recorded is adopted by the next submission,
+    not left RUNNING beside a second run of the same trial (compare would read either)."""
+    c, _nodes = cluster
+    name = "killcreate"
+    path = H.write_grid(isolated / "g.yaml", name, steps=6, seeds=[0], levels=["none", "token"],
+                        pools=["sim-h100"], every=3)
+    grid_dir = isolated / ".ablate" / name
+    script = isolated / "driver.py"
+    script.write_text(KILL_AFTER_CREATE.format(grid=str(path), address=c.address))
+    proc = subprocess.run([sys.executable, str(script)], check=False, stdout=subprocess.DEVNULL,
+                          stderr=subprocess.DEVNULL, env=os.environ.copy(), timeout=180)
+    assert proc.returncode == -signal.SIGKILL  # killed in the window, not finished
+    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
+    orphans = [r for tid in H.trials(grid_dir) for r in H.live_runs(uri, tid)]
+    assert len(orphans) == 1 and orphans[0].info.status == "RUNNING", orphans
+
+    summary = scheduler.submit(str(path), address=c.address, progress=False)
+    assert summary["states"] == {"done": 2}, summary["failed"]
+    counts = H.check_exactly_once(grid_dir, summary["tracking_uri"], steps=6)
+    assert counts["trials"] == 2
+    from mlflow import MlflowClient
+
+    from orchestrator.compare._data import search_trial_runs
+
+    mlc = MlflowClient(summary["tracking_uri"])
+    exp = mlc.get_experiment_by_name(name)
+    tids = [r.data.tags["trial_id"] for r in search_trial_runs(mlc, exp.experiment_id)]
+    assert sorted(tids) == sorted(H.trials(grid_dir)), tids  # compare sees each trial once

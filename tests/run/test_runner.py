@@ -77,6 +77,28 @@ def test_healthy_trial_runs_to_the_end(env) -> None:
     assert again["attempt"] == 1 and len(records.load_attempts(TrialPaths(grid_dir, t.trial_id))) == 1
 
 
+def test_a_fresh_rerun_replaces_the_trials_run_instead_of_adding_one(env) -> None:
+    """``ablate run-trial --fresh`` starts the trial's record anew: its old run is superseded
+    (soft-deleted, pointing at the new one), so the trial keeps one live run."""
+    from mlflow.tracking import MlflowClient
+
+    _grid, trials, grid_dir, job, uri = env
+    t = trials[("none", "sim-h100")]
+    paths = TrialPaths(grid_dir, t.trial_id)
+    run_attempt(job(t))
+    first = records.load_state(paths, t.trial_id).mlflow_run_id
+    run_attempt(job(t, start="fresh", reopen=True))
+    second = records.load_state(paths, t.trial_id).mlflow_run_id
+    mlc = MlflowClient(uri)
+    old = mlc.get_run(first)
+    assert second != first and old.info.lifecycle_stage == "deleted"
+    assert old.data.tags["superseded_by"] == second
+    live = [r.info.run_id for e in mlc.search_experiments()
+            for r in mlc.search_runs([e.experiment_id], filter_string=f"tags.trial_id = '{t.trial_id}'")]
+    assert live == [second]
+    assert mlflow_steps(uri, second, "critic/score/mean") == list(range(1, 21))
+
+
 def test_infra_failure_resumes_from_checkpoint_without_gaps_or_duplicates(env, tmp_path, monkeypatch) -> None:
     _grid, trials, grid_dir, job, uri = env
     t = trials[("token", "sim-a100")]

@@ -269,6 +269,41 @@ def test_drain_finishes_an_outbox_left_by_a_dead_process(quickstart, tmp_path: P
     assert client(uri).get_run(tr.run_id).info.status == "FAILED"
 
 
+def test_a_trial_keeps_one_live_run_after_a_kill_in_the_creation_window(quickstart, tmp_path: Path) -> None:
+    """A run the store created for a trial's outbox before a kill let ``run.json`` name it is
+    adopted by the next creation from that outbox; a RUNNING run that neither the record, the
+    outbox nor its creation token names is retired when a submission opens its parent run."""
+    from orchestrator.store import TrialPaths, records, workspace
+
+    grid, trials = quickstart
+    t, other = trials[0], trials[1]
+    work = tmp_path / ".ablate"
+    uri = f"sqlite:///{tmp_path / 'mlflow.db'}"
+    parent = GridRun.open(grid, tracking_uri=uri, workdir=work)
+    paths = TrialPaths(workspace.grid_dir(grid.name, work), t.trial_id)
+    records.save_spec(paths, t)
+    named = open_trial(uri, parent, grid, t, tmp_path / "buf-a").run_id  # the record's run
+    records.save_state(paths, records.TrialRecord(trial_id=t.trial_id, mlflow_run_id=named))
+    stray = open_trial(uri, parent, grid, t, tmp_path / "buf-c").run_id  # nothing names it
+    elsewhere = open_trial(uri, parent, grid, other, tmp_path / "buf-d").run_id  # no folder here
+    created = open_trial(uri, parent, grid, t, paths.outbox)
+    unrecorded = created.run_id
+    created.outbox.run_id = None  # killed after the store created it, before run.json named it
+    created.outbox.save_state()
+
+    again = GridRun.open(grid, tracking_uri=uri, workdir=work)  # the next submission
+    mlc = client(uri)
+    gone = mlc.get_run(stray)
+    assert (gone.info.lifecycle_stage, gone.info.status) == ("deleted", "KILLED")
+    assert "no record of trial" in gone.data.tags["ablate.ended"]
+    for kept in (named, unrecorded, elsewhere):
+        run = mlc.get_run(kept)
+        assert (run.info.lifecycle_stage, run.info.status) == ("active", "RUNNING"), kept
+    assert open_trial(uri, again, grid, t, paths.outbox).run_id == unrecorded  # adopted
+    live = mlc.search_runs([parent.experiment_id], filter_string=f"tags.trial_id = '{t.trial_id}'")
+    assert sorted(r.info.run_id for r in live) == sorted([named, unrecorded])
+
+
 def test_outage_between_chunks_keeps_only_the_unsent_rows(quickstart, tmp_path: Path, monkeypatch) -> None:
     """A catch-up send of 2400 values (3 log_batch chunks) fails on its 2nd chunk: the 1st chunk is
     dropped from the outbox (and marked in the store), the rest waits; nothing lost or doubled."""
