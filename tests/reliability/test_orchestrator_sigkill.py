@@ -53,7 +53,7 @@ def create_run(self, experiment_id, *args, tags=None, **kwargs):
 
 
 MlflowClient.create_run = create_run
-scheduler.submit({grid!r}, address={address!r}, progress=False)
+scheduler.submit({grid!r}, address={address!r}, tracking_uri={uri!r}, progress=False)
 """
 
 
@@ -163,30 +163,37 @@ def test_kill_between_run_creation_and_its_record_leaves_one_live_run(
     isolated: Path, cluster, double
 ) -> None:
     """The run a killed process created but never recorded is adopted by the next submission,
-    not left RUNNING beside a second run of the same trial (compare would read either)."""
+    not left RUNNING beside a second run of the same trial; a compare from the loopback
+    tracking server without the workdir then counts each trial once."""
+    import csv
+
+    from mlflow_server import MlflowServer
+
+    from orchestrator.compare import compare
+
     c, _nodes = cluster
     name = "killcreate"
     path = H.write_grid(isolated / "g.yaml", name, steps=6, seeds=[0], levels=["none", "token"],
                         pools=["sim-h100"], every=3)
     grid_dir = isolated / ".ablate" / name
-    script = isolated / "driver.py"
-    script.write_text(KILL_AFTER_CREATE.format(grid=str(path), address=c.address))
-    proc = subprocess.run([sys.executable, str(script)], check=False, stdout=subprocess.DEVNULL,
-                          stderr=subprocess.DEVNULL, env=os.environ.copy(), timeout=180)
-    assert proc.returncode == -signal.SIGKILL  # killed in the window, not finished
-    uri = f"sqlite:///{isolated / '.ablate' / 'mlflow.db'}"
-    orphans = [r for tid in H.trials(grid_dir) for r in H.live_runs(uri, tid)]
-    assert len(orphans) == 1 and orphans[0].info.status == "RUNNING", orphans
+    srv = MlflowServer(isolated / "server").start()
+    try:
+        script = isolated / "driver.py"
+        script.write_text(KILL_AFTER_CREATE.format(grid=str(path), address=c.address, uri=srv.uri))
+        proc = subprocess.run([sys.executable, str(script)], check=False, stdout=subprocess.DEVNULL,
+                              stderr=subprocess.DEVNULL, env=os.environ.copy(), timeout=180)
+        assert proc.returncode == -signal.SIGKILL  # killed in the window, not finished
+        orphans = [r for tid in H.trials(grid_dir) for r in H.live_runs(srv.uri, tid)]
+        assert len(orphans) == 1 and orphans[0].info.status == "RUNNING", orphans
 
-    summary = scheduler.submit(str(path), address=c.address, progress=False)
-    assert summary["states"] == {"done": 2}, summary["failed"]
-    counts = H.check_exactly_once(grid_dir, summary["tracking_uri"], steps=6)
-    assert counts["trials"] == 2
-    from mlflow import MlflowClient
-
-    from orchestrator.compare._data import search_trial_runs
-
-    mlc = MlflowClient(summary["tracking_uri"])
-    exp = mlc.get_experiment_by_name(name)
-    tids = [r.data.tags["trial_id"] for r in search_trial_runs(mlc, exp.experiment_id)]
-    assert sorted(tids) == sorted(H.trials(grid_dir)), tids  # compare sees each trial once
+        summary = scheduler.submit(str(path), address=c.address, tracking_uri=srv.uri, progress=False)
+        assert summary["states"] == {"done": 2}, summary["failed"]
+        counts = H.check_exactly_once(grid_dir, srv.uri, steps=6)
+        assert counts["trials"] == 2
+        out = compare(str(path), tracking_uri=srv.uri, workdir=isolated / "elsewhere",
+                      out_dir=isolated / "results")
+    finally:
+        srv.stop()
+    with open(out / "trials.csv") as fh:
+        tids = [row["trial_id"] for row in csv.DictReader(fh)]
+    assert sorted(tids) == sorted(H.trials(grid_dir)), tids  # each trial once
