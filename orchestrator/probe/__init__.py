@@ -66,7 +66,10 @@ def probe(grid_path: str, *, pools: Sequence[str] = (), gates: Sequence[str] = (
     grid = load_grid(grid_path)
     chosen = plan(grid, pools=pools, batches=batches, seeds=seeds)
     if not chosen.configurations:
-        why = "; ".join(f"{label}: {w}" for label, w in chosen.refused)
+        whys: dict[str, list[str]] = {}
+        for label, w in chosen.refused:
+            whys.setdefault(w, []).append(label)
+        why = "; ".join(f"{', '.join(labels)}: {w}" for w, labels in whys.items())
         raise UserError(f"{grid.file}: no configuration of grid {grid.name} can be probed ({why})")
     summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), parsed))
     files = tuple(write(Path(out) if out else Path("results") / grid.name, chosen, summaries,

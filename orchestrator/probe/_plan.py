@@ -132,8 +132,8 @@ def plan(grid: GridSpec, *, pools: Sequence[str] = (), batches: int = 4,
         job = runs.probe_job(pool)
         why = (f"the {runs.trainer(pool).name} probe is not implemented yet" if job is None
                else job.check(config, pool))
-        if why:
-            refused.setdefault(_label([trial]), why)
+        if why:  # a trainer without a probe: said once per pool
+            refused.setdefault(f"pool={trial.pool}" if job is None else _label([trial]), why)
             continue
         assert job is not None
         identity = job.identity(config, pool)
