@@ -143,3 +143,22 @@ def test_a_verl_grid_is_refused_at_plan_time_in_one_line(tmp_path) -> None:
                                         r"implemented yet"):
         probe(str(REPO / "grids" / "verl_cpu.yaml"), workdir=str(tmp_path), track=False)
     assert not (tmp_path / "probes").exists()
+
+
+def test_a_probe_is_one_mlflow_run_found_again_by_its_hash(probed) -> None:
+    from orchestrator.probe._tracking import PROBE_TAG, log_probe
+    from orchestrator.tracking import client
+
+    report, root = probed
+    uri = f"sqlite:///{root / 'mlflow.db'}"
+    kw = {"tracking_uri": uri, "workdir": str(root / "wd")}
+    run_id = log_probe(report.plan, report.summaries, report.files, **kw)
+    assert log_probe(report.plan, report.summaries, report.files, **kw) == run_id
+    run = client(uri).get_run(run_id)
+    a100 = next(s for s in report.summaries if s.measured.config.pool.name == "sim-a100")
+    key = f"probe/sim-a100/{a100.measured.config.probe_id}/k3"
+    assert run.data.metrics[key] == a100.metrics["k3"].estimate
+    assert run.data.metrics[key + "_hi"] == a100.metrics["k3"].high
+    assert run.data.tags[PROBE_TAG] and run.data.params["probe.batches"] == "4"
+    runs = client(uri).search_runs([run.info.experiment_id])
+    assert [r.info.run_id for r in runs] == [run_id]
