@@ -13,7 +13,6 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import ProbeJob
-from orchestrator.exceptions import UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.sim.config import SimSetup, build_setup
 from orchestrator.sim.job import SimTrainer, numeric_environment
@@ -47,11 +46,8 @@ class SimProbe(ProbeJob):
 
     @classmethod
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        try:
-            build_setup(config, pool)
-        except UserError as exc:
-            return str(exc)
-        return None
+        """The trial's own validation (``SimTrainer.check_values``): what trains, probes."""
+        return SimTrainer.check_values((), config, pool)
 
     @classmethod
     def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
