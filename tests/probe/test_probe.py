@@ -162,3 +162,25 @@ def test_a_probe_is_one_mlflow_run_found_again_by_its_hash(probed) -> None:
     assert run.data.tags[PROBE_TAG] and run.data.params["probe.batches"] == "4"
     runs = client(uri).search_runs([run.info.experiment_id])
     assert [r.info.run_id for r in runs] == [run_id]
+
+
+def test_a_configuration_that_cannot_be_probed_is_named_and_the_rest_probed(probed, monkeypatch,
+                                                                            capsys) -> None:
+    from orchestrator.sim.probe_job import SimProbe
+
+    _, root = probed
+    real = SimProbe.check.__func__  # type: ignore[attr-defined]
+
+    def check(cls, config, pool):  # a trainer that cannot probe one pool's configurations
+        return "no probe here (test)" if pool.name == "sim-a100" else real(cls, config, pool)
+
+    monkeypatch.setattr(SimProbe, "check", classmethod(check))
+    code = main(["probe", str(REPO / GRID), "--workdir", str(root / "wd"), "--out",
+                 str(root / "partial"), "--no-tracking", "--gate", "k3<=1e-5"])
+    out = capsys.readouterr().out.splitlines()
+    assert code == 0  # the one probed configuration is within the bound
+    assert out[0].startswith("pool=sim-h100: k3 8.68e-07") and "(cached)" in out[0]
+    refused = [line for line in out if "not probed" in line]
+    assert len(refused) == 3 and all("pool=sim-a100" in line and "no probe here (test)" in line
+                                     for line in refused)
+    assert "## Not probed" in (root / "partial" / "probe.md").read_text()
