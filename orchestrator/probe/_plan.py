@@ -110,7 +110,8 @@ def _label(trials: Sequence[TrialSpec]) -> str:
 def plan(grid: GridSpec, *, pools: Sequence[str] = (), batches: int = 4,
          seeds: Sequence[int] = ()) -> Plan:
     """Group ``grid``'s trials (on ``pools`` only, if given) into probe configurations."""
-    known = {t.pool for t in expand(grid)}
+    trials = expand(grid)
+    known = {t.pool for t in trials}
     for name in pools:
         if name not in known:
             hint = did_you_mean(name, sorted(known))
@@ -124,7 +125,7 @@ def plan(grid: GridSpec, *, pools: Sequence[str] = (), batches: int = 4,
     meta: dict[str, tuple[PoolSpec, dict[str, Any], dict[str, Any], type[ProbeJob]]] = {}
     refused: dict[str, str] = {}
     runs = backend(grid.backend)
-    for trial in expand(grid):
+    for trial in trials:
         if pools and trial.pool not in pools:
             continue
         pool = grid.pools.get(trial.pool)

@@ -75,6 +75,9 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                   "trainer computes", ""]
         for s in summaries:
             lines += [f"### {s.label}", ""]
+            if not s.attribution:
+                lines += ["No knob: this configuration computes as the fp32 trainer does.", ""]
+                continue
             lines += _table(("rank", "knob", "change", "k3 change"),
                             [(str(i), a.knob, a.change, _iv(a.delta))
                              for i, a in enumerate(s.attribution, 1)])

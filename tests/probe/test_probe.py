@@ -184,3 +184,16 @@ def test_a_configuration_that_cannot_be_probed_is_named_and_the_rest_probed(prob
     assert len(refused) == 3 and all("pool=sim-a100" in line and "no probe here (test)" in line
                                      for line in refused)
     assert "## Not probed" in (root / "partial" / "probe.md").read_text()
+
+
+def test_an_engine_that_computes_like_the_trainer_probes_k3_0_and_bitwise_1(tmp_path) -> None:
+    grid = tmp_path / "det.yaml"  # ~2 s: the deterministic engine recomputes the full sequence
+    grid.write_text("name: det-probe\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 10\n"
+                    "seeds: [0]\npool: sim-a100\noverrides: {rollout.deterministic: true}\n"
+                    f"recipes_dir: {REPO / 'recipes'}\n")
+    report = probe(str(grid), attribute=True, workdir=str(tmp_path / "wd"), batches=2,
+                   out=str(tmp_path / "out"), track=False, gates=["bitwise_share>=1", "k3<=0"])
+    (s,) = report.summaries
+    assert s.metrics["k3"].estimate == 0 and s.metrics["abs_diff_max"].estimate == 0
+    assert s.metrics["bitwise_share"].estimate == 1 and not report.failed
+    assert s.attribution == () and s.measured.engine["engine.weight_lag"] == 0  # lag dropped
