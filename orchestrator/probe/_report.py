@@ -17,7 +17,8 @@ from orchestrator.probe._plan import METRICS, Gate, Plan
 from orchestrator.probe._summary import Summary
 from orchestrator.stats.intervals import Interval
 
-TIME_COLUMNS = ("wall_s", "wall_s_lo", "wall_s_hi", "job_seconds")
+TIME_COLUMNS = ("wall_s", "wall_s_lo", "wall_s_hi", "job_seconds", "attribution_seconds",
+                "accelerator_hours")
 CAVEAT = ("A probe measures the mismatch of each configuration at its first step, with the "
           "initial weights and no update. It does not predict mismatch that grows during "
           "training (seed 001 saw k3 rise after step 600; the quickstart's sim-h100 trials reach "
@@ -87,8 +88,10 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
         settings = ", ".join(f"{k}={v}" for k, v in sorted(s.measured.engine.items())
                              if not k.startswith("numerics."))
         lines.append(f"- {s.label}: {settings}")
-    lines += [""] + [f"- time {s.label}: {_g(s.measured.seconds)} s for the probe job, "
-                     f"{_iv(s.metrics['wall_s'])} s per batch" for s in summaries]
+    lines += [""] + [f"- time {s.label}: {_g(s.measured.seconds)} s for the probe job "
+                     f"({_iv(s.metrics['wall_s'])} s per batch), {_g(s.measured.knob_seconds)} s "
+                     f"for its knobs: {_g(s.measured.cost[0])} {s.measured.cost[1]}"
+                     for s in summaries]
     return "\n".join(lines).rstrip() + "\n"
 
 
@@ -108,6 +111,9 @@ def write(out: Path, plan: Plan, summaries: Sequence[Summary], gates: Sequence[G
                                "trials": " ".join(s.measured.config.trials),
                                "seeds": " ".join(map(str, plan.seeds)), "batches": plan.batches,
                                "total_tokens": s.tokens, "job_seconds": s.measured.seconds,
+                               "attribution_seconds": s.measured.knob_seconds,
+                               "accelerator_hours": s.measured.cost[0],
+                               "hours_unit": s.measured.cost[1],
                                "gate_failed": " ".join(map(str, s.failed))}
         for name in METRICS:
             row.update(_flat(s.metrics[name], name))

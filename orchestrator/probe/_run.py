@@ -11,6 +11,7 @@ from typing import Any
 
 from orchestrator.backends import backend
 from orchestrator.backends.base import ProbeJob
+from orchestrator.cost import pool_rate
 from orchestrator.probe._plan import SCHEME, Configuration, Plan, digest
 from orchestrator.store import atomic_write_json, read_json, workspace
 
@@ -27,6 +28,13 @@ class Measured:
     seconds: float  # the job's wall time (as first run)
     cached: bool
     knobs: dict[str, tuple[str, Rows]] = dataclasses.field(default_factory=dict)  # name -> (change, rows)
+    knob_seconds: float = 0.0  # the knob jobs' wall time (as first run)
+
+    @property
+    def cost(self) -> tuple[float, str]:
+        """Accelerator-hours of its jobs at its pool's rate (``cost.pool_rate``), and the unit."""
+        accelerators, unit = pool_rate(self.config.pool)
+        return accelerators * (self.seconds + self.knob_seconds) / 3600, unit
 
 
 def probe_dir(workdir: str | None) -> Path:
@@ -73,14 +81,16 @@ def _knobs(job: ProbeJob, c: Configuration, m: Measured, out_dir: Path, seeds: l
     changes = c.job.knobs(c.config, c.pool)
     ids = {k: digest({"scheme": SCHEME, "probe": c.job.version, "knob": k, "identity": c.identity,
                       "config": c.config, "seeds": seeds, "batches": batches}) for k in changes}
-    held = {k: read_json(out_dir / f"{i}.json")["rows"] for k, i in ids.items()
-            if (out_dir / f"{i}.json").is_file()}
-    todo = [k for k in changes if k not in held]
+    records = {k: read_json(out_dir / f"{i}.json") for k, i in ids.items()
+               if (out_dir / f"{i}.json").is_file()}
+    todo = [k for k in changes if k not in records]
     if todo:
+        t0 = time.perf_counter()
         made = job.run_knobs(c.trial, c.config, c.pool, seeds, batches, todo)
+        share = (time.perf_counter() - t0) / len(todo)  # one job ran them all
         for k in todo:
-            atomic_write_json(out_dir / f"{ids[k]}.json", {"probe_id": ids[k], "knob": k,
-                                                           "rows": made[k]})
-        held.update(made)
+            records[k] = {"probe_id": ids[k], "knob": k, "rows": made[k], "seconds": share}
+            atomic_write_json(out_dir / f"{ids[k]}.json", records[k])
         m.cached = False
-    m.knobs = {k: (changes[k], held[k]) for k in changes}
+    m.knobs = {k: (changes[k], records[k]["rows"]) for k in changes}
+    m.knob_seconds = sum(float(records[k].get("seconds", 0.0)) for k in changes)
