@@ -34,6 +34,8 @@ def knobs(numerics: Numerics, precision: str | None, moe: bool) -> dict[str, str
     out = {} if numerics.deterministic else {
         f"engine.{k}": f"{getattr(numerics, k)}->{exact}" for k, exact in EXACT.items()
         if getattr(numerics, k) != exact and (k != "router" or moe)}
+    if LAG_KNOB in out:  # measured where staleness exists (``sim/probe.py``)
+        out[LAG_KNOB] += f" after {numerics.weight_lag} updates"
     if precision not in (None, "fp32"):
         out[PRECISION_KNOB] = f"{precision}->fp32"
     return out
