@@ -22,6 +22,7 @@ if TYPE_CHECKING:
         AttemptOutcome,
         AttemptResult,
         Launcher,
+        ProbeJob,
         RunContext,
         Trainer,
     )
@@ -33,7 +34,7 @@ if TYPE_CHECKING:
 
 # Imported on first use (PEP 562), as the trainers are: the interfaces pull in the grid's
 # schema library, which a command that only reads records (``ablate status``) does without.
-_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "RunContext", "Trainer")
+_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "ProbeJob", "RunContext", "Trainer")
 
 
 def __getattr__(name: str) -> Any:
@@ -46,6 +47,11 @@ def __getattr__(name: str) -> Any:
 _TRAINERS: dict[str, tuple[str, str]] = {
     "sim": ("orchestrator.sim.job", "SimTrainer"),
     "verl": ("orchestrator.verl.trainer", "VerlTrainer"),
+}
+# A trainer's probe job (``base.ProbeJob``), by trainer name: kept apart from the trainer class
+# so that adding one changes no module whose content hashes a committed result.
+_PROBES: dict[str, tuple[str, str]] = {
+    "sim": ("orchestrator.sim.probe_job", "SimProbe"),
 }
 _LAUNCHERS: dict[str, tuple[str, str]] = {
     "local": ("orchestrator.backends.local", "LocalLauncher"),
@@ -108,6 +114,11 @@ class Backend:
             if pool.kind in cls.pool_kinds:
                 return cls
         return self.trainers[0]  # its own check refuses the pool, naming the kinds it runs on
+
+    def probe_job(self, pool: PoolSpec) -> type[ProbeJob] | None:
+        """The probe job of the trainer that runs ``pool``'s trials, or None if it has none."""
+        ref = _PROBES.get(self.trainer(pool).name)
+        return None if ref is None else _load(ref)  # type: ignore[no-any-return]
 
     @property
     def pool_kinds(self) -> tuple[str, ...]:

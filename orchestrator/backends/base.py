@@ -254,6 +254,45 @@ class Trainer(abc.ABC):
         """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""
 
 
+class ProbeJob(abc.ABC):
+    """A trainer's probe (``ablate probe``, ``orchestrator/probe``): the mismatch of one
+    configuration at its first step, no update. Registered per trainer name beside the trainers
+    (``backends._PROBES``); a trainer without one has its configurations refused, one line each.
+    Rows are JSON-ready dicts (they are cached as they are): one per (seed, batch)."""
+
+    version: ClassVar[str]  # part of every probe's content hash: bump when numbers would change
+
+    @classmethod
+    def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Why this configuration cannot be probed, or None (checked before anything runs)."""
+        return None
+
+    @classmethod
+    @abc.abstractmethod
+    def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
+        """What decides the configuration's step-1 mismatch (engine, its flags and version,
+        the trainer's precision and log-prob settings, model, prompts), JSON-ready: two
+        configurations with one identity share a probe (correction and optimizer do not enter)."""
+
+    @classmethod
+    def knobs(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, str]:
+        """``--attribute``'s knobs of this configuration: name -> the change its probe makes."""
+        return {}
+
+    @abc.abstractmethod
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+            seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        """Rows of the configuration's probe (metric -> value, with ``seed`` and ``batch``) and
+        the engine settings the engine applied."""
+
+    @abc.abstractmethod
+    def run_knobs(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                  seeds: list[int], batches: int,
+                  knobs: list[str]) -> dict[str, list[dict[str, float]]]:
+        """Per knob of ``knobs``, paired rows: ``k3`` of the configuration and ``k3_without``
+        with that knob turned (the rest as they are)."""
+
+
 class Launcher(abc.ABC):
     """Runs a trainer's attempt somewhere. Subclasses set ``name``."""
 

@@ -189,6 +189,18 @@ def evaluate_body(args: argparse.Namespace) -> int:
     return 1 if report.failed else 0
 
 
+def probe_body(args: argparse.Namespace) -> int:
+    _preflight(args)
+    from orchestrator.probe import probe  # deferred: --help stays fast
+
+    report = probe(args.grid, pools=args.pools or (), gates=args.gate or (),
+                   attribute=args.attribute, workdir=args.workdir, out=args.out,
+                   tracking_uri=args.tracking_uri, batches=args.batches,
+                   seeds=args.seeds or (), track=not args.no_tracking)
+    print("\n".join(report.lines()))
+    return 1 if report.failed else 0
+
+
 def ui_body(args: argparse.Namespace) -> int:
     _preflight(args)
     from orchestrator.tracking import ui  # deferred: --help stays fast
@@ -327,6 +339,23 @@ def add_commands(sub: Any) -> None:
                     help="checkpoint step (repeatable; default: every step the store holds)")
     _common(ev)
     ev.set_defaults(func=evaluate_body)
+
+    pr = sub.add_parser("probe", help="measure each configuration's mismatch at step 1 (no "
+                        "training), attribute it knob by knob, gate on it")
+    pr.add_argument("grid")
+    pr.add_argument("--pools", nargs="+", metavar="POOL", help="only these pools' configurations")
+    pr.add_argument("--gate", action="append", metavar="METRIC<=BOUND",
+                    help="exit 1 if a configuration's estimate is over the bound (repeatable; "
+                         "e.g. k3<=0.01, bitwise_share>=1)")
+    pr.add_argument("--attribute", action="store_true",
+                    help="the change in k3 of each knob (engine flag, dtype, LM head, "
+                         "staleness, pool), ranked")
+    pr.add_argument("--batches", type=int, default=4, help="batches per seed (default 4)")
+    pr.add_argument("--seeds", nargs="+", type=int, help="seeds (default: the grid's)")
+    pr.add_argument("--out", help="results directory (default results/<grid>)")
+    pr.add_argument("--no-tracking", action="store_true", help="no MLflow run")
+    _common(pr)
+    pr.set_defaults(func=probe_body)
 
     u = sub.add_parser("ui", help="start the MLflow UI on loopback for the grid's store")
     u.add_argument("grid", nargs="?")

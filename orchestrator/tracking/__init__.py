@@ -8,7 +8,7 @@ timeouts, WAL), the grid's UI view and ``ablate ui``, the clean-up of orphaned p
 from __future__ import annotations
 
 from orchestrator.tracking._deferred import DeferredRun
-from orchestrator.tracking._grid_run import GridRun, TrackingTarget, parent_run
+from orchestrator.tracking._grid_run import GridRun, TrackingTarget, experiment_for, parent_run
 from orchestrator.tracking._publish import PublishReport, publish, recorded_elsewhere
 from orchestrator.tracking._runs import TrialRun, drain, outbox_run_id, supersede
 from orchestrator.tracking._sender import Sender, send_trial
@@ -41,6 +41,7 @@ __all__ = [
     "check_store",
     "client",
     "drain",
+    "experiment_for",
     "fail_fast",
     "is_remote",
     "log_steps",

@@ -1,0 +1,82 @@
+"""``ablate probe GRID``: every configuration's training-inference mismatch before the grid
+trains, each knob's share of it, and a pass/fail gate.
+
+For each configuration of the grid that decides mismatch (its trainer's ``ProbeJob.identity``:
+pool, engine and its flags, engine version, the trainer's precision and recompute, model), one
+short job samples the grid's prompts with the rollout engine and recomputes their log-probs with
+the trainer, no update, over a few batches and seeds (``_plan``, ``_run``); figures with
+intervals (``_summary``) go to ``results/<grid>/probe.md|csv`` and plots (``_report``), and to
+one MLflow run in the grid's experiment. A probe is content-hashed: a second one runs nothing.
+"""
+from __future__ import annotations
+
+import dataclasses
+from collections.abc import Sequence
+from pathlib import Path
+
+from orchestrator.exceptions import UserError
+from orchestrator.grid import load_grid
+from orchestrator.probe._plan import METRICS, Gate, Plan, parse_gate, plan
+from orchestrator.probe._report import write
+from orchestrator.probe._run import Measured, run_plan
+from orchestrator.probe._summary import Summary, summarise
+
+__all__ = ["METRICS", "Gate", "Measured", "Plan", "ProbeReport", "Summary", "parse_gate",
+           "plan", "probe"]
+
+
+@dataclasses.dataclass(frozen=True)
+class ProbeReport:
+    """What one ``ablate probe`` measured and wrote."""
+
+    plan: Plan
+    summaries: tuple[Summary, ...]
+    gates: tuple[Gate, ...]
+    files: tuple[Path, ...]
+    run_id: str | None  # the probe's MLflow run
+
+    @property
+    def failed(self) -> list[Summary]:
+        return [s for s in self.summaries if s.failed]
+
+    def lines(self) -> list[str]:
+        """What the command prints: a line per configuration, one per gate failure, refusals."""
+        out = []
+        for s in self.summaries:
+            k3 = s.metrics["k3"]
+            state = "cached" if s.measured.cached else f"probed in {s.measured.seconds:.1f}s"
+            out.append(f"{s.label}: k3 {k3.estimate:.3g} [{k3.low:.3g}, {k3.high:.3g}], "
+                       f"bitwise equal {s.metrics['bitwise_share'].estimate:.3g} ({state})")
+        out += [f"{label}: not probed ({why})" for label, why in self.plan.refused]
+        for s in self.failed:
+            out += [f"GATE FAILED {s.label}: {g.metric} = {s.metrics[g.metric].estimate:.3g}, "
+                    f"bound {g}" for g in s.failed]
+        if self.files:
+            out.append(f"wrote {', '.join(p.name for p in self.files)} to {self.files[0].parent}")
+        return out
+
+
+def probe(grid_path: str, *, pools: Sequence[str] = (), gates: Sequence[str] = (),
+          attribute: bool = False, workdir: str | None = None, out: str | None = None,
+          tracking_uri: str | None = None, batches: int = 4, seeds: Sequence[int] = (),
+          track: bool = True) -> ProbeReport:
+    """Probe ``grid_path``'s configurations; every user error (a bad gate, an unknown pool, a
+    grid none of whose configurations can be probed) is raised before anything runs."""
+    parsed = tuple(parse_gate(g) for g in gates)
+    grid = load_grid(grid_path)
+    chosen = plan(grid, pools=pools, batches=batches, seeds=seeds)
+    if not chosen.configurations:
+        whys: dict[str, list[str]] = {}
+        for label, w in chosen.refused:
+            whys.setdefault(w, []).append(label)
+        why = "; ".join(f"{', '.join(labels)}: {w}" for w, labels in whys.items())
+        raise UserError(f"{grid.file}: no configuration of grid {grid.name} can be probed ({why})")
+    summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), parsed))
+    files = tuple(write(Path(out) if out else Path("results") / grid.name, chosen, summaries,
+                        parsed))
+    run_id = None
+    if track:
+        from orchestrator.probe._tracking import log_probe  # deferred: mlflow
+
+        run_id = log_probe(chosen, summaries, files, tracking_uri=tracking_uri, workdir=workdir)
+    return ProbeReport(chosen, summaries, parsed, files, run_id)
