@@ -48,10 +48,10 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
     """``probe.md``."""
     g = plan.grid
     lines = [f"# Probe of grid `{g.name}`", "",
-             f"From `{g.file}`: {len(summaries)} configuration(s) that decide mismatch, each "
+             (f"From `{g.file}`: {len(summaries)} configuration(s) that decide mismatch, each "
              f"probed over seeds {', '.join(map(str, plan.seeds))} x {plan.batches} batches "
              "(batch b of seed s is step b of that seed's trial, no update); every figure is "
-             "the mean over those batches with its 95% t interval.", "", CAVEAT, "",
+             "the mean over those batches with its 95% t interval."), "", CAVEAT, "",
              "## Mismatch per configuration", ""]
     lines += _table(("configuration", "probe", "trials", "k3", "k1", "max abs dlogp",
                      "p99 abs dlogp", "bitwise equal", "chi2", "tokens"),
@@ -72,8 +72,8 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                            for s in summaries)) for i, (b, _, _) in enumerate(summaries[0].buckets)]
                     if summaries else [])
     if any(s.attribution for s in summaries):
-        lines += ["", "## Attribution: the change in k3 when one knob is set as the fp32 "
-                  "trainer computes", ""]
+        lines += ["", ("## Attribution: the change in k3 when one knob is set as the fp32 "
+                  "trainer computes"), ""]
         for s in summaries:
             lines += [f"### {s.label}", ""]
             if not s.attribution:

@@ -61,7 +61,7 @@ def run_plan(plan: Plan, *, workdir: str | None, attribute: bool) -> list[Measur
     for c in plan.configurations:
         job = c.job()
         with workspace.scoped_environ(runs.worker_env(c.config)):
-            def make(c: Configuration = c) -> dict[str, Any]:
+            def make(c: Configuration = c, job: Any = job) -> dict[str, Any]:
                 rows, engine = job.run(c.trial, c.config, c.pool, seeds, batches)
                 return {"probe_id": c.probe_id, "identity": c.identity, "seeds": seeds,
                         "batches": batches, "rows": rows, "engine": engine}

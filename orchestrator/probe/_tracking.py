@@ -5,6 +5,7 @@ headline figures with their interval bounds, the files as artifacts.
 """
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -39,7 +40,7 @@ def log_probe(plan: Plan, summaries: Sequence[Summary], files: Sequence[Path], *
         for name in HEADLINE:
             i = s.metrics[name]
             for suffix, v in (("", i.estimate), ("_lo", i.low), ("_hi", i.high)):
-                if v == v:  # NaN bounds (one batch) are left out
+                if not math.isnan(v):  # NaN bounds (one batch) are left out
                     mlc.log_metric(rid, f"{base}/{name}{suffix}", v)
         for a in s.attribution:
             mlc.log_metric(rid, mlflow_key(f"{base}/attribution/{a.knob}"), a.delta.estimate)
