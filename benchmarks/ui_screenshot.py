@@ -7,21 +7,29 @@ Expects a running MLflow UI (``ablate ui``) on 127.0.0.1. The columns come from 
 (an experiment tag, ``tracking.save_trials_view``); expanding the parent row needs a click, which
 Playwright does in Debian's chromium (``--chromium``; Playwright's own browsers are never
 downloaded). ``tests/tracking/test_ui_browser.py`` asserts what this shows.
+
+Beside the PNG it writes ``<name>.json``: the trial ids the page showed, read from its rows, so
+``tests/test_manifest.py`` can hold a committed screenshot to the ``trials.csv`` beside it (a
+screenshot of an older run of the grid shows other ids).
 """
 from __future__ import annotations
 
 import argparse
+import json
 import os
+import re
 import shutil
 from pathlib import Path
 
+TRIAL_ID = re.compile(r"\((t[0-9a-f]{12})\)")  # a trial run's name ends in "(<trial id>)"
 EXPANDER = 'button[data-component-id*="runnamecellrenderer"]'
 ASSISTANT_CLOSE = '[data-component-id="mlflow.assistant.chat_panel.close"]'  # a side panel
 
 
-def shoot(url: str, out: Path, *, chromium: str, width: int, height: int, timeout_s: float) -> int:
+def shoot(url: str, out: Path, *, chromium: str, width: int, height: int,
+          timeout_s: float) -> tuple[int, list[str]]:
     """Open ``url``, close the assistant panel, expand every parent run, save a PNG; returns
-    how many rows the runs table shows."""
+    how many rows the runs table shows and the trial ids in them."""
     from playwright.sync_api import sync_playwright
 
     with sync_playwright() as p:
@@ -39,9 +47,10 @@ def shoot(url: str, out: Path, *, chromium: str, width: int, height: int, timeou
                                    f"> {parents}", timeout=timeout_s * 1000)
             rows = page.evaluate("() => new Set([...document.querySelectorAll('.ag-row')]"
                                  ".map(r => r.getAttribute('row-index'))).size")
+            shown = sorted(set(TRIAL_ID.findall(page.inner_text(".ag-root"))))
             out.parent.mkdir(parents=True, exist_ok=True)
             page.screenshot(path=str(out))
-            return int(rows)
+            return int(rows), shown
         finally:
             browser.close()
 
@@ -67,9 +76,11 @@ def main() -> None:
     if exp is None:
         raise SystemExit(f"no experiment {args.grid!r} at {uri}")
     url = f"{uri}/#/experiments/{exp.experiment_id}/runs?viewStateShareKey={save_trials_view(mlc, exp.experiment_id)}"
-    rows = shoot(url, args.out, chromium=args.chromium, width=args.width, height=args.height,
-                 timeout_s=args.wait)
-    print(f"{url}\n{rows} rows (parent and trial runs) -> {args.out}")
+    rows, shown = shoot(url, args.out, chromium=args.chromium, width=args.width,
+                        height=args.height, timeout_s=args.wait)
+    args.out.with_suffix(".json").write_text(json.dumps(
+        {"screenshot": "mlflow-ui", "grid": args.grid, "rows": rows, "trial_ids": shown}, indent=1) + "\n")
+    print(f"{url}\n{rows} rows (parent and trial runs), {len(shown)} trial ids -> {args.out}")
 
 
 if __name__ == "__main__":

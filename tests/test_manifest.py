@@ -30,6 +30,22 @@ def test_committed_results_match_the_code(directory: Path) -> None:
 
 
 @pytest.mark.parametrize("directory", GENERATED, ids=[d.name for d in GENERATED])
+def test_a_committed_ui_screenshot_shows_the_committed_trials(directory: Path) -> None:
+    """A screenshot of the MLflow UI (``benchmarks/ui_screenshot.py``) shows the trial ids of the
+    ``trials.csv`` beside it: the ids its page showed are kept beside the PNG."""
+    import csv
+
+    for png in sorted(directory.glob("mlflow_ui*.png")):
+        seen = png.with_suffix(".json")
+        assert seen.exists(), f"{png.relative_to(REPO)} has no {seen.name}: regenerate it with benchmarks/ui_screenshot.py"
+        with open(directory / "trials.csv", newline="") as fh:
+            committed = sorted(row["trial_id"] for row in csv.DictReader(fh))
+        assert json.loads(seen.read_text())["trial_ids"] == committed, (
+            f"{png.relative_to(REPO)} shows other trials than trials.csv: regenerate it with "
+            "benchmarks/ui_screenshot.py after the grid's commands")
+
+
+@pytest.mark.parametrize("directory", GENERATED, ids=[d.name for d in GENERATED])
 def test_committed_results_name_no_path_of_a_machine(directory: Path) -> None:
     for path in sorted(directory.iterdir()):
         if path.suffix in (".md", ".html", ".csv", ".json"):
