@@ -16,6 +16,7 @@ from orchestrator.grid._policy import (
            EARLY_WARNING,
            entry_for,
            entry_paths,
+           lineage,
            notes,
            warning_stops,
 )
@@ -24,4 +25,4 @@ from orchestrator.safeyaml import load_yaml
 
 __all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "GridSpec", "axis_label",
            "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "load_grid",
-           "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]
+           "lineage", "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]

@@ -7,7 +7,10 @@ and a trial that is itself a rescue (derived by one, or resumed in place by anot
 when the entry says ``of_rescues: true``. What happened is kept in the trial's ``state.json``
 (``rescues``: one note per rescue or refusal), written in the same write as the request, so a
 killed submission that is submitted again finds every rescue it made. A refusal for budget is
-kept but does not count: a submission with a larger budget rescues the trial then.
+kept but does not count: a submission with a larger budget rescues the trial then. The bound is
+over a lineage: a trial derived by a rescue carries the counted notes of its ancestors
+(``rescue_of["lineage"]``, ``lineage``), so ``times`` bounds the rescues of a trial and of every
+trial derived from it, not each derived trial afresh.
 
 Here rather than in the scheduler because the runner asks it too: a trial stops on a warning
 only when an entry would rescue it (``warning_stops``).
@@ -47,14 +50,23 @@ def notes(rec: records.TrialRecord) -> list[dict[str, Any]]:
     return []
 
 
+def lineage(rec: records.TrialRecord) -> list[dict[str, Any]]:
+    """The counted rescue notes of ``rec``'s trial and of its ancestors, oldest first: what a
+    trial derived from it now inherits (``rescue_of["lineage"]``)."""
+    inherited = list((rec.rescue_of or {}).get("lineage") or ())
+    return inherited + [{k: n.get(k) for k in ("entry", "event", "step", "trial")}
+                        for n in notes(rec) if n.get("refused") != BUDGET_REFUSAL]
+
+
 def entry_for(policy: Sequence[RescueEntry], event: str,
               rec: records.TrialRecord) -> tuple[int, RescueEntry] | None:
     """The entry that rescues ``rec``'s trial on ``event`` now, with its index, or None."""
     had = notes(rec)
+    counted = lineage(rec)
     for i, entry in enumerate(policy):
         if entry.event != event:
             continue
-        mine = [n for n in had if n.get("entry", 0) == i and n.get("refused") != BUDGET_REFUSAL]
+        mine = [n for n in counted if n.get("entry", 0) == i]
         if len(mine) >= entry.times:
             continue
         other = [n for n in had if n.get("entry", 0) != i and n.get("trial") == rec.trial_id]

@@ -24,7 +24,7 @@ from orchestrator.backends import Backend, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
-from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, notes
+from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, lineage, notes
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import park_unplaceable
@@ -82,7 +82,7 @@ def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str], *,
         for child in _unfinished_rescues(grid_dir, rec):
             out.setdefault(child.trial_id, child)
         event, step = _event(rec)
-        found = entry_for(policy, event, rec) if event is not None else None
+        found = entry_for(policy, event, rec) if event is not None and _own(rec, event, step) else None
         if found is None:
             continue
         for trial in _rescue_one(grid, grid_dir, rec, parent, found, event, step, budget):
@@ -146,6 +146,18 @@ def _event(rec: records.TrialRecord) -> tuple[str | None, int | None]:
     if verdict.get("kind") == "collapsed":
         return "collapsed", verdict.get("step")
     return None, None
+
+
+def _own(rec: records.TrialRecord, event: str, step: int | None) -> bool:
+    """Whether the event is still the trial's to be rescued on: not one a trial derived from it
+    already took over (it is rescued once, whatever ``times`` allows), nor, for a derived trial,
+    one at or before its first step (its parent's, inherited with the steps before it)."""
+    taken = any(n.get("event") == event and n.get("step") == step and not n.get("refused")
+                and n.get("trial") not in (None, rec.trial_id) for n in notes(rec))
+    start = (rec.rescue_of or {}).get("step")
+    inherited = (event != "infra_failed" and start is not None and step is not None
+                 and step <= start)
+    return not taken and not inherited
 
 
 def _unfinished_rescues(grid_dir: Path, rec: records.TrialRecord) -> list[TrialSpec]:
@@ -376,12 +388,13 @@ def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *,
     for p in plans:
         note = {"by": "ablate resume", **(rescue or {}), "trial": p.trial.trial_id,
                 "pool": p.pool, "start": p.start, "at": time.time()}
-        if p.derived:
-            _seed_derived(grid, grid_dir, p, rescue_of=(
-                {"parent": p.parent.trial_id, "event": rescue.get("event"), "step": p.start}
-                if rescue else None))
         paths = TrialPaths(grid_dir, p.parent.trial_id)
         rec = records.load_state(paths, p.parent.trial_id)
+        if p.derived:  # a rescue's trial carries its lineage's rescues: `times` bounds them all
+            _seed_derived(grid, grid_dir, p, rescue_of=(
+                {"parent": p.parent.trial_id, "event": rescue.get("event"), "step": p.start,
+                 "lineage": lineage(dataclasses.replace(rec, rescues=[*notes(rec), note]))}
+                if rescue else None))
         if rescue:  # in the same write as the request: a killed submit rescues nothing twice
             rec.rescues = [*notes(rec), note]
             rec.rescue = note
