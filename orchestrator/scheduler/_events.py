@@ -302,7 +302,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     """A submission's summary (``submit``'s return value) as a few plain lines."""
     states = summary.get("states", {})
     verdicts = summary.get("verdicts", {})
-    head = (f"{summary.get('grid')}: {summary.get('trials', 0)} trials in "
+    rescues = summary.get("rescue_trials")
+    head = (f"{summary.get('grid')}: {summary.get('trials', 0)} trials"
+            + (f" ({rescues} of them rescues)" if rescues else "") + " in "
             f"{summary.get('elapsed_s', 0):.0f} s: "
             + ", ".join(f"{k} {n}" for k, n in sorted(states.items())))
     if verdicts:

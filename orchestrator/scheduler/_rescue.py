@@ -215,6 +215,27 @@ def _refuse(paths: TrialPaths, rec: records.TrialRecord, note: dict[str, Any], w
     return []
 
 
+def rescue_trials(grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
+    """The trials derived from ``trial_ids`` (by a rescue, or ``ablate resume --set``) and
+    from those in turn, oldest lineage first: trials of the grid a submission owns beside its
+    planned ones (their files repaired and reset, their pools placed, an unfinished one run
+    again). Read from each trial's ``spec.json`` (``derived_from``), so a parent's or a
+    child's ``state.json`` removed after damage loses no trial."""
+    children: dict[str, list[TrialSpec]] = {}
+    for spec in records.known_trials(grid_dir).values():
+        if spec.derived_from is not None:
+            children.setdefault(spec.derived_from[0], []).append(spec)
+    seen = set(trial_ids)
+    queue, out = list(dict.fromkeys(trial_ids)), []
+    while queue:
+        for spec in children.get(queue.pop(0), ()):
+            if spec.trial_id not in seen:
+                seen.add(spec.trial_id)
+                out.append(spec)
+                queue.append(spec.trial_id)
+    return out
+
+
 def rescue_links(grid_dir: Path) -> dict[str, str]:
     """Tags for the grid's MLflow parent run: ``rescue.<parent>`` names each rescue of a trial
     (the trial it runs as, the event, pool and start step; refusals with their reason)."""

@@ -61,3 +61,55 @@ def test_a_derived_trial_does_not_stop_on_the_warning_it_inherited(isolated: Pat
     child = records.load_state(TrialPaths(grid_dir, ran[1]), ran[1])
     assert child.rescue_of["step"] == 3 and child.last_step == 6
     assert "rescued_step" not in (child.verdict or {})
+
+
+def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
+        isolated: Path) -> None:
+    """#59 item 2, through ``ablate submit`` on one local Ray: three finished parents whose
+    rescues were left (1) running by a SIGKILLed submission, (2) seeded with its ``state.json``
+    then removed (as the error for a corrupt one advises), (3) refused for budget (the budget
+    raised since). Each parent's pool is used by no unfinished planned trial: the resubmit
+    runs all three rescues to the end instead of a KeyError for that pool, and its summary
+    (the final line, ``grid_done``) counts them (item 9)."""
+    import shutil
+    import tempfile
+
+    from orchestrator.scheduler import submit
+    from orchestrator.trial import TrialState
+
+    path = isolated / "left.yaml"
+    path.write_text("name: left\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 6\nseeds: [0, 1, 2]\n"
+                    "axes:\n  pool: [sim-a100]\ncheckpoint: {every: 2, keep: 6}\n" + SECTIONS
+                    + "rescue:\n  - {when: {warning: k3_warn}, resume: {set: {rollout.weight_lag: 0}}}\n")
+    grid = load_grid(path)
+    grid_dir = workspace.grid_dir(grid.name)
+    parents = expand(grid)
+    for t in parents:
+        run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    killed, removed = (auto_rescue(grid, grid_dir, [t.trial_id])[0] for t in parents[:2])
+    paths = TrialPaths(grid_dir, killed.trial_id)
+    rec = records.load_state(paths, killed.trial_id)
+    rec.state = TrialState.RUNNING
+    records.save_state(paths, rec)
+    TrialPaths(grid_dir, removed.trial_id).state.unlink()
+    poor = TrialPaths(grid_dir, parents[2].trial_id)
+    rec = records.load_state(poor, parents[2].trial_id)
+    rec.rescues = [{"event": "warning:k3_warn", "entry": 0, "by": "rescue[0]", "step": 3,
+                    "error": "budget: ...", "refused": "budget"}]
+    records.save_state(poor, rec)
+    ray_tmp = tempfile.mkdtemp(prefix="rb", dir="/tmp")
+    try:
+        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    made = records.load_state(poor, parents[2].trial_id).rescues[-1]["trial"]
+    assert made in summary["rescued"]
+    for tid in (killed.trial_id, removed.trial_id, made):
+        rec = records.load_state(TrialPaths(grid_dir, tid), tid)
+        assert rec.state is TrialState.DONE and rec.last_step == 6, tid
+    assert records.load_state(TrialPaths(grid_dir, removed.trial_id), removed.trial_id).attempts >= 1
+    assert summary["trials"] == 6 and summary["states"] == {"done": 6}
+    assert summary["rescue_trials"] == 3
+    from orchestrator.scheduler._events import summary_lines
+
+    assert summary_lines(summary)[0].startswith("left: 6 trials (3 of them rescues) in ")
