@@ -108,6 +108,8 @@ def _check_warning(spec: GridFile, name: str, chk: Checker, path: tuple[Any, ...
     if spec.collapse.warning_spec is not None:
         warnings.insert(0, EARLY_WARNING)
     if name in warnings:
+        if name in rules:
+            _check_reach(spec, rules[name].patience, name, chk, path)
         return
     if name == EARLY_WARNING:
         raise chk.err("the early warning is switched off (collapse.early_warning: false)", path,
@@ -117,6 +119,26 @@ def _check_warning(spec: GridFile, name: str, chk: Checker, path: tuple[Any, ...
                       fix="use 'when: collapsed' for it, or give the rule verdict: unstable")
     raise chk.err(f"unknown warning rule {name!r}", path, allowed=warnings or ["(none)"], got=name,
                   fix="name the early warning or a collapse rule with verdict: unstable")
+
+
+def _check_reach(spec: GridFile, patience: int, name: str, chk: Checker,
+                 path: tuple[Any, ...]) -> None:
+    """A warning rescue starts from the newest checkpoint at or before the warning's onset,
+    which the rule fires ``patience - 1`` steps after: refused when the grid's checkpoints can
+    never hold one then (each trial would stop for a rescue that is refused at run time)."""
+    ck = spec.checkpoint
+    latest = spec.steps - patience + 1  # the latest onset that fires within the trial's steps
+    if ck.every > latest:
+        raise chk.err(f"warning {name!r} (patience {patience}) has its onset at step {latest} at "
+                      f"the latest, before the first checkpoint (checkpoint.every {ck.every}): "
+                      "this entry can never act", path,
+                      fix=f"a checkpoint.every of at most {max(latest, 1)}")
+    if ck.every * ck.keep < patience:
+        raise chk.err(f"warning {name!r} fires {patience - 1} step(s) after its onset, when the "
+                      f"{ck.keep} checkpoint(s) kept every {ck.every} step(s) are all after it: "
+                      "this entry can never act", path,
+                      fix=f"checkpoint.keep: {-(-patience // ck.every)} or more, or a smaller "
+                          "patience")
 
 
 def set_keys(spec: GridFile) -> Mapping[str, tuple[Any, ...]]:

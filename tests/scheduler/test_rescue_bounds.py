@@ -11,6 +11,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import pytest
+
 from warnrescue import SECTIONS
 
 from orchestrator.grid import expand, load_grid
@@ -113,3 +115,30 @@ def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
     from orchestrator.scheduler._events import summary_lines
 
     assert summary_lines(summary)[0].startswith("left: 6 trials (3 of them rescues) in ")
+
+
+_PLAN = "name: p\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\naxes:\n  pool: [sim-a100]\n"
+
+
+@pytest.mark.parametrize(("checkpoint", "rescue_set", "where", "says"), [
+    # item 9: no checkpoint at or before the warning's onset can ever be kept
+    ("{every: 1, keep: 1}", "rollout.weight_lag: 0", "rescue[0].when.warning",
+     "fires 1 step(s) after its onset, when the 1 checkpoint(s) kept every 1 step(s) are all "
+     "after it: this entry can never act; fix: checkpoint.keep: 2 or more"),
+    ("{every: 12, keep: 3}", "rollout.weight_lag: 0", "rescue[0].when.warning",
+     "has its onset at step 11 at the latest, before the first checkpoint (checkpoint.every 12)"),
+    # item 9: a set: value out of range, at its own key (not the axes with an exclude: rule)
+    ("{every: 2, keep: 3}", "rollout.weight_lag: -3", "rescue[0].resume.set.rollout.weight_lag",
+     "weight_lag must be in 0..64 steps, got -3 (derived from t"),
+])
+def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
+        isolated: Path, checkpoint: str, rescue_set: str, where: str, says: str) -> None:
+    from orchestrator.exceptions import GridError
+
+    path = isolated / "p.yaml"
+    path.write_text(_PLAN + f"checkpoint: {checkpoint}\n" + SECTIONS + "rescue:\n  - {when: "
+                    "{warning: k3_warn}, resume: {set: {" + rescue_set + "}}}\n")
+    with pytest.raises(GridError) as err:
+        expand(load_grid(path))
+    text = str(err.value)
+    assert f"p.yaml:20: {where}: " in text and says in text and "exclude" not in text
