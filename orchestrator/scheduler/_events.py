@@ -314,12 +314,19 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     lines = [head]
     lines += [f"failed {f['trial_id']}: {_one_line(str(f.get('reason')))}"
               for f in summary.get("failed", [])]
-    lines += [f"not run {p['trial_id']} ({p.get('pool')}): {_one_line(str(p.get('reason')))}"
-              for p in summary.get("pending", [])]
+    lines += [_unfinished(p) for p in summary.get("pending", [])]
     best = (summary.get("search") or {}).get("best")
     if best:
         lines.append(f"search best: {best.get('trial_id')} objective {best.get('objective')}")
     return lines
+
+
+def _unfinished(p: Mapping[str, Any]) -> str:
+    """A trial the submission did not finish: not started, or stopped at its last step."""
+    step, reason = p.get("last_step") or 0, p.get("reason")
+    head = (f"unfinished {p['trial_id']} ({p.get('pool')}) at step {step}" if step
+            else f"not run {p['trial_id']} ({p.get('pool')})")
+    return head + (f": {_one_line(str(reason))}" if reason else "")
 
 
 def _clock(t: float) -> str:

@@ -44,7 +44,7 @@ from orchestrator.grid import check_notify, expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
-from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
+from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink, summary_lines
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
 from orchestrator.scheduler._notify import Notifier
@@ -209,6 +209,9 @@ class Submission:
                 summary = self._stages(address)
                 ok = True
                 return summary
+            except KeyboardInterrupt:
+                self._say_interrupted()
+                raise
             finally:
                 self.notifier.close()
                 self.sender.close()
@@ -217,6 +220,28 @@ class Submission:
                         self.sender.parent.end("FAILED")
                     except Exception as exc:  # noqa: BLE001 - the store may be what failed
                         log.warning("parent run not closed: %s", exc)
+
+    def _reported(self) -> tuple[list[str], list[str]]:
+        """The trials a summary reports on: the submission's own (``trials_of``), and the
+        trials derived from them (rescues), which are the grid's too."""
+        search = self.search is not None
+        trials = trials_of(self.grid_dir, search, self.trials + self.planner.added)
+        return trials, [] if search else [t.trial_id for t in rescue_trials(self.grid_dir, trials)]
+
+    def _say_interrupted(self) -> None:
+        """Ctrl-C: what the submission's trials got to, on stderr (the CLI then exits 130)."""
+        try:
+            trials, rescues = self._reported()
+            summary = summarize(self.grid, self.grid_dir, trials + rescues)
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must hear of
+            log.warning("trial records not read: %s", exc)
+            return
+        summary.update(elapsed_s=time.time() - self.started, skipped_finished=self.already)
+        print("interrupted; the trials so far (an unfinished one resumes from its latest "
+              "checkpoint at the next `ablate submit`):", file=sys.stderr)
+        for line in summary_lines(summary):
+            print(f"  {line}", file=sys.stderr)
+        sys.stderr.flush()
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -407,9 +432,7 @@ class Submission:
         if self.events is not None:  # the failures `mark_exhausted` wrote, then the last counts
             self.events.poll()
             self.events.summary(unless_unchanged=True)
-        search = self.search is not None
-        trials = trials_of(self.grid_dir, search, self.trials + self.planner.added)
-        rescues = [] if search else [t.trial_id for t in rescue_trials(self.grid_dir, trials)]
+        trials, rescues = self._reported()
         summary = summarize(self.grid, self.grid_dir, trials + rescues)  # a rescue is a trial too
         summary["rescue_trials"] = len(rescues)
         summary["rescued"] = [t.trial_id for t in rescued]
