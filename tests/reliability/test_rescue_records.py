@@ -1,0 +1,28 @@
+"""What a grid's records say about its rescues after the fact (#59 items 6 and 9)."""
+from __future__ import annotations
+
+import csv
+from pathlib import Path
+
+from orchestrator import metrics as M
+from orchestrator.compare._data import Segment, TrialResult
+from orchestrator.compare._rescues import rescue_section
+
+
+def test_an_in_place_infra_rescue_gains_at_the_parents_last_step(tmp_path: Path) -> None:
+    """A trial whose attempt on sim-h100 failed for the infrastructure at step 20, resumed in
+    place from checkpoint 15 on sim-a100 and run to step 120: its gain is its reward at step 20
+    against the failed attempt's (like with like), not its step 120 against the failure's 20."""
+    ours = [(s, 0.01 * s) for s in range(1, 121)]  # the rescue's own curve (steps 1-15 inherited)
+    failed_tail = [(s, 0.01 * s - 0.02) for s in range(16, 21)]  # what the failed attempt logged
+    r = TrialResult(trial_id="t1", run_id="r1", axes={"pool": "sim-h100"}, seed=0, pool="sim-h100",
+                    status="FINISHED", verdict="healthy", verdict_step=None, verdict_reason="",
+                    derived_from=None, curves={M.TRAIN_REWARD: ours}, latest={},
+                    segments=[Segment(1, "sim-h100", 1, 20), Segment(2, "sim-a100", 16, None)],
+                    superseded=[{M.TRAIN_REWARD: failed_tail}],
+                    rescue={"of": "t1", "event": "infra_failed", "from_step": "15"})
+    section = rescue_section([r], tmp_path)
+    (cell,) = section["rows"]
+    assert abs(cell["gain_final"].estimate - 0.02) < 1e-9  # 0.20 against 0.18, both at step 20
+    (row,) = list(csv.DictReader(open(tmp_path / "rescues.csv")))
+    assert float(row["final"]) == 1.2 and abs(float(row["parent final"]) - 0.18) < 1e-9
