@@ -82,6 +82,21 @@ def warning_stops(policy: Sequence[RescueEntry], rec: records.TrialRecord) -> fr
                      if e.warning is not None and entry_for(policy, e.event, rec) is not None)
 
 
+# Keys a resume from a checkpoint cannot change: the checkpoint holds the model (its weights'
+# shapes: the simulator's ``model.*``, verl's model path) trained on its task (the simulator's
+# ``task.*`` sets the vocabulary and sequence length, so the embeddings' shapes, too).
+RESUME_FIXED = ("model.", "task.", "actor_rollout_ref.model.path")
+
+
+def fixed_on_resume(key: str) -> str | None:
+    """Why a resume (a rescue's ``set:``, ``ablate resume --set``) cannot change ``key``."""
+    bare = key.lstrip("+")
+    if any(bare == f or (f.endswith(".") and bare.startswith(f)) for f in RESUME_FIXED):
+        return (f"{key} cannot change on a resume: the checkpoint it starts from holds the model "
+                "and the task it was trained with (a new value would not fit its weights)")
+    return None
+
+
 def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backend) -> None:
     """Plan-time checks of every entry: its pool (known, of a kind the trainer runs), its
     ``set:`` keys and values, its warning rule."""
@@ -97,6 +112,10 @@ def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backe
                               f"runs on {' and '.join(runs.pool_kinds)} pools",
                               (*path, "resume", "pool"), allowed=ok)
         for k, v in act.set.items():
+            why = fixed_on_resume(k)
+            if why is not None:
+                raise chk.err(why, (*path, "resume", "set", k),
+                              fix="make it an axis of the grid (its trials train from scratch)")
             chk.value(k, v, (*path, "resume", "set", k))
         if entry.warning is not None:
             _check_warning(spec, entry.warning, chk, (*path, "when", "warning"))

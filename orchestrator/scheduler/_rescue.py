@@ -24,7 +24,14 @@ from orchestrator.backends import Backend, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
-from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, lineage, notes
+from orchestrator.grid import (
+    BUDGET_REFUSAL,
+    derive_trial,
+    entry_for,
+    fixed_on_resume,
+    lineage,
+    notes,
+)
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import park_unplaceable
@@ -295,6 +302,11 @@ def _matches(select: str | None, state: TrialState, kind: str | None) -> bool:
 def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
          start: str | int, sets: Mapping[str, Any], reason: str, derive: bool = False) -> list[Plan]:
     """Check everything a resume needs and return what to do; writes nothing."""
+    for key, value in sets.items():
+        why = fixed_on_resume(key)
+        if why is not None:
+            raise UserError(f"--set {key}={json.dumps(value, default=str)}: {why}; fix: make it "
+                            "an axis of the grid (its trials train from scratch)")
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
     runs = backend(grid.backend)
     kinds = runs.pool_kinds

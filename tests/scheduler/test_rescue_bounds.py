@@ -130,6 +130,9 @@ _PLAN = "name: p\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\nax
     # item 9: a set: value out of range, at its own key (not the axes with an exclude: rule)
     ("{every: 2, keep: 3}", "rollout.weight_lag: -3", "rescue[0].resume.set.rollout.weight_lag",
      "weight_lag must be in 0..64 steps, got -3 (derived from t"),
+    # item 3: a setting the checkpoint's weights cannot take (it failed three times at run time)
+    ("{every: 2, keep: 3}", "model.d_model: 128", "rescue[0].resume.set.model.d_model",
+     "model.d_model cannot change on a resume: the checkpoint it starts from holds the model"),
 ])
 def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
         isolated: Path, checkpoint: str, rescue_set: str, where: str, says: str) -> None:
@@ -142,3 +145,25 @@ def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
         expand(load_grid(path))
     text = str(err.value)
     assert f"p.yaml:20: {where}: " in text and says in text and "exclude" not in text
+
+
+def test_a_resume_set_the_checkpoint_cannot_take_is_refused_before_anything_is_written(
+        isolated: Path) -> None:
+    """``ablate resume --set model.d_model=128`` (item 3): one line at resume time, naming the
+    flag and the fix, instead of three failed attempts of shape errors."""
+    from orchestrator.exceptions import UserError
+    from orchestrator.scheduler._rescue import plan
+
+    path = isolated / "r.yaml"
+    path.write_text(_PLAN.replace("steps: 12", "steps: 4") + "checkpoint: {every: 2, keep: 3}\n")
+    grid = load_grid(path)
+    (t,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    before = TrialPaths(grid_dir, t.trial_id).state.read_bytes()
+    with pytest.raises(UserError) as err:
+        plan(grid, grid_dir, [t], pool="sim-a100", start=2, sets={"model.d_model": 128}, reason="x")
+    assert str(err.value).startswith("--set model.d_model=128: model.d_model cannot change on a "
+                                     "resume") and "fix: make it an axis of the grid" in str(err.value)
+    assert TrialPaths(grid_dir, t.trial_id).state.read_bytes() == before
+    assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == [t.trial_id]
