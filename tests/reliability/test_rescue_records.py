@@ -26,3 +26,23 @@ def test_an_in_place_infra_rescue_gains_at_the_parents_last_step(tmp_path: Path)
     assert abs(cell["gain_final"].estimate - 0.02) < 1e-9  # 0.20 against 0.18, both at step 20
     (row,) = list(csv.DictReader(open(tmp_path / "rescues.csv")))
     assert float(row["final"]) == 1.2 and abs(float(row["parent final"]) - 0.18) < 1e-9
+
+
+def test_a_garbage_metrics_line_is_no_step(tmp_path: Path) -> None:
+    """A stray row (``{"step": 9999999}``) after step 5 is not the trial's step in ``ablate
+    status`` (``last_metrics``), counts as a bad line for the check and goes in the repair;
+    rows after a lost one that continue each other stay (the lost step shows as missing)."""
+    from orchestrator.store import records
+
+    path = tmp_path / "metrics.jsonl"
+    records.write_metrics(path, [(s, {"x": float(s)}) for s in range(1, 6)])
+    with open(path, "a") as fh:
+        fh.write('{"step": 9999999, "metrics": {"x": 1}}\n')
+    assert records.last_metrics(path)[0] == 5
+    check = records.check_metrics(path, 5)
+    assert (check.good_through, check.bad_lines) == (5, 1) and not check.ok
+    assert records.repair_torn(path) == 5 and records.check_metrics(path, 5).ok
+    records.write_metrics(path, [(s, {"x": float(s)}) for s in (1, 2, 3, 5, 6, 7)])
+    check = records.check_metrics(path, 7)
+    assert (check.good_through, check.bad_lines, check.missing) == (3, 0, 4)
+    assert records.last_metrics(path)[0] == 7

@@ -68,7 +68,7 @@ def test_a_derived_trial_does_not_stop_on_the_warning_it_inherited(isolated: Pat
 def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
         isolated: Path) -> None:
     """#59 item 2, through ``ablate submit`` on one local Ray: three finished parents whose
-    rescues were left (1) running by a SIGKILLed submission, (2) seeded with its ``state.json``
+    rescues were left (1) running by a SIGKILLed submission (a garbage line in its metrics file, item 6), (2) seeded with its ``state.json``
     then removed (as the error for a corrupt one advises), (3) refused for budget (the budget
     raised since). Each parent's pool is used by no unfinished planned trial: the resubmit
     runs all three rescues to the end instead of a KeyError for that pool, and its summary
@@ -93,6 +93,8 @@ def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
     rec = records.load_state(paths, killed.trial_id)
     rec.state = TrialState.RUNNING
     records.save_state(paths, rec)
+    with open(paths.metrics, "a") as fh:  # item 6: a garbage line in a rescue trial's file
+        fh.write('{"step": 9999999, "metrics": {"x": 1}}\n')
     TrialPaths(grid_dir, removed.trial_id).state.unlink()
     poor = TrialPaths(grid_dir, parents[2].trial_id)
     rec = records.load_state(poor, parents[2].trial_id)
@@ -112,6 +114,8 @@ def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
     assert records.load_state(TrialPaths(grid_dir, removed.trial_id), removed.trial_id).attempts >= 1
     assert summary["trials"] == 6 and summary["states"] == {"done": 6}
     assert summary["rescue_trials"] == 3
+    assert any(r.startswith(f"trial {killed.trial_id}: ") and "1 torn or unreadable line(s)" in r
+               for r in summary["repaired"]), summary["repaired"]
     from orchestrator.scheduler._events import summary_lines
 
     assert summary_lines(summary)[0].startswith("left: 6 trials (3 of them rescues) in ")
