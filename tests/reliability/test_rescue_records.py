@@ -46,3 +46,33 @@ def test_a_garbage_metrics_line_is_no_step(tmp_path: Path) -> None:
     check = records.check_metrics(path, 7)
     assert (check.good_through, check.bad_lines, check.missing) == (3, 0, 4)
     assert records.last_metrics(path)[0] == 7
+
+
+def test_a_trial_whose_state_was_removed_reruns_as_a_new_attempt_from_its_checkpoint(
+        isolated: Path) -> None:
+    """A rescued parent's ``state.json`` removed, as the corrupt-file message advises: its next
+    run is attempt 2, from its newest checkpoint (step 4), not attempt 1 run again and merged
+    with the first one (which kept its cost and steps)."""
+    from warnrescue import SECTIONS, rescue
+
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.run import make_job, run_attempt
+    from orchestrator.scheduler._rescue import auto_rescue
+    from orchestrator.store import TrialPaths, records, workspace
+
+    path = isolated / "w.yaml"
+    path.write_text("name: w\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\n"
+                    "axes:\n  pool: [sim-a100]\ncheckpoint: {every: 2, keep: 3}\n" + SECTIONS
+                    + rescue())
+    grid = load_grid(path)
+    (t,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="s1"))
+    assert auto_rescue(grid, grid_dir, [t.trial_id])
+    paths = TrialPaths(grid_dir, t.trial_id)
+    paths.state.unlink()
+    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="s2"))
+    first, second = records.load_attempts(paths)
+    assert (first.number, first.end_step, first.submission) == (1, 4, "s1")
+    assert (second.number, second.resumed_from_step, second.start_step, second.submission) == (
+        2, 4, 5, "s2")
