@@ -76,3 +76,34 @@ def test_a_trial_whose_state_was_removed_reruns_as_a_new_attempt_from_its_checkp
     assert (first.number, first.end_step, first.submission) == (1, 4, "s1")
     assert (second.number, second.resumed_from_step, second.start_step, second.submission) == (
         2, 4, 5, "s2")
+
+
+def test_evaluate_over_damaged_checkpoints_says_what_is_wrong(isolated: Path) -> None:
+    """A garbled MANIFEST.json (step 3) and a truncated file (step 6): ``ablate evaluate``
+    names each damaged checkpoint, not "nothing to score (every saved checkpoint has its
+    score)"."""
+    from orchestrator.grid import expand, load_grid
+    from orchestrator.run import run_single
+    from orchestrator.scheduler import evaluate
+    from orchestrator.store import TrialPaths, workspace
+    from orchestrator.store._checkpoints import MANIFEST, step_dir_name
+
+    path = isolated / "ev.yaml"
+    path.write_text("name: ev\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 6\nseeds: [2]\n"
+                    "pool: sim-a100\noverrides: {train.prompts_per_step: 4, train.group_size: 4, "
+                    "train.minibatches: 2, eval.every: 3, eval.prompts: 8}\ncheckpoint: {every: 3}\n")
+    (t,) = expand(load_grid(path))
+    assert run_single(str(path), t.trial_id)["state"] == "done"
+    root = TrialPaths(workspace.grid_dir("ev"), t.trial_id).root / "checkpoints"
+    (root / step_dir_name(3) / MANIFEST).write_text("{garbled")
+    big = max((p for p in (root / step_dir_name(6)).rglob("*") if p.is_file() and p.name != MANIFEST),
+              key=lambda p: p.stat().st_size)
+    big.write_bytes(big.read_bytes()[: big.stat().st_size // 2])
+    report = evaluate(str(path))
+    assert not any(report.scored.values())
+    (three, six) = report.damaged[t.trial_id]
+    assert three.startswith("step 3 is damaged (it has no valid MANIFEST.json")
+    assert six.startswith(f"step 6 is damaged (file {big.relative_to(root / step_dir_name(6))} has ")
+    lines = report.lines()
+    assert lines[-1] == "reference trainer: 0 checkpoint(s) scored in 0.0s; 2 damaged checkpoint(s) not scored"
+    assert not any("nothing to score" in ln for ln in lines)
