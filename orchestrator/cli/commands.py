@@ -77,7 +77,7 @@ def submit_body(args: argparse.Namespace) -> int:
             print(line)
     if not args.json:
         _reference_job_hint(args.grid)
-    return 0
+    return 1 if summary.get("failed") else 0  # a trial that failed for good is not a success
 
 
 def _reference_job_hint(grid_path: str) -> None:

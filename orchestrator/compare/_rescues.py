@@ -12,7 +12,8 @@ parent's curve is its own up to the rescue's start plus the tail the resume repl
 *Gain*: the rescue's final reward minus the parent's final (the last value it reached; the eval
 reward where both have one, else the train reward: a parent stopped on a warning often ends
 before its first evaluation), and
-minus the parent's peak; each the paired t interval of the mean difference over the cell's
+minus the parent's peak (for a rescue of an infra failure, the rescue's value at the parent's
+last step: the parent ended for the infrastructure, not on its numbers); each the paired t interval of the mean difference over the cell's
 rescues (``stats.intervals.paired_difference``), the recovered share a Wilson interval.
 """
 from __future__ import annotations
@@ -56,7 +57,11 @@ def _outcome(r: TrialResult, parent: TrialResult | None) -> dict[str, Any]:
         p_peak = parent.peak(key) if derived else max((v for _, v in curve), default=math.nan)
         if math.isfinite(r.final(key)) and math.isfinite(p_final):
             break
-    return {"rescue": r.trial_id, "parent": r.rescue.get("of", ""), "event": r.rescue.get("event", ""),
+    versus = r.final(key)
+    if r.rescue.get("event") == "infra_failed" and curve:  # it ended for the infra, not on its
+        upto = [v for s, v in r.curves.get(key, []) if s <= curve[-1][0] and math.isfinite(v)]
+        versus = upto[-1] if upto else math.nan  # numbers: at its last step, not at the end
+    return {"versus": versus, "rescue": r.trial_id, "parent": r.rescue.get("of", ""), "event": r.rescue.get("event", ""),
             "from_step": r.rescue.get("from_step", ""), "verdict": r.verdict or "",
             "recovered": r.verdict is not None and r.verdict not in FAILED, "metric": key,
             "final": r.final(key), "parent_final": p_final, "parent_peak": p_peak}
@@ -89,8 +94,8 @@ def rescue_section(results: Sequence[TrialResult], out: Path, level: float = 0.9
     for cell, rows in sorted(per_cell.items()):
         cells.append({"cell": cell, "n": len(rows), "recovered": wilson(
             sum(o["recovered"] for o in rows), len(rows), level),
-            "gain_final": paired_difference([(o["final"], o["parent_final"]) for o in rows], level),
-            "gain_peak": paired_difference([(o["final"], o["parent_peak"]) for o in rows], level)})
+            "gain_final": paired_difference([(o["versus"], o["parent_final"]) for o in rows], level),
+            "gain_peak": paired_difference([(o["versus"], o["parent_peak"]) for o in rows], level)})
     keys = sorted({o["metric"] for rows in per_cell.values() for o in rows})
     return {"rows": cells, "key": " or ".join(keys), "level": level}
 

@@ -16,6 +16,8 @@ from orchestrator.grid._policy import (
            EARLY_WARNING,
            entry_for,
            entry_paths,
+           fixed_on_resume,
+           lineage,
            notes,
            warning_stops,
 )
@@ -23,5 +25,5 @@ from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.safeyaml import load_yaml
 
 __all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "GridSpec", "axis_label",
-           "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "load_grid",
-           "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]
+           "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "fixed_on_resume", "load_grid",
+           "lineage", "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]

@@ -66,9 +66,14 @@ class _Resolver:
             obj = model.model_validate(raw)
         except ValidationError as exc:
             msg = exc.errors()[0]["msg"].removeprefix("Value error, ")
+            own = None if "; fix: " in msg else "add an 'exclude:' rule for it"
+            rescue = set_keys(self.grid.spec)
+            mine = [rescue[k] for k, _ in items if k in rescue]
+            if mine and str(context).startswith("derived from"):  # a rescue's value, not the axes'
+                raise self.grid.error(f"{msg} ({_context(context)})", *mine[0],
+                                      fix=None if own is None else "change the value") from None
             raise self.grid.error(f"invalid combination ({_context(context)}): {msg}", "axes",
-                                  fix=None if "; fix: " in msg else "add an 'exclude:' rule for it"
-                                  ) from None
+                                  fix=own) from None
         if isinstance(obj, CorrectionSpec):
             obj = obj.canonical()
         out = tuple(sorted((f"{name}.{k}", freeze(v)) for k, v in obj.non_default().items()))

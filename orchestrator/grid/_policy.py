@@ -7,7 +7,10 @@ and a trial that is itself a rescue (derived by one, or resumed in place by anot
 when the entry says ``of_rescues: true``. What happened is kept in the trial's ``state.json``
 (``rescues``: one note per rescue or refusal), written in the same write as the request, so a
 killed submission that is submitted again finds every rescue it made. A refusal for budget is
-kept but does not count: a submission with a larger budget rescues the trial then.
+kept but does not count: a submission with a larger budget rescues the trial then. The bound is
+over a lineage: a trial derived by a rescue carries the counted notes of its ancestors
+(``rescue_of["lineage"]``, ``lineage``), so ``times`` bounds the rescues of a trial and of every
+trial derived from it, not each derived trial afresh.
 
 Here rather than in the scheduler because the runner asks it too: a trial stops on a warning
 only when an entry would rescue it (``warning_stops``).
@@ -47,14 +50,23 @@ def notes(rec: records.TrialRecord) -> list[dict[str, Any]]:
     return []
 
 
+def lineage(rec: records.TrialRecord) -> list[dict[str, Any]]:
+    """The counted rescue notes of ``rec``'s trial and of its ancestors, oldest first: what a
+    trial derived from it now inherits (``rescue_of["lineage"]``)."""
+    inherited = list((rec.rescue_of or {}).get("lineage") or ())
+    return inherited + [{k: n.get(k) for k in ("entry", "event", "step", "trial")}
+                        for n in notes(rec) if n.get("refused") != BUDGET_REFUSAL]
+
+
 def entry_for(policy: Sequence[RescueEntry], event: str,
               rec: records.TrialRecord) -> tuple[int, RescueEntry] | None:
     """The entry that rescues ``rec``'s trial on ``event`` now, with its index, or None."""
     had = notes(rec)
+    counted = lineage(rec)
     for i, entry in enumerate(policy):
         if entry.event != event:
             continue
-        mine = [n for n in had if n.get("entry", 0) == i and n.get("refused") != BUDGET_REFUSAL]
+        mine = [n for n in counted if n.get("entry", 0) == i]
         if len(mine) >= entry.times:
             continue
         other = [n for n in had if n.get("entry", 0) != i and n.get("trial") == rec.trial_id]
@@ -68,6 +80,21 @@ def warning_stops(policy: Sequence[RescueEntry], rec: records.TrialRecord) -> fr
     """The warnings that stop this trial: those an entry would rescue it on."""
     return frozenset(e.warning for e in policy
                      if e.warning is not None and entry_for(policy, e.event, rec) is not None)
+
+
+# Keys a resume from a checkpoint cannot change: the checkpoint holds the model (its weights'
+# shapes: the simulator's ``model.*``, verl's model path) trained on its task (the simulator's
+# ``task.*`` sets the vocabulary and sequence length, so the embeddings' shapes, too).
+RESUME_FIXED = ("model.", "task.", "actor_rollout_ref.model.path")
+
+
+def fixed_on_resume(key: str) -> str | None:
+    """Why a resume (a rescue's ``set:``, ``ablate resume --set``) cannot change ``key``."""
+    bare = key.lstrip("+")
+    if any(bare == f or (f.endswith(".") and bare.startswith(f)) for f in RESUME_FIXED):
+        return (f"{key} cannot change on a resume: the checkpoint it starts from holds the model "
+                "and the task it was trained with (a new value would not fit its weights)")
+    return None
 
 
 def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backend) -> None:
@@ -85,6 +112,10 @@ def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backe
                               f"runs on {' and '.join(runs.pool_kinds)} pools",
                               (*path, "resume", "pool"), allowed=ok)
         for k, v in act.set.items():
+            why = fixed_on_resume(k)
+            if why is not None:
+                raise chk.err(why, (*path, "resume", "set", k),
+                              fix="make it an axis of the grid (its trials train from scratch)")
             chk.value(k, v, (*path, "resume", "set", k))
         if entry.warning is not None:
             _check_warning(spec, entry.warning, chk, (*path, "when", "warning"))
@@ -96,6 +127,8 @@ def _check_warning(spec: GridFile, name: str, chk: Checker, path: tuple[Any, ...
     if spec.collapse.warning_spec is not None:
         warnings.insert(0, EARLY_WARNING)
     if name in warnings:
+        if name in rules:
+            _check_reach(spec, rules[name].patience, name, chk, path)
         return
     if name == EARLY_WARNING:
         raise chk.err("the early warning is switched off (collapse.early_warning: false)", path,
@@ -105,6 +138,26 @@ def _check_warning(spec: GridFile, name: str, chk: Checker, path: tuple[Any, ...
                       fix="use 'when: collapsed' for it, or give the rule verdict: unstable")
     raise chk.err(f"unknown warning rule {name!r}", path, allowed=warnings or ["(none)"], got=name,
                   fix="name the early warning or a collapse rule with verdict: unstable")
+
+
+def _check_reach(spec: GridFile, patience: int, name: str, chk: Checker,
+                 path: tuple[Any, ...]) -> None:
+    """A warning rescue starts from the newest checkpoint at or before the warning's onset,
+    which the rule fires ``patience - 1`` steps after: refused when the grid's checkpoints can
+    never hold one then (each trial would stop for a rescue that is refused at run time)."""
+    ck = spec.checkpoint
+    latest = spec.steps - patience + 1  # the latest onset that fires within the trial's steps
+    if ck.every > latest:
+        raise chk.err(f"warning {name!r} (patience {patience}) has its onset at step {latest} at "
+                      f"the latest, before the first checkpoint (checkpoint.every {ck.every}): "
+                      "this entry can never act", path,
+                      fix=f"a checkpoint.every of at most {max(latest, 1)}")
+    if ck.every * ck.keep < patience:
+        raise chk.err(f"warning {name!r} fires {patience - 1} step(s) after its onset, when the "
+                      f"{ck.keep} checkpoint(s) kept every {ck.every} step(s) are all after it: "
+                      "this entry can never act", path,
+                      fix=f"checkpoint.keep: {-(-patience // ck.every)} or more, or a smaller "
+                          "patience")
 
 
 def set_keys(spec: GridFile) -> Mapping[str, tuple[Any, ...]]:

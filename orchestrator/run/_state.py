@@ -84,13 +84,17 @@ class AttemptState:
 
     def rescue_warning(self) -> tuple[str, int] | None:
         """The first warning in ``stop_on`` that has fired, with its onset step: the early
-        warning's, or an ``unstable`` rule's firing."""
+        warning's, or an ``unstable`` rule's firing. A rescue's trial does not stop on a warning
+        whose onset is at or before its first step: that one is its parent's, inherited with
+        the steps before it, and already rescued (by this very trial)."""
         fired = []
+        start = (self.record.rescue_of or {}).get("step")
         if "early_warning" in self.stop_on and self.engine.warning_step is not None:
             fired.append(("early_warning", self.engine.warning_step))
         for rule in self.engine.rules:
             if rule.spec.name in self.stop_on and rule.firing is not None:
                 fired.append((rule.spec.name, rule.firing.onset))
+        fired = [f for f in fired if start is None or f[1] > start]
         return min(fired, key=lambda f: f[1]) if fired else None
 
     @property

@@ -74,6 +74,7 @@ class EvaluateReport:
     seconds: float = 0.0
     skipped: dict[str, str] = dataclasses.field(default_factory=dict)
     failed: dict[str, str] = dataclasses.field(default_factory=dict)  # an evaluation job's
+    damaged: dict[str, list[str]] = dataclasses.field(default_factory=dict)  # checkpoints
     unsent: int = 0
 
     def lines(self) -> list[str]:
@@ -83,9 +84,13 @@ class EvaluateReport:
         out += [f"{tid}: not scored ({why})" for tid, why in self.skipped.items()]
         out += [f"{tid}: evaluation job failed, not scored ({why}); the next run tries again"
                 for tid, why in self.failed.items()]
+        out += [f"{tid}: checkpoint {why}: it cannot be scored" for tid, whys in
+                self.damaged.items() for why in whys]
+        bad = sum(len(v) for v in self.damaged.values())
         out.append(f"reference {self.target}: {n} checkpoint(s) scored in {self.seconds:.1f}s"
-                   if n else f"reference {self.target}: nothing to score (every saved "
-                   "checkpoint has its score)")
+                   + (f"; {bad} damaged checkpoint(s) not scored" if bad else "") if n or bad
+                   else f"reference {self.target}: nothing to score (every saved checkpoint "
+                   "has its score)")
         if self.unsent:
             out.append(f"{self.unsent} score(s) not in MLflow yet; the next `ablate evaluate` "
                        "sends them")
@@ -173,19 +178,26 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         store = CheckpointStore.for_trial(ck.store, paths.root, spec.trial_id, ck.keep)
         todo = [s for s in store.steps() if s not in logged and s not in held.scores
                 and (not only or s in only)]
+        damaged = [f"step {s} is damaged ({why})" for s, why in store.damaged().items()
+                   if s not in logged and s not in held.scores and (not only or s in only)]
+        if damaged:
+            report.damaged[spec.trial_id] = damaged
         config = apply_overrides(grid.recipe_config, spec.override_map)
         trainer = trainer_cls()
         done = report.scored.setdefault(spec.trial_id, [])
         with workspace.scoped_environ(runs.worker_env(config)):
             for step in todo:
                 t0 = time.perf_counter()
+                try:
+                    ckpt = store.path(step)  # verified by its hashes
+                except CheckpointError as exc:
+                    report.damaged.setdefault(spec.trial_id, []).append(f"step {step}: {exc}")
+                    continue
                 if job is None:
-                    value = trainer.evaluate_checkpoint(spec, config, pool, store.path(step),
-                                                        step, target)
+                    value = trainer.evaluate_checkpoint(spec, config, pool, ckpt, step, target)
                 else:
                     try:
-                        value = _run_job(runs, trainer, job, grid_dir, spec, store.path(step),
-                                         step)
+                        value = _run_job(runs, trainer, job, grid_dir, spec, ckpt, step)
                     except (InfraFailure, CheckpointError) as exc:
                         report.failed[spec.trial_id] = f"step {step}: {exc}"
                         break

@@ -302,7 +302,9 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     """A submission's summary (``submit``'s return value) as a few plain lines."""
     states = summary.get("states", {})
     verdicts = summary.get("verdicts", {})
-    head = (f"{summary.get('grid')}: {summary.get('trials', 0)} trials in "
+    rescues = summary.get("rescue_trials")
+    head = (f"{summary.get('grid')}: {summary.get('trials', 0)} trials"
+            + (f" ({rescues} of them rescues)" if rescues else "") + " in "
             f"{summary.get('elapsed_s', 0):.0f} s: "
             + ", ".join(f"{k} {n}" for k, n in sorted(states.items())))
     if verdicts:
@@ -312,12 +314,19 @@ def summary_lines(summary: Mapping[str, Any]) -> list[str]:
     lines = [head]
     lines += [f"failed {f['trial_id']}: {_one_line(str(f.get('reason')))}"
               for f in summary.get("failed", [])]
-    lines += [f"not run {p['trial_id']} ({p.get('pool')}): {_one_line(str(p.get('reason')))}"
-              for p in summary.get("pending", [])]
+    lines += [_unfinished(p) for p in summary.get("pending", [])]
     best = (summary.get("search") or {}).get("best")
     if best:
         lines.append(f"search best: {best.get('trial_id')} objective {best.get('objective')}")
     return lines
+
+
+def _unfinished(p: Mapping[str, Any]) -> str:
+    """A trial the submission did not finish: not started, or stopped at its last step."""
+    step, reason = p.get("last_step") or 0, p.get("reason")
+    head = (f"unfinished {p['trial_id']} ({p.get('pool')}) at step {step}" if step
+            else f"not run {p['trial_id']} ({p.get('pool')})")
+    return head + (f": {_one_line(str(reason))}" if reason else "")
 
 
 def _clock(t: float) -> str:

@@ -289,7 +289,10 @@ def summarize(grid: GridSpec, grid_dir: Path, trial_ids: list[str]) -> dict[str,
         if rec.verdict:
             verdicts[rec.verdict["kind"]] = verdicts.get(rec.verdict["kind"], 0) + 1
         if not rec.state.is_finished():
-            pending.append({"trial_id": tid, "pool": rec.pool, "reason": rec.pending_reason or rec.error})
+            tail = records.last_metrics(TrialPaths(grid_dir, tid).metrics)  # a running trial's step
+            pending.append({"trial_id": tid, "pool": rec.pool,
+                            "last_step": max(rec.last_step, tail[0] if tail else 0),
+                            "reason": rec.pending_reason or rec.error})
         if rec.state is TrialState.FAILED:
             failed.append({"trial_id": tid, "reason": rec.error})
         if rec.search is not None and rec.objective is not None and math.isfinite(rec.objective):

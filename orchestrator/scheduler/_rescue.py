@@ -24,7 +24,14 @@ from orchestrator.backends import Backend, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError, no_such_trial
-from orchestrator.grid import BUDGET_REFUSAL, derive_trial, entry_for, notes
+from orchestrator.grid import (
+    BUDGET_REFUSAL,
+    derive_trial,
+    entry_for,
+    fixed_on_resume,
+    lineage,
+    notes,
+)
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import park_unplaceable
@@ -82,7 +89,7 @@ def auto_rescue(grid: GridSpec, grid_dir: Path, trial_ids: Iterable[str], *,
         for child in _unfinished_rescues(grid_dir, rec):
             out.setdefault(child.trial_id, child)
         event, step = _event(rec)
-        found = entry_for(policy, event, rec) if event is not None else None
+        found = entry_for(policy, event, rec) if event is not None and _own(rec, event, step) else None
         if found is None:
             continue
         for trial in _rescue_one(grid, grid_dir, rec, parent, found, event, step, budget):
@@ -148,6 +155,18 @@ def _event(rec: records.TrialRecord) -> tuple[str | None, int | None]:
     return None, None
 
 
+def _own(rec: records.TrialRecord, event: str, step: int | None) -> bool:
+    """Whether the event is still the trial's to be rescued on: not one a trial derived from it
+    already took over (it is rescued once, whatever ``times`` allows), nor, for a derived trial,
+    one at or before its first step (its parent's, inherited with the steps before it)."""
+    taken = any(n.get("event") == event and n.get("step") == step and not n.get("refused")
+                and n.get("trial") not in (None, rec.trial_id) for n in notes(rec))
+    start = (rec.rescue_of or {}).get("step")
+    inherited = (event != "infra_failed" and start is not None and step is not None
+                 and step <= start)
+    return not taken and not inherited
+
+
 def _unfinished_rescues(grid_dir: Path, rec: records.TrialRecord) -> list[TrialSpec]:
     out = []
     for note in notes(rec):
@@ -201,6 +220,27 @@ def _refuse(paths: TrialPaths, rec: records.TrialRecord, note: dict[str, Any], w
     rec.rescue = note
     records.save_state(paths, rec)
     return []
+
+
+def rescue_trials(grid_dir: Path, trial_ids: Iterable[str]) -> list[TrialSpec]:
+    """The trials derived from ``trial_ids`` (by a rescue, or ``ablate resume --set``) and
+    from those in turn, oldest lineage first: trials of the grid a submission owns beside its
+    planned ones (their files repaired and reset, their pools placed, an unfinished one run
+    again). Read from each trial's ``spec.json`` (``derived_from``), so a parent's or a
+    child's ``state.json`` removed after damage loses no trial."""
+    children: dict[str, list[TrialSpec]] = {}
+    for spec in records.known_trials(grid_dir).values():
+        if spec.derived_from is not None:
+            children.setdefault(spec.derived_from[0], []).append(spec)
+    seen = set(trial_ids)
+    queue, out = list(dict.fromkeys(trial_ids)), []
+    while queue:
+        for spec in children.get(queue.pop(0), ()):
+            if spec.trial_id not in seen:
+                seen.add(spec.trial_id)
+                out.append(spec)
+                queue.append(spec.trial_id)
+    return out
 
 
 def rescue_links(grid_dir: Path) -> dict[str, str]:
@@ -262,6 +302,11 @@ def _matches(select: str | None, state: TrialState, kind: str | None) -> bool:
 def plan(grid: GridSpec, grid_dir: Path, parents: Sequence[TrialSpec], *, pool: str,
          start: str | int, sets: Mapping[str, Any], reason: str, derive: bool = False) -> list[Plan]:
     """Check everything a resume needs and return what to do; writes nothing."""
+    for key, value in sets.items():
+        why = fixed_on_resume(key)
+        if why is not None:
+            raise UserError(f"--set {key}={json.dumps(value, default=str)}: {why}; fix: make it "
+                            "an axis of the grid (its trials train from scratch)")
     pool_spec = grid.pools.get(pool, file=grid.file, key="--pool")
     runs = backend(grid.backend)
     kinds = runs.pool_kinds
@@ -376,12 +421,13 @@ def apply(grid: GridSpec, grid_dir: Path, plans: Sequence[Plan], *,
     for p in plans:
         note = {"by": "ablate resume", **(rescue or {}), "trial": p.trial.trial_id,
                 "pool": p.pool, "start": p.start, "at": time.time()}
-        if p.derived:
-            _seed_derived(grid, grid_dir, p, rescue_of=(
-                {"parent": p.parent.trial_id, "event": rescue.get("event"), "step": p.start}
-                if rescue else None))
         paths = TrialPaths(grid_dir, p.parent.trial_id)
         rec = records.load_state(paths, p.parent.trial_id)
+        if p.derived:  # a rescue's trial carries its lineage's rescues: `times` bounds them all
+            _seed_derived(grid, grid_dir, p, rescue_of=(
+                {"parent": p.parent.trial_id, "event": rescue.get("event"), "step": p.start,
+                 "lineage": lineage(dataclasses.replace(rec, rescues=[*notes(rec), note]))}
+                if rescue else None))
         if rescue:  # in the same write as the request: a killed submit rescues nothing twice
             rec.rescues = [*notes(rec), note]
             rec.rescue = note

@@ -44,7 +44,7 @@ from orchestrator.grid import check_notify, expand, load_grid
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
-from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
+from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink, summary_lines
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
 from orchestrator.scheduler._notify import Notifier
@@ -56,7 +56,7 @@ from orchestrator.scheduler._placement import (
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
-from orchestrator.scheduler._rescue import Rescuer, rescue_links
+from orchestrator.scheduler._rescue import Rescuer, rescue_links, rescue_trials
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
 from orchestrator.scheduler._tune import (
@@ -175,6 +175,7 @@ class Submission:
         self.progress, self.ray_tmp = progress, ray_tmp
         self.search = SearchSpace(grid) if grid.spec.search is not None else None
         self.policy = grid.spec.rescue_policy if rescue and self.search is None else ()
+        self.owns_rescues = rescue and self.search is None  # a submit: its trials' rescues too
         self.remote_store = is_remote(self.tracking_uri)
         # MLflow (the parent run, then trials' outboxes) works beside Ray and Tune (``run``).
         self.sender = Sender(grid, self.grid_dir, self.tracking_uri, workspace.workdir(workdir))
@@ -185,6 +186,7 @@ class Submission:
         # Filled by the stages, in order.
         self.prior: list[tuple[dict[str, Any], float | None]] = []  # search points run before
         self.already = 0  # trials (and search points) finished by earlier submissions
+        self.rescues: list[TrialSpec] = []  # trials derived from the planned ones, on disk
         self.todo: list[TrialSpec] = []  # trials to run
         self.trial_pool: dict[str, str] = {}  # trial id -> its own pool
         self.routes: dict[str, str] = {}  # trial id -> the pool its next attempt runs on
@@ -207,6 +209,9 @@ class Submission:
                 summary = self._stages(address)
                 ok = True
                 return summary
+            except KeyboardInterrupt:
+                self._say_interrupted()
+                raise
             finally:
                 self.notifier.close()
                 self.sender.close()
@@ -215,6 +220,28 @@ class Submission:
                         self.sender.parent.end("FAILED")
                     except Exception as exc:  # noqa: BLE001 - the store may be what failed
                         log.warning("parent run not closed: %s", exc)
+
+    def _reported(self) -> tuple[list[str], list[str]]:
+        """The trials a summary reports on: the submission's own (``trials_of``), and the
+        trials derived from them (rescues), which are the grid's too."""
+        search = self.search is not None
+        trials = trials_of(self.grid_dir, search, self.trials + self.planner.added)
+        return trials, [] if search else [t.trial_id for t in rescue_trials(self.grid_dir, trials)]
+
+    def _say_interrupted(self) -> None:
+        """Ctrl-C: what the submission's trials got to, on stderr (the CLI then exits 130)."""
+        try:
+            trials, rescues = self._reported()
+            summary = summarize(self.grid, self.grid_dir, trials + rescues)
+        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must hear of
+            log.warning("trial records not read: %s", exc)
+            return
+        summary.update(elapsed_s=time.time() - self.started, skipped_finished=self.already)
+        print("interrupted; the trials so far (an unfinished one resumes from its latest "
+              "checkpoint at the next `ablate submit`):", file=sys.stderr)
+        for line in summary_lines(summary):
+            print(f"  {line}", file=sys.stderr)
+        sys.stderr.flush()
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -262,7 +289,10 @@ class Submission:
             self.trials, self.prior = search_records(self.grid_dir)
         records.clear_cancel_requests(self.grid_dir, ["*"])  # a new submission means: run it
         self.trials = self.planner.initial(self.trials)  # adaptive seeds: the first `min` of each cell
-        self.todo, finished = prepare_records(self.grid_dir, self.trials, self._repair)
+        if self.owns_rescues:  # derived trials are the grid's too: repaired, reset, finished
+            self.rescues = rescue_trials(self.grid_dir, [t.trial_id for t in self.trials])
+        self.todo, finished = prepare_records(self.grid_dir, self.trials + self.rescues,
+                                              self._repair)
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
         self.already = len(finished) + len(self.prior)
@@ -281,9 +311,12 @@ class Submission:
 
     def _pools(self) -> dict[str, PoolSpec]:
         """Every pool this submission may run on: known before Ray starts, since an embedded
-        cluster only has resources for these."""
+        cluster only has resources for these. A finished trial's too: a rescue of it (one
+        refused for budget before, or one a killed submission made) runs on its pool."""
         grid = self.grid
-        pools = {p: grid.pools.get(p) for p in set(self.routes.values()) | set(grid.spec.budget.per_pool)}
+        every = set(self._routes(self.trials + self.rescues).values()) if self.policy else set()
+        pools = {p: grid.pools.get(p)
+                 for p in set(self.routes.values()) | every | set(grid.spec.budget.per_pool)}
         for entry in self.policy:  # a rescue may move a trial to its pool
             if entry.resume.pool:
                 pools[entry.resume.pool] = grid.pools.get(entry.resume.pool)
@@ -399,9 +432,9 @@ class Submission:
         if self.events is not None:  # the failures `mark_exhausted` wrote, then the last counts
             self.events.poll()
             self.events.summary(unless_unchanged=True)
-        search = self.search is not None
-        trials = trials_of(self.grid_dir, search, self.trials + self.planner.added)
-        summary = summarize(self.grid, self.grid_dir, trials)
+        trials, rescues = self._reported()
+        summary = summarize(self.grid, self.grid_dir, trials + rescues)  # a rescue is a trial too
+        summary["rescue_trials"] = len(rescues)
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
         parent.log_cost(total_metrics(summary["cost"]), {**cost_run_tags(summary), **rescue_links(self.grid_dir)})

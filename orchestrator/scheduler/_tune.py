@@ -58,9 +58,12 @@ def tune_env(max_pending: int) -> Iterator[None]:
     cached one; the gate already bounds what is pending (the running ones and the standbys).
     ``TUNE_DISABLE_AUTO_CALLBACK_LOGGERS``: no per-trial ``params.pkl``/``params.json``/``result.json``/TensorBoard files (the trial
     records are ours, in JSON); only the CSV logger is added back, for Tune's own result grid.
+    ``TUNE_DISABLE_SIGINT_HANDLER``: Ctrl-C is the submission's (``KeyboardInterrupt``: it says
+    what ran and exits non-zero); Tune's own handler ends the fit as if it had finished.
     """
     with scoped_environ({"TUNE_MAX_PENDING_TRIALS_PG": str(max_pending),
-                         "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1"}):
+                         "TUNE_DISABLE_AUTO_CALLBACK_LOGGERS": "1",
+                         "TUNE_DISABLE_SIGINT_HANDLER": "1"}):
         yield
 
 

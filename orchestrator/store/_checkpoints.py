@@ -186,6 +186,11 @@ class CheckpointStore:
         """Steps of complete checkpoints (manifest present, every file present with its size)."""
         return [s for s in self._listed_steps() if self._problem(s, hashes=False) is None]
 
+    def damaged(self) -> dict[int, str]:
+        """The checkpoints ``steps`` leaves out (a garbled manifest, a truncated or missing
+        file), each with what is wrong: a reader that would use them says so."""
+        return {s: p for s in self._listed_steps() if (p := self._problem(s, hashes=False))}
+
     def verify(self, step: int) -> str | None:
         """What is wrong with checkpoint ``step`` (hashes included), or None if it is sound."""
         if step not in self._listed_steps():

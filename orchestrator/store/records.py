@@ -14,7 +14,7 @@ import json
 import math
 import os
 import time
-from collections.abc import Callable, Iterable, Iterator, Mapping
+from collections.abc import Callable, Iterable, Iterator, Mapping, Sequence
 from pathlib import Path
 from typing import Any, TypeVar
 
@@ -258,10 +258,10 @@ def scan_metrics(path: Path, expected: int, keys: Iterable[str] = ()
                  ) -> tuple[MetricsCheck, dict[str, list[tuple[int, float]]]]:
     """``check_metrics`` and the (step, value) curves of ``keys`` in the same one pass over the
     file (the rows ``iter_metrics`` yields), so a reader that needs both parses it once."""
-    good = bad = 0
+    bad = 0
     torn_tail = False
     want = tuple(keys)
-    curves: dict[str, list[tuple[int, float]]] = {k: [] for k in want}
+    rows: list[tuple[int, list[tuple[str, float]]]] = []
     if path.exists():
         torn_tail = not _ends_with_newline(path)
         with open(path, "rb") as fh:
@@ -270,21 +270,42 @@ def scan_metrics(path: Path, expected: int, keys: Iterable[str] = ()
                     row = json.loads(raw)
                     step = int(row["step"])
                     values = dict(row["metrics"])
-                    picked = [(k, float(values[k])) for k in want if k in values]
+                    rows.append((step, [(k, float(values[k])) for k in want if k in values]))
                 except (ValueError, KeyError, TypeError):
                     bad += 1
-                    continue
-                if step == good + 1:
-                    good = step
-                for k, v in picked:
-                    curves[k].append((step, v))
-    return MetricsCheck(Path(path), good, bad, torn_tail, expected), {k: v for k, v in curves.items() if v}
+    good, stray = _in_order([step for step, _ in rows])
+    curves: dict[str, list[tuple[int, float]]] = {k: [] for k in want}
+    for i, (step, picked) in enumerate(rows):
+        if i not in stray:
+            for k, v in picked:
+                curves[k].append((step, v))
+    check = MetricsCheck(Path(path), good, bad + len(stray), torn_tail, expected)
+    return check, {k: v for k, v in curves.items() if v}
+
+
+def _in_order(steps: Sequence[int]) -> tuple[int, set[int]]:
+    """The last step of the unbroken run 1, 2, ... and the indices of stray rows: a step that
+    repeats or goes back, or one that jumps ahead of its neighbours on both sides (a garbage
+    line, ``{"step": 9999999}``); rows after a lost one that continue each other are kept."""
+    good, stray = 0, set()
+    for i, step in enumerate(steps):
+        if step == good + 1:
+            good = step
+        elif step == 0 == good:
+            continue
+        elif step <= good or not ((i > 0 and steps[i - 1] == step - 1)
+                                  or (i + 1 < len(steps) and steps[i + 1] == step + 1)):
+            stray.add(i)
+    return good, stray
 
 
 def repair_torn(path: Path) -> int:
-    """Drop unreadable lines (a torn last line) from a metrics file atomically; returns the
-    number of complete rows kept."""
+    """Drop unreadable lines (a torn last line) and rows out of order (a garbage line, the
+    rows after a lost one) from a metrics file atomically, as ``scan_metrics`` counts them;
+    returns the number of rows kept."""
     rows = list(iter_metrics(path))
+    stray = _in_order([step for step, _ in rows])[1]
+    rows = [r for i, r in enumerate(rows) if i not in stray]
     write_metrics(path, rows)
     return len(rows)
 
@@ -350,15 +371,26 @@ def last_metrics(path: Path, max_bytes: int = 65536) -> tuple[int, dict[str, flo
                 lines = fh.read().splitlines()
                 if size > tail:
                     lines = lines[1:]  # the first line read is cut
-                for raw in reversed(lines):
-                    try:
-                        row = json.loads(raw)
-                        return int(row["step"]), row["metrics"]
-                    except (json.JSONDecodeError, KeyError, ValueError, TypeError):
-                        continue
+                rows = [r for r in map(_row, reversed(lines)) if r is not None]
+                for i, (step, values) in enumerate(rows):  # newest first
+                    # A row that does not follow the one before it is garbage (a stray line),
+                    # not the trial's step: the newest row that follows its predecessor counts.
+                    if i + 1 == len(rows) and (step == 1 or size > tail) or (
+                            i + 1 < len(rows) and rows[i + 1][0] == step - 1):
+                        return step, values
     except FileNotFoundError:
         return None
     return None
+
+
+def _row(raw: bytes) -> tuple[int, dict[str, Any]] | None:
+    """One line of a metrics file as (step, metrics), or None for a line that is no row."""
+    try:
+        row = json.loads(raw)
+        step, values = int(row["step"]), row["metrics"]
+    except (json.JSONDecodeError, KeyError, ValueError, TypeError):
+        return None
+    return (step, values) if isinstance(values, dict) else None
 
 
 def finite_or_none(value: Any) -> float | None:

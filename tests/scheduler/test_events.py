@@ -83,7 +83,7 @@ def test_json_events_one_object_per_line_with_stable_fields(tmp_path: Path, doub
     _double_grid(tmp_path, "jsonev")
     proc = cliproc.run(["submit", "g.yaml", "--json-events", "--summary-every", "1"], double_env,
                        tmp_path, double=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # two trials failed for good
     events = [json.loads(line) for line in proc.stdout.splitlines()]  # every line is JSON
     assert events[-1]["event"] == "summary"
     assert events[-1]["states"] == {"done": 2, "failed": 2} and events[-1]["grid"] == "jsonev"
@@ -125,7 +125,7 @@ def test_quiet_prints_the_final_summary_and_failed_trials_only(tmp_path: Path,
     _double_grid(tmp_path, "quiet")
     proc = cliproc.run(["submit", "g.yaml", "--quiet", "--summary-every", "1"], double_env,
                        tmp_path, double=True)
-    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.returncode == 1, proc.stderr[-3000:]  # two trials failed for good
     failed = sorted(tid for tid, t in _specs(tmp_path, "quiet").items()
                     if t["state"].state.value == "failed")
     lines = proc.stdout.splitlines()

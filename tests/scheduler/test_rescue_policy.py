@@ -119,7 +119,9 @@ def test_the_correction_switch_runs_from_the_checkpoint_before_the_warning_and_k
     assert child.derived_from == (parent.trial_id, 2)
     assert dict(child.overrides)["rollout.weight_lag"] == 0
     crec = records.load_state(TrialPaths(warned["dir"], child.trial_id), child.trial_id)
-    assert crec.rescue_of == {"parent": parent.trial_id, "event": "warning:k3_warn", "step": 2}
+    assert crec.rescue_of == {"parent": parent.trial_id, "event": "warning:k3_warn", "step": 2,
+                              "lineage": [{"entry": 0, "event": "warning:k3_warn", "step": 3,
+                                           "trial": child.trial_id}]}
     # The rescue is no rescue's parent: it ran all its steps without stopping on the warning.
     assert warned["child_out"]["last_step"] == 12 and warned["child_out"]["verdict"].get("rescued_step") is None
     pk3, ck3 = _k3(warned["dir"], parent.trial_id), _k3(warned["dir"], child.trial_id)
