@@ -136,7 +136,7 @@ _PLAN = "name: p\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\nax
      "weight_lag must be in 0..64 steps, got -3 (derived from t"),
     # item 3: a setting the checkpoint's weights cannot take (it failed three times at run time)
     ("{every: 2, keep: 3}", "model.d_model: 128", "rescue[0].resume.set.model.d_model",
-     "model.d_model cannot change on a resume: the checkpoint it starts from holds the model"),
+     "model.d_model cannot change on a resume: the checkpoint it starts from holds the model's"),
 ])
 def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
         isolated: Path, checkpoint: str, rescue_set: str, where: str, says: str) -> None:
