@@ -65,6 +65,7 @@ def test_a_derived_trial_does_not_stop_on_the_warning_it_inherited(isolated: Pat
     assert "rescued_step" not in (child.verdict or {})
 
 
+@pytest.mark.slow  # a real `ablate submit` on a local Ray: ~25-60 s on 2 cores
 def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
         isolated: Path) -> None:
     """#59 item 2, through ``ablate submit`` on one local Ray: three finished parents whose
