@@ -83,17 +83,20 @@ def warning_stops(policy: Sequence[RescueEntry], rec: records.TrialRecord) -> fr
 
 
 # Keys a resume from a checkpoint cannot change: the checkpoint holds the model (its weights'
-# shapes: the simulator's ``model.*``, verl's model path) trained on its task (the simulator's
-# ``task.*`` sets the vocabulary and sequence length, so the embeddings' shapes, too).
-RESUME_FIXED = ("model.", "task.", "actor_rollout_ref.model.path")
+# shapes: the simulator's ``model.*``, verl's model path), and the simulator's embeddings are
+# as large as the task's vocabulary and sequence length (``sim/job.py:136`` builds the model
+# with ``vocab=task.vocab, max_len=task.seq_len``; ``sim/task.py:61-66``: ``digits + 2 +
+# response_len``).
+RESUME_FIXED = ("model.", "task.vocab", "task.digits", "task.response_len",
+                "actor_rollout_ref.model.path")
 
 
 def fixed_on_resume(key: str) -> str | None:
     """Why a resume (a rescue's ``set:``, ``ablate resume --set``) cannot change ``key``."""
     bare = key.lstrip("+")
     if any(bare == f or (f.endswith(".") and bare.startswith(f)) for f in RESUME_FIXED):
-        return (f"{key} cannot change on a resume: the checkpoint it starts from holds the model "
-                "and the task it was trained with (a new value would not fit its weights)")
+        return (f"{key} cannot change on a resume: the checkpoint it starts from holds the "
+                "model's weights, whose shapes it sets (a new value would not fit them)")
     return None
 
 
@@ -112,11 +115,11 @@ def check_policy(spec: GridFile, chk: Checker, catalog: PoolCatalog, runs: Backe
                               f"runs on {' and '.join(runs.pool_kinds)} pools",
                               (*path, "resume", "pool"), allowed=ok)
         for k, v in act.set.items():
+            chk.value(k, v, (*path, "resume", "set", k))  # a bad value first: the sharper error
             why = fixed_on_resume(k)
             if why is not None:
                 raise chk.err(why, (*path, "resume", "set", k),
                               fix="make it an axis of the grid (its trials train from scratch)")
-            chk.value(k, v, (*path, "resume", "set", k))
         if entry.warning is not None:
             _check_warning(spec, entry.warning, chk, (*path, "when", "warning"))
 

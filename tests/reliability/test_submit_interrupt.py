@@ -10,11 +10,13 @@ import time
 from pathlib import Path
 
 import cliproc
+import pytest
 from relhelpers import one_trial_grid, total_steps
 
 from orchestrator.store import TrialPaths, records, workspace
 
 
+@pytest.mark.slow  # a real `ablate submit` on a local Ray: ~25-60 s on 2 cores
 def test_ctrl_c_during_submit_exits_non_zero_and_says_what_ran(isolated: Path) -> None:
     grid = one_trial_grid(isolated / "g.yaml", "intr", steps=400)
     grid_dir = workspace.grid_dir("intr")
@@ -36,6 +38,7 @@ def test_ctrl_c_during_submit_exits_non_zero_and_says_what_ran(isolated: Path) -
     assert total_steps(grid_dir) >= 3
 
 
+@pytest.mark.slow  # a real `ablate submit` on a local Ray: ~25-60 s on 2 cores
 def test_a_submit_whose_trial_failed_for_good_exits_non_zero(isolated: Path) -> None:
     """Every attempt raises at step 7 (the double's ``train.lr: 0.0666``) and the retry is
     spent: the trial ends failed as infra, and ``ablate submit`` says so and exits 1, not 0."""

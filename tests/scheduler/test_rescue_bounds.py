@@ -65,6 +65,7 @@ def test_a_derived_trial_does_not_stop_on_the_warning_it_inherited(isolated: Pat
     assert "rescued_step" not in (child.verdict or {})
 
 
+@pytest.mark.slow  # a real `ablate submit` on a local Ray: ~25-60 s on 2 cores
 def test_a_resubmit_finishes_every_rescue_a_damaged_or_stopped_submission_left(
         isolated: Path) -> None:
     """#59 item 2, through ``ablate submit`` on one local Ray: three finished parents whose
@@ -136,7 +137,7 @@ _PLAN = "name: p\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\nax
      "weight_lag must be in 0..64 steps, got -3 (derived from t"),
     # item 3: a setting the checkpoint's weights cannot take (it failed three times at run time)
     ("{every: 2, keep: 3}", "model.d_model: 128", "rescue[0].resume.set.model.d_model",
-     "model.d_model cannot change on a resume: the checkpoint it starts from holds the model"),
+     "model.d_model cannot change on a resume: the checkpoint it starts from holds the model's"),
 ])
 def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
         isolated: Path, checkpoint: str, rescue_set: str, where: str, says: str) -> None:
