@@ -22,7 +22,7 @@ from orchestrator.grid._cells import check_comparisons, check_emitted, watched_m
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
-from orchestrator.grid._validation import SUBMISSION_WIDE
+from orchestrator.grid._validation import SUBMISSION_WIDE, check_backend_args
 from orchestrator.learner import (
     COMPANION_KEYS,
     LOSS_COMPANIONS,
@@ -269,6 +269,7 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
     if spec.comparisons:
         check_comparisons(grid, cells, axis_label)
     _check_rescue(grid, trials)
+    check_backend_args(grid, trials)
     return trials
 
 

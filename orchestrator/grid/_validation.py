@@ -22,11 +22,11 @@ from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import check_policy, set_keys
 from orchestrator.grid._schema_errors import short_value as _short
-from orchestrator.grid._spec import SECTIONS, Axis, axis_label
+from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
-from orchestrator.trial import freeze
+from orchestrator.trial import TrialSpec, freeze
 
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
 
@@ -407,3 +407,29 @@ def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
     if "pool" not in dict(out) and spec.pool is None:
         raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
     return tuple(out)
+
+
+def check_backend_args(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
+    """What each trial hands its trainer and launcher, built once per distinct configuration
+    and pool, as ``plan --show-overrides`` and the job build it: every command that expands a
+    grid refuses what the job would refuse (verl: the full override list with the pool's
+    ``verl_overrides``; Slurm: the ``#SBATCH`` options). A refusal is told at the grid key it is
+    about, or at the pool catalogue's key when the pool's settings cause it."""
+    runs = backend(grid.backend)
+    seen: set[tuple[str, str]] = set()
+    for t in trials:
+        if (t.config, t.pool) in seen:
+            continue
+        seen.add((t.config, t.pool))
+        try:
+            runs.describe(t, grid.trial_config(t), grid.pools.pools[t.pool])
+        except GridError as exc:
+            text = str(exc).removeprefix("<grid>: ")
+            if text.startswith(f"pool {t.pool}: "):
+                file, line = grid.pools.where(t.pool, "verl_overrides")
+                raise GridError(text.removeprefix(f"pool {t.pool}: "), file=file, line=line,
+                                key=f"pools.{t.pool}") from None
+            key = text.split(": ", 1)[0]
+            path = next((p for p in (("overrides", key), ("axes", key)) if p in grid.lines),
+                        ("pool",) if grid.spec.pool else ("axes", "pool"))
+            raise GridError(text, file=grid.file, line=grid.line(*path)) from None
