@@ -22,7 +22,7 @@ from orchestrator.grid._cells import check_comparisons, check_emitted, watched_m
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
-from orchestrator.grid._validation import SUBMISSION_WIDE, check_backend_args
+from orchestrator.grid._validation import SUBMISSION_WIDE, check_backend_args, preset_conflict
 from orchestrator.learner import (
     COMPANION_KEYS,
     LOSS_COMPANIONS,
@@ -61,6 +61,9 @@ class _Resolver:
         if hit is not None:
             return hit
         model = SECTIONS[name]
+        conflict = preset_conflict(name, self.section_base[name], items)
+        if conflict:
+            raise self.grid.error(f"invalid combination ({_context(context)}): {conflict}", "axes")
         raw = {**self.section_base[name], **{k.split(".", 1)[1]: thaw(v) for k, v in items}}
         try:
             obj = model.model_validate(raw)

@@ -14,7 +14,7 @@ from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import evaluation, metrics, recipes
+from orchestrator import corrections, evaluation, metrics, recipes
 from orchestrator.backends import Backend, backend
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
@@ -26,7 +26,7 @@ from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
-from orchestrator.trial import TrialSpec, freeze
+from orchestrator.trial import TrialSpec, freeze, thaw
 
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
 
@@ -433,3 +433,23 @@ def check_backend_args(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
             path = next((p for p in (("overrides", key), ("axes", key)) if p in grid.lines),
                         ("pool",) if grid.spec.pool else ("axes", "pool"))
             raise GridError(text, file=grid.file, line=grid.line(*path)) from None
+
+
+def preset_conflict(section: str, base: Mapping[str, Any],
+                    items: Sequence[tuple[str, Any]]) -> str | None:
+    """A key the grid sets beside a ``correction.preset`` (the same trial's axis value, override
+    or rescue ``set``) to anything but what the preset sets, or None. The section model cannot
+    tell: the loader fills every default in, so a key set to its default beside a preset would
+    be overwritten silently and the cell labelled by the value that did not run."""
+    if section != "correction":
+        return None
+    given = {k.split(".", 1)[1]: thaw(v) for k, v in items}
+    name = given.get("preset", base.get("preset"))
+    if not isinstance(name, str) or name not in corrections.PRESETS:
+        return None
+    fields = corrections.preset_fields(name)
+    for key, value in given.items():
+        if key in fields and json.loads(json.dumps(value)) != fields[key]:
+            return (f"correction.{key}: {_short(value)} conflicts with correction.preset: {name}, "
+                    f"which sets {_short(fields[key])}; fix: drop one of them")
+    return None
