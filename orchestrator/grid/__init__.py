@@ -10,7 +10,7 @@ from __future__ import annotations
 from orchestrator.grid._adaptive import plan_lines
 from orchestrator.grid._expansion import derive_trial, expand, search_trial
 from orchestrator.grid._load import load_grid
-from orchestrator.grid._notify import check_notify, webhook_url
+from orchestrator.grid._notify import check_notify, redact_url, webhook_url
 from orchestrator.grid._policy import (
            BUDGET_REFUSAL,
            EARLY_WARNING,
@@ -24,4 +24,5 @@ from orchestrator.safeyaml import load_yaml
 
 __all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "GridSpec", "axis_label",
            "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "load_grid",
-           "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]
+           "load_yaml", "notes", "plan_lines", "redact_url", "search_trial", "warning_stops",
+           "webhook_url"]
