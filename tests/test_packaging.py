@@ -70,12 +70,14 @@ def test_the_built_in_recipes_are_package_data_of_the_checkout() -> None:
 def test_lookup_order_user_recipes_first_built_in_last(bare: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     grid = _grid(bare / "proj", extra="recipes_dir: mine\n")
+    (bare / "proj" / "mine").mkdir()  # a named folder must exist (tests/test_recipe_paths.py)
     places = recipes.search_path(grid, "mine")
-    assert places[0] == (bare / "proj" / "mine").resolve()  # named by the grid: even if missing
+    assert places[0] == (bare / "proj" / "mine").resolve()
     assert places[-1] == recipes.BUILTIN_RECIPES and len(places) == 2
     # recipes/ next to the grid, then ./recipes, then $ABLATE_RECIPES before both
     (bare / "proj" / "recipes").mkdir()
     (bare / "recipes").mkdir()
+    (bare / "env").mkdir()
     monkeypatch.setenv("ABLATE_RECIPES", str(bare / "env"))
     assert recipes.search_path(grid, "mine") == [
         (bare / "proj" / "mine").resolve(), (bare / "env").resolve(),
@@ -112,6 +114,7 @@ def test_ids_do_not_depend_on_where_the_recipe_file_lies(bare: Path) -> None:
 def test_an_unknown_recipe_names_every_place_and_the_built_in_recipes(
         bare: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid = _grid(bare / "proj", "sim/grpo_tinny", "recipes_dir: mine\n")
+    (bare / "proj" / "mine").mkdir()
     assert main(["plan", str(grid)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
