@@ -243,3 +243,21 @@ def test_a_recipe_file_path_names_the_built_in_file_wherever_it_is_installed(
         tmp_path / "site" / "orchestrator" / "_recipes" / "verl" / "tools" / "x.py")
     assert recipes.data_path("data/train.parquet", tmp_path) == str(tmp_path / "data" / "train.parquet")
     assert recipes.data_path("/abs/tool.py", tmp_path) == "/abs/tool.py"
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_init_force_replaces_a_linked_grid_file_never_its_target(
+        isolated: Path, capsys: pytest.CaptureFixture[str], dangling: bool) -> None:
+    """``ablate init DIR --force`` with ``DIR/grid.yaml`` a link out of DIR: the link is
+    replaced by the starter file, and the file it pointed at is not written (issue 59)."""
+    outside = isolated / "precious.yaml"
+    if not dangling:
+        outside.write_text("mine: 1\n")
+    (isolated / "proj").mkdir()
+    (isolated / "proj" / "grid.yaml").symlink_to(outside)
+    assert main(["init", "proj"]) == 2  # a link (even a dangling one) is a clash
+    assert main(["init", "proj", "--force"]) == 0
+    capsys.readouterr()
+    grid = isolated / "proj" / "grid.yaml"
+    assert not grid.is_symlink() and "backend: sim" in grid.read_text()
+    assert (outside.read_text() == "mine: 1\n") if not dangling else not outside.exists()

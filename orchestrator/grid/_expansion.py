@@ -22,7 +22,8 @@ from orchestrator.grid._cells import check_comparisons, check_emitted, watched_m
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
-from orchestrator.grid._validation import SUBMISSION_WIDE, check_backend_args, preset_conflict
+from orchestrator.grid._trial_checks import check_backend_args, preset_conflict
+from orchestrator.grid._validation import SUBMISSION_WIDE
 from orchestrator.learner import (
     COMPANION_KEYS,
     LOSS_COMPANIONS,

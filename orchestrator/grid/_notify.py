@@ -40,10 +40,11 @@ def url_problem(value: str) -> tuple[str, str] | None:
     if parts.scheme not in ("http", "https") or not parts.hostname:
         return "does not hold an http(s) URL", "give the receiver's full http:// or https:// URL"
     if parts.username is not None or parts.password is not None:
-        return ("holds credentials (user:password@ before the host), which are never sent: "
-                "urllib sends no authorization from a URL, so every alert would fail",
-                "use the receiver's token URL (the secret in its path or query, as Slack's and "
-                "Discord's webhooks carry it), which stays in the variable")
+        why = ("holds credentials (user:password@ before the host), which are never sent: "
+               "urllib sends no authorization from a URL, so every alert would fail")
+        fix = ("use the receiver's token URL (the secret in its path or query, as Slack's and "
+               "Discord's webhooks carry it), which stays in the variable")
+        return why, fix
     return None
 
 

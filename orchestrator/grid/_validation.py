@@ -9,12 +9,13 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
 from pydantic import BaseModel, ValidationError
 
-from orchestrator import corrections, evaluation, metrics, recipes
+from orchestrator import evaluation, metrics, recipes
 from orchestrator.backends import Backend, backend
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
@@ -22,11 +23,11 @@ from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import check_policy, set_keys
 from orchestrator.grid._schema_errors import short_value as _short
-from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
+from orchestrator.grid._spec import SECTIONS, Axis, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
 from orchestrator.safeyaml import LineMap, format_path
 from orchestrator.schema import GridFile, SearchParam, split_index
-from orchestrator.trial import TrialSpec, freeze, thaw
+from orchestrator.trial import freeze
 
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
 
@@ -167,6 +168,21 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
     return tuple(sorted((*fixed, *extra)))
 
 
+# What a terminal acts on: C0 and C1 control characters (ESC starts an ANSI / OSC sequence that
+# can retitle the window or hide text) and DEL. Tab and newline are controls here too: a label
+# is one cell of a table and one line of a log.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str, path: tuple[Any, ...], chk: Checker, what: str) -> None:
+    """A name the grid defines (an axis, a bundle, a string axis value: every one becomes a
+    label in tables, terminals, MLflow and trials.csv) holds no control character."""
+    if _CONTROL.search(text):
+        raise chk.err(f"{what} {ascii(text)[:80]} holds a control character (shown escaped), "
+                      "which would reach terminals, logs and tables raw", path,
+                      fix="rename it with printable characters")
+
+
 def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCatalog) -> Axis:
     path = ("axes", name)
     if name in RESERVED_AXES:
@@ -185,8 +201,10 @@ def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCat
         _no_dupes(values, path, chk)
         return Axis(name, "pool", tuple(values), tuple(() for _ in values))
     if isinstance(values, dict):
+        _printable(name, path, chk, "axis name")  # a value axis's name is a known key
         labels, overrides = [], []
         for label, bundle in values.items():
+            _printable(label, path + (label,), chk, "bundle name")
             items = []
             for k, v in (bundle or {}).items():
                 items.append((k, freeze(chk.value(k, v, path + (label, k)))))
@@ -196,6 +214,7 @@ def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCat
     chk.key(name, path)
     labels, overrides = [], []
     for i, v in enumerate(values):
+        _printable(axis_label(v), path + (i,), chk, "axis value")
         chk.value(name, v, path + (i,))
         labels.append(axis_label(v))
         overrides.append(((name, freeze(v)),))
@@ -408,48 +427,3 @@ def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
         raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
     return tuple(out)
 
-
-def check_backend_args(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
-    """What each trial hands its trainer and launcher, built once per distinct configuration
-    and pool, as ``plan --show-overrides`` and the job build it: every command that expands a
-    grid refuses what the job would refuse (verl: the full override list with the pool's
-    ``verl_overrides``; Slurm: the ``#SBATCH`` options). A refusal is told at the grid key it is
-    about, or at the pool catalogue's key when the pool's settings cause it."""
-    runs = backend(grid.backend)
-    seen: set[tuple[str, str]] = set()
-    for t in trials:
-        if (t.config, t.pool) in seen:
-            continue
-        seen.add((t.config, t.pool))
-        try:
-            runs.describe(t, grid.trial_config(t), grid.pools.pools[t.pool])
-        except GridError as exc:
-            text = str(exc).removeprefix("<grid>: ")
-            if text.startswith(f"pool {t.pool}: "):
-                file, line = grid.pools.where(t.pool, "verl_overrides")
-                raise GridError(text.removeprefix(f"pool {t.pool}: "), file=file, line=line,
-                                key=f"pools.{t.pool}") from None
-            key = text.split(": ", 1)[0]
-            path = next((p for p in (("overrides", key), ("axes", key)) if p in grid.lines),
-                        ("pool",) if grid.spec.pool else ("axes", "pool"))
-            raise GridError(text, file=grid.file, line=grid.line(*path)) from None
-
-
-def preset_conflict(section: str, base: Mapping[str, Any],
-                    items: Sequence[tuple[str, Any]]) -> str | None:
-    """A key the grid sets beside a ``correction.preset`` (the same trial's axis value, override
-    or rescue ``set``) to anything but what the preset sets, or None. The section model cannot
-    tell: the loader fills every default in, so a key set to its default beside a preset would
-    be overwritten silently and the cell labelled by the value that did not run."""
-    if section != "correction":
-        return None
-    given = {k.split(".", 1)[1]: thaw(v) for k, v in items}
-    name = given.get("preset", base.get("preset"))
-    if not isinstance(name, str) or name not in corrections.PRESETS:
-        return None
-    fields = corrections.preset_fields(name)
-    for key, value in given.items():
-        if key in fields and json.loads(json.dumps(value)) != fields[key]:
-            return (f"correction.{key}: {_short(value)} conflicts with correction.preset: {name}, "
-                    f"which sets {_short(fields[key])}; fix: drop one of them")
-    return None

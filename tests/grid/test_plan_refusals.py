@@ -43,3 +43,23 @@ def test_truncated_sampling_runs_with_vllms_raw_log_probs(
                     "overrides: {rollout.engine: vllm, rollout.logprobs_mode: raw}\n")
     assert main(["plan", str(grid), "--json"]) == 0
     assert '"count": 2' in capsys.readouterr().out
+
+
+@pytest.mark.parametrize(("axes", "what"), [
+    ('  corr:\n    "ok\\e]0;PWNED\\a": {correction.is_level: token}\n    plain: {}\n',
+     "bundle name 'ok\\x1b]0;PWNED\\x07'"),
+    ('  task.name: [progression, "pro\\e[2Jgression"]\n', "axis value 'pro\\x1b[2Jgression'"),
+    ('  "x\\e]8;;http://e/\\a":\n    a: {}\n', "axis name 'x\\x1b]8;;http://e/\\x07'"),
+    ('  "correction.is_levl\\e[31m": [token]\n', "correction.is_levl\\x1b[31m"),  # any error
+])
+def test_names_with_terminal_control_characters_are_refused_and_shown_escaped(
+        isolated: Path, capsys: pytest.CaptureFixture[str], axes: str, what: str) -> None:
+    """An ESC / OSC sequence in a name the grid defines would retitle a terminal or hide text
+    in every table, log and error line that shows the name: refused at plan, and every user
+    error shows control characters escaped."""
+    grid = isolated / "g.yaml"
+    grid.write_text(f"name: g\nrecipe: sim/grpo_tiny\nsteps: 4\npool: sim-a100\naxes:\n{axes}")
+    assert main(["plan", str(grid)]) == 2
+    out, err = capsys.readouterr()
+    assert err.count("\n") == 1 and what in err, err
+    assert not any(c in err for c in "\x1b\x07\x9d") and out == ""
