@@ -169,15 +169,17 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
 
 
 # What a terminal acts on: C0 and C1 control characters (ESC starts an ANSI / OSC sequence that
-# can retitle the window or hide text) and DEL. Tab and newline are controls here too: a label
-# is one cell of a table and one line of a log.
+# can retitle the window or hide text, CR overwrites a line) and DEL. A name (an axis, a bundle)
+# is one cell of a table and one line of a log: tab and newline are refused there too; a string
+# axis value is also data a recipe key takes (a path, a prompt): tab and newline stay allowed.
 _CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+_VALUE_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
 
 
 def _printable(text: str, path: tuple[Any, ...], chk: Checker, what: str) -> None:
     """A name the grid defines (an axis, a bundle, a string axis value: every one becomes a
-    label in tables, terminals, MLflow and trials.csv) holds no control character."""
-    if _CONTROL.search(text):
+    label in tables, terminals, MLflow and trials.csv) holds no terminal control character."""
+    if (_VALUE_CONTROL if what == "axis value" else _CONTROL).search(text):
         raise chk.err(f"{what} {ascii(text)[:80]} holds a control character (shown escaped), "
                       "which would reach terminals, logs and tables raw", path,
                       fix="rename it with printable characters")
