@@ -168,18 +168,17 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
     return tuple(sorted((*fixed, *extra)))
 
 
-# What a terminal acts on: C0 and C1 control characters (ESC starts an ANSI / OSC sequence that
-# can retitle the window or hide text, CR overwrites a line) and DEL. A name (an axis, a bundle)
-# is one cell of a table and one line of a log: tab and newline are refused there too; a string
-# axis value is also data a recipe key takes (a path, a prompt): tab and newline stay allowed.
-_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
-_VALUE_CONTROL = re.compile(r"[\x00-\x08\x0b-\x1f\x7f-\x9f]")
+# What a terminal acts on: ESC (it starts the ANSI / OSC sequences that retitle a window, move
+# the cursor or hide text), BEL, backspace, the other C0 controls, DEL and the C1 controls (CSI
+# and OSC in one byte). Tab, newline and CR are kept: names and values are free text that the
+# tables and the one-line errors show with their whitespace joined.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
 
 
 def _printable(text: str, path: tuple[Any, ...], chk: Checker, what: str) -> None:
     """A name the grid defines (an axis, a bundle, a string axis value: every one becomes a
     label in tables, terminals, MLflow and trials.csv) holds no terminal control character."""
-    if (_VALUE_CONTROL if what == "axis value" else _CONTROL).search(text):
+    if _CONTROL.search(text):
         raise chk.err(f"{what} {ascii(text)[:80]} holds a control character (shown escaped), "
                       "which would reach terminals, logs and tables raw", path,
                       fix="rename it with printable characters")
