@@ -16,6 +16,13 @@ MAX_WORD = 120  # a value echoed in a message (a key, a label) is cut to this ma
 MAX_PATH_WORD = 1024
 MAX_MESSAGE = 2000
 _LONG_WORD = re.compile(rf"\S{{{MAX_WORD + 1},}}")
+# Control characters a terminal acts on (ESC starts ANSI / OSC sequences), left in a message
+# after its whitespace is joined: a name or value echoed from user input is shown escaped.
+_CONTROL = re.compile(r"[\x00-\x1f\x7f-\x9f]")
+
+
+def _escaped(m: re.Match[str]) -> str:
+    return ascii(m.group())[1:-1]
 
 
 def clip(message: str) -> str:
@@ -27,7 +34,7 @@ def clip(message: str) -> str:
             return word
         return f"{word[:MAX_WORD - 20]}...[{len(word)} chars]"
 
-    text = _LONG_WORD.sub(cut, " ".join(str(message).split()))
+    text = _LONG_WORD.sub(cut, _CONTROL.sub(_escaped, " ".join(str(message).split())))
     return text if len(text) <= MAX_MESSAGE else text[:MAX_MESSAGE - 20] + " ...[cut]"
 
 

@@ -48,25 +48,53 @@ REPO_RECIPES = BUILTIN_RECIPES  # the name tests and benchmarks use
 
 
 def search_path(grid_file: str | Path | None = None,
-                recipes_dir: str | None = None) -> list[Path]:
+                recipes_dir: str | None = None, *, line: int | None = None) -> list[Path]:
     """The folders a recipe name is looked up in, in order (see the module docstring); each
-    once, the built-in folder last. Folders that do not exist are kept: they are named when a
-    recipe is not found, so a mistyped ``recipes_dir:`` shows."""
-    named: list[Path] = []  # named by the grid or the environment: shown even when missing
+    once, the built-in folder last. A folder the grid's ``recipes_dir:`` or ``$ABLATE_RECIPES``
+    names must be a folder: a typo, a file, a link loop or a missing folder is a one-line error,
+    never a silent fall back to the built-in recipe of the same name."""
+    named: list[Path] = []  # named by the grid or the environment: must exist
     base = Path(grid_file).resolve().parent if grid_file is not None else Path.cwd()
+    file = str(grid_file) if grid_file is not None else None
     if recipes_dir:
-        d = Path(recipes_dir).expanduser()
-        named.append(d if d.is_absolute() else base / d)
-    named += [Path(e.strip()).expanduser()
+        named.append(_named_folder(recipes_dir, base, file=file, line=line, key="recipes_dir"))
+    named += [_named_folder(e.strip(), Path.cwd(), file=file, line=None, key="$ABLATE_RECIPES")
               for e in os.environ.get("ABLATE_RECIPES", "").split(os.pathsep) if e.strip()]
     found = [p / "recipes" for p in Path(grid_file).resolve().parents[:3]] if grid_file else []
     found.append(Path.cwd() / "recipes")
     out: list[Path] = []
-    for c in [*named, *(c for c in found if c.is_dir())]:
-        c = c.resolve()
+    for c in [*named, *(c.resolve() for c in found if c.is_dir())]:
         if c != BUILTIN_RECIPES.resolve() and c not in out:
             out.append(c)
     return [*out, BUILTIN_RECIPES]
+
+
+def _named_folder(text: str, base: Path, *, file: str | None, line: int | None,
+                  key: str) -> Path:
+    """The folder ``text`` names (relative to ``base``), resolved; a one-line error if it is
+    not one, with the folders beside it that it may have meant."""
+    import difflib
+
+    given = Path(text).expanduser()
+    path = given if given.is_absolute() else base / given
+    try:
+        real = path.resolve(strict=True)
+    except RuntimeError:
+        problem = "is a symbolic link loop"
+    except OSError:
+        problem = "does not exist"
+    else:
+        if real.is_dir():
+            return real
+        problem = "is a file, not a folder"
+    parent = path.parent
+    near = [p.name for p in parent.iterdir() if p.is_dir()] if parent.is_dir() else []
+    guess = difflib.get_close_matches(path.name, near, n=1)
+    hint = f" (did you mean {guess[0]!r}?)" if guess else ""
+    where = "the grid file's folder" if key == "recipes_dir" else "the current folder"
+    raise GridError(f"{text!r} {problem}{hint}; a recipe is looked up there first, and would "
+                    "otherwise come from the built-in recipes", file=file, line=line, key=key,
+                    fix=f"name an existing recipes folder (relative to {where})")
 
 
 def recipes_root(grid_file: str | Path | None = None) -> Path:
@@ -78,10 +106,9 @@ def locate(name: str, places: Sequence[Path], *, file: str | None = None,
            line: int | None = None) -> Path:
     """The first folder of ``places`` that holds the recipe ``name``; else a one-line error
     naming every folder looked in and the built-in recipe names."""
-    if ".." not in name.split("/"):
-        for root in places:
-            if os.path.lexists(root / f"{name}.yaml"):
-                return root
+    for root in places:
+        if recipe_file(root, name, file=file, line=line) is not None:
+            return root
     looked = ", ".join(str(p) for p in places[:-1])
     looked += f"{', then ' if looked else ''}the built-in recipes ({places[-1]})"
     names = sorted({n for p in places if p.is_dir() for n in available(p)})
@@ -131,12 +158,12 @@ def _compose(root: str, name: str) -> str:
 def compose_recipe(name: str, *, root: Path, file: str | None = None,
                    line: int | None = None) -> dict[str, Any]:
     """The composed recipe as a plain dict (a fresh copy each call)."""
-    path = root / f"{name}.yaml"
-    if ".." in name.split("/") or not os.path.lexists(path):
+    path = recipe_file(root, name, file=file, line=line)
+    if path is None:
         raise GridError(f"unknown recipe {name!r} (looked in {root})", file=file, line=line,
                         key="recipe", allowed=available(root), got=name,
                         fix="name a file under that folder without the .yaml suffix")
-    _check_files(path, root)
+    _check_files(path, root, file=file, line=line)
     try:
         text = _compose(str(root), name)
     except Exception as exc:  # noqa: BLE001 - any Hydra/OmegaConf failure is a recipe error
@@ -154,7 +181,33 @@ def compose_recipe(name: str, *, root: Path, file: str | None = None,
     return data
 
 
-def _check_files(path: Path, root: Path) -> None:
+def recipe_file(root: Path, ref: str, *, file: str | None = None,
+                line: int | None = None) -> Path | None:
+    """``root/<ref>.yaml`` if it is there, else None: the one resolver of recipe files (the
+    recipe and the files its ``defaults:`` list names). ``..`` is not a recipe name, and a file
+    that is (or lies under) a link leaving ``root`` is refused without being read: a recipe
+    folder must not read another user's files into an error message or a trial's config."""
+    if ".." in ref.split("/"):
+        return None
+    path = root / f"{ref}.yaml"
+    if not os.path.lexists(path):
+        return None
+    try:
+        real = path.resolve(strict=True)
+        inside = real.is_relative_to(root.resolve(strict=True))
+    except (OSError, RuntimeError):
+        raise GridError(f"recipe file {path} is a broken link or a link loop", file=file,
+                        line=line, key="recipe", fix="point the link at a file inside "
+                        f"{root}, or replace it by the file") from None
+    if not inside:
+        raise GridError(f"recipe file {path} is a link to a file outside the recipes folder "
+                        f"{root}, which is not read", file=file, line=line, key="recipe",
+                        fix="copy the file into the recipes folder instead of linking it")
+    return path
+
+
+def _check_files(path: Path, root: Path, *, file: str | None = None,
+                 line: int | None = None) -> None:
     """Read the recipe and the files its ``defaults:`` list names with the safe reader before
     Hydra does: a regular file under the size cap, no bombs, decimal numbers (Hydra's YAML 1.1
     would read ``1:30`` as 90)."""
@@ -165,10 +218,12 @@ def _check_files(path: Path, root: Path) -> None:
             if isinstance(entry, dict) else [])
         for ref in names:
             ref = ref.lstrip("/").removeprefix("override ")
-            for candidate in (path.parent / f"{ref}.yaml", root / f"{ref}.yaml"):
-                if ref != "_self_" and ".." not in ref.split("/") and os.path.lexists(candidate):
-                    load_yaml(candidate)
-                    break
+            if ref == "_self_":
+                continue
+            candidate = (recipe_file(path.parent, ref, file=file, line=line)
+                         or recipe_file(root, ref, file=file, line=line))
+            if candidate is not None:
+                load_yaml(candidate)
 
 
 # Vocabulary keys added after trial-id scheme 2, per section: hashed into a recipe's digest only

@@ -70,12 +70,14 @@ def test_the_built_in_recipes_are_package_data_of_the_checkout() -> None:
 def test_lookup_order_user_recipes_first_built_in_last(bare: Path,
                                                        monkeypatch: pytest.MonkeyPatch) -> None:
     grid = _grid(bare / "proj", extra="recipes_dir: mine\n")
+    (bare / "proj" / "mine").mkdir()  # a named folder must exist (tests/test_recipe_paths.py)
     places = recipes.search_path(grid, "mine")
-    assert places[0] == (bare / "proj" / "mine").resolve()  # named by the grid: even if missing
+    assert places[0] == (bare / "proj" / "mine").resolve()
     assert places[-1] == recipes.BUILTIN_RECIPES and len(places) == 2
     # recipes/ next to the grid, then ./recipes, then $ABLATE_RECIPES before both
     (bare / "proj" / "recipes").mkdir()
     (bare / "recipes").mkdir()
+    (bare / "env").mkdir()
     monkeypatch.setenv("ABLATE_RECIPES", str(bare / "env"))
     assert recipes.search_path(grid, "mine") == [
         (bare / "proj" / "mine").resolve(), (bare / "env").resolve(),
@@ -112,6 +114,7 @@ def test_ids_do_not_depend_on_where_the_recipe_file_lies(bare: Path) -> None:
 def test_an_unknown_recipe_names_every_place_and_the_built_in_recipes(
         bare: Path, capsys: pytest.CaptureFixture[str]) -> None:
     grid = _grid(bare / "proj", "sim/grpo_tinny", "recipes_dir: mine\n")
+    (bare / "proj" / "mine").mkdir()
     assert main(["plan", str(grid)]) == 2
     err = capsys.readouterr().err
     assert err.count("\n") == 1 and "Traceback" not in err, err
@@ -240,3 +243,21 @@ def test_a_recipe_file_path_names_the_built_in_file_wherever_it_is_installed(
         tmp_path / "site" / "orchestrator" / "_recipes" / "verl" / "tools" / "x.py")
     assert recipes.data_path("data/train.parquet", tmp_path) == str(tmp_path / "data" / "train.parquet")
     assert recipes.data_path("/abs/tool.py", tmp_path) == "/abs/tool.py"
+
+
+@pytest.mark.parametrize("dangling", [False, True])
+def test_init_force_replaces_a_linked_grid_file_never_its_target(
+        isolated: Path, capsys: pytest.CaptureFixture[str], dangling: bool) -> None:
+    """``ablate init DIR --force`` with ``DIR/grid.yaml`` a link out of DIR: the link is
+    replaced by the starter file, and the file it pointed at is not written (issue 59)."""
+    outside = isolated / "precious.yaml"
+    if not dangling:
+        outside.write_text("mine: 1\n")
+    (isolated / "proj").mkdir()
+    (isolated / "proj" / "grid.yaml").symlink_to(outside)
+    assert main(["init", "proj"]) == 2  # a link (even a dangling one) is a clash
+    assert main(["init", "proj", "--force"]) == 0
+    capsys.readouterr()
+    grid = isolated / "proj" / "grid.yaml"
+    assert not grid.is_symlink() and "backend: sim" in grid.read_text()
+    assert (outside.read_text() == "mine: 1\n") if not dangling else not outside.exists()

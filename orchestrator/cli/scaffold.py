@@ -6,9 +6,11 @@ from __future__ import annotations
 
 import argparse
 import importlib.resources
+import os
 from pathlib import Path
 
 from orchestrator.exceptions import UserError
+from orchestrator.store import atomic_write_text
 
 GRID = "grid.yaml"
 POOLS = "pools.yaml"
@@ -36,14 +38,17 @@ def init_command(args: argparse.Namespace) -> int:
         raise UserError(f"ablate init: {target} is a file, not a folder; fix: name a folder "
                         "(it is created if missing)")
     files = starter_files(args.pools)
-    clash = [n for n in files if (target / n).exists()]
+    # lexists: a link (dangling too) is a clash, and is replaced below, never written through.
+    clash = [n for n in files if os.path.lexists(target / n)]
     if clash and not args.force:
         raise UserError(f"ablate init: {', '.join(str(target / n) for n in clash)} already "
                         "exists; fix: pass --force to overwrite, or name another folder")
     try:
         target.mkdir(parents=True, exist_ok=True)
         for name, text in files.items():
-            (target / name).write_text(text, encoding="utf-8")
+            # A new file renamed over the name: a grid.yaml that is a link out of the folder
+            # is replaced by the file, and what it points at is left as it was.
+            atomic_write_text(target / name, lambda fh, text=text: fh.write(text))
     except OSError as exc:
         raise UserError(f"ablate init: cannot write {target}: {exc.strerror or exc}; fix: name "
                         "a folder you can write") from None

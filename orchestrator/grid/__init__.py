@@ -10,20 +10,21 @@ from __future__ import annotations
 from orchestrator.grid._adaptive import plan_lines
 from orchestrator.grid._expansion import derive_trial, expand, search_trial
 from orchestrator.grid._load import load_grid
-from orchestrator.grid._notify import check_notify, webhook_url
+from orchestrator.grid._notify import check_notify, redact_url, webhook_url
 from orchestrator.grid._policy import (
-           BUDGET_REFUSAL,
-           EARLY_WARNING,
-           entry_for,
-           entry_paths,
-           fixed_on_resume,
-           lineage,
-           notes,
-           warning_stops,
+    BUDGET_REFUSAL,
+    EARLY_WARNING,
+    entry_for,
+    entry_paths,
+    fixed_on_resume,
+    lineage,
+    notes,
+    warning_stops,
 )
 from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.safeyaml import load_yaml
 
 __all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "GridSpec", "axis_label",
-           "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "fixed_on_resume", "load_grid",
-           "lineage", "load_yaml", "notes", "plan_lines", "search_trial", "warning_stops", "webhook_url"]
+           "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "fixed_on_resume",
+           "lineage", "load_grid", "load_yaml", "notes", "plan_lines", "redact_url", "search_trial",
+           "warning_stops", "webhook_url"]

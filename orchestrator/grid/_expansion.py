@@ -22,6 +22,7 @@ from orchestrator.grid._cells import check_comparisons, check_emitted, watched_m
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
+from orchestrator.grid._trial_checks import check_backend_args, preset_conflict
 from orchestrator.grid._validation import SUBMISSION_WIDE
 from orchestrator.learner import (
     COMPANION_KEYS,
@@ -61,6 +62,9 @@ class _Resolver:
         if hit is not None:
             return hit
         model = SECTIONS[name]
+        conflict = preset_conflict(name, self.section_base[name], items)
+        if conflict:
+            raise self.grid.error(f"invalid combination ({_context(context)}): {conflict}", "axes")
         raw = {**self.section_base[name], **{k.split(".", 1)[1]: thaw(v) for k, v in items}}
         try:
             obj = model.model_validate(raw)
@@ -274,6 +278,7 @@ def expand(grid: GridSpec, *, force: bool = False, limit: int | None = None) -> 
     if spec.comparisons:
         check_comparisons(grid, cells, axis_label)
     _check_rescue(grid, trials)
+    check_backend_args(grid, trials)
     return trials
 
 

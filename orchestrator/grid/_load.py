@@ -41,8 +41,8 @@ def load_grid(path: str | Path, *, backend: str | None = None,
     except GridError as exc:  # name the grid's key too: the catalogue is read because of it
         raise GridError(str(exc).removeprefix("error: "), file=file,
                         line=lines.get(("pool_catalog",)), key="pool_catalog") from None
-    root = recipes.locate(spec.recipe, recipes.search_path(path, spec.recipes_dir), file=file,
-                          line=lines.get(("recipe",)))
+    places = recipes.search_path(path, spec.recipes_dir, line=lines.get(("recipes_dir",)))
+    root = recipes.locate(spec.recipe, places, file=file, line=lines.get(("recipe",)))
     base = recipes.compose_recipe(spec.recipe, root=root, file=file, line=lines.get(("recipe",)))
     for section, model in SECTIONS.items():
         given = base.get(section) or {}

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from collections.abc import Mapping, Sequence
 from typing import Any
 
@@ -167,6 +168,22 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
     return tuple(sorted((*fixed, *extra)))
 
 
+# What a terminal acts on: ESC (it starts the ANSI / OSC sequences that retitle a window, move
+# the cursor or hide text), BEL, backspace, the other C0 controls, DEL and the C1 controls (CSI
+# and OSC in one byte). Tab, newline and CR are kept: names and values are free text that the
+# tables and the one-line errors show with their whitespace joined.
+_CONTROL = re.compile(r"[\x00-\x08\x0b\x0c\x0e-\x1f\x7f-\x9f]")
+
+
+def _printable(text: str, path: tuple[Any, ...], chk: Checker, what: str) -> None:
+    """A name the grid defines (an axis, a bundle, a string axis value: every one becomes a
+    label in tables, terminals, MLflow and trials.csv) holds no terminal control character."""
+    if _CONTROL.search(text):
+        raise chk.err(f"{what} {ascii(text)[:80]} holds a control character (shown escaped), "
+                      "which would reach terminals, logs and tables raw", path,
+                      fix="rename it with printable characters")
+
+
 def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCatalog) -> Axis:
     path = ("axes", name)
     if name in RESERVED_AXES:
@@ -185,8 +202,10 @@ def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCat
         _no_dupes(values, path, chk)
         return Axis(name, "pool", tuple(values), tuple(() for _ in values))
     if isinstance(values, dict):
+        _printable(name, path, chk, "axis name")  # a value axis's name is a known key
         labels, overrides = [], []
         for label, bundle in values.items():
+            _printable(label, path + (label,), chk, "bundle name")
             items = []
             for k, v in (bundle or {}).items():
                 items.append((k, freeze(chk.value(k, v, path + (label, k)))))
@@ -196,6 +215,7 @@ def _axis(name: str, values: Any, spec: GridFile, chk: Checker, catalog: PoolCat
     chk.key(name, path)
     labels, overrides = [], []
     for i, v in enumerate(values):
+        _printable(axis_label(v), path + (i,), chk, "axis value")
         chk.value(name, v, path + (i,))
         labels.append(axis_label(v))
         overrides.append(((name, freeze(v)),))
@@ -407,3 +427,4 @@ def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFi
     if "pool" not in dict(out) and spec.pool is None:
         raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
     return tuple(out)
+

@@ -27,7 +27,13 @@ from typing import Any
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
-from orchestrator.k8s.settings import LABEL_PREFIX, MANAGED_BY, QUEUE_LABEL, ClusterSettings
+from orchestrator.k8s.settings import (
+    LABEL_PREFIX,
+    MANAGED_BY,
+    QUEUE_LABEL,
+    ClusterSettings,
+    parse_memory,
+)
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 from orchestrator.verl.engines import engine_of
@@ -36,27 +42,6 @@ from orchestrator.verl.trainer import VerlTrainer
 
 RAYJOB_API = "ray.io/v1"
 SECRETISH = re.compile(r"(TOKEN|PASSWORD|SECRET|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
-_UNITS = {
-    "Ki": 2**10,
-    "Mi": 2**20,
-    "Gi": 2**30,
-    "Ti": 2**40,
-    "K": 10**3,
-    "M": 10**6,
-    "G": 10**9,
-    "T": 10**12,
-    "": 1,
-}
-
-
-def parse_memory(text: str, what: str) -> int:
-    """Bytes in a Kubernetes memory quantity such as ``1600Gi`` (the forms pools.yaml uses)."""
-    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?", text or "")
-    if not m:
-        raise UserError(f"{what} {text!r} is not a memory quantity; fix: write e.g. 512Gi")
-    return int(m.group(1)) * _UNITS[m.group(2) or ""]
-
-
 def trial_labels(trial: TrialSpec, attempt: int, name: str) -> dict[str, str]:
     """Labels on the RayJob and all its pods: select by grid, trial, pool or attempt."""
     return {
@@ -239,6 +224,8 @@ def check_pool(pool: PoolSpec) -> PoolSpec:
             f"{where}: gpus_per_node, cpus_per_node and memory_per_node must be "
             "set for a cluster pool; fix: add them to the pool catalogue"
         )
+    # The quantity the worker pods request, read as the render reads it (not only by the dry run).
+    parse_memory(pool.memory_per_node, f"{where}.memory_per_node")
     if pool.kueue_flavor:
         names.check_subdomain(pool.kueue_flavor, f"{where}.kueue_flavor")
     return pool

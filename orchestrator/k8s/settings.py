@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import dataclasses
 import os
+import re
 from collections.abc import Mapping
 
 from orchestrator.exceptions import UserError
@@ -18,6 +19,27 @@ LABEL_PREFIX = "ablate.io"
 MANAGED_BY = {"app.kubernetes.io/managed-by": "rl-ablate"}
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPU_RESOURCE = "nvidia.com/gpu"
+
+# Kubernetes quantities in the forms this project writes (pools.yaml, the settings below): one
+# parser for every quantity a manifest gets, used at plan time and by the render alike.
+_UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40,
+          "K": 10**3, "M": 10**6, "G": 10**9, "T": 10**12, "": 1}
+
+
+def parse_memory(text: str | None, what: str) -> int:
+    """Bytes in a Kubernetes memory quantity such as ``1600Gi`` (the forms pools.yaml uses)."""
+    m = re.fullmatch(r"(\d+)(Ki|Mi|Gi|Ti|K|M|G|T)?", text or "")
+    if not m or int(m.group(1)) == 0:
+        raise UserError(f"{what} {text!r} is not a memory quantity; fix: write e.g. 512Gi")
+    return int(m.group(1)) * _UNITS[m.group(2) or ""]
+
+
+def parse_cpu(text: str, what: str) -> float:
+    """CPUs in a Kubernetes CPU quantity: whole CPUs (``4``) or millicores (``500m``)."""
+    m = re.fullmatch(r"(\d+)(m?)", text or "")
+    if not m or int(m.group(1)) == 0:
+        raise UserError(f"{what} {text!r} is not a CPU quantity; fix: write e.g. 4 or 500m")
+    return int(m.group(1)) / (1000 if m.group(2) else 1)
 
 
 @dataclasses.dataclass(frozen=True)
@@ -72,6 +94,10 @@ class ClusterSettings:
                 f"checkpoint root {self.checkpoint_root!r} must be an absolute "
                 "path without '..'; fix: set ABLATE_K8S_CHECKPOINT_ROOT"
             )
+        for name in ("head_cpu", "submitter_cpu"):
+            parse_cpu(getattr(self, name), f"cluster setting {name}")
+        for name in ("head_memory", "submitter_memory", "shm_size"):
+            parse_memory(getattr(self, name), f"cluster setting {name}")
         if not 0.1 <= self.worker_fraction <= 1.0:
             raise UserError(f"worker_fraction {self.worker_fraction} must be in [0.1, 1]")
         for s in self.secret_env:

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
-from orchestrator.grid import check_notify, load_grid, notes, webhook_url
+from orchestrator.grid import check_notify, load_grid, notes, redact_url, webhook_url
 from orchestrator.store import TrialPaths, atomic_write_json, read_json, records
 
 if TYPE_CHECKING:
@@ -186,21 +186,37 @@ def _told(paths: TrialPaths) -> dict[str, Any] | None:
         return None
 
 
+class _NoRedirect(urllib.request.HTTPRedirectHandler):
+    """A 3xx answer is not followed: urllib would re-send the POST as a body-less GET to
+    wherever it points, another host included, and a 200 there would read as delivered."""
+
+    def redirect_request(self, *args: Any, **kwargs: Any) -> None:
+        return None
+
+
+_OPENER = urllib.request.build_opener(_NoRedirect)
+
+
 def post(hook: NotifySpec, body: dict[str, Any]) -> tuple[str | None, bool]:
-    """POST ``body`` to the webhook: (error or None, whether retrying is pointless)."""
+    """POST ``body`` to the webhook: (error or None, whether retrying is pointless). An error
+    never holds the URL (``redact_url``); a redirect is a failed delivery, given up at once."""
     url = webhook_url(hook)
     if url is None:
-        return f"{hook.url_env} is unset or not an http(s) URL", False
+        return f"{hook.url_env} is unset or not a deliverable http(s) URL", False
     req = urllib.request.Request(url, data=json.dumps(body, default=str).encode(), method="POST",
                                  headers={"Content-Type": "application/json"})
     try:
-        with urllib.request.urlopen(req, timeout=float(hook.timeout_s)) as resp:
+        with _OPENER.open(req, timeout=float(hook.timeout_s)) as resp:
             resp.read(1024)
         return None, False
     except urllib.error.HTTPError as exc:
+        if 300 <= exc.code < 400:
+            return (f"HTTP {exc.code}: the receiver redirects, which is not followed (the alert "
+                    f"would arrive as a body-less GET elsewhere); fix: set {hook.url_env} to the "
+                    "URL it redirects to"), True
         return f"HTTP {exc.code}", 400 <= exc.code < 500 and exc.code not in (408, 429)
     except Exception as exc:  # noqa: BLE001 - refused, reset, timed out, DNS: all retried
-        return str(exc).replace(url, f"${hook.url_env}")[:300], False
+        return redact_url(str(exc), url, hook.url_env)[:300], False
 
 
 def _text(grid: str, event: str, f: dict[str, Any]) -> str:

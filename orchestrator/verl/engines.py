@@ -284,6 +284,63 @@ def _show(value: Any) -> str:
     return str(value).lower() if isinstance(value, bool) else str(value)
 
 
+# --------------------------------------------------------------------------- log-prob semantics
+
+# The rollout log-probs every correction and mismatch metric compares with the trainer's. verl's
+# trainer recomputes log_softmax(logits / temperature) over the full vocabulary
+# (verl/workers/engine/fsdp/transformer_impl.py:103 and :1522), while the engine samples with
+# the rollout's top_p / top_k (verl/experimental/agent_loop/agent_loop.py:590-593). vLLM: verl
+# passes logprobs_mode (default processed_logprobs, verl/workers/config/rollout.py:197) to the
+# engine (vllm_async_server.py:338); vLLM 0.32's processed_logprobs is the log_softmax *after*
+# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py:274-279), renormalised over the
+# nucleus S, so each ratio carries log P(S) that is no engine mismatch (vLLM #42259, verl #6240);
+# raw_logprobs is taken before temperature and truncation (vllm/v1/sample/sampler.py:81-89),
+# which equals the trainer's only at temperature 1. SGLang gets no logprobs_mode from verl and
+# returns the processed distribution's log-probs (research/verl-0.9.1.md:280, :460). The CPU
+# rollout engine computes the full-vocabulary log-prob (verl/cpu/rollout/decoding.py).
+TOP_P_KEY, TOP_K_KEY = f"{ROLLOUT}.top_p", f"{ROLLOUT}.top_k"
+LOGPROBS_KEY, TEMPERATURE_KEY = f"{ROLLOUT}.logprobs_mode", f"{ROLLOUT}.temperature"
+VERL_LOGPROBS_DEFAULT = "processed_logprobs"
+
+
+def logprob_problem(engine: str, *, top_p: Any, top_k: Any, temperature: Any,
+                    logprobs_mode: Any) -> tuple[str, str] | None:
+    """(key, why) when ``engine``'s rollout log-probs are not the distribution verl's trainer
+    recomputes (a log(S) or temperature term in every IS ratio and k3), or None."""
+    truncated = [f"{key}: {value}" for key, value, cut in (
+        (TOP_P_KEY, top_p, isinstance(top_p, (int, float)) and top_p < 1),
+        (TOP_K_KEY, top_k, isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > 0))
+        if cut]
+    unit = temperature in (None, 1, 1.0)
+    if engine == "vllm":
+        mode = logprobs_mode or VERL_LOGPROBS_DEFAULT
+        if mode not in ("processed_logprobs", "raw_logprobs"):
+            return LOGPROBS_KEY, (f"{LOGPROBS_KEY}: {mode}: vLLM then returns logits, not "
+                                  "log-probs; fix: rollout.logprobs_mode: processed or raw")
+        if mode == "raw_logprobs" and not unit:
+            return LOGPROBS_KEY, (
+                f"{LOGPROBS_KEY}: raw_logprobs at temperature {temperature}: vLLM takes raw "
+                "log-probs before temperature scaling while verl's trainer divides the logits by "
+                "it, so every ratio carries the temperature, not the engine; fix: "
+                "rollout.logprobs_mode: processed (or temperature 1.0)")
+        if truncated and mode == "processed_logprobs":
+            fix = ("rollout.logprobs_mode: raw" if unit else "temperature 1.0 with "
+                   "rollout.logprobs_mode: raw")
+            return truncated[0].split(":")[0], (
+                f"{truncated[0]} on vllm: verl passes vLLM's processed_logprobs, renormalised "
+                "over the top-p/top-k nucleus, while its trainer recomputes over the full "
+                "vocabulary, so k3, the IS ratios and every correction carry a log(S) term that "
+                f"is not engine mismatch; fix: top_p 1.0 and top_k -1, or {fix}")
+    elif engine == "sglang" and truncated:
+        return truncated[0].split(":")[0], (
+            f"{truncated[0]} on sglang: SGLang returns the log-probs of the distribution "
+            "renormalised over the top-p/top-k nucleus (verl passes it no logprobs_mode) while "
+            "verl's trainer recomputes over the full vocabulary, so k3, the IS ratios and every "
+            "correction carry a log(S) term that is not engine mismatch; fix: top_p 1.0 and "
+            "top_k -1, or rollout.engine: vllm with rollout.logprobs_mode: raw")
+    return None
+
+
 # --------------------------------------------------------------------------- installed engines
 
 

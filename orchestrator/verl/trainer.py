@@ -25,7 +25,14 @@ from orchestrator.exceptions import CheckpointError, GridError, UserError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import cpu_engines, engine_versions, engines, mapping, reference_job
+from orchestrator.verl import (
+    cpu_engines,
+    engine_versions,
+    engines,
+    job_values,
+    mapping,
+    reference_job,
+)
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu import reference
 from orchestrator.verl.cpu.assets import asset_values
@@ -35,7 +42,6 @@ from orchestrator.verl.supervise import require_cpu_verl, run_attempt
 from orchestrator.verl.topology import (
     RAY_INIT,
     checkpoint_world_size,
-    config_value,
     portability,
     world_size,
 )
@@ -241,7 +247,7 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
                 raise GridError(f"{problem} (trial {trial.trial_id})", key=key,
                                 fix="pass the value without '${' / NUL")
             out[key] = mapping.override(key, value)
-        _check_recipe_values(trial, config, pool)
+        job_values.check_recipe_values(trial, config, pool, rollout)
         world = world_size(pool, config)
         identity = {
             "actor_rollout_ref.rollout.calculate_log_probs": True,
@@ -283,10 +289,12 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
             if pool.kind == "cpu":  # rollout.engine: cpu is the pool's own rollout.name
                 rollout = rollout.model_copy(update={"engine": None})
             engine_items = engines.engine_overrides(rollout, str(engine))
+        learner_items = verl_learner.learner_overrides(learner, config, pool)
+        job_values.one_name_per_setting(trial, engine_items + learner_items)
         for item in engine_items + mapping.correction_overrides(correction):
             out[item.split("=", 1)[0].lstrip("+")] = item
         # The learner's keys last: they replace the pool's trainer precision (cpu pools: fp32).
-        for item in verl_learner.learner_overrides(learner, config, pool):
+        for item in learner_items:
             out[item.split("=", 1)[0].lstrip("+")] = item
         return list(out.values())
 
@@ -372,40 +380,6 @@ def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:
     except ValueError as exc:
         raise GridError(f"trial {trial.trial_id}: invalid learner section: "
                         f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
-
-
-def _check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
-    """Values verl only checks deep inside the job (or never): fail at plan time instead."""
-    def bad(key: str, problem: str, fix: str) -> GridError:
-        return GridError(f"{problem} (trial {trial.trial_id})", key=key, fix=fix)
-
-    n = config_value(config, "actor_rollout_ref.rollout.n", 1)
-    if not isinstance(n, int) or n < 2:
-        raise bad("actor_rollout_ref.rollout.n", f"GRPO needs >= 2 samples per prompt, got {n!r}",
-                  "set actor_rollout_ref.rollout.n to 2 or more")
-    if config_value(config, "actor_rollout_ref.rollout.calculate_log_probs", True) is not True:
-        raise bad("actor_rollout_ref.rollout.calculate_log_probs", "must be true: without the "
-                  "engine's log-probs there is no correction and no mismatch metric", "remove it")
-    name = config_value(config, "actor_rollout_ref.rollout.name")
-    if pool.kind == "gpu" and name not in engines.ENGINES:
-        raise bad("actor_rollout_ref.rollout.name", f"the verl backend runs the rollout engines "
-                  f"{', '.join(engines.ENGINES)} on gpu pools, not {name!r}",
-                  "set actor_rollout_ref.rollout.name: sglang or vllm (or rollout.engine)")
-    bsz = config_value(config, "data.train_batch_size")
-    mini = config_value(config, "actor_rollout_ref.actor.ppo_mini_batch_size")
-    world = world_size(pool, config)
-    if isinstance(bsz, int) and (bsz * n) % world:
-        raise bad("data.train_batch_size", f"train_batch_size x rollout.n = {bsz * n} is not "
-                  f"divisible by the {world} GPUs of pool {pool.name!r}",
-                  "pick a batch size that divides evenly")
-    if isinstance(bsz, int) and isinstance(mini, int) and (mini < 1 or bsz % mini):
-        raise bad("actor_rollout_ref.actor.ppo_mini_batch_size", f"{mini} must divide "
-                  f"data.train_batch_size {bsz}", "use a divisor of the batch size")
-    tp = config_value(config, "actor_rollout_ref.rollout.tensor_model_parallel_size", 1)
-    if isinstance(tp, int) and (tp < 1 or pool.gpus_per_node % tp):
-        raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
-                  f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
-                  "use 1, 2, 4 or 8")
 
 
 _WARNED: set[str] = set()

@@ -76,7 +76,8 @@ def test_recipe_linked_to_dev_zero(isolated: Path, monkeypatch: pytest.MonkeyPat
     monkeypatch.setenv("ABLATE_RECIPES", str(isolated / "recipes"))
     (isolated / "g.yaml").write_text(HEAD.replace("sim/grpo_tiny", "sim/zero"))
     err = _refused(["g.yaml"], capsys, isolated)
-    assert "zero.yaml: is a character device, not a regular file" in err
+    # A link leaving the recipes folder is refused before anything reads it (issue 59, item 8).
+    assert "zero.yaml is a link to a file outside the recipes folder" in err
 
 
 def test_recipe_with_a_yaml11_number_is_refused(isolated: Path, monkeypatch: pytest.MonkeyPatch,

@@ -507,6 +507,7 @@ K8S_BAD = Path(__file__).parents[1] / "data" / "k8s_bad_catalogs"
     ("bad_image", "image 'repo img' contains whitespace"),
     ("bad_flavor", "kueue_flavor 'Bad_Flavor' is not a valid Kubernetes DNS-1123 subdomain"),
     ("bad_label", "is not a valid Kubernetes label key"),
+    ("bad_memory", "pools.gpu-x.memory_per_node '1.5Ti' is not a memory quantity"),
 ])
 def test_plan_refuses_what_the_dry_run_refuses(tmp_path: Path, monkeypatch, capsys,
                                                  catalog: str, needle: str) -> None:
@@ -556,3 +557,16 @@ def test_a_rescue_pool_is_checked_at_plan_and_queued_by_the_dry_run(tmp_path: Pa
     flavors = {o["metadata"]["name"] for o in objs if o["kind"] == "ResourceFlavor"}
     assert any("h20" in f for f in flavors) and any("h100" in f for f in flavors), flavors
     assert len(list((tmp_path / "o" / "rayjobs").glob("ab-*.yaml"))) == 1  # the trial's only
+
+
+@pytest.mark.parametrize(("field", "value"), [("head_memory", "16GB"), ("shm_size", "0Gi"),
+                                              ("head_cpu", "4.5"), ("submitter_cpu", "half")])
+def test_cluster_settings_quantities_are_checked_where_they_are_made(field: str,
+                                                                     value: str) -> None:
+    """A cluster setting every manifest carries is a Kubernetes quantity when the settings are
+    built (plan and submit build them), not first when the API server rejects a RayJob."""
+    from orchestrator.exceptions import UserError
+    from orchestrator.k8s.settings import ClusterSettings
+
+    with pytest.raises(UserError, match=f"cluster setting {field} '{value}' is not a"):
+        ClusterSettings(**{field: value})
