@@ -73,6 +73,15 @@ class Notifier:
             atomic_write_json(path, {"hook": i, "key": key, "state": "pending", "tries": 0,
                                      "next_at": 0.0, "error": None, "body": body})
 
+    def grid_end(self, summary: dict[str, Any], *, budget_out: bool, submission: str) -> None:
+        """The grid-level alerts of a submission's end: its budget ran out, the grid is done."""
+        if budget_out:
+            self.queue("budget_exhausted", {"reason": "the grid's budget is spent: trials were "
+                       "not started; raise it and submit again"}, f"budget_exhausted:{submission}")
+        counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("states", {}).items()))
+        self.queue("grid_done", {"reason": counts, "states": summary.get("states"),
+                                 "rescued": summary.get("rescued")}, f"grid_done:{submission}")
+
     def scan(self) -> None:
         """Queue the events the trial files hold now."""
         for tid, spec in records.known_trials(self.grid_dir).items():

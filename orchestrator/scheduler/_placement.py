@@ -205,3 +205,12 @@ def _alive(pid: int) -> bool:
         return Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0] != "Z"
     except (OSError, IndexError):
         return False
+
+
+def standby_slots(placements: Mapping[str, Placement], limits: Mapping[str, int],
+             max_parallel: int) -> dict[str, int]:
+    """One standby trial (``_gate.PoolGate``) for each pool that Ray itself keeps at its limit,
+    when the grid limit cannot be reached by the pool limits anyway."""
+    if sum(limits.values()) > max_parallel:
+        return {}
+    return {p: 1 for p, pl in placements.items() if pl.enforced and 0 < limits[p] == pl.capacity}

@@ -47,9 +47,10 @@ from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.scheduler._events import Sink
 from orchestrator.scheduler._identity import check_scheme, renamed
+from orchestrator.scheduler._lineage import select_trials
 from orchestrator.scheduler._placement import check_address
 from orchestrator.scheduler._repair import missing_before, repair_metrics
-from orchestrator.scheduler._rescue import Plan, apply, plan, select_trials
+from orchestrator.scheduler._rescue import Plan, apply, plan
 from orchestrator.scheduler._submission import run_trials, submission_id
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
 from orchestrator.tracking import check_store, parent_run

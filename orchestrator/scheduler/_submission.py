@@ -47,16 +47,18 @@ from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
 from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink, summary_lines
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
+from orchestrator.scheduler._lineage import rescue_links, rescue_trials
 from orchestrator.scheduler._notify import Notifier
 from orchestrator.scheduler._placement import (
     Placement,
     check_address,
     connect,
     plan_placement,
+    standby_slots,
 )
 from orchestrator.scheduler._progress import LiveView, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
-from orchestrator.scheduler._rescue import Rescuer, rescue_links, rescue_trials
+from orchestrator.scheduler._rescue import Rescuer
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
 from orchestrator.scheduler._tune import (
@@ -238,10 +240,8 @@ class Submission:
             return
         summary.update(elapsed_s=time.time() - self.started, skipped_finished=self.already)
         print("interrupted; the trials so far (an unfinished one resumes from its latest "
-              "checkpoint at the next `ablate submit`):", file=sys.stderr)
-        for line in summary_lines(summary):
-            print(f"  {line}", file=sys.stderr)
-        sys.stderr.flush()
+              "checkpoint at the next `ablate submit`):", *(f"  {line}" for line in summary_lines(summary)),
+              sep="\n", file=sys.stderr, flush=True)
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -341,7 +341,7 @@ class Submission:
         budget = self.grid.spec.budget
         self.limits = {p: min(pl.capacity, budget.per_pool.get(p, pl.capacity))
                        for p, pl in self.placements.items()}
-        self.standby = _standby(self.placements, self.limits, self.max_parallel)
+        self.standby = standby_slots(self.placements, self.limits, self.max_parallel)
         return runnable
 
     def _context(self, pools: dict[str, PoolSpec]) -> GridContext:
@@ -439,7 +439,8 @@ class Submission:
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
         parent.log_cost(total_metrics(summary["cost"]), {**cost_run_tags(summary), **rescue_links(self.grid_dir)})
         summary["repaired"] = self.repaired
-        self._notify_end(summary)
+        self.notifier.grid_end(summary, budget_out=self.planner.budget_out,
+                               submission=self.submission)
         summary.update(submission=self.submission, elapsed_s=round(time.time() - self.started, 2),
                        skipped_finished=self.already,
                        tune_dir=str(self.grid_dir / "tune" / self.submission),
@@ -447,24 +448,3 @@ class Submission:
                        ray="embedded" if embedded else "cluster")
         parent.end("FINISHED")
         return summary
-
-
-    def _notify_end(self, summary: dict[str, Any]) -> None:
-        """The grid-level alerts: the budget ran out in this submission, and the grid is done."""
-        if self.planner.budget_out:
-            self.notifier.queue("budget_exhausted", {"reason": "the grid's budget is spent: trials "
-                                "were not started; raise it and submit again"},
-                                f"budget_exhausted:{self.submission}")
-        counts = ", ".join(f"{k} {v}" for k, v in sorted(summary.get("states", {}).items()))
-        self.notifier.queue("grid_done", {"reason": counts, "states": summary.get("states"),
-                                          "rescued": summary.get("rescued")},
-                            f"grid_done:{self.submission}")
-
-
-def _standby(placements: Mapping[str, Placement], limits: Mapping[str, int],
-             max_parallel: int) -> dict[str, int]:
-    """One standby trial (``_gate.PoolGate``) for each pool that Ray itself keeps at its limit,
-    when the grid limit cannot be reached by the pool limits anyway."""
-    if sum(limits.values()) > max_parallel:
-        return {}
-    return {p: 1 for p, pl in placements.items() if pl.enforced and 0 < limits[p] == pl.capacity}

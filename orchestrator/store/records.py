@@ -19,6 +19,12 @@ from pathlib import Path
 from typing import Any, TypeVar
 
 from orchestrator.exceptions import StateFileError
+from orchestrator.store._cancel import (  # noqa: F401 - part of records' interface
+    add_cancel_requests,
+    cancel_path,
+    cancel_requests,
+    clear_cancel_requests,
+)
 from orchestrator.store._files import (
     TrialPaths,
     atomic_write_json,
@@ -374,8 +380,9 @@ def last_metrics(path: Path, max_bytes: int = 65536) -> tuple[int, dict[str, flo
                 rows = [r for r in map(_row, reversed(lines)) if r is not None]
                 for i, (step, values) in enumerate(rows):  # newest first
                     # A row that does not follow the one before it is garbage (a stray line),
-                    # not the trial's step: the newest row that follows its predecessor counts.
-                    if i + 1 == len(rows) and (step == 1 or size > tail) or (
+                    # not the trial's step: the newest row that follows its predecessor counts
+                    # (a file of one row has nothing to follow).
+                    if i + 1 == len(rows) and (step == 1 or size > tail or i == 0) or (
                             i + 1 < len(rows) and rows[i + 1][0] == step - 1):
                         return step, values
     except FileNotFoundError:
@@ -410,49 +417,6 @@ def run_lock(paths: TrialPaths) -> Any:
 
     paths.root.mkdir(parents=True, exist_ok=True)
     return FileLock(str(paths.run_lock))
-
-
-# --------------------------------------------------------------------------- cancel requests
-
-
-def cancel_path(grid_dir: Path) -> Path:
-    return Path(grid_dir) / "cancel.json"
-
-
-def _cancel_lock(grid_dir: Path) -> Any:
-    from filelock import FileLock
-
-    return FileLock(str(Path(grid_dir) / ".cancel.lock"), timeout=30)
-
-
-def cancel_requests(grid_dir: Path) -> dict[str, float]:
-    path = cancel_path(grid_dir)
-    if not path.exists():
-        return {}
-    try:
-        return dict(read_json(path).get("trials", {}))
-    except ValueError:
-        return {}
-
-
-def add_cancel_requests(grid_dir: Path, trial_ids: Iterable[str]) -> None:
-    with _cancel_lock(grid_dir):
-        current = cancel_requests(grid_dir)
-        now = time.time()
-        current.update({t: now for t in trial_ids if t not in current})
-        atomic_write_json(cancel_path(grid_dir), {"trials": current})
-
-
-def clear_cancel_requests(grid_dir: Path, trial_ids: Iterable[str]) -> None:
-    """Drop requests that were carried out (so a later ``ablate resume`` is not cancelled again)."""
-    ids = set(trial_ids)
-    if not ids or not cancel_path(grid_dir).exists():
-        return
-    with _cancel_lock(grid_dir):
-        current = cancel_requests(grid_dir)
-        if ids & set(current):
-            atomic_write_json(cancel_path(grid_dir),
-                              {"trials": {k: v for k, v in current.items() if k not in ids}})
 
 
 # --------------------------------------------------------------------------- results

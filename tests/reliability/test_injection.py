@@ -215,7 +215,8 @@ def test_hostile_values_run_inertly_and_hostile_arguments_are_refused(
     from orchestrator.grid import expand, load_grid
     from orchestrator.recipes import parse_assignments
     from orchestrator.run import run_single
-    from orchestrator.scheduler._rescue import plan, select_trials
+    from orchestrator.scheduler._lineage import select_trials
+    from orchestrator.scheduler._rescue import plan
     from orchestrator.store import TrialPaths, records, workspace
 
     doubles.register(monkeypatch)

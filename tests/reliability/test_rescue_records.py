@@ -24,7 +24,8 @@ def test_an_in_place_infra_rescue_gains_at_the_parents_last_step(tmp_path: Path)
     section = rescue_section([r], tmp_path)
     (cell,) = section["rows"]
     assert abs(cell["gain_final"].estimate - 0.02) < 1e-9  # 0.20 against 0.18, both at step 20
-    (row,) = list(csv.DictReader(open(tmp_path / "rescues.csv")))
+    with open(tmp_path / "rescues.csv", newline="") as fh:
+        (row,) = list(csv.DictReader(fh))
     assert float(row["final"]) == 1.2 and abs(float(row["parent final"]) - 0.18) < 1e-9
 
 

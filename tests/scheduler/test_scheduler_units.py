@@ -136,14 +136,14 @@ def test_gate_stages_one_standby_trial_beyond_a_saturated_pool(tmp_path: Path) -
 
 
 def test_standby_only_where_ray_enforces_the_limit_and_the_grid_limit_is_not_binding() -> None:
-    from orchestrator.scheduler._submission import _standby
+    from orchestrator.scheduler._placement import standby_slots
 
     pl = plan_placement(_pools("sim-a100", "h100"), embedded=False, cluster_resources={
         "CPU": 8, "pool:sim-a100": 2, "accelerator_type:H100": 2}, node_labels=[])
     assert pl["sim-a100"].enforced and not pl["h100"].enforced  # 0.001 of accelerator_type each
-    assert _standby(pl, {"sim-a100": 2, "h100": 1}, max_parallel=3) == {"sim-a100": 1}
-    assert _standby(pl, {"sim-a100": 1, "h100": 1}, max_parallel=3) == {}  # per_pool below capacity
-    assert _standby(pl, {"sim-a100": 2, "h100": 1}, max_parallel=2) == {}  # max_parallel binds
+    assert standby_slots(pl, {"sim-a100": 2, "h100": 1}, max_parallel=3) == {"sim-a100": 1}
+    assert standby_slots(pl, {"sim-a100": 1, "h100": 1}, max_parallel=3) == {}  # per_pool below capacity
+    assert standby_slots(pl, {"sim-a100": 2, "h100": 1}, max_parallel=2) == {}  # max_parallel binds
 
 
 def test_reap_stale_sessions_stops_only_orphaned_agents_of_its_temp_root(tmp_path: Path) -> None:
