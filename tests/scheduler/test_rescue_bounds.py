@@ -12,7 +12,6 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
-
 from warnrescue import SECTIONS
 
 from orchestrator.grid import expand, load_grid
