@@ -44,6 +44,20 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _unmeasured(summaries: Sequence[Summary]) -> list[str]:
+    """What a configuration's trainer cannot measure (its ``ProbeJob.unmeasured``), with why:
+    ``n/a`` in the tables."""
+    whys: dict[tuple[str, str], list[str]] = {}
+    for s in summaries:
+        for metric, why in s.measured.config.job.unmeasured.items():
+            whys.setdefault((metric, why), []).append(s.label)
+    if not whys:
+        return []
+    return ["", "## Not measured", "", "Shown as n/a above: the trainer does not report them.",
+            ""] + [f"- {metric} ({', '.join(labels)}): {why}"
+                   for (metric, why), labels in whys.items()]
+
+
 def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) -> str:
     """``probe.md``."""
     g = plan.grid
@@ -59,6 +73,7 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                       _iv(s.metrics["k3"]), _iv(s.metrics["k1"]), _iv(s.metrics["abs_diff_max"]),
                       _iv(s.metrics["abs_diff_p99"]), _iv(s.metrics["bitwise_share"]),
                       _iv(s.metrics["chi2"]), str(s.tokens)) for s in summaries])
+    lines += _unmeasured(summaries)
     if gates:
         lines += ["", "## Gates", "", f"Bounds: {', '.join(map(str, gates))}.", ""]
         lines += [f"- {s.label}: " + ("over " + ", ".join(
