@@ -47,15 +47,20 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
 def _unmeasured(summaries: Sequence[Summary]) -> list[str]:
     """What a configuration's trainer cannot measure (its ``ProbeJob.unmeasured``), with why:
     ``n/a`` in the tables."""
-    whys: dict[tuple[str, str], list[str]] = {}
+    whys: dict[str, list[str]] = {}
     for s in summaries:
         for metric, why in s.measured.config.job.unmeasured.items():
-            whys.setdefault((metric, why), []).append(s.label)
+            whys.setdefault(f"{metric}: {why}", []).append(s.label)
     if not whys:
         return []
-    return ["", "## Not measured", "", "Shown as n/a above: the trainer does not report them.",
-            ""] + [f"- {metric} ({', '.join(labels)}): {why}"
-                   for (metric, why), labels in whys.items()]
+    every = [s.label for s in summaries]
+    return ["", "## Not measured", "", "Shown as n/a: the trainer does not report them.", ""] + [
+        f"- {what}" + ("" if labels == every else f" ({', '.join(labels)})")
+        for what, labels in whys.items()]
+
+
+def _no_buckets(summaries: Sequence[Summary]) -> bool:
+    return all("buckets" in s.measured.config.job.unmeasured for s in summaries)
 
 
 def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) -> str:
@@ -81,11 +86,12 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
             for s in summaries]
     if plan.refused:
         lines += ["", "## Not probed", ""] + [f"- {label}: {why}" for label, why in plan.refused]
-    lines += ["", "## k3 by rollout probability of the sampled token", ""]
-    lines += _table(("bucket", *(s.label for s in summaries)),
-                    [(b, *(f"{_iv(s.buckets[i][1])} (share {_g(s.buckets[i][2].estimate)})"
-                           for s in summaries)) for i, (b, _, _) in enumerate(summaries[0].buckets)]
-                    if summaries else [])
+    if summaries and not _no_buckets(summaries):
+        lines += ["", "## k3 by rollout probability of the sampled token", ""]
+        lines += _table(("bucket", *(s.label for s in summaries)),
+                        [(b, *(f"{_iv(s.buckets[i][1])} (share {_g(s.buckets[i][2].estimate)})"
+                               for s in summaries))
+                         for i, (b, _, _) in enumerate(summaries[0].buckets)])
     if any(s.attribution for s in summaries):
         lines += ["", "## Attribution: the change in k3 when one knob is set as the fp32 "
                   "trainer computes", ""]
