@@ -139,7 +139,7 @@ def test_a_bad_gate_is_one_line_exit_2_and_nothing_runs(tmp_path, capsys, gate, 
 
 
 def test_a_verl_grid_plans_a_probe_per_engine_setting_and_pool(tmp_path, capsys) -> None:
-    """The verl probe at plan time (no verl job; ``tests/verl_cpu/test_probe.py`` runs one):
+    """The verl probe at plan time (no verl job; ``tests/verl_cpu/test_verl_probe.py`` runs one):
     grids/verl_cpu.yaml's 4 trials are 2 probes (its correction axis shares one), each the
     trial's config learning nothing; a gate on a figure verl does not report is exit 2, with
     nothing started."""
