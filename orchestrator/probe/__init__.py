@@ -11,6 +11,7 @@ one MLflow run in the grid's experiment. A probe is content-hashed: a second one
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -47,7 +48,7 @@ class ProbeReport:
             state = "cached" if s.measured.cached else f"probed in {s.measured.seconds:.1f}s"
             bitwise = s.metrics["bitwise_share"].estimate
             out.append(f"{s.label}: k3 {k3.estimate:.3g} [{k3.low:.3g}, {k3.high:.3g}], "
-                       f"bitwise equal {'n/a' if bitwise != bitwise else f'{bitwise:.3g}'} "
+                       f"bitwise equal {f'{bitwise:.3g}' if math.isfinite(bitwise) else 'n/a'} "
                        f"({state})")
         out += [f"{label}: not probed ({why})" for label, why in self.plan.refused]
         for s in self.failed:

@@ -16,7 +16,6 @@ import pytest
 
 from orchestrator import metrics as M
 from orchestrator.cli import main
-from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.probe import ProbeReport, probe
 from orchestrator.probe._report import TIME_COLUMNS
