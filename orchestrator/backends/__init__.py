@@ -52,6 +52,7 @@ _TRAINERS: dict[str, tuple[str, str]] = {
 # so that adding one changes no module whose content hashes a committed result.
 _PROBES: dict[str, tuple[str, str]] = {
     "sim": ("orchestrator.sim.probe_job", "SimProbe"),
+    "verl": ("orchestrator.probe.verl_job", "VerlProbe"),
 }
 _LAUNCHERS: dict[str, tuple[str, str]] = {
     "local": ("orchestrator.backends.local", "LocalLauncher"),

@@ -261,6 +261,9 @@ class ProbeJob(abc.ABC):
     Rows are JSON-ready dicts (they are cached as they are): one per (seed, batch)."""
 
     version: ClassVar[str]  # part of every probe's content hash: bump when numbers would change
+    # The probe's figures (``probe._plan.METRICS`` keys, or ``buckets``) this trainer cannot
+    # measure -> why: reported as not measured, never estimated.
+    unmeasured: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:

@@ -11,6 +11,7 @@ one MLflow run in the grid's experiment. A probe is content-hashed: a second one
 from __future__ import annotations
 
 import dataclasses
+import math
 from collections.abc import Sequence
 from pathlib import Path
 
@@ -45,8 +46,10 @@ class ProbeReport:
         for s in self.summaries:
             k3 = s.metrics["k3"]
             state = "cached" if s.measured.cached else f"probed in {s.measured.seconds:.1f}s"
+            bitwise = s.metrics["bitwise_share"].estimate
             out.append(f"{s.label}: k3 {k3.estimate:.3g} [{k3.low:.3g}, {k3.high:.3g}], "
-                       f"bitwise equal {s.metrics['bitwise_share'].estimate:.3g} ({state})")
+                       f"bitwise equal {f'{bitwise:.3g}' if math.isfinite(bitwise) else 'n/a'} "
+                       f"({state})")
         out += [f"{label}: not probed ({why})" for label, why in self.plan.refused]
         for s in self.failed:
             out += [f"GATE FAILED {s.label}: {g.metric} = {s.metrics[g.metric].estimate:.3g}, "
@@ -71,6 +74,12 @@ def probe(grid_path: str, *, pools: Sequence[str] = (), gates: Sequence[str] = (
             whys.setdefault(w, []).append(label)
         why = "; ".join(f"{', '.join(labels)}: {w}" for w, labels in whys.items())
         raise UserError(f"{grid.file}: no configuration of grid {grid.name} can be probed ({why})")
+    for g in parsed:  # a bound on a figure a configuration's trainer does not measure
+        blind = [c for c in chosen.configurations if g.metric in c.job.unmeasured]
+        if blind:
+            raise UserError(f"--gate {g}: {g.metric} is not measured for "
+                            f"{', '.join(c.label for c in blind)} "
+                            f"({blind[0].job.unmeasured[g.metric]}); fix: gate on k3, k1 or chi2")
     summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), parsed))
     files = tuple(write(Path(out) if out else Path("results") / grid.name, chosen, summaries,
                         parsed))

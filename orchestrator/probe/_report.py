@@ -44,6 +44,25 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
+def _unmeasured(summaries: Sequence[Summary]) -> list[str]:
+    """What a configuration's trainer cannot measure (its ``ProbeJob.unmeasured``), with why:
+    ``n/a`` in the tables."""
+    whys: dict[str, list[str]] = {}
+    for s in summaries:
+        for metric, why in s.measured.config.job.unmeasured.items():
+            whys.setdefault(f"{metric}: {why}", []).append(s.label)
+    if not whys:
+        return []
+    every = [s.label for s in summaries]
+    return ["", "## Not measured", "", "Shown as n/a: the trainer does not report them.", ""] + [
+        f"- {what}" + ("" if labels == every else f" ({', '.join(labels)})")
+        for what, labels in whys.items()]
+
+
+def _no_buckets(summaries: Sequence[Summary]) -> bool:
+    return all("buckets" in s.measured.config.job.unmeasured for s in summaries)
+
+
 def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) -> str:
     """``probe.md``."""
     g = plan.grid
@@ -59,6 +78,7 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                       _iv(s.metrics["k3"]), _iv(s.metrics["k1"]), _iv(s.metrics["abs_diff_max"]),
                       _iv(s.metrics["abs_diff_p99"]), _iv(s.metrics["bitwise_share"]),
                       _iv(s.metrics["chi2"]), str(s.tokens)) for s in summaries])
+    lines += _unmeasured(summaries)
     if gates:
         lines += ["", "## Gates", "", f"Bounds: {', '.join(map(str, gates))}.", ""]
         lines += [f"- {s.label}: " + ("over " + ", ".join(
@@ -66,11 +86,12 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
             for s in summaries]
     if plan.refused:
         lines += ["", "## Not probed", ""] + [f"- {label}: {why}" for label, why in plan.refused]
-    lines += ["", "## k3 by rollout probability of the sampled token", ""]
-    lines += _table(("bucket", *(s.label for s in summaries)),
-                    [(b, *(f"{_iv(s.buckets[i][1])} (share {_g(s.buckets[i][2].estimate)})"
-                           for s in summaries)) for i, (b, _, _) in enumerate(summaries[0].buckets)]
-                    if summaries else [])
+    if summaries and not _no_buckets(summaries):
+        lines += ["", "## k3 by rollout probability of the sampled token", ""]
+        lines += _table(("bucket", *(s.label for s in summaries)),
+                        [(b, *(f"{_iv(s.buckets[i][1])} (share {_g(s.buckets[i][2].estimate)})"
+                               for s in summaries))
+                         for i, (b, _, _) in enumerate(summaries[0].buckets)])
     if any(s.attribution for s in summaries):
         lines += ["", ("## Attribution: the change in k3 when one knob is set as the fp32 "
                   "trainer computes"), ""]

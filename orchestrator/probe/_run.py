@@ -60,7 +60,9 @@ def run_plan(plan: Plan, *, workdir: str | None, attribute: bool) -> list[Measur
     measured = []
     for c in plan.configurations:
         job = c.job()
-        with workspace.scoped_environ(runs.worker_env(c.config)):
+        # A job that runs a trainer (verl's) keeps its scratch and logs under the workdir.
+        env = {**runs.worker_env(c.config), "ABLATE_WORKDIR": str(workspace.workdir(workdir))}
+        with workspace.scoped_environ(env):
             def make(c: Configuration = c, job: Any = job) -> dict[str, Any]:
                 rows, engine = job.run(c.trial, c.config, c.pool, seeds, batches)
                 return {"probe_id": c.probe_id, "identity": c.identity, "seeds": seeds,

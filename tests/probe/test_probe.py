@@ -16,7 +16,6 @@ import pytest
 
 from orchestrator import metrics as M
 from orchestrator.cli import main
-from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.probe import ProbeReport, probe
 from orchestrator.probe._report import TIME_COLUMNS
@@ -138,10 +137,27 @@ def test_a_bad_gate_is_one_line_exit_2_and_nothing_runs(tmp_path, capsys, gate, 
     assert not (tmp_path / "wd" / "probes").exists() and not (tmp_path / "out").exists()
 
 
-def test_a_verl_grid_is_refused_at_plan_time_in_one_line(tmp_path) -> None:
-    with pytest.raises(UserError, match=r"pool=cpu-fp32, pool=cpu-bf16: the verl probe is not "
-                                        r"implemented yet"):
-        probe(str(REPO / "grids" / "verl_cpu.yaml"), workdir=str(tmp_path), track=False)
+def test_a_verl_grid_plans_a_probe_per_engine_setting_and_pool(tmp_path, capsys) -> None:
+    """The verl probe at plan time (no verl job; ``tests/verl_cpu/test_verl_probe.py`` runs one):
+    grids/verl_cpu.yaml's 4 trials are 2 probes (its correction axis shares one), each the
+    trial's config learning nothing; a gate on a figure verl does not report is exit 2, with
+    nothing started."""
+    from orchestrator.probe import plan as plan_probe
+    from orchestrator.probe.verl_job import VerlProbe, job_config
+
+    grid = load_grid(str(REPO / "grids" / "verl_cpu.yaml"))
+    chosen = plan_probe(grid)
+    assert chosen.refused == ()
+    assert [(c.label, len(c.trials), c.job) for c in chosen.configurations] == [
+        ("pool=cpu-fp32", 2, VerlProbe), ("pool=cpu-bf16", 2, VerlProbe)]
+    job = job_config(chosen.configurations[0].config)
+    assert job["actor_rollout_ref"]["actor"]["optim"]["lr"] == 0.0 and job["correction"] == {}
+    assert job["trainer"]["test_freq"] == -1
+    code = main(["probe", str(REPO / "grids" / "verl_cpu.yaml"), "--workdir", str(tmp_path),
+                 "--gate", "bitwise_share>=1"])
+    err = capsys.readouterr().err.strip()
+    assert code == 2 and len(err.splitlines()) == 1, err
+    assert "bitwise_share is not measured for pool=cpu-fp32, pool=cpu-bf16" in err, err
     assert not (tmp_path / "probes").exists()
 
 

