@@ -93,14 +93,15 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                                for s in summaries))
                          for i, (b, _, _) in enumerate(summaries[0].buckets)])
     if any(s.attribution for s in summaries):
-        lines += ["", ("## Attribution: the change in k3 when one knob is set as the fp32 "
-                  "trainer computes"), ""]
+        lines += ["", ("## Attribution: the k3 each knob accounts for (the configuration's k3 "
+                  "minus its k3 with that knob set as the fp32 trainer computes; a negative "
+                  "value: the change raises k3)"), ""]
         for s in summaries:
             lines += [f"### {s.label}", ""]
             if not s.attribution:
                 lines += ["No knob: this configuration computes as the fp32 trainer does.", ""]
                 continue
-            lines += _table(("rank", "knob", "change", "k3 change"),
+            lines += _table(("rank", "knob", "change", "k3 it accounts for"),
                             [(str(i), a.knob, a.change, _iv(a.delta))
                              for i, a in enumerate(s.attribution, 1)])
             lines.append("")

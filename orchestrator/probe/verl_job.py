@@ -90,7 +90,7 @@ class VerlProbe(ProbeJob):
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
         """Whether this machine can run the job (the engine reference's need: ``require_here``);
         what the trial itself cannot run was refused when the grid expanded."""
-        from orchestrator.verl.reference_job import require_here
+        from orchestrator.verl.reference_job import require_here  # verl's package, for verl probes only
 
         try:
             require_here(pool, config, where=f"pool {pool.name}")
@@ -100,7 +100,7 @@ class VerlProbe(ProbeJob):
 
     @classmethod
     def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
-        from orchestrator.verl import cpu_engines
+        from orchestrator.verl import cpu_engines  # verl's package, for verl probes only
         from orchestrator.verl.trainer import VerlTrainer
 
         job = job_config(config)
@@ -151,7 +151,7 @@ def _job(trial: TrialSpec, config: Mapping[str, Any],
     """One verl job of ``trial``'s steps: its metrics by step and its facts (the engine that
     ran). Its scratch under ``<workdir>/probes/jobs`` is removed after it; its logs are kept
     under ``<workdir>/probes/logs/<trial>-s<seed>``."""
-    from orchestrator.verl.reference_job import _JobContext
+    from orchestrator.verl.reference_job import _JobContext  # verl's package, for verl probes only
     from orchestrator.verl.trainer import VerlTrainer
 
     root = workspace.workdir() / "probes"
