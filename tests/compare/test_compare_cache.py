@@ -29,11 +29,7 @@ axes:
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cache")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(root)
-        mp.setenv("ABLATE_WORKDIR", str(root / ".ablate"))
-        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parents[2] / "recipes"))
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+    with trackedruns.isolated_module(root):
         gfile, spec, uri, parent = trackedruns.open_grid(root, "cache.yaml", GRID)
         for i, t in enumerate(expand(spec)):
             stream = V.slow_collapse(n=40, seed=i, start=20) if i % 4 == 0 else V.healthy(n=40, seed=i)
