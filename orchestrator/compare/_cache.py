@@ -141,3 +141,11 @@ def reuse(name: str, inputs: Any, out: Path, files: Sequence[str], compute: Call
         _store(root, k, out, files, encode(result))
         return result
     return finish
+
+
+def reuse_figure(name: str, inputs: Any, path: Path, draw: Callable[[], Path | None]) -> Path | None:
+    """``draw()`` (one figure at ``path``, or None when it has nothing to show), or its bytes
+    reused while ``inputs`` are unchanged (``reuse``)."""
+    wait = reuse(name, inputs, path.parent, [path.name], lambda: (lambda value: lambda: value)(draw()),
+                 encode=lambda p: p and p.name, decode=lambda n: n and path.parent / n)
+    return wait()

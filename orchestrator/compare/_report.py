@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import logging
 import math
 import sys
@@ -37,7 +38,7 @@ from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
 from orchestrator.compare._background import start
-from orchestrator.compare._cache import reuse
+from orchestrator.compare._cache import reuse, reuse_figure
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._fetch import LocalMetrics
 from orchestrator.compare._stats import (
@@ -165,8 +166,11 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
-    mismatch = P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png")
-    verdicts = P.verdict_map(cells, row_keys, cols, out / "verdict_map.png")
+    group = cols if cols == "pool" else None
+    mismatch = reuse_figure("mismatch", (results, group), out / "mismatch_by_prob.png",
+                            lambda: P.mismatch_by_bucket(results, group, out / "mismatch_by_prob.png"))
+    verdicts = reuse_figure("verdicts", (cells, row_keys, cols), out / "verdict_map.png",
+                            lambda: P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"))
     level = adaptive.level if adaptive else 0.95
     surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
     cost = C.cost_section(results, axis_names, out)
@@ -174,7 +178,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                                        steps=surv["horizon"], multiplicity=multiplicity)
     importance = forests()
     _write_importance(effects, importance, out)
-    other_plots = [mismatch, verdicts, P.importance_bars(importance, out / "importance.png")]
+    other_plots = [mismatch, verdicts, reuse_figure("importance", json.dumps(importance), out / "importance.png",
+                                                    lambda: P.importance_bars(importance, out / "importance.png"))]
     plots = [p for p in [*curves(), *other_plots, surv["plot"]] if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,

@@ -52,6 +52,8 @@ def _no_drawing(monkeypatch: pytest.MonkeyPatch) -> None:
         raise AssertionError("drawn or fitted again although the trials are the same")
     monkeypatch.setattr(_plots, "curves", refuse)
     monkeypatch.setattr(_report, "fanova_importance", refuse)
+    for name in ("mismatch_by_bucket", "verdict_map", "importance_bars"):
+        monkeypatch.setattr(_plots, name, refuse)
 
 
 def test_a_reused_compare_writes_the_same_bytes_without_drawing_again(grid, tmp_path, monkeypatch) -> None:
