@@ -146,6 +146,9 @@ def reuse(name: str, inputs: Any, out: Path, files: Sequence[str], compute: Call
 def reuse_figure(name: str, inputs: Any, path: Path, draw: Callable[[], Path | None]) -> Path | None:
     """``draw()`` (one figure at ``path``, or None when it has nothing to show), or its bytes
     reused while ``inputs`` are unchanged (``reuse``)."""
-    wait = reuse(name, inputs, path.parent, [path.name], lambda: (lambda value: lambda: value)(draw()),
+    def now() -> Callable[[], Path | None]:
+        drawn = draw()
+        return lambda: drawn
+    wait = reuse(name, inputs, path.parent, [path.name], now,
                  encode=lambda p: p and p.name, decode=lambda n: n and path.parent / n)
     return wait()

@@ -153,13 +153,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
     reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
-    specs = [(reward, out / "curves_reward.png", f"{reward} vs step", False),
-             (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
-             (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), RF.curve_spec(out)]
-    names = [s[1].name for s in specs]  # reused while the trials are the same (``_cache``)
-    curves = reuse("curves", (results, [(m, n, t, y) for (m, _, t, y), n in zip(specs, names)], rows, cols),
-                   out, names, lambda: P.curve_plots(results, specs, rows, cols),
-                   encode=lambda ps: [p and p.name for p in ps], decode=lambda ns: [n and out / n for n in ns])
+    curves = P.report_curves(results, reward, out, rows, cols)
     forests = reuse("fanova", (results, list(axis_names)), out, [], lambda: start(
         lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
         trials=len(results)))  # in a child too past CHILD_FROM trials: a third of the rest

@@ -13,6 +13,7 @@ import verdict_streams as V
 
 from orchestrator.compare import _cache, _data, _plots, _report, compare
 from orchestrator.grid import expand
+from orchestrator.tracking import client
 
 GRID = """
 name: cache-test
@@ -83,8 +84,7 @@ def test_a_damaged_entry_is_ignored_with_one_warning_and_rebuilt(grid, tmp_path,
 
 
 def test_a_changed_trial_or_argument_is_another_key(grid) -> None:
-    gfile, root = grid
-    from orchestrator.tracking import client
+    _, root = grid
 
     mlc = client(f"sqlite:///{root / '.ablate' / 'mlflow.db'}")
     exp = mlc.get_experiment_by_name("cache-test")

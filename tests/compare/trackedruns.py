@@ -8,14 +8,12 @@ from collections.abc import Callable, Iterator
 from pathlib import Path
 
 import pytest
-
 import verdict_streams as V
 
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.tracking import GridRun, TrialRun
 from orchestrator.trial import Attempt, TrialSpec
 from orchestrator.verdict import VerdictEngine
-
 
 
 @contextlib.contextmanager
