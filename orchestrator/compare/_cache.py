@@ -92,8 +92,12 @@ def _load(entry: Path, out: Path) -> tuple[bool, Any]:
         log.warning("compare cache entry %s is damaged (%s): ignored, computed again", entry.name, exc)
         shutil.rmtree(entry, ignore_errors=True)  # so the piece computed now can take its place
         return False, None
-    for n in files:
-        shutil.copyfile(entry / n, out / n)
+    try:
+        for n in files:
+            shutil.copyfile(entry / n, out / n)
+    except OSError as exc:  # pruned by another compare meanwhile: drawn again, written over
+        log.warning("compare cache entry %s could not be read (%s): computed again", entry.name, exc)
+        return False, None
     return True, value
 
 
@@ -131,7 +135,8 @@ def reuse(name: str, inputs: Any, out: Path, files: Sequence[str], compute: Call
     k = key(name, inputs)
     hit, value = _load(root / k, out)
     if hit:
-        os.utime(root / k)  # the newest entries are the ones kept
+        with contextlib.suppress(OSError):
+            os.utime(root / k)  # the newest entries are the ones kept
         decoded = decode(value)
         return lambda: decoded
     wait = compute()
