@@ -385,6 +385,10 @@ def measure(trials: int, steps: int, metrics: int, keep: Path | None, code: Path
             print(f"recording {trials} trials x {steps} steps x {metrics} metrics in {root}",
                   file=sys.stderr, flush=True)
             build_s = round(_record_in(code, root, trials, steps, metrics, not status_only, every), 1)
+        # compare's cache of plots and importance (issue 58), emptied here: the checkout's first
+        # compare of the grid draws (cold), its second reuses (warm); ``runs`` keeps both.
+        os.environ["ABLATE_CACHE_DIR"] = str(root / "compare-cache")
+        shutil.rmtree(root / "compare-cache", ignore_errors=True)
         row: dict[str, Any] = {"trials": trials, "steps": steps, "metrics": metrics, "tracking_every": every,
                                "record_s": build_s, "store_mb": _size_mb(root / "workdir" / "mlflow.db"),
                                "workdir_mb": _size_mb(root / "workdir" / GRID_NAME), "code": _code_label(code)}

@@ -18,6 +18,9 @@ assert "torch" not in sys.modules, "torch was imported before tests/conftest.py 
 numerics.apply(True)
 
 REPO = Path(__file__).resolve().parent.parent
+# compare's cache of plots and importance (orchestrator/compare/_cache.py) carries no result from
+# one test into another; tests/compare/test_compare_cache.py turns it on in a tmp dir.
+os.environ.setdefault("ABLATE_CACHE_DIR", "off")
 
 
 @pytest.fixture

@@ -14,7 +14,9 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.compare._background import start
+from orchestrator.compare._cache import reuse
 from orchestrator.compare._data import TrialResult
+from orchestrator.compare._reference import curve_spec
 
 MAX_FACETS = 8  # per direction; more values than that share facets (consecutive values, named)
 MAX_LEGEND = 16  # legend entries; the rest are counted in one more entry
@@ -102,6 +104,18 @@ def curve_plots(results: Sequence[TrialResult], specs: Sequence[tuple[str, Path,
     return start(lambda: [curves(results, m, rows, cols, path, title=title, log_y=log_y)
                           for m, path, title, log_y in specs], trials=len(results))
 
+
+
+def report_curves(results: Sequence[TrialResult], reward: str, out: Path, rows: str | None,
+                  cols: str | None) -> Callable[[], list[Path | None]]:
+    """The report's curve plots (``curve_plots``), reused while the trials are the same (``_cache``)."""
+    specs = [(reward, out / "curves_reward.png", f"{reward} vs step", False),
+             (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
+             (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), curve_spec(out)]
+    names = [s[1].name for s in specs]
+    return reuse("curves", (results, [(m, n, t, y) for (m, _, t, y), n in zip(specs, names)], rows, cols),
+                 out, names, lambda: curve_plots(results, specs, rows, cols),
+                 encode=lambda ps: [p and p.name for p in ps], decode=lambda ns: [n and out / n for n in ns])
 
 def _facet_margins(fig: Any, nrows: int, ncols: int) -> None:
     """Fixed margins in inches for a facet grid with shared axes (tick labels only on the left

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import base64
 import html
+import json
 import logging
 import math
 import sys
@@ -37,6 +38,7 @@ from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
 from orchestrator.compare._background import start
+from orchestrator.compare._cache import reuse, reuse_figure
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._fetch import LocalMetrics
 from orchestrator.compare._stats import (
@@ -151,17 +153,18 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
     reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
-    curves = P.curve_plots(results, [
-        (reward, out / "curves_reward.png", f"{reward} vs step", False),
-        (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
-        (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), RF.curve_spec(out)], rows, cols)
-    forests = start(lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
-                    trials=len(results))  # in a child too past CHILD_FROM trials: a third of the rest
+    curves = P.report_curves(results, reward, out, rows, cols)
+    forests = reuse("fanova", (results, list(axis_names)), out, [], lambda: start(
+        lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
+        trials=len(results)))  # in a child too past CHILD_FROM trials: a third of the rest
     cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
-    mismatch = P.mismatch_by_bucket(results, cols if cols == "pool" else None, out / "mismatch_by_prob.png")
-    verdicts = P.verdict_map(cells, row_keys, cols, out / "verdict_map.png")
+    group = cols if cols == "pool" else None
+    mismatch = reuse_figure("mismatch", (results, group), out / "mismatch_by_prob.png",
+                            lambda: P.mismatch_by_bucket(results, group, out / "mismatch_by_prob.png"))
+    verdicts = reuse_figure("verdicts", (cells, row_keys, cols), out / "verdict_map.png",
+                            lambda: P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"))
     level = adaptive.level if adaptive else 0.95
     surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
     cost = C.cost_section(results, axis_names, out)
@@ -169,7 +172,8 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                                        steps=surv["horizon"], multiplicity=multiplicity)
     importance = forests()
     _write_importance(effects, importance, out)
-    other_plots = [mismatch, verdicts, P.importance_bars(importance, out / "importance.png")]
+    other_plots = [mismatch, verdicts, reuse_figure("importance", json.dumps(importance), out / "importance.png",
+                                                    lambda: P.importance_bars(importance, out / "importance.png"))]
     plots = [p for p in [*curves(), *other_plots, surv["plot"]] if p is not None]
     report = {"grid": grid_name, "store": store, "rows": row_keys, "cols": cols, "cells": cells,
               "results": results, "effects": effects, "importance": importance, "plots": plots,

@@ -60,12 +60,8 @@ def track(uri: str, parent: GridRun, grid, trial, buf: Path, stream: V.Stream, *
 def populated(tmp_path_factory: pytest.TempPathFactory):
     """One store for the module (populating it is the slow part); cwd and env like ``isolated``."""
     isolated = tmp_path_factory.mktemp("cmp")
-    with pytest.MonkeyPatch.context() as mp:
-        mp.chdir(isolated)
-        mp.setenv("ABLATE_WORKDIR", str(isolated / ".ablate"))
-        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parents[2] / "recipes"))
+    with trackedruns.isolated_module(isolated) as mp:
         mp.setenv("COLUMNS", "200")
-        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
         yield _populate(isolated)
 
 

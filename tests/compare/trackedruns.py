@@ -3,15 +3,28 @@ under ``<root>/.ablate``, and each trial's run fed a metrics stream through the 
 as the runner would have logged it."""
 from __future__ import annotations
 
-from collections.abc import Callable
+import contextlib
+from collections.abc import Callable, Iterator
 from pathlib import Path
 
+import pytest
 import verdict_streams as V
 
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.tracking import GridRun, TrialRun
 from orchestrator.trial import Attempt, TrialSpec
 from orchestrator.verdict import VerdictEngine
+
+
+@contextlib.contextmanager
+def isolated_module(root: Path) -> Iterator[pytest.MonkeyPatch]:
+    """cwd and environment like the ``isolated`` fixture, for a module-scoped store under ``root``."""
+    with pytest.MonkeyPatch.context() as mp:
+        mp.chdir(root)
+        mp.setenv("ABLATE_WORKDIR", str(root / ".ablate"))
+        mp.setenv("ABLATE_RECIPES", str(Path(__file__).resolve().parents[2] / "recipes"))
+        mp.delenv("MLFLOW_TRACKING_URI", raising=False)
+        yield mp
 
 
 def open_grid(root: Path, name: str, text: str) -> tuple[Path, GridSpec, str, GridRun]:
