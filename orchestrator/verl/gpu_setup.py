@@ -24,6 +24,7 @@ runnable as a file (CI can build it before the project's environment exists).
 from __future__ import annotations
 
 import argparse
+import functools
 import hashlib
 import json
 import os
@@ -142,6 +143,24 @@ def state(stack: str, env: Path) -> str:
     if recorded.get("version") != _project_version():
         return f"stale (rl-ablate {recorded.get('version')}, this is {_project_version()})"
     return "ready"
+
+
+@functools.lru_cache(maxsize=None)
+def env_problem(stack: str, pool: str, named: str) -> str | None:
+    """A gpu pool's ``engine_envs.<stack>`` that is not this lock's environment, in one line
+    naming the setup command, or None (plan time; checked once per environment)."""
+    env = env_dir(stack, named)
+    fix = f"fix: run {SETUP_COMMAND.format(stack=stack)} --env {env}"
+    current = state(stack, env)
+    if current != "ready":
+        return f"pool {pool!r} engine_envs.{stack}: {env} is {current}; {fix}"
+    wrong = check(stack, env)
+    if wrong:
+        shown = ", ".join(f"{n} {v or 'missing'} (lock: {lock_pins(stack).get(n, '?')})"
+                          for n, v in sorted(wrong.items())[:3])
+        return (f"pool {pool!r} engine_envs.{stack}: {env} has other versions than "
+                f"{lock_path(stack).name}: {shown}; {fix}")
+    return None
 
 
 def _stamp(stack: str) -> dict:

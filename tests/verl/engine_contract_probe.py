@@ -1,0 +1,196 @@
+"""Run by a GPU stack's own Python (``ablate gpu-env sglang|vllm``) for tests/verl/test_engine_contract.py.
+
+Input (stdin, JSON): ``{"engine": "sglang"|"vllm", "cases": {name: [verl override, ...]}}``,
+each list a trial's verl overrides as ``ablate plan --show-overrides --json`` emits them.
+Output (stdout, last line, JSON): per case ``{"reports": [engine report, ...], "stage": str,
+"error": str|None}`` plus ``"versions"`` and ``"fields"`` (the installed classes' fields).
+
+Per case, on verl 0.9.1's own code path: the overrides are composed in verl's Hydra config
+(``orchestrator.verl.preflight``), the rollout server class verl makes a Ray actor of
+(``SGLangHttpServer`` / ``vLLMHttpServer``) is built with its own ``__init__`` from the composed
+``actor_rollout_ref.rollout`` and ``.model`` (the model path replaced by the tiny local Qwen2 of
+``orchestrator.verl.cpu.assets``), and its ``launch_server`` runs until the engine's
+configuration is settled:
+
+* SGLang: verl's ``ServerArgs(**args)`` (SGLang's ``__post_init__`` fills its defaults there);
+  the process launch after it (``Engine._launch_subprocesses``) is replaced by a stop.
+* vLLM: verl parses its CLI arguments and ``run_server`` builds ``AsyncEngineArgs.from_cli_args``;
+  ``create_engine_config`` (the ``VllmConfig``) needs a CUDA device: without one the stage
+  reached and vLLM's error are returned with the ``EngineArgs`` fields.
+
+The project's engine hook (``orchestrator.verl.engine_hook``) is installed as in a job, so the
+reports are what a GPU trial records; where vLLM stops before its hook, the ``EngineArgs`` that
+``create_engine_config`` would read are reported under the hook's setting names instead.
+"""
+from __future__ import annotations
+
+import asyncio
+import dataclasses
+import importlib.metadata
+import json
+import os
+import sys
+import tempfile
+import traceback
+from pathlib import Path
+
+
+class Stop(Exception):
+    """Raised where the engine would start processes or touch a device."""
+
+
+def _composed(overrides: list[str], model_dir: Path):
+    from orchestrator.verl.preflight import compose, verl_config_dir
+
+    keep = [o for o in overrides if not o.lstrip("+").startswith("actor_rollout_ref.model.path=")]
+    with verl_config_dir(cache=False):
+        cfg = compose([*keep, f"actor_rollout_ref.model.path={model_dir}"])
+    return cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
+
+
+def _sglang(rollout, model) -> str:
+    from verl.workers.rollout.replica import RolloutMode
+    from verl.workers.rollout.sglang_rollout import async_sglang_server as server
+    from sglang.srt.entrypoints import http_server
+
+    def stop(*args, **kwargs):
+        raise Stop("ServerArgs built; Engine._launch_subprocesses not run (processes, GPU)")
+
+    http_server.Engine._launch_subprocesses = staticmethod(stop)
+    s = server.SGLangHttpServer(rollout, model, RolloutMode.HYBRID, [], 0, 0, 1, "0", 0)
+    asyncio.run(s.launch_server())
+    return "launched"  # not reached: the stop above
+
+
+def _vllm(rollout, model, report) -> str:
+    from verl.workers.rollout.replica import RolloutMode
+    from verl.workers.rollout.vllm_rollout import vllm_async_server as server
+    from vllm.engine.arg_utils import AsyncEngineArgs
+
+    s = server.vLLMHttpServer(rollout, model, RolloutMode.HYBRID, [], 0, 0,
+                              rollout.tensor_model_parallel_size, 1, "0")
+    seen = {}
+
+    async def run_server(args):
+        seen["args"] = AsyncEngineArgs.from_cli_args(args)
+        raise Stop("AsyncEngineArgs built from verl's CLI arguments")
+
+    s.run_server = run_server
+    try:
+        asyncio.run(s.launch_server())
+    except Stop:
+        pass
+    engine_args = seen["args"]
+    try:
+        engine_args.create_engine_config()  # the hook reports the VllmConfig here
+        return "VllmConfig built"
+    except Exception as exc:  # noqa: BLE001 - without a device vLLM stops here
+        report(_vllm_engine_args(engine_args))
+        return f"EngineArgs built; create_engine_config needs a GPU ({type(exc).__name__}: " \
+               f"{str(exc)[:160]})"
+
+
+def _vllm_engine_args(a) -> dict:
+    """The EngineArgs fields ``create_engine_config`` copies into the VllmConfig paths the hook
+    reads (engine_hook.VLLM_FIELDS), under the hook's names."""
+    from orchestrator.verl.engine_hook import VLLM_FIELDS
+
+    compilation = a.compilation_config
+    mode = getattr(compilation, "cudagraph_mode", None)
+    if isinstance(compilation, dict):
+        mode = compilation.get("cudagraph_mode")
+    out = {name: getattr(a, name) for name in VLLM_FIELDS if hasattr(a, name)}
+    out["kv_cache_dtype"] = a.kv_cache_dtype
+    out["cudagraph_mode"] = mode
+    hf = a.hf_overrides if isinstance(a.hf_overrides, dict) else {}
+    if "head_dtype" in hf:
+        out["head_dtype"] = hf["head_dtype"]
+    return {"engine": "vllm", "version": importlib.metadata.version("vllm"),
+            "settings": {k: v if isinstance(v, (bool, int, float, str, type(None), dict, list))
+                         else str(v) for k, v in out.items()}}
+
+
+def _fields(engine: str) -> dict[str, list[str]]:
+    """The installed classes' field names: what the hook's paths must exist in."""
+    if engine == "sglang":
+        from sglang.srt.server_args import ServerArgs
+
+        return {"ServerArgs": [f.name for f in dataclasses.fields(ServerArgs)]}
+    from vllm.config import VllmConfig
+
+    out = {"VllmConfig": [f.name for f in dataclasses.fields(VllmConfig)]}
+    for f in dataclasses.fields(VllmConfig):
+        typ = f.type if not isinstance(f.type, str) else None
+        cls = typ if typ is not None and dataclasses.is_dataclass(typ) else None
+        if cls is None:
+            try:
+                cls = type(f.default_factory()) if f.default_factory is not dataclasses.MISSING \
+                    else None
+            except Exception:  # noqa: BLE001 - a factory that needs a device
+                cls = None
+        if cls is not None and dataclasses.is_dataclass(cls):
+            out[f.name] = [g.name for g in dataclasses.fields(cls)]
+    from vllm.engine.arg_utils import EngineArgs
+
+    out["EngineArgs"] = [f.name for f in dataclasses.fields(EngineArgs)]
+    return out
+
+
+def _facts(engine: str) -> dict:
+    """What the plan's refusals for this engine rest on, read from the installed code."""
+    import inspect
+
+    from verl.workers.rollout.sglang_rollout import async_sglang_server as sglang_server
+
+    vllm_server = Path(sglang_server.__file__).parents[1] / "vllm_rollout" / "vllm_async_server.py"
+    if engine == "sglang":
+        from sglang.srt.server_args import ServerArgs
+
+        names = {f.name for f in dataclasses.fields(ServerArgs)}
+        return {"server_args_cudagraph_fields": sorted(n for n in names if "cudagraph" in n),
+                "verl_sglang_passes_logprobs_mode":
+                    "logprobs_mode" in inspect.getsource(sglang_server.SGLangHttpServer.launch_server),
+                "verl_vllm_passes_logprobs_mode": "logprobs_mode" in vllm_server.read_text()}
+    from vllm.model_executor.layers import logits_processor
+    from vllm.v1.attention.backends.registry import AttentionBackendEnum
+
+    return {"logits_processor_reads_head_dtype": "head_dtype" in inspect.getsource(logits_processor),
+            "attention_backends": sorted(m.name for m in AttentionBackendEnum)}
+
+
+def main() -> None:
+    request = json.loads(sys.stdin.read())
+    engine = request["engine"]
+    from orchestrator.verl import engine_hook
+    from orchestrator.verl.cpu import assets
+
+    work = Path(tempfile.mkdtemp(prefix="engine-contract-"))
+    model_dir = assets.build(cache_root=work / "assets").model_dir
+    log = work / "engine.jsonl"
+    os.environ[engine_hook.LOG_ENV] = str(log)
+    engine_hook.install()
+
+    def report(record: dict) -> None:
+        with log.open("a") as fh:
+            fh.write(json.dumps(record) + "\n")
+
+    out: dict = {"versions": {p: importlib.metadata.version(p) for p in ("verl", engine)},
+                 "fields": _fields(engine), "facts": _facts(engine), "cases": {}}
+    for name, overrides in request["cases"].items():
+        log.write_text("")
+        stage, error = "", None
+        try:
+            rollout, model = _composed(overrides, model_dir)
+            stage = _sglang(rollout, model) if engine == "sglang" else _vllm(rollout, model, report)
+        except Stop as stop:
+            stage = str(stop)
+        except Exception as exc:  # noqa: BLE001 - the engine refused: the test shows it
+            error = f"{type(exc).__name__}: {exc}"[:400]
+            stage = traceback.format_exc().strip().splitlines()[-3][:300]
+        reports = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
+        out["cases"][name] = {"reports": reports, "stage": stage, "error": error}
+    print(json.dumps(out, default=str))
+
+
+if __name__ == "__main__":
+    main()
