@@ -39,15 +39,15 @@ STACKS = {"sglang": ("verl", "sglang"), "vllm": ("verl", "vllm")}
 STAMP = "ablate-gpu-env.json"
 SETUP_COMMAND = "ablate gpu-env {stack}"
 
-try:  # the project's own install rule, shared with the vLLM-CPU environment
-    from orchestrator.verl.vllm_cpu_setup import _project_version, project_source
+try:  # the project's own install rule and messages, shared with the vLLM-CPU environment
+    from orchestrator.verl import vllm_cpu_setup as _cpu
 except ImportError:  # run as a file from a checkout: the sibling file, by path
     import importlib.util
 
     _spec = importlib.util.spec_from_file_location("_vllm_cpu_setup", HERE / "vllm_cpu_setup.py")
     _cpu = importlib.util.module_from_spec(_spec)
     _spec.loader.exec_module(_cpu)
-    _project_version, project_source = _cpu._project_version, _cpu.project_source
+_project_version, project_source = _cpu._project_version, _cpu.project_source
 
 
 def env_var(stack: str) -> str:
@@ -87,21 +87,9 @@ def lock_pins(stack: str) -> dict[str, str]:
     return pins
 
 
-def _say(text: str) -> None:
-    print(f"[gpu-env] {text}", flush=True)
-
-
-def _fail(text: str) -> None:
-    print(f"[gpu-env] error: {text}", file=sys.stderr, flush=True)
-    raise SystemExit(2)
-
-
-def _run(argv: list[str], what: str) -> None:
-    started = time.monotonic()
-    _say(f"{what} ...")
-    if subprocess.run(argv, check=False).returncode != 0:
-        _fail(f"{what} failed (command: {' '.join(argv)})")
-    _say(f"{what}: {time.monotonic() - started:.0f} s")
+_say = functools.partial(_cpu._say, tag="gpu-env")
+_fail = functools.partial(_cpu._fail, tag="gpu-env")
+_run = functools.partial(_cpu._run, tag="gpu-env")
 
 
 # Run by the environment's own Python: the installed version of every pinned package.
