@@ -39,6 +39,57 @@ class Stop(Exception):
     """Raised where the engine would start processes or touch a device."""
 
 
+class _NoDevice:
+    """What sgl_kernel's names are without a GPU: anything that calls one fails loudly."""
+
+    def __init__(self, name: str) -> None:
+        self._name = name
+
+    def __call__(self, *args, **kwargs):
+        raise RuntimeError(f"{self._name} is a CUDA kernel: it needs a GPU")
+
+    def __getattr__(self, attr: str) -> "_NoDevice":
+        if attr.startswith("__"):
+            raise AttributeError(attr)
+        return _NoDevice(f"{self._name}.{attr}")
+
+
+def _without_cuda_kernels() -> str | None:
+    """SGLang's kernel package (sgl_kernel) loads libcuda.so.1, the GPU driver, when imported;
+    verl's SGLang server imports it through sglang's engine modules. Where the driver is absent
+    it is replaced by modules whose every name raises when called (nothing here runs a kernel:
+    the probe stops at ServerArgs). Returns why, or None where the real one imports."""
+    try:
+        import sgl_kernel  # noqa: F401
+        return None
+    except ImportError as exc:
+        if "libcuda" not in str(exc):
+            raise
+    import importlib.abc
+    import importlib.machinery
+    import types
+
+    class Finder(importlib.abc.MetaPathFinder, importlib.abc.Loader):
+        def find_spec(self, name, path, target=None):
+            if name == "sgl_kernel" or name.startswith("sgl_kernel."):
+                return importlib.machinery.ModuleSpec(name, self, is_package=True)
+            return None
+
+        def create_module(self, spec):
+            module = types.ModuleType(spec.name)
+            module.__path__ = []
+            module.__getattr__ = lambda attr: _NoDevice(spec.name).__getattr__(attr)
+            return module
+
+        def exec_module(self, module):
+            pass
+
+    for name in [n for n in sys.modules if n == "sgl_kernel" or n.startswith("sgl_kernel.")]:
+        del sys.modules[name]
+    sys.meta_path.insert(0, Finder())
+    return "sgl_kernel needs libcuda.so.1 (a GPU driver): its kernels are stand-ins here"
+
+
 def _composed(overrides: list[str], model_dir: Path):
     from orchestrator.verl.preflight import compose, verl_config_dir
 
@@ -48,7 +99,7 @@ def _composed(overrides: list[str], model_dir: Path):
     return cfg.actor_rollout_ref.rollout, cfg.actor_rollout_ref.model
 
 
-def _sglang(rollout, model) -> str:
+def _sglang(rollout, model, report) -> str:
     from verl.workers.rollout.replica import RolloutMode
     from verl.workers.rollout.sglang_rollout import async_sglang_server as server
     from sglang.srt.entrypoints import http_server
@@ -56,9 +107,28 @@ def _sglang(rollout, model) -> str:
     def stop(*args, **kwargs):
         raise Stop("ServerArgs built; Engine._launch_subprocesses not run (processes, GPU)")
 
+    real = server.ServerArgs
+
+    class ServerArgs(real):  # SGLang's own dataclass: its __init__ refuses an unknown field
+        def __post_init__(self):
+            try:
+                super().__post_init__()  # SGLang's defaults; the hook reports from there
+            except Exception as exc:  # noqa: BLE001 - a check that needs a device
+                from orchestrator.verl.engine_hook import SGLANG_FIELDS
+
+                report({"engine": "sglang", "version": importlib.metadata.version("sglang"),
+                        "settings": {k: getattr(self, k) for k in SGLANG_FIELDS
+                                     if hasattr(self, k)}})
+                raise Stop(f"ServerArgs fields accepted; __post_init__ needs a GPU "
+                           f"({type(exc).__name__}: {str(exc)[:160]})") from None
+
+    server.ServerArgs = ServerArgs
     http_server.Engine._launch_subprocesses = staticmethod(stop)
-    s = server.SGLangHttpServer(rollout, model, RolloutMode.HYBRID, [], 0, 0, 1, "0", 0)
-    asyncio.run(s.launch_server())
+    try:
+        s = server.SGLangHttpServer(rollout, model, RolloutMode.HYBRID, [], 0, 0, 1, "0", 0)
+        asyncio.run(s.launch_server())
+    finally:
+        server.ServerArgs = real
     return "launched"  # not reached: the stop above
 
 
@@ -140,11 +210,12 @@ def _facts(engine: str) -> dict:
     """What the plan's refusals for this engine rest on, read from the installed code."""
     import inspect
 
-    from verl.workers.rollout.sglang_rollout import async_sglang_server as sglang_server
+    import verl
 
-    vllm_server = Path(sglang_server.__file__).parents[1] / "vllm_rollout" / "vllm_async_server.py"
+    vllm_server = Path(verl.__file__).parent / "workers/rollout/vllm_rollout/vllm_async_server.py"
     if engine == "sglang":
         from sglang.srt.server_args import ServerArgs
+        from verl.workers.rollout.sglang_rollout import async_sglang_server as sglang_server
 
         names = {f.name for f in dataclasses.fields(ServerArgs)}
         return {"server_args_cudagraph_fields": sorted(n for n in names if "cudagraph" in n),
@@ -172,16 +243,17 @@ def main() -> None:
 
     def report(record: dict) -> None:
         with log.open("a") as fh:
-            fh.write(json.dumps(record) + "\n")
+            fh.write(json.dumps(record, default=str) + "\n")
 
-    out: dict = {"versions": {p: importlib.metadata.version(p) for p in ("verl", engine)},
+    kernels = _without_cuda_kernels() if engine == "sglang" else None
+    out: dict = {"kernels": kernels, "versions": {p: importlib.metadata.version(p) for p in ("verl", engine)},
                  "fields": _fields(engine), "facts": _facts(engine), "cases": {}}
     for name, overrides in request["cases"].items():
         log.write_text("")
         stage, error = "", None
         try:
             rollout, model = _composed(overrides, model_dir)
-            stage = _sglang(rollout, model) if engine == "sglang" else _vllm(rollout, model, report)
+            stage = (_sglang if engine == "sglang" else _vllm)(rollout, model, report)
         except Stop as stop:
             stage = str(stop)
         except Exception as exc:  # noqa: BLE001 - the engine refused: the test shows it
