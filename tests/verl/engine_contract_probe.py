@@ -54,6 +54,27 @@ class _NoDevice:
         return _NoDevice(f"{self._name}.{attr}")
 
 
+def _vllm_device() -> str | None:
+    """vLLM's argument parser builds a ``DeviceConfig`` for its defaults, whose ``device: auto``
+    asks the platform (config/device.py ``__post_init__``): no GPU, no platform, a RuntimeError
+    before any argument is read. That one inference is answered "cuda" where it finds nothing;
+    every other check is vLLM's own. Returns what was replaced, or None where a GPU answers."""
+    from vllm.config import device
+    from vllm.platforms import current_platform
+
+    if current_platform.device_type:
+        return None
+    original = device.DeviceConfig.__post_init__
+
+    def __post_init__(self):
+        if self.device == "auto":
+            self.device = "cuda"
+        original(self)
+
+    device.DeviceConfig.__post_init__ = __post_init__
+    return "DeviceConfig's device inference needs a GPU: answered cuda here"
+
+
 def _without_cuda_kernels() -> str | None:
     """SGLang's kernel package (sgl_kernel) loads libcuda.so.1, the GPU driver, when imported;
     verl's SGLang server imports it through sglang's engine modules. Where the driver is absent
@@ -198,8 +219,9 @@ def _fields(engine: str) -> dict[str, list[str]]:
                     else None
             except Exception:  # noqa: BLE001 - a factory that needs a device
                 cls = None
-        if cls is not None and dataclasses.is_dataclass(cls):
-            out[f.name] = [g.name for g in dataclasses.fields(cls)]
+        if cls is not None and dataclasses.is_dataclass(cls):  # fields and properties
+            out[f.name] = [g.name for g in dataclasses.fields(cls)] + [
+                n for n in dir(cls) if isinstance(getattr(cls, n, None), property)]
     from vllm.engine.arg_utils import EngineArgs
 
     out["EngineArgs"] = [f.name for f in dataclasses.fields(EngineArgs)]
@@ -245,7 +267,7 @@ def main() -> None:
         with log.open("a") as fh:
             fh.write(json.dumps(record, default=str) + "\n")
 
-    kernels = _without_cuda_kernels() if engine == "sglang" else None
+    kernels = _without_cuda_kernels() if engine == "sglang" else _vllm_device()
     out: dict = {"kernels": kernels, "versions": {p: importlib.metadata.version(p) for p in ("verl", engine)},
                  "fields": _fields(engine), "facts": _facts(engine), "cases": {}}
     for name, overrides in request["cases"].items():
@@ -258,7 +280,7 @@ def main() -> None:
             stage = str(stop)
         except Exception as exc:  # noqa: BLE001 - the engine refused: the test shows it
             error = f"{type(exc).__name__}: {exc}"[:400]
-            stage = traceback.format_exc().strip().splitlines()[-3][:300]
+            stage = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)[::-1][:8])
         reports = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         out["cases"][name] = {"reports": reports, "stage": stage, "error": error}
     print(json.dumps(out, default=str))

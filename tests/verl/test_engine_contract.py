@@ -121,9 +121,18 @@ def vllm(tmp_path_factory):
     return _probe("vllm", tmp_path_factory)
 
 
+# Keys verl reads itself and passes to no engine argument: no engine report can confirm them.
+# Found by this test: rollout.deterministic: false on vLLM maps to verl's full_determinism
+# (vllm_async_server.py:149), which no EngineArgs / VllmConfig field carries, so a real trial's
+# provenance lists it as unconfirmed too (orchestrator/verl/provenance.py VERL_SIDE lacks it).
+NOT_ENGINE_ARGS = {("vllm", "deterministic=false")}
+
+
 def _applied(result: dict, engine: str) -> list[str]:
     problems = []
     for name, flags in result["flags"].items():
+        if (engine, name) in NOT_ENGINE_ARGS:
+            continue
         case = result["cases"][name]
         if case["error"]:
             problems.append(f"{name}: the engine refused it: {case['error']} ({case['stage']})")
@@ -175,11 +184,12 @@ def test_vllm_024_does_not_apply_head_dtype_to_a_generative_lm_head(vllm):
     assert engine_versions.check_version(RolloutSpec(lm_head_fp32=True), "vllm", None)
 
 
-def test_vllm_has_no_torch_native_decoder_attention(vllm):
-    """rollout.attention_backend: torch_native is refused on vLLM; the mapped names exist."""
+def test_vllm_attention_names_exist(vllm):
+    """The attention backends the vLLM table maps to are members of vLLM's own enum. (Whether
+    its TORCH_SDPA serves a decoder on a GPU, which the torch_native refusal says it does not,
+    is decided at engine start-up: not shown here.)"""
     backends = set(vllm["facts"]["attention_backends"])
     assert set(engines.VLLM_ATTENTION.values()) <= backends
-    assert not {"TORCH_NATIVE", "TORCH_SDPA"} & backends
 
 
 def test_sglang_refusals_rest_on_what_verl_and_sglang_do(sglang):
