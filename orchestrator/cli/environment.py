@@ -10,7 +10,8 @@ from orchestrator.store import workspace
 
 PACKAGES = ("rl-ablate", "torch", "ray", "mlflow", "optuna", "hydra-core", "omegaconf", "pydantic",
             "verl", "kubernetes")
-# Rollout engines of gpu pools (pip install -e '.[gpu]' / '.[gpu-vllm]'); listed as engine.<name>.
+# Rollout engines of gpu pools, installed here (the GPU stacks: `ablate gpu-env sglang|vllm`, each
+# its own environment, listed as gpu_env.<stack>); listed as engine.<name>.
 ENGINE_PACKAGES = {"sglang": "sglang", "vllm": "vllm"}
 
 
@@ -47,12 +48,33 @@ def collect() -> dict[str, Any]:
     # cpu: rl-ablate's own CPU rollout engine (cpu pools), always present.
     info["engines_installed"] = ", ".join(
         ["cpu"] + [e for e, p in ENGINE_PACKAGES.items() if _version(p) != "not installed"])
+    info.update(gpu_envs())
     info["devices"] = _devices()
     info["workdir"] = str(workspace.workdir())
     info["mlflow_tracking_uri"] = _redact(workspace.tracking_uri())
     info["ray_address"] = _redact(os.environ.get("RAY_ADDRESS", "local (embedded, started on submit)"))
     info["kubeconfig"] = os.environ.get("KUBECONFIG", "~/.kube/config (if present)")
     return info
+
+
+def gpu_envs() -> dict[str, str]:
+    """Each GPU stack's environment (``ablate gpu-env``): state, place and the versions its stamp
+    records (no subprocess: ``ablate env`` stays fast)."""
+    import json
+
+    from orchestrator.verl import gpu_setup
+
+    out = {}
+    for stack in gpu_setup.STACKS:
+        env = gpu_setup.env_dir(stack)
+        state = gpu_setup.state(stack, env)
+        versions = ""
+        if state == "ready":
+            recorded = json.loads((env / gpu_setup.STAMP).read_text()).get("versions", {})
+            versions = ", ".join(f"{k} {v}" for k, v in sorted(recorded.items())) + "; "
+        out[f"gpu_env.{stack}"] = (f"{state} ({versions}{env})" if state != "not created" else
+                                   f"not created ({gpu_setup.SETUP_COMMAND.format(stack=stack)})")
+    return out
 
 
 def _redact(uri: str) -> str:

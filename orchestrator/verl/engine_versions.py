@@ -126,8 +126,8 @@ def checkpoint_engine_problem(learner: Any, pool: PoolSpec) -> str | None:
     if getattr(learner, "max_staleness", None) is None or pool.kind != "gpu":
         return None
     if not any(engines.installed(e) for e in ENGINES) or importlib.util.find_spec("cupy") is not None:
-        return None  # not this machine's job (the pool's image, built from the extras), or fine
+        return None  # not this machine's job (the pool's image, built from the GPU lock), or fine
     return (f"learner.max_staleness: {learner.max_staleness}: verl's NCCL checkpoint engine "
             "imports cupy (checkpoint_engine/nccl_checkpoint_engine.py:23), which this "
-            "environment lacks; fix: pip install -e '.[gpu]' (or '.[gpu-vllm]'), which installs "
-            "verl[cupy-cu130], or drop learner.max_staleness")
+            "environment lacks; fix: run in the GPU stack's environment (ablate gpu-env sglang "
+            "or vllm: its lock has verl[cupy-cu130]), or drop learner.max_staleness")

@@ -385,7 +385,7 @@ def check_installed(rollout: RolloutSpec, engine: str) -> tuple[str | None, str 
     root = _package_dir(engine)
     if version is None or root is None:
         return None, (f"{engine} is not installed on this machine; the gpu pool's image must "
-                      f"have it (pip install -e '.[gpu{'-vllm' if engine == 'vllm' else ''}]')")
+                      f"have it (ablate gpu-env {engine}: the {engine} stack from its lock)")
     for flag in rollout.requested():
         feature = FEATURES.get(engine, {}).get(flag)
         if feature is None:

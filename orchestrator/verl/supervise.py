@@ -98,7 +98,8 @@ def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: i
     missing = missing_modules(("verl", "sglang"))
     if missing:
         raise BackendUnavailableError(f"trial {trial.trial_id} needs {', '.join(missing)} on "
-                                      "this machine: pip install -e '.[gpu]' on a GPU node")
+                                      "this machine: on a GPU node run ablate gpu-env sglang, then "
+                                      "this command with that environment's ablate")
     import torch
 
     have = torch.cuda.device_count() if torch.cuda.is_available() else 0

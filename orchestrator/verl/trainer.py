@@ -131,6 +131,12 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         if pool.kind != "gpu":
             return None
         engine = str(engines.engine_of(rollout, config))
+        if engine in pool.engine_envs:  # the GPU stack's environment (ablate gpu-env)
+            from orchestrator.verl import gpu_setup
+
+            problem = gpu_setup.env_problem(engine, pool.name, pool.engine_envs[engine])
+            if problem:
+                return problem
         problem = (engines.check_engine(rollout, engine)
                    or engine_versions.check_version(rollout, engine, pool))
         if problem:

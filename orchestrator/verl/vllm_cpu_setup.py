@@ -84,21 +84,22 @@ def project_source() -> list[str]:
     return [f"{DISTRIBUTION}=={dist.version}"]
 
 
-def _say(text: str) -> None:
-    print(f"[vllm-cpu-env] {text}", flush=True)
+# The setup commands' messages (this one's and gpu_setup's): "[tag] text", errors exit 2.
+def _say(text: str, tag: str = "vllm-cpu-env") -> None:
+    print(f"[{tag}] {text}", flush=True)
 
 
-def _fail(text: str) -> None:
-    print(f"[vllm-cpu-env] error: {text}", file=sys.stderr, flush=True)
+def _fail(text: str, tag: str = "vllm-cpu-env") -> None:
+    print(f"[{tag}] error: {text}", file=sys.stderr, flush=True)
     raise SystemExit(2)
 
 
-def _run(argv: list[str], what: str) -> None:
+def _run(argv: list[str], what: str, tag: str = "vllm-cpu-env") -> None:
     started = time.monotonic()
-    _say(f"{what} ...")
+    _say(f"{what} ...", tag)
     if subprocess.run(argv, check=False).returncode != 0:
-        _fail(f"{what} failed (command: {' '.join(argv)})")
-    _say(f"{what}: {time.monotonic() - started:.0f} s")
+        _fail(f"{what} failed (command: {' '.join(argv)})", tag)
+    _say(f"{what}: {time.monotonic() - started:.0f} s", tag)
 
 
 def _stamp_text() -> str:

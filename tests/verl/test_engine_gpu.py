@@ -1,7 +1,7 @@
 """Per engine, 2 real GRPO steps on one GPU and what the engine reported it ran with.
 
-Needs a node with >= 1 GPU, ``pip install -e '.[gpu,test]'`` (SGLang) or
-``pip install -e '.[gpu-vllm,test]'`` (vLLM), and ``$ABLATE_SMOKE_MODEL`` set to a local model
+Needs a node with >= 1 GPU, the engine's stack (``ablate gpu-env sglang`` / ``ablate gpu-env
+vllm``, then that environment's ``pip install pytest pytest-timeout``; recipes/verl/README.md), and ``$ABLATE_SMOKE_MODEL`` set to a local model
 directory (recipes/verl/README.md). Run with ``pytest -m gpu tests/verl/test_engine_gpu.py``.
 Not run in CPU CI: this is what only a GPU shows (docs/engines.md).
 """

@@ -148,7 +148,7 @@ def test_max_staleness_needs_cupy_which_the_gpu_extras_install(
     monkeypatch.setattr(importlib.util, "find_spec",
                         lambda n, *a: None if n == "cupy" else real(n, *a))
     problem = engine_versions.checkpoint_engine_problem(LearnerSpec(max_staleness=2), POOLS["h100"])
-    assert problem and "cupy" in problem and "[gpu]" in problem
+    assert problem and "cupy" in problem and "ablate gpu-env" in problem
     assert engine_versions.checkpoint_engine_problem(LearnerSpec(), POOLS["h100"]) is None
 
 

@@ -543,8 +543,8 @@ def test_the_gpu_smoke_refuses_a_model_that_is_not_a_local_directory(
 
 @pytest.mark.gpu
 def test_gpu_smoke_tiny_model_streams_metrics_into_the_trials_mlflow_run(tmp_path: Path) -> None:
-    """Needs one node with >= 1 GPU, `pip install -e '.[gpu,test]'` and $ABLATE_SMOKE_MODEL set
-    to a local model directory; see recipes/verl/README.md."""
+    """Needs one node with >= 1 GPU, the SGLang stack (`ablate gpu-env sglang`) and
+    $ABLATE_SMOKE_MODEL set to a local model directory; see recipes/verl/README.md."""
     from verl_smoke import run_smoke
 
     result = run_smoke(tmp_path, steps=3)
