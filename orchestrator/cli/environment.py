@@ -60,9 +60,9 @@ def collect() -> dict[str, Any]:
 def gpu_envs() -> dict[str, str]:
     """Each GPU stack's environment (``ablate gpu-env``): state, place and the versions its stamp
     records (no subprocess: ``ablate env`` stays fast)."""
-    import json
+    import json  # only `ablate env` reads the stamps
 
-    from orchestrator.verl import gpu_setup
+    from orchestrator.verl import gpu_setup  # standard library only, but verl's package: deferred
 
     out = {}
     for stack in gpu_setup.STACKS:

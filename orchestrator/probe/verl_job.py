@@ -90,7 +90,9 @@ class VerlProbe(ProbeJob):
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
         """Whether this machine can run the job (the engine reference's need: ``require_here``);
         what the trial itself cannot run was refused when the grid expanded."""
-        from orchestrator.verl.reference_job import require_here  # verl's package, for verl probes only
+        from orchestrator.verl.reference_job import (
+            require_here,  # verl's package, for verl probes only
+        )
 
         try:
             require_here(pool, config, where=f"pool {pool.name}")

@@ -48,7 +48,7 @@ class _NoDevice:
     def __call__(self, *args, **kwargs):
         raise RuntimeError(f"{self._name} is a CUDA kernel: it needs a GPU")
 
-    def __getattr__(self, attr: str) -> "_NoDevice":
+    def __getattr__(self, attr: str) -> _NoDevice:
         if attr.startswith("__"):
             raise AttributeError(attr)
         return _NoDevice(f"{self._name}.{attr}")
@@ -121,9 +121,9 @@ def _composed(overrides: list[str], model_dir: Path):
 
 
 def _sglang(rollout, model, report) -> str:
+    from sglang.srt.entrypoints import http_server
     from verl.workers.rollout.replica import RolloutMode
     from verl.workers.rollout.sglang_rollout import async_sglang_server as server
-    from sglang.srt.entrypoints import http_server
 
     def stop(*args, **kwargs):
         raise Stop("ServerArgs built; Engine._launch_subprocesses not run (processes, GPU)")
