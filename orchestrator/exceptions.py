@@ -109,6 +109,17 @@ class StateFileError(UserError):
     """A durable JSON state file is truncated or garbage: one line naming it and the fix."""
 
 
+class GateFailed(OrchestratorError):
+    """A grid's ``preflight`` gate refused its submission: not bad input, a measured result;
+    the CLI prints its lines (one per configuration, then the refusal) and exits with code 1."""
+
+    exit_code = 1
+
+    def __init__(self, lines: Sequence[str]) -> None:
+        self.lines = [clip(line) for line in lines]
+        super().__init__(self.lines[-1] if self.lines else "preflight gate failed")
+
+
 class IllegalTransition(RuntimeError):
     """A trial was asked to move between states that have no legal edge."""
 

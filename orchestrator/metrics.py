@@ -162,3 +162,14 @@ PEER_NAMES: dict[str, tuple[str, str]] = {
     PROB_DIFF_MEAN: ("train/train_rollout_logprob_abs_diff (log space)",
                      "train/train_rollout_logprob_abs_diff (log space)"),
 }
+
+
+# What a probe (``ablate probe``) reports per configuration, each from one per-batch value: its
+# table's columns and the names a gate (``--gate``, a grid's ``preflight.gate``) takes; the
+# trials' names of the same quantities are accepted too.
+PROBE_METRICS: dict[str, str] = {
+    "k3": K3_KL, "k1": K1_KL, "chi2": CHI2_TOKEN, "abs_diff_max": "abs_diff_max",
+    "abs_diff_p50": "abs_diff_p50", "abs_diff_p90": "abs_diff_p90",
+    "abs_diff_p99": "abs_diff_p99", "bitwise_share": "bitwise_share", "tokens": "tokens",
+    "wall_s": "wall_s",
+}

@@ -6,7 +6,7 @@ and the pool catalogue (axis keys, axis values, excludes) and the expansion.
 from __future__ import annotations
 
 import math
-from typing import Annotated, Any, Literal
+from typing import Annotated, Any, Literal, get_args
 
 from pydantic import (
     BaseModel,
@@ -34,14 +34,6 @@ DottedKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=200)]
 # upper bound; ``correction.rs_bounds[0]``: the RS band's lower edge).
 SEARCH_KEY_PATTERN = KEY_PATTERN[:-1] + r"(\[[0-9]\])?$"
 SearchKey = Annotated[str, Field(pattern=SEARCH_KEY_PATTERN, max_length=200)]
-
-
-def split_index(key: str) -> tuple[str, int | None]:
-    """``"a.b[1]"`` -> ``("a.b", 1)``; ``"a.b"`` -> ``("a.b", None)``."""
-    if key.endswith("]") and "[" in key:
-        name, _, index = key[:-1].rpartition("[")
-        return name, int(index)
-    return key, None
 
 
 def _finite(value: Any) -> Any:
@@ -130,12 +122,8 @@ class CollapseSpec(Strict):
 class EarlyStopSpec(Strict):
     enabled: StrictBool = True
     # A fired collapse rule must have held for ``margin`` observations in a row before the trial
-    # is stopped: simulator runs often recover from grad-norm explosions and reward dips.
-    # benchmarks/early_stop.py (300-step sim trials, benchmarks/early_stop_grid.yaml): margin 20
-    # saves 33.5% of trial-steps on seed 0 (12 trials) and 29.6% on held-out seeds 1-2 (24
-    # trials), stops no trial that recovered and agrees with the full-run verdicts on 100% of
-    # both; margin 0 saves more but stops trials that recovered. No healthy trial was stopped at
-    # any margin.
+    # is stopped: simulator runs often recover from grad-norm explosions and reward dips. Why 20:
+    # benchmarks/early_stop.py, its figures in docs/concepts.md (no trial that recovered stopped).
     margin: StrictInt = Field(20, ge=0, le=1_000_000)
     on_warning: StrictBool = False  # also stop on early warning + margin (off by default)
 
@@ -345,7 +333,18 @@ class RescueEntry(Strict):
         return None if isinstance(self.when, str) else self.when.warning
 
 
-NOTIFY_EVENTS = ("collapsed", "warning", "infra_failed", "rescued", "budget_exhausted", "grid_done")
+class PreflightSpec(Strict):
+    """``preflight:``: ``ablate submit`` probes the configurations first (``orchestrator.probe``);
+    one beyond a ``gate`` bound (a number: at most; ``">=0.9"``: at least) refuses the submission,
+    or (``on_fail: skip``) leaves its trials not started, the reason in their records."""
+
+    probe: StrictBool = True
+    gate: dict[StrictStr, StrictFloat | StrictInt | StrictStr] = Field(min_length=1)
+    on_fail: Literal["refuse", "skip"] = "refuse"
+
+
+NotifyEvent = Literal["collapsed", "warning", "infra_failed", "rescued", "budget_exhausted", "grid_done"]
+NOTIFY_EVENTS = get_args(NotifyEvent)
 
 
 class NotifySpec(Strict):
@@ -354,8 +353,7 @@ class NotifySpec(Strict):
     records, the results, the logs or MLflow."""
 
     url_env: StrictStr = Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]{0,127}$")
-    events: list[Literal["collapsed", "warning", "infra_failed", "rescued", "budget_exhausted",
-                         "grid_done"]] = Field(default_factory=lambda: list(NOTIFY_EVENTS), min_length=1)
+    events: list[NotifyEvent] = Field(default_factory=lambda: list(NOTIFY_EVENTS), min_length=1)
     min_interval_s: StrictFloat | StrictInt = Field(1.0, ge=0, le=3600)  # rate limit: seconds between sends
     timeout_s: StrictFloat | StrictInt = Field(5.0, gt=0, le=60)  # one request's timeout
     max_tries: StrictInt = Field(8, ge=1, le=100)  # then the event is given up (kept as failed)
@@ -390,6 +388,7 @@ class GridFile(Strict):
     eval: EvalSpec = Field(default_factory=EvalSpec)
     search: SearchSpec | None = None
     on_collapse: OnCollapseSpec | None = None
+    preflight: PreflightSpec | None = None
     rescue: list[RescueEntry] | None = Field(default=None, min_length=1, max_length=20)
     notify: list[NotifySpec] = Field(default_factory=list, max_length=10)
     compare: CompareDecl | list[CompareDecl] | None = None

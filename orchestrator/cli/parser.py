@@ -16,7 +16,7 @@ from orchestrator.cli.commands import add_commands
 from orchestrator.cli.environment import collect
 from orchestrator.cli.guard import guarded_streams, missing_package, refused_path
 from orchestrator.cli.scaffold import init_command
-from orchestrator.exceptions import UserError
+from orchestrator.exceptions import GateFailed, UserError
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
@@ -34,7 +34,7 @@ def _console() -> Any:
 
 def plan_command(args: argparse.Namespace) -> int:
     # deferred, as every command's library: the grid schema is not imported for the others
-    from orchestrator.grid import check_notify, expand, load_grid
+    from orchestrator.grid import check_notify, expand, load_grid, preflight_gates
     from orchestrator.recipes import flatten
 
     grid = load_grid(args.grid, backend=args.backend,
@@ -45,6 +45,7 @@ def plan_command(args: argparse.Namespace) -> int:
         return 0
     trials = expand(grid, force=args.force)
     check_notify(grid)
+    gates = preflight_gates(grid)
     details = _backend_details(grid, trials) if args.show_overrides else {}
     if args.json:
         out = {
@@ -65,6 +66,11 @@ def plan_command(args: argparse.Namespace) -> int:
         sys.stdout.write("\n")
         return 0
     _print_plan(grid, trials, details, args.limit)
+    if gates and grid.spec.preflight.probe:
+        act = ("refuses the grid" if grid.spec.preflight.on_fail == "refuse"
+               else "skips a configuration")
+        print(f"preflight: `ablate submit` probes each configuration first (ablate probe) and "
+              f"{act} beyond {', '.join(map(str, gates))}")
     return 0
 
 
@@ -195,6 +201,9 @@ def _run(args: argparse.Namespace) -> int:
         return int(args.func(args) or 0)
     except UserError as exc:
         print(f"error: {exc}", file=sys.stderr)
+        return exc.exit_code
+    except GateFailed as exc:  # a measured result, not bad input: its lines, exit 1
+        print("\n".join(exc.lines), file=sys.stderr)
         return exc.exit_code
     except KeyboardInterrupt:
         print("interrupted", file=sys.stderr)

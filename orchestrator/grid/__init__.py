@@ -21,10 +21,12 @@ from orchestrator.grid._policy import (
     notes,
     warning_stops,
 )
+from orchestrator.grid._preflight import Gate, parse_gate, preflight_gates
 from orchestrator.grid._spec import SECTIONS, Axis, GridSpec, axis_label
 from orchestrator.safeyaml import load_yaml
 
-__all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "GridSpec", "axis_label",
-           "check_notify", "derive_trial", "entry_for", "entry_paths", "expand", "fixed_on_resume",
-           "lineage", "load_grid", "load_yaml", "notes", "plan_lines", "redact_url", "search_trial",
-           "warning_stops", "webhook_url"]
+__all__ = ["BUDGET_REFUSAL", "EARLY_WARNING", "SECTIONS", "Axis", "Gate", "GridSpec",
+           "axis_label", "check_notify", "derive_trial", "entry_for", "entry_paths", "expand",
+           "fixed_on_resume", "lineage", "load_grid", "load_yaml", "notes", "parse_gate",
+           "plan_lines", "preflight_gates", "redact_url", "search_trial", "warning_stops",
+           "webhook_url"]

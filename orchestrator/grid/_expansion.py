@@ -23,7 +23,7 @@ from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import pool_paths, set_keys
 from orchestrator.grid._spec import SECTIONS, GridSpec, axis_label
 from orchestrator.grid._trial_checks import check_backend_args, preset_conflict
-from orchestrator.grid._validation import SUBMISSION_WIDE
+from orchestrator.grid._validation import SUBMISSION_WIDE, split_index
 from orchestrator.learner import (
     COMPANION_KEYS,
     LOSS_COMPANIONS,
@@ -31,7 +31,6 @@ from orchestrator.learner import (
     LearnerSpec,
     loss_companions,
 )
-from orchestrator.schema import split_index
 from orchestrator.trial import (
     ID_SCHEME,
     TrialSpec,

@@ -26,10 +26,18 @@ from orchestrator.grid._schema_errors import short_value as _short
 from orchestrator.grid._spec import SECTIONS, Axis, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
 from orchestrator.safeyaml import LineMap, format_path
-from orchestrator.schema import GridFile, SearchParam, split_index
+from orchestrator.schema import GridFile, SearchParam
 from orchestrator.trial import freeze
 
 RESERVED_AXES = ("seed", "steps", "backend", "recipe")
+
+
+def split_index(key: str) -> tuple[str, int | None]:
+    """A searched key: ``"a.b[1]"`` -> ``("a.b", 1)``; ``"a.b"`` -> ``("a.b", None)``."""
+    if key.endswith("]") and "[" in key:
+        name, _, index = key[:-1].rpartition("[")
+        return name, int(index)
+    return key, None
 
 
 def _search_param(key: str, param: SearchParam, chk: Checker, fixed: Mapping[str, Any],

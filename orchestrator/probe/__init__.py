@@ -15,15 +15,15 @@ import math
 from collections.abc import Sequence
 from pathlib import Path
 
-from orchestrator.exceptions import UserError
-from orchestrator.grid import load_grid
-from orchestrator.probe._plan import METRICS, Gate, Plan, parse_gate, plan
+from orchestrator.exceptions import GateFailed, UserError
+from orchestrator.grid import Gate, GridSpec, load_grid, parse_gate, preflight_gates
+from orchestrator.probe._plan import METRICS, Plan, plan
 from orchestrator.probe._report import write
 from orchestrator.probe._run import Measured, run_plan
 from orchestrator.probe._summary import Summary, summarise
 
-__all__ = ["METRICS", "Gate", "Measured", "Plan", "ProbeReport", "Summary", "parse_gate",
-           "plan", "probe"]
+__all__ = ["METRICS", "Gate", "Measured", "Plan", "Preflight", "ProbeReport", "Summary",
+           "parse_gate", "plan", "preflight", "probe", "probe_grid"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -67,6 +67,16 @@ def probe(grid_path: str, *, pools: Sequence[str] = (), gates: Sequence[str] = (
     grid none of whose configurations can be probed) is raised before anything runs."""
     parsed = tuple(parse_gate(g) for g in gates)
     grid = load_grid(grid_path)
+    return probe_grid(grid, Path(out) if out else Path("results") / grid.name, pools=pools,
+                      gates=parsed, attribute=attribute, workdir=workdir,
+                      tracking_uri=tracking_uri, batches=batches, seeds=seeds, track=track)
+
+
+def probe_grid(grid: GridSpec, out: Path, *, pools: Sequence[str] = (),
+               gates: Sequence[Gate] = (), attribute: bool = False, workdir: str | None = None,
+               tracking_uri: str | None = None, batches: int = 4, seeds: Sequence[int] = (),
+               track: bool = True) -> ProbeReport:
+    """``probe`` of a loaded grid, its files written into ``out``."""
     chosen = plan(grid, pools=pools, batches=batches, seeds=seeds)
     if not chosen.configurations:
         whys: dict[str, list[str]] = {}
@@ -74,18 +84,72 @@ def probe(grid_path: str, *, pools: Sequence[str] = (), gates: Sequence[str] = (
             whys.setdefault(w, []).append(label)
         why = "; ".join(f"{', '.join(labels)}: {w}" for w, labels in whys.items())
         raise UserError(f"{grid.file}: no configuration of grid {grid.name} can be probed ({why})")
-    for g in parsed:  # a bound on a figure a configuration's trainer does not measure
+    for g in gates:  # a bound on a figure a configuration's trainer does not measure
         blind = [c for c in chosen.configurations if g.metric in c.job.unmeasured]
         if blind:
-            raise UserError(f"--gate {g}: {g.metric} is not measured for "
+            raise UserError(f"gate {g}: {g.metric} is not measured for "
                             f"{', '.join(c.label for c in blind)} "
                             f"({blind[0].job.unmeasured[g.metric]}); fix: gate on k3, k1 or chi2")
-    summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), parsed))
-    files = tuple(write(Path(out) if out else Path("results") / grid.name, chosen, summaries,
-                        parsed))
+    summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), gates))
+    files = tuple(write(out, chosen, summaries, gates))
     run_id = None
     if track:
         from orchestrator.probe._tracking import log_probe  # deferred: mlflow
 
         run_id = log_probe(chosen, summaries, files, tracking_uri=tracking_uri, workdir=workdir)
-    return ProbeReport(chosen, summaries, parsed, files, run_id)
+    return ProbeReport(chosen, summaries, tuple(gates), files, run_id)
+
+
+@dataclasses.dataclass(frozen=True)
+class Preflight:
+    """What ``ablate submit`` probed before it ran a grid with ``preflight:`` (``submit``)."""
+
+    report: ProbeReport
+    on_fail: str  # refuse | skip
+
+    @property
+    def skipped(self) -> dict[str, str]:
+        """Trial id -> why it is not started (``on_fail: skip``; a refusal starts none)."""
+        return {tid: (f"preflight: {g.metric} {s.metrics[g.metric].estimate:.3g} beyond the "
+                      f"gate {g} (probe {s.measured.config.probe_id}, {s.label})")
+                for s in self.report.failed for g in s.failed[:1]
+                for tid in s.measured.config.trials}
+
+    def lines(self) -> list[str]:
+        refused = len(self.report.plan.refused)
+        ungated = [f"the trials of the {refused} configuration(s) not probed run ungated"]
+        ungated = ungated if refused else []
+        return [f"preflight: {line}" for line in [*self.report.lines(), *ungated]]
+
+    def record(self) -> dict[str, object]:
+        """``preflight.json`` in the grid's directory: what was probed and decided."""
+        return {"on_fail": self.on_fail, "gates": [str(g) for g in self.report.gates],
+                "run_id": self.report.run_id, "files": [p.name for p in self.report.files],
+                "configurations": [{"label": s.label, "probe_id": s.measured.config.probe_id,
+                                    "trials": list(s.measured.config.trials),
+                                    "k3": s.metrics["k3"].estimate,
+                                    "failed": [str(g) for g in s.failed]}
+                                   for s in self.report.summaries],
+                "not_probed": [{"label": label, "why": why} for label, why in
+                               self.report.plan.refused],
+                "skipped": self.skipped}
+
+
+def preflight(grid: GridSpec, out: Path, *, workdir: str | None,
+              tracking_uri: str | None) -> Preflight | None:
+    """The grid's ``preflight:`` probe (None without one, or with ``probe: false``), its files
+    in ``out``; with ``on_fail: refuse`` a configuration beyond a gate raises ``GateFailed``
+    (one line per configuration, exit 1), nothing trained."""
+    spec = grid.spec.preflight
+    gates = preflight_gates(grid)
+    if spec is None or not spec.probe:
+        return None
+    done = Preflight(probe_grid(grid, out, gates=gates, workdir=workdir,
+                                tracking_uri=tracking_uri), spec.on_fail)
+    if done.report.failed and spec.on_fail == "refuse":
+        refusal = (f"error: preflight refused grid {grid.name}: {len(done.report.failed)} of "
+                   f"{len(done.report.summaries)} configurations beyond the gate, no trial "
+                   f"started (report: {out / 'probe.md'}); fix: change the configuration or "
+                   f"the gate, or set preflight.on_fail: skip to run the others")
+        raise GateFailed([*done.lines(), refusal])
+    return done

@@ -7,8 +7,6 @@ from __future__ import annotations
 import dataclasses
 import hashlib
 import json
-import math
-import re
 from collections.abc import Sequence
 from typing import Any
 
@@ -21,55 +19,7 @@ from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
 SCHEME = 1  # the probe id's scheme: bump when what it hashes changes
-# The per-configuration metrics a probe reports (its table's columns and --gate's names), each
-# from one per-batch value; the trials' shared names are accepted too.
-METRICS: dict[str, str] = {
-    "k3": M.K3_KL, "k1": M.K1_KL, "chi2": M.CHI2_TOKEN, "abs_diff_max": "abs_diff_max",
-    "abs_diff_p50": "abs_diff_p50", "abs_diff_p90": "abs_diff_p90",
-    "abs_diff_p99": "abs_diff_p99", "bitwise_share": "bitwise_share", "tokens": "tokens",
-    "wall_s": "wall_s",
-}
-_GATE = re.compile(r"^\s*([\w./\-]+)\s*(<=|>=)\s*(\S+)\s*$")
-
-
-@dataclasses.dataclass(frozen=True)
-class Gate:
-    """``METRIC<=BOUND`` (or ``>=``): a configuration whose estimate is beyond fails."""
-
-    metric: str  # a key of METRICS
-    op: str
-    bound: float
-
-    def fails(self, value: float) -> bool:
-        if not math.isfinite(value):
-            return True
-        return value > self.bound if self.op == "<=" else value < self.bound
-
-    def __str__(self) -> str:
-        return f"{self.metric}{self.op}{self.bound:g}"
-
-
-def parse_gate(text: str, where: str = "--gate") -> Gate:
-    """One ``--gate`` value; a malformed one, an unknown metric or a bound that is not a
-    number is a one-line UserError."""
-    m = _GATE.match(text)
-    if not m:
-        raise UserError(f"{where} {text!r}: expected METRIC<=BOUND (or METRIC>=BOUND), e.g. "
-                        "k3<=0.01")
-    name, op, raw = m.groups()
-    by_vocab = {v: k for k, v in METRICS.items()}
-    metric = name if name in METRICS else by_vocab.get(name)
-    if metric is None:
-        hint = did_you_mean(name, list(METRICS))
-        raise UserError(f"{where} {text!r}: unknown metric {name!r}; allowed: "
-                        f"{', '.join(METRICS)}" + (f"; did you mean {hint}?" if hint else ""))
-    try:
-        bound = float(raw)
-    except ValueError:
-        bound = math.nan
-    if not math.isfinite(bound):
-        raise UserError(f"{where} {text!r}: the bound {raw!r} is not a finite number")
-    return Gate(metric, op, bound)
+METRICS = M.PROBE_METRICS  # the per-configuration metrics a probe reports
 
 
 @dataclasses.dataclass(frozen=True)

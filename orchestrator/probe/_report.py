@@ -13,7 +13,8 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import Any
 
-from orchestrator.probe._plan import METRICS, Gate, Plan
+from orchestrator.grid import Gate
+from orchestrator.probe._plan import METRICS, Plan
 from orchestrator.probe._summary import Summary
 from orchestrator.stats.intervals import Interval
 

@@ -9,7 +9,8 @@ import math
 from collections.abc import Sequence
 
 from orchestrator import metrics as M
-from orchestrator.probe._plan import METRICS, Gate
+from orchestrator.grid import Gate
+from orchestrator.probe._plan import METRICS
 from orchestrator.probe._run import Measured, Rows
 from orchestrator.stats.intervals import Interval, paired_difference, t_interval
 

@@ -49,7 +49,7 @@ NOT_MISMATCH = ("actor_rollout_ref.actor.optim", "actor_rollout_ref.actor.entrop
                 "trainer.test_freq", "trainer.val_before_train", "trainer.save_freq",
                 "trainer.max_actor_ckpt_to_keep")
 LEARNER_LOSS = ("loss", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
-# The probe's figures read from each verl step (``probe._plan.METRICS`` values).
+# The probe's figures read from each verl step (``metrics.PROBE_METRICS`` values).
 READ = (M.K3_KL, M.K1_KL, M.CHI2_TOKEN)
 TOKENS_WHY = "verl logs batch means only"
 UNMEASURED: dict[str, str] = {

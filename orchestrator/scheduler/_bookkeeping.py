@@ -1,18 +1,22 @@
 """What a submission does to the trial records around a Tune fit (``_submission``): before it,
 each trial's spec written and its files checked and reset (``prepare_records``), trials of a
-pool without capacity parked with the reason (``park_unplaceable``); after it, the trials Tune
+pool without capacity, or of a configuration a preflight gate skipped, parked with the reason
+(``park``); after it, the trials Tune
 gave up on marked failed, on disk and in MLflow (``mark_exhausted``).
 """
 from __future__ import annotations
 
 import contextlib
 import logging
+import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
+from typing import Any
 
-from orchestrator.exceptions import ConcurrencyError
+from orchestrator.exceptions import ConcurrencyError, GateFailed
+from orchestrator.grid import GridSpec
 from orchestrator.scheduler._placement import Placement
-from orchestrator.store import TrialPaths, records
+from orchestrator.store import TrialPaths, atomic_write_json, records
 from orchestrator.tracking import client
 from orchestrator.trial import TrialSpec, TrialState, transition
 
@@ -76,17 +80,33 @@ def quiet_trial(paths: TrialPaths, trial_id: str) -> Iterator[None]:
 def park_unplaceable(grid_dir: Path, todo: list[TrialSpec], placements: Mapping[str, Placement],
                       routes: Mapping[str, str]) -> list[TrialSpec]:
     """Trials whose pool has no capacity stay PENDING with the reason, instead of hanging Tune."""
+    return park(grid_dir, todo, lambda t: placements[routes.get(t.trial_id, t.pool)].reason)
+
+
+def park(grid_dir: Path, todo: list[TrialSpec],
+         reason: Callable[[TrialSpec], str | None]) -> list[TrialSpec]:
+    """The trials of ``todo`` with no ``reason`` not to start; the others stay PENDING with it
+    in their records (``not started: ...``, what status, resume and the summary show)."""
     runnable = []
     for t in todo:
-        reason = placements[routes.get(t.trial_id, t.pool)].reason
-        if reason is None:
+        why = reason(t)
+        if why is None:
             runnable.append(t)
             continue
         paths = TrialPaths(grid_dir, t.trial_id)
         rec = records.load_state(paths, t.trial_id)
-        rec.pending_reason = "not started: " + reason
+        rec.pending_reason = "not started: " + why
         records.save_state(paths, rec)
     return runnable
+
+
+def remember_point(grid_dir: Path, trial: TrialSpec, stored: dict[str, Any]) -> None:
+    """A new search point's trial (the gate calls it): its spec and the point in its state."""
+    paths = TrialPaths(grid_dir, trial.trial_id)
+    records.save_spec(paths, trial)
+    rec = records.load_state(paths, trial.trial_id)
+    rec.search, rec.pool = stored, trial.pool
+    records.save_state(paths, rec)
 
 
 def mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> None:
@@ -112,3 +132,22 @@ def mark_exhausted(grid_dir: Path, trial_ids: set[str], tracking_uri: str) -> No
                 mlc.set_terminated(rec.mlflow_run_id, "FAILED")
             except Exception as exc:  # noqa: BLE001 - the record on disk is what counts
                 log.warning("trial %s: MLflow not updated: %s", tid, exc)
+
+
+def preflight_skips(grid: GridSpec, grid_dir: Path, *, workdir: str | None,
+                    tracking_uri: str | None) -> dict[str, str]:
+    """The grid's ``preflight:`` probe, before any trial starts: its report in the grid's
+    ``preflight/`` folder and ``preflight.json``, its lines on stderr; the trials it skips
+    (``on_fail: skip``) with why. A refusal raises ``GateFailed`` (exit 1)."""
+    from orchestrator.probe import preflight  # deferred: the probe's jobs import their trainers
+
+    try:
+        done = preflight(grid, grid_dir / "preflight", workdir=workdir, tracking_uri=tracking_uri)
+    except GateFailed as exc:
+        atomic_write_json(grid_dir / "preflight.json", {"refused": exc.lines})
+        raise
+    if done is None:
+        return {}
+    atomic_write_json(grid_dir / "preflight.json", done.record())
+    print(*done.lines(), sep="\n", file=sys.stderr, flush=True)
+    return done.skipped

@@ -8,7 +8,9 @@ Sources: ``trials/*/spec.json``, ``state.json``, ``attempts.json``, the tail of 
 from __future__ import annotations
 
 import dataclasses
+import logging
 import math
+import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -18,13 +20,15 @@ from orchestrator import metrics as names
 from orchestrator.cost import TrialCost, fmt_hours, trial_cost
 from orchestrator.exceptions import StateFileError
 from orchestrator.scheduler._costview import cell_label, cost_json, cost_parts
-from orchestrator.scheduler._events import EventWatcher
+from orchestrator.scheduler._events import EventWatcher, summary_lines
 from orchestrator.store import TrialPaths, active_holder, atomic_write_json, read_json, records
 from orchestrator.store.summary import stamped_check
 from orchestrator.trial import TrialSpec, TrialState
 
 if TYPE_CHECKING:
     from orchestrator.grid import GridSpec
+
+log = logging.getLogger(__name__)
 
 REWARD_KEYS = (names.EVAL_REWARD, names.TRAIN_REWARD)
 LIVE_VIEWS: dict[int, Any] = {}  # live views of running submissions, by key (see LiveView)
@@ -386,3 +390,20 @@ class LiveView:
         LIVE_VIEWS.pop(id(self), None)
         if self.live is not None:
             self.live.stop()
+
+
+def say_interrupted(grid: GridSpec, grid_dir: Path,
+                    reported: Callable[[], tuple[list[str], list[str]]], started: float,
+                    already: int) -> None:
+    """Ctrl-C during a submission: what its trials (and their rescues, ``reported``) got to,
+    on stderr."""
+    try:
+        trials, rescues = reported()
+        summary = summarize(grid, grid_dir, trials + rescues)
+    except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must hear of
+        log.warning("trial records not read: %s", exc)
+        return
+    summary.update(elapsed_s=time.time() - started, skipped_finished=already)
+    print("interrupted; the trials so far (an unfinished one resumes from its latest "
+          "checkpoint at the next `ablate submit`):", *(f"  {line}" for line in summary_lines(summary)),
+          sep="\n", file=sys.stderr, flush=True)

@@ -40,11 +40,18 @@ from typing import TYPE_CHECKING, Any
 from orchestrator import backends
 from orchestrator.cost import total_metrics
 from orchestrator.exceptions import UserError
-from orchestrator.grid import check_notify, expand, load_grid
+from orchestrator.grid import check_notify, expand, load_grid, preflight_gates
 from orchestrator.pools import PoolSpec
-from orchestrator.scheduler._bookkeeping import mark_exhausted, park_unplaceable, prepare_records
+from orchestrator.scheduler._bookkeeping import (
+    mark_exhausted,
+    park,
+    park_unplaceable,
+    preflight_skips,
+    prepare_records,
+    remember_point,
+)
 from orchestrator.scheduler._budget import Planner, cost_run_tags, grid_cost
-from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink, summary_lines
+from orchestrator.scheduler._events import SUMMARY_EVERY_S, EventWatcher, Sink
 from orchestrator.scheduler._faults import fault_error, stop_on_full_disk
 from orchestrator.scheduler._identity import check_identity, renamed, store_note
 from orchestrator.scheduler._lineage import rescue_links, rescue_trials
@@ -56,7 +63,7 @@ from orchestrator.scheduler._placement import (
     plan_placement,
     standby_slots,
 )
-from orchestrator.scheduler._progress import LiveView, summarize, trials_of
+from orchestrator.scheduler._progress import LiveView, say_interrupted, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
 from orchestrator.scheduler._rescue import Rescuer
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
@@ -96,6 +103,7 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
     if grid.spec.search is not None:
         trials = []  # its trials are the points the search samples
     check_notify(grid)
+    preflight_gates(grid)
     if max_parallel is not None and max_parallel < 1:
         raise UserError(f"--max-parallel {max_parallel}: must be >= 1")
     if not math.isfinite(summary_every_s) or summary_every_s <= 0:
@@ -118,10 +126,11 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
             note = store_note(grid, grid_dir, trials, uri)
             if note is not None:
                 print(note, file=sys.stderr, flush=True)
+            skipped = preflight_skips(grid, grid_dir, workdir=workdir, tracking_uri=tracking_uri)
             return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
                               max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                              rescue=True, events=events,
-                              summary_every_s=summary_every_s).run(address)
+                              rescue=True, events=events, summary_every_s=summary_every_s,
+                              skipped=skipped).run(address)
         finally:
             lease.release()
 
@@ -167,8 +176,10 @@ class Submission:
     def __init__(self, grid: GridSpec, trials: list[TrialSpec], submission: str, *,
                  tracking_uri: str | None, workdir: str | None, max_parallel: int | None,
                  progress: bool, ray_tmp: str | None, rescue: bool, events: Sink | None = None,
-                 summary_every_s: float = SUMMARY_EVERY_S) -> None:
+                 summary_every_s: float = SUMMARY_EVERY_S,
+                 skipped: Mapping[str, str] | None = None) -> None:
         self.grid, self.trials, self.submission = grid, trials, submission
+        self.skipped = dict(skipped or {})  # trial id -> why a preflight gate skips it
         self.grid_dir = workspace.grid_dir(grid.name, workdir)
         self.events = (EventWatcher(self.grid_dir, grid.name, events, summary_every_s=summary_every_s)
                        if events is not None else None)
@@ -232,16 +243,7 @@ class Submission:
 
     def _say_interrupted(self) -> None:
         """Ctrl-C: what the submission's trials got to, on stderr (the CLI then exits 130)."""
-        try:
-            trials, rescues = self._reported()
-            summary = summarize(self.grid, self.grid_dir, trials + rescues)
-        except Exception as exc:  # noqa: BLE001 - the interrupt is what the user must hear of
-            log.warning("trial records not read: %s", exc)
-            return
-        summary.update(elapsed_s=time.time() - self.started, skipped_finished=self.already)
-        print("interrupted; the trials so far (an unfinished one resumes from its latest "
-              "checkpoint at the next `ablate submit`):", *(f"  {line}" for line in summary_lines(summary)),
-              sep="\n", file=sys.stderr, flush=True)
+        say_interrupted(self.grid, self.grid_dir, self._reported, self.started, self.already)
 
     def _stages(self, address: str | None) -> dict[str, Any]:
         import ray  # deferred, like every ray import here: `ablate status` imports this module
@@ -293,6 +295,7 @@ class Submission:
             self.rescues = rescue_trials(self.grid_dir, [t.trial_id for t in self.trials])
         self.todo, finished = prepare_records(self.grid_dir, self.trials + self.rescues,
                                               self._repair)
+        self.todo = park(self.grid_dir, self.todo, lambda t: self.skipped.get(t.trial_id))
         for tid in finished:  # what an earlier orchestrator left unsent (killed, or the store was down)
             self.sender.send(tid)
         self.already = len(finished) + len(self.prior)
@@ -365,7 +368,8 @@ class Submission:
                       len(runnable) + budget)
         warm_up = [str(self.grid_dir / "tune" / name / ".workers"), workers]
         gate = PoolGate(self.grid_dir, runnable, self.limits, self.max_parallel, search=self.search,
-                        search_budget=budget, on_new_trial=self._remember,
+                        search_budget=budget,
+                        on_new_trial=functools.partial(remember_point, self.grid_dir),
                         extra_config=functools.partial(self._extra_config, warm_up),
                         standby=self.standby, hold=self._hold_for_store, planner=self.planner,
                         routes={t: p for t, p in routes.items() if p != self.trial_pool.get(t)},
@@ -395,14 +399,6 @@ class Submission:
         self.sender.drain()  # run ids in state.json before anything below reads them
         mark_exhausted(self.grid_dir, gate.errors, self.tracking_uri)
         return gate
-
-    def _remember(self, trial: TrialSpec, stored: dict[str, Any]) -> None:
-        """A new search point's trial (the gate calls it): its spec and the point in its state."""
-        paths = TrialPaths(self.grid_dir, trial.trial_id)
-        records.save_spec(paths, trial)
-        rec = records.load_state(paths, trial.trial_id)
-        rec.search, rec.pool = stored, trial.pool
-        records.save_state(paths, rec)
 
     def _hold_for_store(self) -> bool:
         """A remote store may turn out unreachable: no trial starts before the parent run is

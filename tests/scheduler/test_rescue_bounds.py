@@ -127,8 +127,8 @@ _PLAN = "name: p\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 12\nseeds: [0]\nax
 @pytest.mark.parametrize(("checkpoint", "rescue_set", "where", "says"), [
     # item 9: no checkpoint at or before the warning's onset can ever be kept
     ("{every: 1, keep: 1}", "rollout.weight_lag: 0", "rescue[0].when.warning",
-     "fires 1 step(s) after its onset, when the 1 checkpoint(s) kept every 1 step(s) are all "
-     "after it: this entry can never act; fix: checkpoint.keep: 2 or more"),
+     ("fires 1 step(s) after its onset, when the 1 checkpoint(s) kept every 1 step(s) are all "
+      "after it: this entry can never act; fix: checkpoint.keep: 2 or more")),
     ("{every: 12, keep: 3}", "rollout.weight_lag: 0", "rescue[0].when.warning",
      "has its onset at step 11 at the latest, before the first checkpoint (checkpoint.every 12)"),
     # item 9: a set: value out of range, at its own key (not the axes with an exclude: rule)
