@@ -81,6 +81,14 @@ class TrialResult:
     def reward_key(self) -> str:
         return M.EVAL_REWARD if self.curves.get(M.EVAL_REWARD) else M.TRAIN_REWARD
 
+    @property
+    def pools_run(self) -> str:
+        """Its pool, or every pool it ran on in order (``sim-a100>sim-h100``) when an attempt
+        moved it in place (a resume or rescue on another pool under the same id)."""
+        pools = list(dict.fromkeys(s.pool for s in self.segments if s.pool))
+        moved = len(pools) > 1 or (pools and pools[0] != self.pool)
+        return ">".join(pools) if moved else self.pool
+
     def final(self, key: str) -> float:
         if key in self.finals:
             return self.finals[key]

@@ -27,6 +27,18 @@ def _ref(r: TrialResult) -> float:
     return r.final(REF)
 
 
+def _pair(r: TrialResult) -> tuple[float, float] | None:
+    """The trial's own score and its reference score at the last step it has both: an own
+    score at step 20 is not paired with a reference at step 10 (a checkpoint ``ablate evaluate``
+    could not score), but with the own score at step 10. None without a common step."""
+    own = {s: v for s, v in r.curves.get(r.reward_key, []) if math.isfinite(v)}
+    common = {s: v for s, v in r.curves.get(REF, []) if math.isfinite(v) and s in own}
+    if not common:
+        return None
+    last = max(common)
+    return own[last], common[last]
+
+
 def present(results: Sequence[TrialResult]) -> bool:
     """Whether some trial has a reference score."""
     return any(math.isfinite(_ref(r)) for r in results)
@@ -35,12 +47,13 @@ def present(results: Sequence[TrialResult]) -> bool:
 def cell_stats(results: Sequence[TrialResult],
                reward_range: tuple[float, float] = DEFAULT_RANGE) -> dict[str, Any]:
     """The cell's reference final and peak (mean [interval] over seeds) and own - reference
-    (paired over the seeds that have both); empty when no seed has a reference score."""
+    (paired over the seeds that have both, each at its last step with both, ``_pair``); empty
+    when no seed has a reference score."""
     if not present(results):
         return {}
     final = bounded_mean([_ref(r) for r in results], *reward_range)
     peak = bounded_mean([r.peak(REF) for r in results], *reward_range)
-    diff = paired_difference([(r.final(r.reward_key), _ref(r)) for r in results])
+    diff = paired_difference([p for r in results if (p := _pair(r)) is not None])
     return {"n_reward_ref": final.n, "final_reward_ref": final.estimate,
             "final_reward_ref_lo": final.low, "final_reward_ref_hi": final.high,
             "peak_reward_ref": peak.estimate, "peak_reward_ref_lo": peak.low,

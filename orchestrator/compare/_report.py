@@ -226,7 +226,7 @@ def _write_csvs(results: Sequence[TrialResult], cells: Sequence[dict[str, Any]],
     trial_rows = []
     for r in results:
         trial_rows.append({"trial_id": r.trial_id, "run_id": r.run_id, **r.axes, "seed": r.seed,
-                           "pool": r.pool, "status": r.status, "verdict": r.verdict,
+                           "pool": r.pools_run, "status": r.status, "verdict": r.verdict,
                            "verdict_step": r.verdict_step, "verdict_reason": r.verdict_reason,
                            "derived_from": r.derived_from or "", "last_step": r.last_step,
                            "final_reward": r.final(r.reward_key), "peak_reward": r.peak(r.reward_key),

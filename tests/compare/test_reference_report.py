@@ -114,3 +114,37 @@ def test_scores_of_an_evaluation_job_name_its_evaluator_and_a_mixture_is_flagged
                           store="s", pool_kinds=frozenset({"cpu"}))
     assert "different evaluators" in report["reference_intro"]
     assert "different evaluators" in (tmp_path / "two" / "summary.md").read_text()
+
+
+def test_own_minus_reference_pairs_the_two_scores_of_one_step() -> None:
+    """A trial whose last checkpoint was not scored by the reference (``ablate evaluate`` over a
+    damaged checkpoint) pairs its own score at the last step both have, not its own final."""
+    from orchestrator.compare._reference import cell_stats
+
+    trials = []
+    for seed, (own10, own20, ref10) in enumerate([(0.30, 0.60, 0.35), (0.32, 0.70, 0.36),
+                                                  (0.28, 0.65, 0.33)]):
+        curves = {M.EVAL_REWARD: [(10, own10), (20, own20)], M.EVAL_REWARD_REF: [(10, ref10)]}
+        trials.append(TrialResult(
+            trial_id=f"t{seed:012x}", run_id=f"{seed:032x}", axes={"pool": "p"}, seed=seed,
+            pool="p", status="done", verdict="healthy", verdict_step=None, verdict_reason="",
+            derived_from=None, curves=curves, latest={}, segments=[Segment(1, "p", 1, 20)]))
+    stats = cell_stats(trials)
+    assert abs(stats["own_minus_ref"] - (-0.04666666666)) < 1e-6, stats  # step 10's, not 20's
+    assert stats["own_minus_ref_hi"] < 0
+    # No step with both scores: no pair, so no difference (not own final minus reference).
+    lone = [TrialResult(**{**t.__dict__, "curves": {M.EVAL_REWARD: [(20, 0.6)],
+                                                    M.EVAL_REWARD_REF: [(10, 0.35)]}})
+            for t in trials]
+    assert cell_stats(lone)["own_minus_ref"] != cell_stats(lone)["own_minus_ref"]  # nan
+
+
+def test_a_trial_moved_to_another_pool_in_place_names_every_pool_it_ran_on(tmp_path) -> None:
+    """An ``infra_failed`` rescue (or ``ablate resume --pool``) continues a trial under its own id
+    on another pool: trials.csv's pool column names both, in order, not the first only."""
+    moved, stayed = _results(False)[:2]
+    moved.segments = [Segment(1, "sim-a100", 1, 10), Segment(2, "sim-h100", 11, 20)]
+    build_report([moved, stayed], ["pool"], None, None, tmp_path, grid_name="g", store="s",
+                 steps=20)
+    pools = {t["trial_id"]: t["pool"] for t in _rows(tmp_path / "trials.csv")}
+    assert pools == {moved.trial_id: "sim-a100>sim-h100", stayed.trial_id: "sim-a100"}
