@@ -186,7 +186,7 @@ def evaluate_body(args: argparse.Namespace) -> int:
     report = evaluate(args.grid, trials=args.trial, workdir=args.workdir,
                       tracking_uri=args.tracking_uri, steps=args.step)
     print("\n".join(report.lines()))
-    return 1 if report.failed else 0
+    return 1 if report.failed or report.damaged else 0  # a score left out: not a success
 
 
 def probe_body(args: argparse.Namespace) -> int:

@@ -108,3 +108,6 @@ def test_evaluate_over_damaged_checkpoints_says_what_is_wrong(isolated: Path) ->
     lines = report.lines()
     assert lines[-1] == "reference trainer: 0 checkpoint(s) scored in 0.0s; 2 damaged checkpoint(s) not scored"
     assert not any("nothing to score" in ln for ln in lines)
+    from orchestrator.cli import main
+
+    assert main(["evaluate", str(path)]) == 1  # a checkpoint it cannot score: not a success
