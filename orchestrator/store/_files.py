@@ -10,6 +10,7 @@ from __future__ import annotations
 import functools
 import json
 import os
+import stat
 import tempfile
 from collections.abc import Callable
 from pathlib import Path
@@ -83,12 +84,34 @@ class TrialPaths:
         return self.root / ".run.lock"
 
 
+@functools.cache
+def _umask() -> int:
+    """The process's umask, read without changing it (Linux: /proc; elsewhere set and reset)."""
+    try:
+        for line in Path("/proc/self/status").read_text().splitlines():
+            if line.startswith("Umask:"):
+                return int(line.split()[1], 8)
+    except (OSError, ValueError):
+        pass
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
+
+
 def atomic_write_text(path: Path, write: Callable[[TextIO], None]) -> None:
-    """Write a file via temp file + fsync + rename, so readers never see it half-written."""
+    """Write a file via temp file + fsync + rename, so readers never see it half-written. It
+    gets the mode a plain write gives (the file's own if it exists, else 0666 less the umask),
+    not the temp file's 0600: a lab's records and results on a shared file system stay
+    readable by its members."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        try:
+            mode = stat.S_IMODE(path.stat().st_mode)
+        except OSError:
+            mode = 0o666 & ~_umask()
+        os.fchmod(fd, mode)
         with os.fdopen(fd, "w") as fh:
             write(fh)
             fh.flush()

@@ -58,3 +58,35 @@ def test_the_outbox_keeps_its_directory_name() -> None:
 
 def _spec(tid: str) -> TrialSpec:
     return dataclasses.replace(SPEC, trial_id=tid)
+
+
+def test_written_files_get_the_mode_a_plain_write_gives(tmp_path, capsys) -> None:
+    """Records, results and ``ablate init``'s files are readable as the umask allows (0644
+    under 022), not the 0600 of the temp file they are renamed from; a file that exists keeps
+    its own mode."""
+    import stat
+
+    from orchestrator.cli import main
+    from orchestrator.store import atomic_write_json
+
+    def mode(p):
+        return stat.S_IMODE(p.stat().st_mode)
+
+    fresh = tmp_path / "state.json"
+    atomic_write_json(fresh, {"a": 1})
+    assert mode(fresh) == 0o666 & ~_current_umask()
+    fresh.chmod(0o640)
+    atomic_write_json(fresh, {"a": 2})
+    assert mode(fresh) == 0o640
+    assert main(["init", str(tmp_path / "lab"), "--pools"]) == 0
+    capsys.readouterr()
+    assert {p.name: mode(p) for p in (tmp_path / "lab").iterdir()} == {
+        "grid.yaml": 0o666 & ~_current_umask(), "pools.yaml": 0o666 & ~_current_umask()}
+
+
+def _current_umask() -> int:
+    import os
+
+    mask = os.umask(0o022)
+    os.umask(mask)
+    return mask
