@@ -79,12 +79,15 @@ class AttemptStart(AttemptCommits):
         self.number = len(attempts) + 1
         ended = attempts[-1] if attempts and attempts[-1].outcome in _ENDING else None
         if (ended is not None and not job.reopen and job.start != "fresh"
-                and self.record.resume is None and self.record.attempts == ended.number):
+                and self.record.resume is None
+                and (self.record.attempts == ended.number
+                     or (ended.end_step or 0) >= job.trial.steps)):
             # Its process wrote the attempt's end but died before the trial's state did (the two
             # files cannot change in one write): this is that attempt finishing from its last
             # checkpoint, not a new one (a "completed" trial must not show two completions).
             # A state that does not know the attempt (its state.json removed after damage, a
-            # fresh record) is no such state: what runs now is a new attempt.
+            # fresh record) is no such state, unless the attempt reached the trial's last step
+            # (nothing is left to run: it is finished again); else what runs is a new attempt.
             self.number = ended.number
             return attempts[:-1], ended
         return attempts, None

@@ -289,8 +289,10 @@ def test_a_warning_rescue_runs_as_a_slurm_job_on_the_rescue_pools_partition(
     assert (note["event"], note["step"], note["start"], note["trial"], note["pool"]) == (
         "warning:k3_warn", 3, 2, child, "slurm-h100")
     assert got[parent]["steps"] == [1, 2, 3, 4]  # stopped when the warning fired
-    assert got[child]["state"].rescue_of == {"parent": parent, "event": "warning:k3_warn",
-                                             "step": 2}
+    assert got[child]["state"].rescue_of == {
+        "parent": parent, "event": "warning:k3_warn", "step": 2,
+        # the rescues its line holds, for the policy's bound over a lineage (``times``)
+        "lineage": [{"entry": 0, "event": "warning:k3_warn", "step": 3, "trial": child}]}
     assert got[child]["state"].state.value == "done" and got[child]["steps"] == list(range(1, 13))
     inherited, attempt = got[child]["attempts"]
     assert (inherited.outcome, inherited.end_step) == ("inherited", 2)
