@@ -15,16 +15,20 @@ kernels are stand-ins here, none is called); vLLM's device inference in its argu
 ``DeviceConfig`` (answered "cuda") and ``create_engine_config`` (platform checks; the
 ``EngineArgs`` it reads are checked instead); every numeric effect.
 
-Skipped with one line naming the setup command when the environment is absent. Cost: one plan
-per engine in-process (~2 s) and one engine subprocess per engine (imports of torch, verl and the
-engine, then every case): the whole file ~45 s on the 2-core CI machine, 0 s when skipped.
+Skipped with one line naming the setup command when the environment is absent; in CI
+(``.ci/run`` builds both environments in the background, ``$ABLATE_CI_GPU_ENVS``) it waits for
+the builds instead and fails if one failed. Cost: one plan per engine in-process (~2 s) and one
+engine subprocess per engine (imports of torch, verl and the engine, then every case): the whole
+file 45-56 s on the 2-core machine, 0 s when skipped.
 """
 from __future__ import annotations
 
 import contextlib
 import io
 import json
+import os
 import subprocess
+import time
 import typing
 from pathlib import Path
 
@@ -98,16 +102,45 @@ def _plan(tmp: Path, engine: str, named: dict[str, dict]) -> dict[str, list[str]
     return {t["axes"]["case"]: t["backend_args"] for t in plan["trials"]}
 
 
+CI_BUILD = "ABLATE_CI_GPU_ENVS"  # .ci/run: the folder where its background builds report
+CI_WAIT_S = 3600.0
+
+
+def _wait_for_ci_build(engine: str) -> None:
+    """In CI (``.ci/run`` builds both environments in the background beside the suite): wait
+    for this one's build, fail with its log if it failed; a build CI skipped (too little disk)
+    is a skip with its reason. Outside CI: nothing."""
+    folder = os.environ.get(CI_BUILD)
+    if not folder:
+        return
+    rc, log = Path(folder) / f"{engine}.rc", Path(folder) / f"{engine}.log"
+    deadline = time.monotonic() + CI_WAIT_S
+    while not (rc.is_file() and rc.read_text().strip()):
+        if time.monotonic() > deadline:
+            pytest.fail(f"the {engine} GPU environment's CI build did not end in {CI_WAIT_S:.0f} s")
+        time.sleep(5)
+    status = rc.read_text().strip()
+    if status.startswith("skipped"):
+        pytest.skip(f"CI did not build the {engine} GPU environment: {status}")
+    tail = log.read_text()[-3000:] if log.is_file() else ""
+    assert status == "0", f"the {engine} GPU environment's CI build failed ({status}):\n{tail}"
+
+
 def _probe(engine: str, tmp_path_factory) -> dict:
+    _wait_for_ci_build(engine)
     env = gpu_setup.env_dir(engine)
     python = env / "bin" / "python"
     if not python.is_file():
         pytest.skip(f"no {engine} GPU environment at {env}; make it with: ablate gpu-env {engine}")
     named = cases(engine)
     overrides = _plan(tmp_path_factory.mktemp(engine), engine, named)
+    # This checkout's code, whatever the environment's own rl-ablate points to (an environment
+    # cached by its lock's hash was made from an earlier checkout, .ci/run).
+    env_vars = {**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(REPO), *filter(None, [os.environ.get("PYTHONPATH")])])}
     done = subprocess.run([str(python), str(PROBE)], input=json.dumps(
         {"engine": engine, "cases": overrides}), capture_output=True, text=True, timeout=900,
-        cwd=REPO, check=False)
+        cwd=REPO, check=False, env=env_vars)
     assert done.returncode == 0, done.stderr[-3000:]
     result = json.loads(done.stdout.strip().splitlines()[-1])
     result["flags"] = named
