@@ -133,7 +133,7 @@ def state(stack: str, env: Path) -> str:
     return "ready"
 
 
-@functools.cache
+@functools.lru_cache(maxsize=None)
 def env_problem(stack: str, pool: str, named: str) -> str | None:
     """A gpu pool's ``engine_envs.<stack>`` that is not this lock's environment, in one line
     naming the setup command, or None (plan time; checked once per environment)."""
