@@ -86,8 +86,7 @@ class TrialResult:
         """Its pool, or every pool it ran on in order (``sim-a100>sim-h100``) when an attempt
         moved it in place (a resume or rescue on another pool under the same id)."""
         pools = list(dict.fromkeys(s.pool for s in self.segments if s.pool))
-        moved = len(pools) > 1 or (pools and pools[0] != self.pool)
-        return ">".join(pools) if moved else self.pool
+        return ">".join(pools) if pools and pools != [self.pool] else self.pool
 
     def final(self, key: str) -> float:
         if key in self.finals:

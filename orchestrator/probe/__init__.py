@@ -117,8 +117,8 @@ class Preflight:
 
     def lines(self) -> list[str]:
         refused = len(self.report.plan.refused)
-        ungated = [f"the trials of the {refused} configuration(s) not probed run ungated"]
-        ungated = ungated if refused else []
+        ungated = ([f"the trials of the {refused} configuration(s) not probed run ungated"]
+                   if refused else [])
         return [f"preflight: {line}" for line in [*self.report.lines(), *ungated]]
 
     def record(self) -> dict[str, object]:

@@ -11,14 +11,16 @@ import logging
 import sys
 from collections.abc import Callable, Iterator, Mapping
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import ConcurrencyError, GateFailed
-from orchestrator.grid import GridSpec
 from orchestrator.scheduler._placement import Placement
 from orchestrator.store import TrialPaths, atomic_write_json, records
 from orchestrator.tracking import client
 from orchestrator.trial import TrialSpec, TrialState, transition
+
+if TYPE_CHECKING:
+    from orchestrator.grid import GridSpec
 
 log = logging.getLogger(__name__)
 

@@ -84,9 +84,9 @@ class TrialPaths:
         return self.root / ".run.lock"
 
 
-@functools.cache
 def _umask() -> int:
-    """The process's umask, read without changing it (Linux: /proc; elsewhere set and reset)."""
+    """The process's umask now, read without changing it (Linux: /proc; elsewhere set and
+    reset). Not cached: a process may change its umask between writes."""
     try:
         for line in Path("/proc/self/status").read_text().splitlines():
             if line.startswith("Umask:"):
