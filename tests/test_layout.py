@@ -12,6 +12,8 @@ from pathlib import Path
 
 import pytest
 
+import orchestrator
+
 PACKAGE = Path(__file__).resolve().parents[1] / "orchestrator"
 
 
@@ -27,6 +29,7 @@ def _modules() -> dict[str, Path]:
 MODULES = _modules()
 
 
+ROOT_LAZY = dict.fromkeys(orchestrator._FROM_GRID, "orchestrator.grid")
 MAX_LINES = 450
 MAX_TOP_LEVEL_MODULES = 12
 
@@ -44,6 +47,10 @@ def _imports(name: str) -> Iterator[tuple[str, int, bool, list[str], bool]]:
             targets = [a.name for a in node.names]
         elif isinstance(node, ast.ImportFrom) and node.module and not node.level:
             targets = [node.module] + [f"{node.module}.{a.name}" for a in node.names]
+            # The root package's lazy names import their package on first use (PEP 562): an
+            # import of one is an import of that package, which the layer order must see.
+            targets += [ROOT_LAZY[a.name] for a in node.names
+                        if node.module == "orchestrator" and a.name in ROOT_LAZY]
         else:
             continue
         targets = [t for t in targets if t in MODULES and t != name]

@@ -22,10 +22,13 @@ if TYPE_CHECKING:
         AttemptOutcome,
         AttemptResult,
         Launcher,
+        MetricReader,
         ProbeJob,
         RunContext,
         Trainer,
+        TrainerJob,
     )
+    from orchestrator.backends.config import TrialConfig
     from orchestrator.corrections import CorrectionSpec
     from orchestrator.engine import RolloutSpec
     from orchestrator.learner import LearnerSpec
@@ -34,7 +37,8 @@ if TYPE_CHECKING:
 
 # Imported on first use (PEP 562), as the trainers are: the interfaces pull in the grid's
 # schema library, which a command that only reads records (``ablate status``) does without.
-_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "ProbeJob", "RunContext", "Trainer")
+_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "MetricReader", "ProbeJob",
+              "RunContext", "Trainer", "TrainerJob")
 
 
 def __getattr__(name: str) -> Any:
@@ -42,6 +46,10 @@ def __getattr__(name: str) -> Any:
         from orchestrator.backends import base  # deferred: see the comment above
 
         return getattr(base, name)
+    if name == "TrialConfig":
+        from orchestrator.backends import config  # deferred: see the comment above
+
+        return config.TrialConfig
     raise AttributeError(f"module 'orchestrator.backends' has no attribute {name!r}")
 
 _TRAINERS: dict[str, tuple[str, str]] = {
@@ -68,8 +76,8 @@ _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
     "slurm": (("sim", "verl"), "slurm"),  # sim pools run the simulator, cpu/gpu pools verl
 }
 
-__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "RunContext", "Trainer",
-           "backend", "names"]
+__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "MetricReader", "RunContext",
+           "Trainer", "TrainerJob", "TrialConfig", "backend", "names"]
 
 
 def _load(ref: tuple[str, str]) -> Any:
@@ -167,10 +175,11 @@ class Backend:
                      pool: PoolSpec) -> str | None:
         return self.trainer(pool).check_values(items, config, pool)
 
-    def check_config(self, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        # The launcher's placement first: it needs no trainer, and is wrong for every trial.
-        return (self.launcher.check_config(config, pool)
-                or self.trainer(pool).check_config(config, pool))
+    def check_config(self, config: TrialConfig) -> str | None:
+        # The launcher's placement first: it is wrong for every trial of the pool.
+        trainer = self.trainer(config.pool)
+        return (self.launcher.check_config(trainer, config)
+                or trainer.check_config(config, config.pool))
 
     def check_engine(self, rollout: RolloutSpec, config: Mapping[str, Any],
                      pool: PoolSpec) -> str | None:
@@ -199,21 +208,14 @@ class Backend:
         never emits, with why (its trainer's answer, whichever launcher runs it)."""
         return self.trainer(pool).unemitted(correction, rollout, learner, config)
 
-    def unemitted_by(self, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, str]:
-        """:meth:`unemitted` for a trial's resolved config, whose sections were checked at plan."""
-        # deferred: the schema library, only when a trial's config is validated here
-        from orchestrator.corrections import CorrectionSpec
-        from orchestrator.engine import RolloutSpec
-        from orchestrator.learner import LearnerSpec
+    def unemitted_by(self, config: TrialConfig) -> dict[str, str]:
+        """:meth:`unemitted` for a trial's configuration, on the pool it runs on."""
+        return self.unemitted(config.correction, config.rollout, config.learner, config.pool,
+                              config)
 
-        return self.unemitted(CorrectionSpec.model_validate(dict(config.get("correction") or {})),
-                              RolloutSpec.model_validate(dict(config.get("rollout") or {})),
-                              LearnerSpec.model_validate(dict(config.get("learner") or {})),
-                              pool, config)
-
-    def describe(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
-        return self.launcher.describe(trial, pool) + self.trainer(pool).describe(trial, config,
-                                                                                 pool)
+    def describe(self, trial: TrialSpec, config: TrialConfig) -> list[str]:
+        return (self.launcher.describe(trial, config.pool)
+                + self.trainer(config.pool).describe(trial, config))
 
     # ------------------------------------------------------------------ submit and run
 
@@ -245,6 +247,6 @@ class Backend:
                                                       workdir=workdir)
         return int(status or 0)
 
-    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+    def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         """One attempt of ``trial`` on ``ctx.pool``: its trainer, launched by the launcher."""
         return self.launcher().run(self.trainer(ctx.pool)(), trial, config, ctx)

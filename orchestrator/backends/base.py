@@ -18,7 +18,7 @@ import enum
 import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
-from typing import Any, ClassVar, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator import metrics as M
 from orchestrator.corrections import CorrectionSpec
@@ -27,6 +27,9 @@ from orchestrator.exceptions import BackendUnavailableError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from orchestrator.backends.config import TrialConfig
 
 
 class AttemptOutcome(enum.Enum):
@@ -196,10 +199,17 @@ class Trainer(abc.ABC):
         machine can."""
 
     @classmethod
-    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
         """What ``ablate plan --show-overrides`` prints for a trial: by default its overrides as
         ``key=JSON`` lines (verl: the exact Hydra override list of its job)."""
         return [f"{k}={json.dumps(v, default=list)}" for k, v in trial.overrides]
+
+    @classmethod
+    def job(cls, config: TrialConfig) -> TrainerJob | None:
+        """The job a launcher that computes elsewhere (a Kubernetes RayJob, a Slurm
+        allocation's size) asks about: None where this trainer's attempts run only through
+        :meth:`run`, in the launcher's own process (the simulator)."""
+        return None
 
     @classmethod
     def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
@@ -250,8 +260,54 @@ class Trainer(abc.ABC):
         return name not in cls.never_emitted() and name in M.vocabulary()
 
     @abc.abstractmethod
-    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+    def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""
+
+
+class MetricReader(Protocol):
+    """A job's metrics as it writes them, read while it runs (the steps after the last read)."""
+
+    def poll(self) -> list[tuple[int, dict[str, float]]]:
+        """The steps written completely since the last call, in order."""
+
+    def flush(self) -> list[tuple[int, dict[str, float]]]:
+        """Once the job ended: the steps still held back (a last step without a newline)."""
+
+
+class TrainerJob(abc.ABC):
+    """A trial's job as a launcher that runs it outside this process sees it: what to run, how
+    large it is, where its metrics and checkpoints appear. Built by :meth:`Trainer.job` from the
+    trial's configuration, so a launcher imports no trainer package."""
+
+    # The rollout engine the job runs (the image it needs), or None where it runs none.
+    engine: str | None
+    # Accelerators the job spans (the nodes a launcher asks for: world_size / gpus_per_node).
+    world_size: int
+
+    @abc.abstractmethod
+    def command(self, trial: TrialSpec, *, checkpoint_dir: str, resume_path: str | None = None,
+                save_freq: int | None = None) -> list[str]:
+        """argv of one attempt's job (never a shell string), saving checkpoints under
+        ``checkpoint_dir`` every ``save_freq`` steps, resuming from ``resume_path``."""
+
+    @abc.abstractmethod
+    def environment(self, trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
+                    file_logger_path: str) -> dict[str, str | None]:
+        """The job's environment (None: unset), its metrics written to ``file_logger_path``."""
+
+    @abc.abstractmethod
+    def metrics(self, path: Path, last_logged: int) -> MetricReader:
+        """A reader of the metrics the job writes to ``path``, after step ``last_logged``."""
+
+    @abc.abstractmethod
+    def resume_path(self, ctx: RunContext, checkpoint_dir: Path) -> str | None:
+        """Lay the checkpoint of ``ctx.resume_step`` out under ``checkpoint_dir`` as the job
+        reads it, and return what to pass as ``resume_path`` (None: a fresh start)."""
+
+    @abc.abstractmethod
+    def hand_over(self, ctx: RunContext, checkpoint_dir: Path, saved: int, logged: int) -> int:
+        """Give the checkpoints the job saved under ``checkpoint_dir`` up to step ``logged`` to
+        ``ctx.save_checkpoint``, after step ``saved``; returns the last step handed over."""
 
 
 class ProbeJob(abc.ABC):
@@ -327,9 +383,10 @@ class Launcher(abc.ABC):
         return None
 
     @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
         """Plan-time refusal of a trial's placement (Slurm: its pool's nodes and ``slurm:``
-        block), checked before the trainer's own ``check_config``; by default none."""
+        block; ``trainer``: the one that runs it), checked before the trainer's own
+        ``check_config``; by default none."""
         return None
 
     @classmethod
@@ -360,6 +417,6 @@ class Launcher(abc.ABC):
         default a trial's work dies with the orchestrator's workers, so nothing."""
 
     @abc.abstractmethod
-    def run(self, trainer: Trainer, trial: TrialSpec, config: Mapping[str, Any],
+    def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,
             ctx: RunContext) -> AttemptResult:
         """Run one attempt of ``trial`` with ``trainer`` until done or stopped."""

@@ -76,7 +76,7 @@ def plan_command(args: argparse.Namespace) -> int:
 
 def _backend_details(grid: GridSpec, trials: Sequence[TrialSpec]) -> dict[str, list[str]]:
     runs = backends.backend(grid.backend)
-    return {t.trial_id: list(runs.describe(t, grid.trial_config(t), grid.pools.pools[t.pool]))
+    return {t.trial_id: list(runs.describe(t, grid.trial_config(t)))
             for t in trials}
 
 

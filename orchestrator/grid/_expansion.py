@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 
 from orchestrator import recipes
-from orchestrator.backends import backend
+from orchestrator.backends import TrialConfig, backend
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
@@ -136,7 +136,7 @@ class _Resolver:
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        problem = self.backend.check_config(config, spec)
+        problem = self.backend.check_config(TrialConfig.of(config, spec))
         if problem:  # it names its own fix
             # The line of the grid key it is about if the grid sets it, else of the pool.
             grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
@@ -190,9 +190,10 @@ class _Resolver:
         key = ("emitted", sections, rest, pool)
         if key in self.checked or not watched_metrics(self.grid.spec):
             return
-        config = recipes.apply_overrides(self.grid.recipe_config,
-                                         {k: thaw(v) for k, v in sections + rest})
-        check_emitted(self.grid, self.backend.unemitted_by(config, self.grid.pools.pools[pool]),
+        config = TrialConfig.resolve(self.grid.recipe_config,
+                                     {k: thaw(v) for k, v in sections + rest},
+                                     self.grid.pools.pools[pool])
+        check_emitted(self.grid, self.backend.unemitted_by(config),
                       f"{_context(context)} on pool {pool}")
         self.checked.add(key)
 

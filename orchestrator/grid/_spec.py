@@ -15,6 +15,7 @@ from typing import Any
 from pydantic import BaseModel
 
 from orchestrator import recipes
+from orchestrator.backends.config import TrialConfig
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
@@ -95,6 +96,8 @@ class GridSpec:
         """The recipe with the grid's fixed ``overrides:`` applied (what every trial shares)."""
         return recipes.apply_overrides(self.recipe_config, dict(self.fixed))
 
-    def trial_config(self, trial: TrialSpec) -> dict[str, Any]:
-        """The full resolved config of a trial (recipe + its overrides) as a nested dict."""
-        return recipes.apply_overrides(self.recipe_config, trial.override_map)
+    def trial_config(self, trial: TrialSpec, pool: str | None = None) -> TrialConfig:
+        """A trial's configuration (recipe + its overrides, typed) on its pool, or on ``pool``
+        (``ablate resume --pool`` moves a trial)."""
+        return TrialConfig.resolve(self.recipe_config, trial.override_map,
+                                   self.pools.get(pool or trial.pool))

@@ -31,7 +31,7 @@ def check_backend_args(grid: GridSpec, trials: Sequence[TrialSpec]) -> None:
             continue
         seen.add((t.config, t.pool))
         try:
-            runs.describe(t, grid.trial_config(t), grid.pools.pools[t.pool])
+            runs.describe(t, grid.trial_config(t))
         except GridError as exc:
             text = str(exc).removeprefix("<grid>: ")
             if text.startswith(f"pool {t.pool}: "):

@@ -1,16 +1,16 @@
 """The Kubernetes launcher: each attempt of a trial is one KubeRay RayJob running the verl job.
 
-The job is exactly what ``VerlTrainer`` runs locally (same argv and environment; the launcher
-has no ``version`` of its own, hence the same trial ids), and progress is followed the same way
-as ``verl.supervise`` does it, from files on the shared checkpoint volume that the control plane
-mounts at the trial pods' path:
+The job is exactly what the trainer runs locally (its ``TrainerJob``: same argv and
+environment; the launcher has no ``version`` of its own, hence the same trial ids), and progress
+is followed through the same job, from files on the shared checkpoint volume that the control
+plane mounts at the trial pods' path:
 
-* metrics: verl's file logger of this attempt, tailed and normalised by ``verl.files.MetricTail``,
-  -> ``ctx.log_metrics``;
-* checkpoints: verl's newest ``global_step_N`` is handed to ``ctx.save_checkpoint`` once step N's
-  metrics are in (hard links when the orchestrator's workdir is on the same volume, as
-  ``k8s/base/control.yaml`` sets it); a resume lays the stored checkpoint out as
-  ``global_step_N`` again (``verl.files.prepare_resume``);
+* metrics: the job's metrics file of this attempt, read by ``TrainerJob.metrics`` (verl: its file
+  logger, tailed and normalised) -> ``ctx.log_metrics``;
+* checkpoints: the job's newest checkpoint is handed to ``ctx.save_checkpoint`` once its step's
+  metrics are in (``TrainerJob.hand_over``; hard links when the orchestrator's workdir is on the
+  same volume, as ``k8s/base/control.yaml`` sets it); a resume lays the stored checkpoint out as
+  the job reads it (``TrainerJob.resume_path``);
 * ``ctx.should_stop()`` (early stop, cancel) deletes the RayJob, which frees the GPUs;
 * a failed RayJob raises ``InfraFailure`` with status, warning events and the driver's log tail.
 
@@ -23,21 +23,25 @@ from __future__ import annotations
 import logging
 import re
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Launcher, RunContext, Trainer
-from orchestrator.engine import RolloutSpec
+from orchestrator.backends.base import (
+    AttemptOutcome,
+    AttemptResult,
+    Launcher,
+    RunContext,
+    Trainer,
+    TrainerJob,
+)
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure, UserError
 from orchestrator.k8s.client import Phase, RayJobClient, load_config
 from orchestrator.k8s.render import check_pool, pool_image, render_rayjob
 from orchestrator.k8s.settings import ClusterSettings
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl.engines import engine_of
-from orchestrator.verl.files import MetricTail, hand_over_checkpoint, loss_scaled, prepare_resume
-from orchestrator.verl.trainer import VerlTrainer
 
 log = logging.getLogger(__name__)
 
@@ -76,13 +80,15 @@ class K8sLauncher(Launcher):
         return None
 
     @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """The image a trial of this engine runs on ``pool`` (``render.pool_image``, from the
+    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
+        """The image a trial of this engine runs on its pool (``render.pool_image``, from the
         pool's ``images``/``image`` or ``ABLATE_K8S_IMAGE``), checked as the dry run checks it.
         An image given nowhere yet passes here: it comes from the environment of the process
         that submits (``ABLATE_K8S_IMAGE``), which the dry run and the submission check."""
-        rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-        engine = str(engine_of(rollout, config))
+        pool, job = config.pool, trainer.job(config)
+        if job is None:
+            return f"pool {pool.name}: trainer {trainer.name!r} runs no job a RayJob can hold"
+        engine = str(job.engine)
         settings = ClusterSettings.from_env()
         if not (pool.images.get(engine) or pool.image or settings.image):
             return None
@@ -118,7 +124,7 @@ class K8sLauncher(Launcher):
 
         return int(dry_run(grid_path, out_dir=out_dir, force=force) or 0)
 
-    def run(self, trainer: Trainer, trial: TrialSpec, config: Mapping[str, Any],
+    def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,
             ctx: RunContext) -> AttemptResult:
         settings = self._settings or ClusterSettings.from_env()
         if not Path(settings.checkpoint_root).is_dir():
@@ -129,7 +135,11 @@ class K8sLauncher(Launcher):
             )
         ckpt_dir = Path(settings.checkpoint_dir(trial.grid, trial.trial_id))
         ckpt_dir.mkdir(parents=True, exist_ok=True)
-        resume_path = prepare_resume(ctx, ckpt_dir)
+        job = trainer.job(config)
+        if job is None:
+            raise BackendUnavailableError(f"backend k8s: trainer {trainer.name!r} runs no job a "
+                                          "RayJob can hold")
+        resume_path = job.resume_path(ctx, ckpt_dir)
         manifest = render_rayjob(
             trial,
             config,
@@ -138,13 +148,14 @@ class K8sLauncher(Launcher):
             attempt=ctx.attempt,
             run_id=getattr(ctx, "mlflow_run_id", None),
             resume_path=resume_path,
-            job=_VerlJob(type(trainer), save_freq=ctx.checkpoint_every),
+            job=job,
+            save_freq=ctx.checkpoint_every,
         )
         name = manifest["metadata"]["name"]
         client = self._client or RayJobClient(settings.namespace)
         client.create(manifest)
         try:
-            return self._follow(client, name, trial, ctx, settings, ckpt_dir, loss_scaled(config))
+            return self._follow(client, name, trial, ctx, settings, ckpt_dir, job)
         except InfraFailure:
             raise  # the job ended by itself; its cluster stays for ttlSecondsAfterFinished
         except BaseException:
@@ -161,13 +172,10 @@ class K8sLauncher(Launcher):
         ctx: RunContext,
         settings: Any,
         ckpt_dir: Path,
-        fp16: bool = False,
+        job: TrainerJob,
     ) -> AttemptResult:
-        tail = MetricTail(
-            Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
-            ctx.resume_step or 0,
-            fp16,
-        )
+        tail = job.metrics(Path(settings.metrics_path(trial.grid, trial.trial_id, ctx.attempt)),
+                           ctx.resume_step or 0)
         saved = fed = ctx.resume_step or 0  # fed: the last step given to the run context
         reason = None
         while True:
@@ -181,7 +189,7 @@ class K8sLauncher(Launcher):
                     break
                 ctx.log_metrics(step, data)
                 fed = step
-            saved = hand_over_checkpoint(ctx, ckpt_dir, saved, fed)
+            saved = job.hand_over(ctx, ckpt_dir, saved, fed)
             reason = reason or (None if finished else ctx.should_stop())
             if reason:
                 if not finished:
@@ -218,32 +226,3 @@ def _delete_quietly(client: Any, name: str) -> None:
         client.delete(name)
     except Exception:  # the original error is the one to report
         log.exception("could not delete RayJob %s after an error", name)
-
-
-class _VerlJob:
-    """The trainer's argv/environment (``VerlTrainer``'s), with the runner's checkpoint cadence
-    as verl's save_freq."""
-
-    def __init__(self, trainer: type[VerlTrainer], save_freq: int) -> None:
-        self.trainer, self.save_freq = trainer, save_freq
-
-    def command(
-        self,
-        trial: TrialSpec,
-        config: Mapping[str, Any],
-        pool: PoolSpec,
-        *,
-        checkpoint_dir: str,
-        resume_path: str | None = None,
-    ) -> list[str]:
-        return self.trainer.command(
-            trial,
-            config,
-            pool,
-            checkpoint_dir=checkpoint_dir,
-            resume_path=resume_path,
-            save_freq=self.save_freq,
-        )
-
-    def environment(self, trial: TrialSpec, **kw: Any) -> dict[str, str]:
-        return self.trainer.environment(trial, **kw)

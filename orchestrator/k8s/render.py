@@ -1,8 +1,9 @@
 """Render one KubeRay RayJob per trial attempt, pinned to the trial's GPU pool.
 
-The trial's job IS a verl job: the argv and the environment come from ``VerlTrainer`` (so k8s
-and verl runs of a trial do the same thing and share a trial id). What this module adds is the
-placement and the pod hygiene:
+The trial's job is its trainer's own (``backends.base.TrainerJob``, from ``Trainer.job``): the
+argv, the environment, the engine (its image) and the world size (its worker pods) come from
+there, so k8s and verl runs of a trial do the same thing and share a trial id, and this package
+imports no trainer. What this module adds is the placement and the pod hygiene:
 
 * the GPU worker group is pinned to the pool by ``nodeSelector`` on the pool's node labels,
   which is also what makes Kueue assign only that pool's ResourceFlavor (Kueue skips a flavor
@@ -24,7 +25,7 @@ import shlex
 from collections.abc import Mapping, Sequence
 from typing import Any
 
-from orchestrator.engine import RolloutSpec
+from orchestrator.backends import TrainerJob, TrialConfig, backend
 from orchestrator.exceptions import UserError
 from orchestrator.k8s import names
 from orchestrator.k8s.settings import (
@@ -36,9 +37,6 @@ from orchestrator.k8s.settings import (
 )
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl.engines import engine_of
-from orchestrator.verl.topology import world_size
-from orchestrator.verl.trainer import VerlTrainer
 
 RAYJOB_API = "ray.io/v1"
 SECRETISH = re.compile(r"(TOKEN|PASSWORD|SECRET|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
@@ -54,8 +52,13 @@ def trial_labels(trial: TrialSpec, attempt: int, name: str) -> dict[str, str]:
     }
 
 
-def _job_builder() -> Any:
-    return VerlTrainer()
+def trainer_job(config: TrialConfig) -> TrainerJob:
+    """The job of the trainer that runs ``config``'s pool under ``backend: k8s`` (verl's)."""
+    job = backend("k8s").trainer(config.pool).job(config)
+    if job is None:
+        raise UserError(f"pool {config.pool.name}: its trainer runs no job a RayJob can hold; "
+                        "fix: name a gpu pool")
+    return job
 
 
 def _check_env(env: Mapping[str, str]) -> dict[str, str]:
@@ -268,7 +271,7 @@ def _check_fallback(pool: PoolSpec, fallback: Sequence[PoolSpec], resume: bool) 
 
 def render_rayjob(
     trial: TrialSpec,
-    config: Mapping[str, Any],
+    config: TrialConfig,
     pool: PoolSpec,
     *,
     settings: ClusterSettings,
@@ -277,33 +280,36 @@ def render_rayjob(
     resume_path: str | None = None,
     resume: bool = False,
     fallback_pools: Sequence[PoolSpec] = (),
-    job: Any = None,
+    job: TrainerJob | None = None,
+    save_freq: int | None = None,
 ) -> dict[str, Any]:
     """The RayJob (a plain dict, ready to send) that runs one attempt of ``trial`` on ``pool``.
 
     ``resume``/``fallback_pools``: set only for an explicit ``ablate resume --pool`` attempt;
-    then the workers may land on any listed pool of the same shape. ``job`` builds the verl argv
-    and environment (default: ``VerlTrainer``).
+    then the workers may land on any listed pool of the same shape. ``job`` gives the argv, the
+    environment, the engine and the size (default: the trainer's, ``trainer_job``), saving a
+    checkpoint every ``save_freq`` steps.
     """
     if trial.pool != pool.name:
         raise UserError(
             f"trial {trial.trial_id} is pinned to pool {trial.pool!r}, not "
             f"{pool.name!r}; fix: render it with its own pool"
         )
-    rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    image = pool_image(check_pool(pool), settings, str(engine_of(rollout, config)))
+    job = job if job is not None else trainer_job(config)
+    image = pool_image(check_pool(pool), settings, str(job.engine))
     for p in fallback_pools:
         check_pool(p)
     _check_fallback(pool, fallback_pools, resume or resume_path is not None)
-    job = job if job is not None else _job_builder()
     name = names.rayjob_name(trial.grid, trial.trial_id, attempt)
     labels = trial_labels(trial, attempt, name)
     ckpt = settings.checkpoint_dir(trial.grid, trial.trial_id)
-    argv = list(job.command(trial, config, pool, checkpoint_dir=ckpt, resume_path=resume_path))
+    argv = list(job.command(trial, checkpoint_dir=ckpt, resume_path=resume_path,
+                            save_freq=save_freq))
     if not argv or not all(isinstance(a, str) for a in argv):
         raise TypeError(f"the verl backend returned a bad argv for {trial.trial_id}: {argv!r}")
     env_list = _job_env(trial, job, settings, attempt, run_id, ckpt)
-    worker = _worker_group(pool, config, settings, labels, image, env_list, fallback_pools)
+    worker = _worker_group(pool, job.world_size, settings, labels, image, env_list,
+                           fallback_pools)
     annotations = _annotations(trial, fallback_pools)
     spec = _rayjob_spec(argv, labels, image, env_list, worker, settings, pool)
     return {
@@ -319,7 +325,7 @@ def render_rayjob(
     }
 
 
-def _job_env(trial: TrialSpec, job: Any, settings: ClusterSettings, attempt: int,
+def _job_env(trial: TrialSpec, job: TrainerJob, settings: ClusterSettings, attempt: int,
              run_id: str | None, ckpt: str) -> list[Any]:
     """The pods' environment: the verl job's own (checked: no literal secrets), with verl's
     file logger writing where the orchestrator tails it."""
@@ -340,12 +346,12 @@ def _job_env(trial: TrialSpec, job: Any, settings: ClusterSettings, attempt: int
     return _env(settings, env)
 
 
-def _worker_group(pool: PoolSpec, config: Mapping[str, Any], settings: ClusterSettings,
+def _worker_group(pool: PoolSpec, world_size: int, settings: ClusterSettings,
                   labels: Mapping[str, str], image: str, env_list: list[Any],
                   fallback_pools: Sequence[PoolSpec]) -> dict[str, Any]:
     """The GPU worker group: the recipe's ``trainer.nnodes`` pods of the pool, each its
     ``worker_fraction`` of a node, pinned to the pool (or, on a resume, its fallbacks)."""
-    nodes = world_size(pool, config) // pool.gpus_per_node  # the recipe's trainer.nnodes
+    nodes = world_size // pool.gpus_per_node  # verl: the recipe's trainer.nnodes
     frac = settings.worker_fraction
     cpu = str(max(1, math.floor(pool.cpus_per_node * frac)))
     node_mem = parse_memory(pool.memory_per_node or "", f"pools.{pool.name}.memory_per_node")

@@ -35,7 +35,7 @@ from typing import Any, ClassVar
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import ProbeJob
-from orchestrator.engine import RolloutSpec
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.store import workspace
@@ -103,6 +103,7 @@ class VerlProbe(ProbeJob):
     @classmethod
     def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:
         from orchestrator.verl import cpu_engines  # verl's package, for verl probes only
+        from orchestrator.verl.engine_choice import EngineChoice
         from orchestrator.verl.trainer import VerlTrainer
 
         job = job_config(config)
@@ -111,9 +112,8 @@ class VerlProbe(ProbeJob):
         job.pop("correction")
         job["learner"] = {k: v for k, v in (job.get("learner") or {}).items()
                           if k not in LEARNER_LOSS}
-        rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
         version = (cpu_engines.installed_version(pool)
-                   if pool.kind == "cpu" and rollout.engine == "vllm" else None)
+                   if EngineChoice.of(config.rollout, pool).vllm_cpu else None)
         return {"trainer": VerlTrainer.version, "pool": pool.name,
                 "pool_settings": {"verl_overrides": pool.verl_overrides,
                                   "verl_env": pool.verl_env, "gpus_per_node": pool.gpus_per_node,
@@ -122,7 +122,7 @@ class VerlProbe(ProbeJob):
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
             seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
-        config = job_config(config)
+        config = TrialConfig.of(job_config(config), pool)
         sequences = (config["data"]["train_batch_size"]
                      * config["actor_rollout_ref"]["rollout"]["n"])
         rows: list[dict[str, float]] = []
@@ -148,7 +148,7 @@ class VerlProbe(ProbeJob):
         raise InfraFailure(f"the verl probe has no knob probes (asked for {', '.join(knobs)})")
 
 
-def _job(trial: TrialSpec, config: Mapping[str, Any],
+def _job(trial: TrialSpec, config: TrialConfig,
          pool: PoolSpec) -> tuple[dict[int, dict[str, float]], dict[str, str]]:
     """One verl job of ``trial``'s steps: its metrics by step and its facts (the engine that
     ran). Its scratch under ``<workdir>/probes/jobs`` is removed after it; its logs are kept

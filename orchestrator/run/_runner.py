@@ -22,7 +22,6 @@ from __future__ import annotations
 
 import os
 import time
-from collections.abc import Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -119,15 +118,15 @@ def run_single(grid_path: str, trial_id: str, *, workdir: str | None = None,
 
 def make_job(grid: GridSpec, trial: TrialSpec, *, grid_dir: Path, tracking: TrackingTarget | None,
              submission: str, start: str | int = "latest", reopen: bool = False,
-             pool: str | None = None, config: Mapping[str, Any] | None = None) -> AttemptJob:
+             pool: str | None = None) -> AttemptJob:
     """An AttemptJob for ``trial`` of ``grid`` (``pool`` overrides the trial's own pool)."""
     if trial.backend not in backends.names():
         raise UserError(f"trial {trial.trial_id}: unknown backend {trial.backend!r}; "
                         f"known: {', '.join(sorted(backends.names()))}")
     spec = grid.spec
     return AttemptJob(
-        grid_dir=str(grid_dir), trial=trial, config=dict(config or grid.trial_config(trial)),
-        pool=grid.pools.get(pool or trial.pool), checkpoint=spec.checkpoint,
+        grid_dir=str(grid_dir), trial=trial, config=grid.trial_config(trial, pool),
+        checkpoint=spec.checkpoint,
         collapse=spec.collapse, early_stop=spec.early_stop_spec, tracking=tracking,
         submission=submission, backend_ref=backends.backend(trial.backend), start=start,
         reopen=reopen,

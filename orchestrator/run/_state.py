@@ -9,11 +9,10 @@ against one list of fields.
 from __future__ import annotations
 
 import dataclasses
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends import Backend
+from orchestrator.backends import Backend, TrialConfig
 from orchestrator.grid import warning_stops
 from orchestrator.pools import PoolSpec
 from orchestrator.schema import CheckpointSpec, CollapseSpec, EarlyStopSpec, RescueEntry
@@ -29,8 +28,7 @@ class AttemptJob:
 
     grid_dir: str
     trial: TrialSpec
-    config: Mapping[str, Any]
-    pool: PoolSpec  # may differ from trial.pool when `ablate resume` moves a trial
+    config: TrialConfig  # on the pool this attempt runs on (`ablate resume` may move a trial)
     checkpoint: CheckpointSpec
     collapse: CollapseSpec
     early_stop: EarlyStopSpec
@@ -43,6 +41,11 @@ class AttemptJob:
     lock_timeout: float = 120.0
     tracking_every: int = 1  # grid `tracking.every`: MLflow's share of the steps (``commit``)
     rescue: tuple[RescueEntry, ...] = ()  # the grid's rescue policy: a warning it acts on stops the trial
+
+    @property
+    def pool(self) -> PoolSpec:
+        """The pool this attempt runs on (may differ from ``trial.pool`` after a move)."""
+        return self.config.pool
 
 
 class AttemptState:
@@ -58,7 +61,7 @@ class AttemptState:
         # Default rules on metrics this configuration never emits are recorded as not
         # applicable, not run (a rule that cannot fire would pass without a check).
         self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps,
-                                    unemitted=job.backend_ref.unemitted_by(job.config, job.pool))
+                                    unemitted=job.backend_ref.unemitted_by(job.config))
         # Warnings the grid's rescue policy acts on for this trial: it stops when one fires.
         self.stop_on = warning_stops(job.rescue, self.record)
         self.rescue_stop: tuple[str, int] | None = None  # (warning, its onset step) it stopped on

@@ -33,7 +33,6 @@ from orchestrator.cost import pool_rate
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.pools import PoolSpec
-from orchestrator.recipes import apply_overrides
 from orchestrator.store import (
     CheckpointStore,
     GridLease,
@@ -141,7 +140,7 @@ def _check_job(grid: GridSpec, chosen: list[TrialSpec], job: _Job) -> None:
     trainer.require_job(job.pool, job.shared, where=f"{grid.file}: eval.pool {job.pool.name}")
     shared = dict(recipes.flatten(job.shared))
     for spec in chosen:
-        own = recipes.flatten(apply_overrides(grid.recipe_config, spec.override_map))
+        own = recipes.flatten(grid.trial_config(spec))
         for key, value in own:
             if key.startswith(trainer.job_model_keys) and shared.get(key) != value:
                 raise UserError(f"{grid.file}: trial {spec.trial_id} sets {key} = {value!r}, "
@@ -182,7 +181,7 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
                    if s not in logged and s not in held.scores and (not only or s in only)]
         if damaged:
             report.damaged[spec.trial_id] = damaged
-        config = apply_overrides(grid.recipe_config, spec.override_map)
+        config = grid.trial_config(spec)
         trainer = trainer_cls()
         done = report.scored.setdefault(spec.trial_id, [])
         with workspace.scoped_environ(runs.worker_env(config)):

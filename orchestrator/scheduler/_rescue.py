@@ -21,8 +21,6 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends import Backend, backend
-from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError
 from orchestrator.grid import (
     BUDGET_REFUSAL,
@@ -32,7 +30,6 @@ from orchestrator.grid import (
     lineage,
     notes,
 )
-from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.scheduler._bookkeeping import park_unplaceable
 from orchestrator.scheduler._placement import Placement
@@ -318,10 +315,8 @@ def _check_pool(grid: GridSpec, runs: Backend, trial: TrialSpec, pool: PoolSpec,
                 ckpt: Path) -> None:
     """The trainer's plan-time check on the target pool, and whether the checkpoint resumes
     there (verl: its world size)."""
-    config = grid.trial_config(trial)
-    corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
-    roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    learn = LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    config = grid.trial_config(trial, pool.name)
+    corr, roll, learn = config.correction, config.rollout, config.learner
     problem = runs.check(corr, roll, pool) or runs.check_learner(learn, corr, roll, pool)
     if problem:
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")

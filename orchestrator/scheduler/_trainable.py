@@ -17,10 +17,9 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
-from orchestrator.backends import Backend
+from orchestrator.backends import Backend, TrialConfig
 from orchestrator.exceptions import Preempted
 from orchestrator.pools import PoolSpec
-from orchestrator.recipes import apply_overrides
 from orchestrator.run import AttemptJob, run_attempt
 from orchestrator.scheduler._search import objective_value
 from orchestrator.schema import (
@@ -91,8 +90,9 @@ def _trainable(config: dict[str, Any], gctx: GridContext) -> None:
     _warm_up(config.get("warm_up"))
     trial = TrialSpec.from_json(config["trial"])
     job = AttemptJob(grid_dir=gctx.grid_dir, trial=trial,
-                     config=apply_overrides(gctx.recipe_config, trial.override_map),
-                     pool=gctx.pools[config["pool"]], checkpoint=gctx.checkpoint, collapse=gctx.collapse,
+                     config=TrialConfig.resolve(gctx.recipe_config, trial.override_map,
+                                                gctx.pools[config["pool"]]),
+                     checkpoint=gctx.checkpoint, collapse=gctx.collapse,
                      early_stop=gctx.early_stop, submission=gctx.submission,
                      tracking=TrackingTarget(gctx.tracking_uri, *(config.get("tracking") or ("", None))),
                      backend_ref=gctx.backend_refs[trial.backend], defer_tracking=True,

@@ -6,14 +6,12 @@ from __future__ import annotations
 
 import os
 import tempfile
-from collections.abc import Mapping
-from typing import Any
 
+from orchestrator.backends import TrainerJob
 from orchestrator.exceptions import BackendUnavailableError, UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.slurm import client as sc
 from orchestrator.slurm.script import sbatch_options
-from orchestrator.verl.topology import world_size
 
 
 def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
@@ -38,12 +36,13 @@ def placement_problem(pool: PoolSpec, *, reachable_only: bool) -> str | None:
 _CHECKED: dict[tuple[str, bool, str], str | None] = {}
 
 
-def nodes_problem(pool: PoolSpec, config: Mapping[str, Any]) -> str | None:
-    """A verl trial's ``trainer.nnodes`` must be its pool's ``nodes``: the job asks Slurm for
-    the pool's nodes and starts one Ray node on each."""
-    if pool.kind == "sim":
+def nodes_problem(job: TrainerJob | None, pool: PoolSpec) -> str | None:
+    """A job's nodes (verl: the recipe's ``trainer.nnodes``) must be its pool's ``nodes``: the
+    Slurm job asks for the pool's nodes and starts one Ray node on each. A trainer without a
+    job of its own (the simulator) runs in the one job process."""
+    if job is None:
         return None
-    nodes = world_size(pool, config) // pool.gpus_per_node
+    nodes = job.world_size // pool.gpus_per_node
     if nodes == pool.nodes:
         return None
     return (f"pool {pool.name}: nodes {pool.nodes}, but the trial's trainer.nnodes is {nodes}; "

@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, Launcher, RunContext, Trainer
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import (
     BackendUnavailableError,
     CheckpointError,
@@ -67,9 +68,10 @@ class SlurmLauncher(Launcher):
         return extra_problem(pool)
 
     @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
         # The node count first: it needs no cluster, and a wrong one is wrong on any cluster.
-        return nodes_problem(pool, config) or placement_problem(pool, reachable_only=True)
+        return (nodes_problem(trainer.job(config), config.pool)
+                or placement_problem(config.pool, reachable_only=True))
 
     @classmethod
     def describe(cls, trial: TrialSpec, pool: PoolSpec) -> list[str]:
@@ -113,7 +115,7 @@ class SlurmLauncher(Launcher):
 
     # ------------------------------------------------------------------ one attempt
 
-    def run(self, trainer: Trainer, trial: TrialSpec, config: Mapping[str, Any],
+    def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,
             ctx: RunContext) -> AttemptResult:
         client = self._client or sc.SlurmClient()
         job_dir = Path(ctx.log_dir) / f"slurm-attempt-{ctx.attempt}"
@@ -145,11 +147,10 @@ class SlurmLauncher(Launcher):
                 shutil.rmtree(job_dir / sub, ignore_errors=True)
 
 
-def _write_job(trainer: type[Trainer], trial: TrialSpec, config: Mapping[str, Any],
+def _write_job(trainer: type[Trainer], trial: TrialSpec, config: TrialConfig,
                ctx: RunContext, job_dir: Path, name: str) -> Path:
     """The attempt's ``job.json`` (all the job needs, as data) and its job script."""
-    spec = {"trial": trial.to_json(), "config": dict(config), "attempt": ctx.attempt,
-            "pool": ctx.pool.model_dump(mode="json"),
+    spec = {"trial": trial.to_json(), "config": config.to_json(), "attempt": ctx.attempt,
             "trainer": [trainer.__module__, trainer.__qualname__],
             "checkpoint_every": ctx.checkpoint_every, "resume_step": ctx.resume_step,
             "resume_path": (str(ctx.checkpoint_path(ctx.resume_step))

@@ -21,8 +21,8 @@ from collections.abc import Callable, Mapping
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import CheckpointError, UserError
-from orchestrator.pools import PoolSpec
 from orchestrator.slurm.events import EventWriter
 from orchestrator.trial import TrialSpec
 
@@ -36,7 +36,8 @@ class FileContext:
     def __init__(self, job_dir: Path, spec: Mapping[str, Any], events: EventWriter) -> None:
         self.job_dir = job_dir
         self.trial = TrialSpec.from_json(spec["trial"])
-        self.pool = PoolSpec(**spec["pool"])
+        self.config = TrialConfig.from_json(spec["config"])  # read back into the one type
+        self.pool = self.config.pool
         self.attempt = int(spec["attempt"])
         self.workdir = job_dir / "work"
         self.log_dir = job_dir / "logs"
@@ -90,7 +91,7 @@ def main(argv: list[str]) -> int:
     trainer = getattr(importlib.import_module(module), cls)()
     ctx = FileContext(job_dir, spec, events)
     try:
-        result = trainer.run(ctx.trial, spec["config"], ctx)
+        result = trainer.run(ctx.trial, ctx.config, ctx)
     except BaseException as exc:
         kind = ("user" if isinstance(exc, UserError)
                 else "checkpoint" if isinstance(exc, CheckpointError) else "infra")

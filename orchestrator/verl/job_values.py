@@ -17,6 +17,7 @@ from orchestrator.exceptions import GridError
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 from orchestrator.verl import engines, mapping
+from orchestrator.verl.engine_choice import EngineChoice
 from orchestrator.verl.topology import config_value, world_size
 
 
@@ -64,10 +65,7 @@ def check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolS
         raise bad("actor_rollout_ref.rollout.tensor_model_parallel_size", f"{tp} does not divide "
                   f"the {pool.gpus_per_node} GPUs per node of pool {pool.name!r}",
                   "use 1, 2, 4 or 8")
-    if pool.kind == "gpu":
-        engine: str | None = str(engines.engine_of(rollout, effective))
-    else:  # vLLM-CPU, or the CPU rollout engine (full-vocabulary log-probs)
-        engine = "vllm" if rollout.engine == "vllm" else None
+    engine = EngineChoice.of(rollout, pool, effective).samples_with_engine_logprobs
     mode = {"processed": "processed_logprobs", "raw": "raw_logprobs"}.get(
         rollout.logprobs_mode or "", value(engines.LOGPROBS_KEY))
     temperature = (rollout.temperature if rollout.temperature is not None

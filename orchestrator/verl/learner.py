@@ -12,6 +12,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from orchestrator.backends.config import TrialConfig
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.learner import LOSS_SETTINGS, LearnerSpec, combination_problem
@@ -89,9 +90,9 @@ def check_learner(learner: LearnerSpec, correction: CorrectionSpec, rollout: Rol
     return None
 
 
-def staleness_problem(config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+def staleness_problem(config: TrialConfig, pool: PoolSpec) -> str | None:
     """verl's separate_async start-up constraints on the resolved config (plan time)."""
-    learner = LearnerSpec.model_validate(dict(config.get("learner") or {}))
+    learner = config.learner
     if learner.max_staleness is None or pool.kind != "gpu":
         return None
     tbs = config_value(config, "data.train_batch_size", None)

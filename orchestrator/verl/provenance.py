@@ -16,13 +16,15 @@ from __future__ import annotations
 
 import json
 import re
-from collections.abc import Iterable, Mapping
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+from orchestrator.backends.config import TrialConfig
 from orchestrator.engine import RolloutSpec
 from orchestrator.verl import cpu_engines, engines
+from orchestrator.verl.engine_choice import EngineChoice
 
 LOG_ENV = "ABLATE_ENGINE_LOG"
 # verl key leaf -> the engine's own setting name, where they differ (async_sglang_server.py:318,
@@ -146,16 +148,10 @@ def compare(rollout: RolloutSpec, reports: Iterable[EngineReport], *, table_engi
     return Provenance(facts, unapplied, unconfirmed)
 
 
-def attempt_provenance(config: Mapping[str, Any], pool_kind: str,
-                       path: Path) -> tuple[Provenance, bool]:
-    """(provenance, strict) of one verl attempt from its engine log."""
-    rollout = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    if pool_kind == "cpu" and cpu_engines.engine_of(rollout) == "vllm":
-        engine, table_engine = "vllm", "vllm-cpu"
-    elif pool_kind == "cpu":
-        engine, table_engine = "cpu", "sglang"  # cpu pools map dtype with the shared keys
-    else:
-        engine = str(engines.engine_of(rollout, config))
-        table_engine = engine
+def attempt_provenance(config: TrialConfig, path: Path) -> tuple[Provenance, bool]:
+    """(provenance, strict) of one verl attempt from its engine log, held to the table of the
+    engine the trial runs (``engine_choice``)."""
+    rollout = config.rollout
+    engine, table_engine = EngineChoice.of(rollout, config.pool, config).provenance_engine
     prov = compare(rollout, read_reports(path), table_engine=table_engine, engine=engine)
     return prov, rollout.provenance == "strict"

@@ -34,6 +34,7 @@ from typing import Any, ClassVar
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import Trainer
+from orchestrator.backends.config import TrialConfig
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError, CheckpointError, InfraFailure
@@ -165,7 +166,7 @@ def score(trainer: Trainer, trial: TrialSpec, shared: Mapping[str, Any], pool: P
     ``pool`` with engine settings ``rollout`` (run by ``trainer``, the verl backend's), and the
     job's evidence: every validation metric it logged, and its facts (the engine that ran).
     ``workdir``: its scratch (removed after it, with its parent if that is left empty)."""
-    config = job_config(shared, rollout)
+    config = TrialConfig.of(job_config(shared, rollout), pool)
     job = dataclasses.replace(trial, pool=pool.name, steps=step)
     ctx = _JobContext(job, pool, workdir, log_dir, checkpoint, step, grid_dir)
     shutil.rmtree(workdir, ignore_errors=True)

@@ -20,11 +20,13 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 from orchestrator.verl import cpu_engines, engine_hook, vllm_cpu_setup
 from orchestrator.verl.cpu.assets import asset_values
+from orchestrator.verl.engine_choice import EngineChoice
 from orchestrator.verl.files import (
     ZERO_ADV_METRIC,
     MetricTail,
@@ -110,7 +112,7 @@ def _require_local_devices(trial: TrialSpec, pool: PoolSpec, nodes: int, gpus: i
             "matches this machine)")
 
 
-def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
+def run_attempt(backend: Any, trial: TrialSpec, config: TrialConfig,
                 ctx: RunContext) -> AttemptResult:
     """Run the job until it ends or ``ctx.should_stop()``; stream metrics and checkpoints."""
     from orchestrator.verl.cpu import procs, shm  # cpu pools only: process reaper, /dev/shm
@@ -156,8 +158,8 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     # on GPU the hook reads SGLang's / vLLM's resolved settings in the server processes.
     engine_log = logs / f"engine.attempt{ctx.attempt}.jsonl"
     env[engine_hook.LOG_ENV] = str(engine_log)
-    python = engine_launch(config, ctx.pool, env)
-    check_engine = _engine_check(config, ctx.pool.kind, engine_log)
+    python = engine_launch(config, env)
+    check_engine = _engine_check(config, engine_log)
     # verl imports the pool's plugin (VERL_USE_EXTERNAL_MODULES) from this checkout. An installed
     # rl-ablate is in the job's environment already (the vLLM-CPU one installs it too): its
     # directory is site-packages, whose packages must not shadow another environment's.
@@ -179,7 +181,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 address, joined = ray_cluster.enter_context(spread(
                     env, log_dir=logs, num_cpus=num_cpus, num_gpus=num_gpus, tag=tag))
                 ctx.describe_environment({"ray.address": address, "ray.nodes": ",".join(joined)})
-            argv = backend.command(trial, config, ctx.pool, checkpoint_dir=str(ckpt_dir),
+            argv = backend.command(trial, config, checkpoint_dir=str(ckpt_dir),
                                    resume_path=resume_path, save_freq=ctx.checkpoint_every,
                                    python=python, assets_root=assets_root,
                                    ray_temp_dir=None if address else ray_tmp, ray_address=address)
@@ -202,7 +204,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
                 shm_removed = shm.remove_new(shm_before)
                 summary = write_job_summary(logs / f"job.attempt{ctx.attempt}.json", proc,
                                             started, sampler, reaped)
-                provenance, _ = attempt_provenance(config, ctx.pool.kind, engine_log)
+                provenance, _ = attempt_provenance(config, engine_log)
                 facts = job_facts(ctx.pool, summary)
                 facts["verl.job.shm_segments_removed"] = str(len(shm_removed))
                 facts["verl.rollout"] = provenance.facts["engine.name"]
@@ -215,26 +217,26 @@ def run_attempt(backend: Any, trial: TrialSpec, config: Mapping[str, Any],
     return dataclasses.replace(result, reason=_join(result.reason, warning))
 
 
-def _engine_check(config: Mapping[str, Any], pool_kind: str, engine_log: Path) -> Any:
+def _engine_check(config: TrialConfig, engine_log: Path) -> Any:
     """With ``rollout.provenance: strict``: a function the watcher calls once the first step is
     in (the engine has started), which returns why the attempt must end, or None."""
     def check() -> str | None:
-        provenance, strict = attempt_provenance(config, pool_kind, engine_log)
+        provenance, strict = attempt_provenance(config, engine_log)
         problem = provenance.warning()
         return f"rollout.provenance: strict and {problem}" if strict and problem else None
     return check
 
 
-def engine_launch(config: Mapping[str, Any], pool: PoolSpec, env: dict[str, str]) -> str:
+def engine_launch(config: TrialConfig, env: dict[str, str]) -> str:
     """The Python the job runs with; adds to ``env`` what its rollout engine needs. vLLM on a
     cpu pool: the vLLM-CPU environment's Python, with the variables its platform needs, and the
     hook reads its VllmConfig as on a gpu pool (where the hook is loaded too)."""
-    engine_env = cpu_engines.job_env(config) if pool.kind == "cpu" else {}
-    env.update(engine_env)
-    if pool.kind == "gpu" or engine_env:
+    choice = EngineChoice.of(config.rollout, config.pool, config)
+    env.update(choice.job_env())
+    if config.pool.kind == "gpu" or choice.vllm_cpu:
         env["VERL_USE_EXTERNAL_MODULES"] = ",".join(filter(None, (
             env.get("VERL_USE_EXTERNAL_MODULES"), engine_hook.__name__)))
-    return str(cpu_engines.python(pool)) if engine_env else sys.executable
+    return str(cpu_engines.python(config.pool)) if choice.vllm_cpu else sys.executable
 
 
 def build_assets(config: Mapping[str, Any], root: str | None = None) -> Path:

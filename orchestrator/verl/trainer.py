@@ -19,23 +19,19 @@ from typing import Any, ClassVar
 from orchestrator import metrics as M
 from orchestrator import recipes
 from orchestrator.backends.base import AttemptResult, RunContext, Trainer
+from orchestrator.backends.config import TrialConfig
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import CheckpointError, GridError, UserError
 from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import (
-    cpu_engines,
-    engine_versions,
-    engines,
-    job_values,
-    mapping,
-    reference_job,
-)
+from orchestrator.verl import engine_versions, job_values, mapping, reference_job
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu import reference
 from orchestrator.verl.cpu.assets import asset_values
+from orchestrator.verl.engine_choice import EngineChoice
+from orchestrator.verl.job import VerlJob
 from orchestrator.verl.memory import check_memory
 from orchestrator.verl.preflight import preflight
 from orchestrator.verl.supervise import require_cpu_verl, run_attempt
@@ -66,24 +62,13 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Why verl 0.9.1 + SGLang cannot run this combination on ``pool`` (one line), or None."""
-        if pool.kind == "cpu" and rollout.engine == "vllm":  # vLLM-CPU (cpu_engines)
-            rollout_problem = cpu_engines.check(rollout, pool)
-        else:
-            rollout_problem = mapping.check_rollout(rollout, pool)
+        """Why verl 0.9.1 cannot run this combination on ``pool`` (one line), or None: the
+        pool, the correction, the rollout keys every engine shares (vLLM-CPU's table has its
+        own) and the engine's table (``engine_choice``)."""
+        choice = EngineChoice.of(rollout, pool)
         return (mapping.check_pool(pool) or mapping.check_correction(correction)
-                or rollout_problem or cls._engine_refusal(rollout, pool))
-
-    @staticmethod
-    def _engine_refusal(rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """The engine's table refusal when ``rollout.engine`` is set; without it (the recipe's
-        engine, checked later by :meth:`check_engine`) what every engine refuses."""
-        if pool.kind != "gpu":
-            return None
-        if rollout.engine is not None:
-            return engines.check_engine(rollout, rollout.engine)
-        refusals = [engines.check_engine(rollout, e) for e in engines.ENGINES]
-        return refusals[0] if all(refusals) else None
+                or (None if choice.vllm_cpu else mapping.check_rollout(rollout, pool))
+                or choice.refusal(rollout))
 
     @classmethod
     def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
@@ -121,29 +106,14 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
                      pool: PoolSpec) -> str | None:
         """Plan time, once the engine is known (``rollout.engine``, else the recipe's
         ``actor_rollout_ref.rollout.name``): flags the engine's table refuses, and an installed
-        engine that lacks a requested feature. A missing engine package only warns (stderr):
-        the gpu pool's image has it."""
-        if pool.kind == "cpu" and rollout.engine == "vllm":
-            # Its own environment (no traceback deep in the job when it is missing), then what
-            # the vllm-cpu installed there does not apply.
-            return (cpu_engines.env_problem(pool)
-                    or engine_versions.check_version(rollout, "vllm", pool))
-        if pool.kind != "gpu":
-            return None
-        engine = str(engines.engine_of(rollout, config))
-        if engine in pool.engine_envs:  # the GPU stack's environment (ablate gpu-env)
-            from orchestrator.verl import gpu_setup
-
-            problem = gpu_setup.env_problem(engine, pool.name, pool.engine_envs[engine])
-            if problem:
-                return problem
-        problem = (engines.check_engine(rollout, engine)
-                   or engine_versions.check_version(rollout, engine, pool))
+        engine that lacks a requested feature (``engine_choice``; vLLM-CPU: its environment, no
+        traceback deep in the job when it is missing). A missing engine package only warns
+        (stderr): the gpu pool's image has it."""
+        choice = EngineChoice.of(rollout, pool, config)
+        problem = choice.problem(rollout)
         if problem:
             return problem
-        if engine in pool.engine_versions:  # the pool's image, not this machine, runs the trial
-            return None
-        refusal, warning = engines.check_installed(rollout, engine)
+        refusal, warning = choice.installed_problem(rollout)
         if warning:
             _warn_once(warning)
         return refusal
@@ -225,12 +195,13 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         require_cpu_verl(pools, where=where)
 
     @classmethod
-    def overrides(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
+    def overrides(cls, trial: TrialSpec, config: TrialConfig, *,
                   checkpoint_dir: str | None = None, resume_path: str | None = None,
                   save_freq: int | None = None, assets_root: str | None = None) -> list[str]:
-        """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key)."""
-        correction, rollout = _sections(trial, config)
-        learner = _learner(trial, config)
+        """The exact Hydra override list for ``verl.trainer.main_ppo`` (one string per key) of
+        ``trial`` on its configuration's pool."""
+        correction, rollout, learner, pool = (config.correction, config.rollout, config.learner,
+                                              config.pool)
         problem = (cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
                    or cls.check_learner(learner, correction, rollout, pool)
                    or verl_learner.staleness_problem(config, pool))
@@ -285,16 +256,9 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         # What the pool's hardware needs (cpu pools: platform, rollout engine, fake GPUs for Ray).
         for key, value in pool.verl_overrides.items():
             out[key.lstrip("+")] = mapping.override(key, value)
-        # Engine flags set in the grid replace the recipe's value of the same key; cpu pools map
-        # rollout.dtype / temperature alone, with the keys both GPU engines share, or run
-        # vLLM-CPU with its own table and what its platform forces (cpu_engines).
-        if pool.kind == "cpu" and rollout.engine == "vllm":
-            engine_items = cpu_engines.overrides(rollout)
-        else:
-            engine = engines.engine_of(rollout, config) if pool.kind == "gpu" else "sglang"
-            if pool.kind == "cpu":  # rollout.engine: cpu is the pool's own rollout.name
-                rollout = rollout.model_copy(update={"engine": None})
-            engine_items = engines.engine_overrides(rollout, str(engine))
+        # Engine flags set in the grid replace the recipe's value of the same key (each engine's
+        # table; cpu pools: the CPU engine's or vLLM-CPU's, ``engine_choice``).
+        engine_items = EngineChoice.of(rollout, pool, config).overrides(rollout)
         learner_items = verl_learner.learner_overrides(learner, config, pool)
         job_values.one_name_per_setting(trial, engine_items + learner_items)
         for item in engine_items + mapping.correction_overrides(correction):
@@ -305,13 +269,12 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         return list(out.values())
 
     @classmethod
-    def describe(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> list[str]:
+    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
         """What ``ablate plan --show-overrides`` prints: the override list."""
-        return cls.overrides(trial, config, pool)
+        return cls.overrides(trial, config)
 
     @classmethod
-    def command(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, *,
-                checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
+    def command(cls, trial: TrialSpec, config: TrialConfig, *, checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
                 python: str = "python", ray_temp_dir: str | None = None,
                 assets_root: str | None = None, ray_address: str | None = None) -> list[str]:
         """argv of the job (never a shell string).
@@ -324,7 +287,7 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         """
         if resume_path is not None and "global_step_" not in Path(resume_path).name:
             raise CheckpointError(f"resume path {resume_path!r} is not a verl global_step_N dir")
-        items = cls.overrides(trial, config, pool, checkpoint_dir=checkpoint_dir,
+        items = cls.overrides(trial, config, checkpoint_dir=checkpoint_dir,
                               resume_path=resume_path, save_freq=save_freq,
                               assets_root=assets_root)
         if ray_address is not None:
@@ -356,36 +319,23 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
     # ----------------------------------------------------------------------- pre-flight
 
     @classmethod
-    def validate(cls, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec) -> None:
+    def validate(cls, trial: TrialSpec, config: TrialConfig) -> None:
         """CPU pre-flight with verl installed; raises a one-line ``GridError`` on failure."""
-        items = cls.overrides(trial, config, pool)
+        items = cls.overrides(trial, config)
         preflight([items], label=trial.trial_id)
 
     # ----------------------------------------------------------------------- run
 
-    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+    def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         return run_attempt(self, trial, config, ctx)
+
+    @classmethod
+    def job(cls, config: TrialConfig) -> VerlJob:
+        """The job a launcher that runs it elsewhere (a RayJob) hands over (``verl/job.py``)."""
+        return VerlJob(cls, config)
 
 
 # --------------------------------------------------------------------------- helpers
-
-
-def _sections(trial: TrialSpec, config: Mapping[str, Any]) -> tuple[CorrectionSpec, RolloutSpec]:
-    try:
-        corr = CorrectionSpec.model_validate(dict(config.get("correction") or {})).canonical()
-        roll = RolloutSpec.model_validate(dict(config.get("rollout") or {}))
-    except ValueError as exc:
-        raise GridError(f"trial {trial.trial_id}: invalid correction/rollout section: "
-                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
-    return corr, roll
-
-
-def _learner(trial: TrialSpec, config: Mapping[str, Any]) -> LearnerSpec:
-    try:
-        return LearnerSpec.model_validate(dict(config.get("learner") or {}))
-    except ValueError as exc:
-        raise GridError(f"trial {trial.trial_id}: invalid learner section: "
-                        f"{' '.join(str(exc).split())[:300]}", key=trial.recipe) from None
 
 
 _WARNED: set[str] = set()

@@ -2,7 +2,7 @@
 up by name; a grid's backend is its trainer(s) and launcher, and trial ids hash what they did."""
 from __future__ import annotations
 
-from orchestrator.backends import backend
+from orchestrator.backends import TrialConfig, backend
 from orchestrator.pools import load_catalog
 from orchestrator.trial import TrialSpec
 
@@ -14,7 +14,7 @@ TRIAL = TrialSpec(trial_id="t1", grid="g", backend="sim", recipe="sim/grpo_tiny"
 def test_describe_defaults_to_the_overrides_as_json() -> None:
     pool = load_catalog().get("sim-h100")
     assert "describe" not in vars(backend("sim").trainer(pool))  # the interface's default
-    assert backend("sim").describe(TRIAL, {}, pool) == [
+    assert backend("sim").describe(TRIAL, TrialConfig.of({}, pool)) == [
         "correction.is_bounds=[0.5, 2.0]", 'correction.is_level="token"']
 
 

@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 
 from orchestrator import metrics as M
-from orchestrator.backends import backend
+from orchestrator.backends import TrialConfig, backend
 from orchestrator.cli import main
 from orchestrator.compare._data import TrialResult, not_applicable_lines
 from orchestrator.pools import load_catalog
@@ -103,8 +103,9 @@ def test_a_verl_recipe_without_evaluation_refuses_rules_and_objectives_on_the_ev
 def test_default_rules_on_unemitted_metrics_are_not_applicable_never_passed() -> None:
     pools = load_catalog().pools
     b = backend("slurm")
-    config = {"learner": {"precision": "bf16"}, "trainer": {"test_freq": -1}}
-    unemitted = b.unemitted_by(config, pools["cpu"])
+    config = TrialConfig.of({"learner": {"precision": "bf16"}, "trainer": {"test_freq": -1}},
+                            pools["cpu"])
+    unemitted = b.unemitted_by(config)
     engine = VerdictEngine(CollapseSpec(), EarlyStopSpec(enabled=False), 4, unemitted=unemitted)
     for step in range(1, 5):  # an eval reward that halves would fire eval_reward_drop
         engine.observe(step, {M.TRAIN_REWARD: 0.5, M.GRAD_NORM: 0.3, M.K3_KL: 1e-4})
@@ -118,7 +119,7 @@ def test_default_rules_on_unemitted_metrics_are_not_applicable_never_passed() ->
     assert tag == dict(verdict.not_applicable)
     assert type(verdict).from_json(verdict.to_json()) == verdict
     # An fp16 learner with evaluation: every default rule applies, and runs.
-    full = b.unemitted_by({"learner": {"precision": "fp16"}}, pools["sim-h100"])
+    full = b.unemitted_by(TrialConfig.of({"learner": {"precision": "fp16"}}, pools["sim-h100"]))
     assert VerdictEngine(CollapseSpec(), EarlyStopSpec(), 4, unemitted=full).not_applicable == {}
     assert judge([(1, {M.TRAIN_REWARD: 0.5})], CollapseSpec()).tags()[
         "verdict.not_applicable"] == ""

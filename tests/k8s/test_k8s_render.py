@@ -138,7 +138,6 @@ def test_the_job_is_the_verl_job(gpu_grid: str) -> None:
         argv = VerlTrainer.command(
             trial,
             grid.trial_config(trial),
-            grid.pools.pools[trial.pool],
             checkpoint_dir=s.checkpoint_dir(trial.grid, trial.trial_id),
         )
         assert shlex.split(job["spec"]["entrypoint"]) == argv
@@ -270,13 +269,13 @@ def test_each_engine_gets_its_pools_image() -> None:
     pool = grid.pools.pools[t.pool].model_copy(
         update={"images": {"sglang": "reg/verl-sglang:0.9.1", "vllm": "reg/verl-vllm:0.9.1"}})
     for engine in ("sglang", "vllm"):
-        config = {**grid.trial_config(t), "rollout": {"engine": engine}}
+        config = grid.trial_config(t).updated({"rollout": {"engine": engine}})
         job = render_rayjob(t, config, pool, settings=ClusterSettings())
         images = {c["image"] for c in _containers(job)}
         assert images == {f"reg/verl-{engine}:0.9.1"}, images
     only_sglang = pool.model_copy(update={"images": {"sglang": "reg/verl-sglang:0.9.1"}})
     with pytest.raises(UserError, match=r"images\.vllm: not set"):
-        render_rayjob(t, {**grid.trial_config(t), "rollout": {"engine": "vllm"}}, only_sglang,
+        render_rayjob(t, grid.trial_config(t).updated({"rollout": {"engine": "vllm"}}), only_sglang,
                       settings=ClusterSettings())
 
 
@@ -469,6 +468,8 @@ def test_secrets_never_travel_as_values() -> None:
     t = trials[0]
 
     class Leaky:
+        engine, world_size = "sglang", grid.pools.pools[t.pool].world_size
+
         def command(self, *a, **kw):
             return ["python", "-c", "pass"]
 

@@ -159,8 +159,8 @@ def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
     assert ray_node_resources(pool) == (16, 1)
     grid = load_grid(str(Path(__file__).parents[2] / "grids" / "verl_cpu.yaml"))
     trial = expand(grid)[0]
-    config = {**grid.trial_config(trial), "trainer": {"nnodes": 2}}
-    argv = VerlTrainer.command(trial, config, pool, checkpoint_dir="/c",
+    config = grid.trial_config(trial).updated({"trainer": {"nnodes": 2}}, pool=pool)
+    argv = VerlTrainer.command(trial, config, checkpoint_dir="/c",
                                ray_address="127.0.0.1:6379")
     ray = [a for a in argv if a.lstrip("+").startswith("ray_kwargs.ray_init.")]
     assert ray == ["+ray_kwargs.ray_init.address='127.0.0.1:6379'"], ray

@@ -167,11 +167,11 @@ def test_every_engine_flag_value_composes_instantiates_and_dry_runs(base: Any) -
     with verl_config_dir():
         for engine, flag, value in CASES:
             rollout = RolloutSpec(engine=engine, **{flag: value})
-            cfg_in = {**config, "rollout": rollout.non_default()}
+            cfg_in = config.updated({"rollout": rollout.non_default()}, pool=pool)
             if (VerlTrainer.check(_correction(), rollout, pool)
                     or VerlTrainer.check_engine(rollout, cfg_in, pool)):
                 continue
-            items = VerlTrainer.overrides(trial, cfg_in, pool)
+            items = VerlTrainer.overrides(trial, cfg_in)
             cfg = compose(items)
             built = check_composed(cfg, label=f"{engine}/{flag}={value}")
             assert built["rollout"].name == engine
@@ -191,7 +191,7 @@ def test_a_bad_engine_kwarg_value_fails_in_the_preflight(base: Any) -> None:
 
     _grid, trial, config = base
     pool = POOLS[trial.pool]
-    items = VerlTrainer.overrides(trial, {**config, "rollout": {"engine": "vllm"}}, pool)
+    items = VerlTrainer.overrides(trial, config.updated({"rollout": {"engine": "vllm"}}, pool=pool))
     bad = items + [("+actor_rollout_ref.rollout.engine_kwargs.vllm.compilation_config="
                     "'{\"cudagraph_mode\": \"SOMETIMES\"}'")]
     with pytest.raises(GridError, match="SOMETIMES"):

@@ -13,7 +13,9 @@ import sys
 import textwrap
 from pathlib import Path
 
+from orchestrator.backends import TrialConfig
 from orchestrator.engine import RolloutSpec
+from orchestrator.pools import load_catalog
 from orchestrator.verl import provenance as P
 from orchestrator.verl.supervise import _engine_check
 
@@ -123,12 +125,14 @@ def test_strict_turns_a_gap_into_a_reason_to_stop(tmp_path: Path) -> None:
     log = tmp_path / "engine.jsonl"
     log.write_text(json.dumps({"engine": "cpu", "version": "x", "settings": {"dtype": "bfloat16"}})
                    + "\n")
-    strict = {"rollout": {"dtype": "fp32", "provenance": "strict"}}
-    reason = _engine_check(strict, "cpu", log)()
+    def on_cpu(rollout: dict) -> TrialConfig:
+        return TrialConfig.of({"rollout": rollout}, load_catalog().get("cpu-bf16"))
+
+    reason = _engine_check(on_cpu({"dtype": "fp32", "provenance": "strict"}), log)()
     assert reason == ("rollout.provenance: strict and the engine did not apply rollout.dtype "
                       "(asked dtype=float32, engine ran bfloat16)")
-    assert _engine_check({"rollout": {"dtype": "fp32"}}, "cpu", log)() is None  # warn only
-    assert _engine_check({"rollout": {"dtype": "bf16", "provenance": "strict"}}, "cpu", log)() is None
+    assert _engine_check(on_cpu({"dtype": "fp32"}), log)() is None  # warn only
+    assert _engine_check(on_cpu({"dtype": "bf16", "provenance": "strict"}), log)() is None
     assert P.read_reports(tmp_path / "absent.jsonl") == []
 
 

@@ -75,14 +75,14 @@ def composed() -> dict[str, Any]:
         grid, trials = _expanded(path)
         n_trials += len(trials)
         for t in trials:
-            items = VerlTrainer.overrides(t, grid.trial_config(t), POOLS[t.pool])
-            assert items == VerlTrainer.describe(t, grid.trial_config(t), POOLS[t.pool])
+            items = VerlTrainer.overrides(t, grid.trial_config(t))
+            assert items == VerlTrainer.describe(t, grid.trial_config(t))
             assert f"trainer.experiment_name='{t.trial_id}'" in items
             assert f"trainer.project_name='{grid.name}'" in items
             assert f"trainer.total_training_steps={t.steps}" in items
             # Trial identity (id, seed) does not change what verl checks: share the compose.
             key = VerlTrainer.overrides(dataclasses.replace(t, trial_id="t0", seed=0),
-                                        grid.trial_config(t), POOLS[t.pool])
+                                        grid.trial_config(t))
             per_list.setdefault(tuple(key), []).append((grid, t))
     results = {}
     with verl_config_dir():
@@ -244,7 +244,7 @@ def test_plan_time_refusal_names_the_grid_and_the_nearest_setting(
 def test_a_bad_value_hydra_lets_through_is_caught_by_the_preflight() -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
     t = trials[0]
-    items = VerlTrainer.overrides(t, grid.trial_config(t), POOLS[t.pool])
+    items = VerlTrainer.overrides(t, grid.trial_config(t))
     bad = [i for i in items if not i.startswith("algorithm.rollout_correction.rollout_is=")]
     with pytest.raises(GridError, match="Invalid rollout_is"):
         preflight([bad + ["algorithm.rollout_correction.rollout_is=geometric"]])
@@ -258,38 +258,33 @@ def test_a_bad_value_hydra_lets_through_is_caught_by_the_preflight() -> None:
 def test_validate_runs_verls_own_config_checks() -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
     t = trials[0]
-    VerlTrainer.validate(t, grid.trial_config(t), POOLS[t.pool])  # passes as it is
+    VerlTrainer.validate(t, grid.trial_config(t))  # passes as it is
     for key, value, match in [
             ("loss_agg_mode", "bogus", "Invalid loss_agg_mode: bogus"),  # verl's dataclasses
             ("use_dynamic_bsz", False, "ppo_micro_batch_size"),  # then micro batches are needed
     ]:
-        cfg = grid.trial_config(t)
-        cfg["actor_rollout_ref"]["actor"][key] = value
+        cfg = grid.trial_config(t).updated({f"actor_rollout_ref.actor.{key}": value})
         with pytest.raises(GridError, match=match):
-            VerlTrainer.validate(t, cfg, POOLS[t.pool])
+            VerlTrainer.validate(t, cfg)
     for estimator, match in [("bogus", "Unknown advantage estimator"), ("gae", "needs a critic")]:
-        cfg = grid.trial_config(t)
-        cfg["algorithm"]["adv_estimator"] = estimator
+        cfg = grid.trial_config(t).updated({"algorithm.adv_estimator": estimator})
         with pytest.raises(GridError, match=match):
-            VerlTrainer.validate(t, cfg, POOLS[t.pool])
+            VerlTrainer.validate(t, cfg)
 
 
 def test_recipe_values_are_checked_before_any_job_starts() -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
     t = trials[0]
-    cfg = grid.trial_config(t)
-    cfg["actor_rollout_ref"]["rollout"]["n"] = 1
+    cfg = grid.trial_config(t).updated({"actor_rollout_ref.rollout.n": 1})
     with pytest.raises(GridError, match="GRPO needs >= 2 samples"):
-        VerlTrainer.overrides(t, cfg, POOLS[t.pool])
-    cfg = grid.trial_config(t)
-    cfg["data"]["train_batch_size"] = 3
-    cfg["actor_rollout_ref"]["rollout"]["n"] = 3
+        VerlTrainer.overrides(t, cfg)
+    cfg = grid.trial_config(t).updated({"data.train_batch_size": 3,
+                                        "actor_rollout_ref.rollout.n": 3})
     with pytest.raises(GridError, match="not divisible by the 8 GPUs"):
-        VerlTrainer.overrides(t, cfg, POOLS[t.pool])
-    cfg = grid.trial_config(t)
-    cfg["trainer"]["project_name"] = "x"
+        VerlTrainer.overrides(t, cfg)
+    cfg = grid.trial_config(t).updated({"trainer.project_name": "x"})
     with pytest.raises(GridError, match="which the verl backend sets itself"):
-        VerlTrainer.overrides(t, cfg, POOLS[t.pool])
+        VerlTrainer.overrides(t, cfg)
 
 
 # --------------------------------------------------------------------------- semantics
@@ -334,12 +329,13 @@ def test_mask_mode_is_icepop_weights_zeroed_tokens_kept() -> None:
 def test_engine_flags_map_to_sglang_kwargs_and_replace_recipe_values() -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
     t = trials[0]
-    cfg = grid.trial_config(t)
-    cfg["rollout"] = {**cfg["rollout"], "lm_head_fp32": True, "kv_cache_dtype": "fp8",
-                      "attention_backend": "triton", "chunked_prefill": False,
-                      "enforce_eager": True, "free_cache_engine": False, "temperature": 0.7,
-                      "dtype": "fp16"}
-    items = VerlTrainer.overrides(t, cfg, POOLS["h100"])
+    cfg = grid.trial_config(t).updated(
+        {f"rollout.{k}": v for k, v in {"lm_head_fp32": True, "kv_cache_dtype": "fp8",
+                                        "attention_backend": "triton", "chunked_prefill": False,
+                                        "enforce_eager": True, "free_cache_engine": False,
+                                        "temperature": 0.7, "dtype": "fp16"}.items()},
+        pool=POOLS["h100"])
+    items = VerlTrainer.overrides(t, cfg)
     sg = "+actor_rollout_ref.rollout.engine_kwargs.sglang."
     for expected in (f"{sg}enable_fp32_lm_head=true", f"{sg}kv_cache_dtype='fp8_e4m3'",
                      f"{sg}attention_backend='triton'", f"{sg}chunked_prefill_size=-1",
@@ -385,7 +381,7 @@ def test_grid_values_are_inert_in_the_job_command_and_the_cfg_job_dry_run(
     monkeypatch.setenv("ABLATE_RECIPES", str(REPO / "recipes"))
     g = load_grid(grid)
     (t,) = expand(g)
-    argv = VerlTrainer.command(t, g.trial_config(t), POOLS["h100"],
+    argv = VerlTrainer.command(t, g.trial_config(t).updated(pool=POOLS["h100"]),
                                checkpoint_dir=str(tmp_path / "ck, x=1"), python=sys.executable)
     assert argv[:3] == [sys.executable, "-m", "verl.trainer.main_ppo"]
     carrying = [a for a in argv if "touch /tmp/pwned" in a]
@@ -447,7 +443,7 @@ def test_filter_thresholds_are_re_emitted_canonically() -> None:
 def test_resume_command_and_environment() -> None:
     grid, trials = _expanded(GPU_GRIDS[0])
     t = trials[0]
-    argv = VerlTrainer.command(t, grid.trial_config(t), POOLS[t.pool], checkpoint_dir="/ck",
+    argv = VerlTrainer.command(t, grid.trial_config(t), checkpoint_dir="/ck",
                                resume_path="/ck/global_step_50", save_freq=10)
     assert "trainer.resume_mode='resume_path'" in argv
     assert "trainer.resume_from_path='/ck/global_step_50'" in argv
@@ -487,7 +483,7 @@ def test_plan_show_overrides_prints_each_trials_exact_list_uncut(
         block = out.split(f"\n{t.trial_id} ({t.pool}, seed {t.seed}) verl overrides:\n", 1)[1]
         printed = [line[2:] for line in block.split("\n\n", 1)[0].splitlines()
                    if line.startswith("  ")]
-        assert printed == VerlTrainer.describe(t, grid.trial_config(t), POOLS[t.pool])
+        assert printed == VerlTrainer.describe(t, grid.trial_config(t))
     assert f"{trials[2].trial_id} ({trials[2].pool}" not in out  # --limit holds
 
 
@@ -511,7 +507,7 @@ def test_the_gpu_smoke_trial_passes_the_cpu_preflight(tmp_path: Path) -> None:
     grid, trial = prepare(tmp_path, 3, "NVIDIA A10G")
     pool = grid.pools.pools["gpu1"]
     assert world_size(pool, grid.trial_config(trial)) == 1
-    VerlTrainer.validate(trial, grid.trial_config(trial), pool)
+    VerlTrainer.validate(trial, grid.trial_config(trial, "gpu1"))
 
 
 def test_the_gpu_smoke_harness_runs_the_trial_through_ablate_run_trial(
@@ -740,6 +736,6 @@ def test_a_grid_with_a_reference_evaluator_passes_verls_own_preflight(tmp_path: 
     grid = load_grid(path)
     (trial,) = expand(grid)
     assert dict(trial.overrides)["eval.reference"] == "trainer"
-    config, pool = grid.trial_config(trial), grid.pools.get(trial.pool)
-    assert not [i for i in VerlTrainer.overrides(trial, config, pool) if "eval." in i]
-    VerlTrainer.validate(trial, config, pool)
+    config = grid.trial_config(trial)
+    assert not [i for i in VerlTrainer.overrides(trial, config) if "eval." in i]
+    VerlTrainer.validate(trial, config)

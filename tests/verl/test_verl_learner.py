@@ -28,13 +28,9 @@ def _trial(pool: str = "h100") -> tuple[Any, Any]:
 
 def _items(learner: dict[str, Any], pool: str = "h100", **recipe: Any) -> list[str]:
     grid, t = _trial()
-    cfg = grid.trial_config(t)
-    cfg["learner"] = learner
-    cfg["correction"] = {}
-    for key, value in recipe.items():
-        section, leaf = key.split("__")
-        cfg[section] = {**cfg[section], leaf: value}
-    return VerlTrainer.overrides(t, cfg, POOLS[pool])
+    sets = {"learner": learner, "correction": {}}
+    sets.update({key.replace("__", "."): value for key, value in recipe.items()})
+    return VerlTrainer.overrides(t, grid.trial_config(t).updated(sets, pool=POOLS[pool]))
 
 
 def test_every_loss_mode_composes_and_reaches_the_actor_config() -> None:
@@ -104,6 +100,6 @@ def test_precision_gating_by_hardware() -> None:
 def test_learner_precision_replaces_the_cpu_pools_fp32_trainer() -> None:
     grid = load_grid(REPO / "grids/verl_cpu_learner.yaml")
     trial = next(t for t in expand(grid) if dict(t.axes)["learner"] == "dppo-bf16")
-    items = VerlTrainer.overrides(trial, grid.trial_config(trial), POOLS["cpu-fp32"])
+    items = VerlTrainer.overrides(trial, grid.trial_config(trial, "cpu-fp32"))
     dtypes = [i for i in items if "mixed_precision.param_dtype" in i]
     assert dtypes == ["+actor_rollout_ref.actor.fsdp_config.mixed_precision.param_dtype='bf16'"]

@@ -27,10 +27,9 @@ def _cpu_trials() -> list[tuple[object, dict, object]]:
 def test_every_cpu_trial_and_the_two_rank_pool_compose_in_verls_config(tmp_path: Path) -> None:
     lists = []
     for trial, config, pool in _cpu_trials():
-        lists.append((pool, VerlTrainer.overrides(trial, config, pool,
-                                                  assets_root=str(tmp_path))))
+        lists.append((pool, VerlTrainer.overrides(trial, config, assets_root=str(tmp_path))))
     trial, config, _ = _cpu_trials()[0]
-    lists.append((POOLS["cpu"], VerlTrainer.overrides(trial, config, POOLS["cpu"],
+    lists.append((POOLS["cpu"], VerlTrainer.overrides(trial, config.updated(pool=POOLS["cpu"]),
                                                       assets_root=str(tmp_path))))
     with verl_config_dir():
         for pool, items in lists:
@@ -50,8 +49,8 @@ def test_every_cpu_trial_and_the_two_rank_pool_compose_in_verls_config(tmp_path:
 def test_cpu_settings_come_from_the_pool_only() -> None:
     """The same trial on a gpu pool carries none of the cpu pool's overrides or environment."""
     trial, config, cpu_pool = _cpu_trials()[0]
-    gpu = VerlTrainer.overrides(trial, config, POOLS["h100"])
-    cpu = VerlTrainer.overrides(trial, config, cpu_pool)
+    gpu = VerlTrainer.overrides(trial, config.updated(pool=POOLS["h100"]))
+    cpu = VerlTrainer.overrides(trial, config)
     differing = {item.split("=", 1)[0].lstrip("+") for item in set(cpu) ^ set(gpu)}
     from_pool = {key.lstrip("+") for key in cpu_pool.verl_overrides}
     assert differing <= from_pool | {"trainer.n_gpus_per_node"}, differing - from_pool

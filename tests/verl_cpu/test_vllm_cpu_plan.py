@@ -14,6 +14,7 @@ import pytest
 from orchestrator.engine import RolloutSpec
 from orchestrator.pools import load_catalog
 from orchestrator.verl import cpu_engines, engines
+from orchestrator.verl.engine_choice import EngineChoice
 
 POOL = load_catalog().get("cpu-fp32")
 HAVE_ENV = cpu_engines.installed_version(POOL) is not None
@@ -108,9 +109,12 @@ def test_missing_environment_is_one_line_naming_the_setup_command(tmp_path: Path
 
 
 def test_the_cpu_engine_is_unchanged_without_rollout_engine() -> None:
-    assert cpu_engines.engine_of(RolloutSpec()) == "cpu"
-    assert cpu_engines.job_env({"rollout": {}}) == {}
-    assert cpu_engines.job_env({"rollout": {"engine": "vllm"}})["VLLM_TARGET_DEVICE"] == "cpu"
+    pool = load_catalog().get("cpu-bf16")
+    cpu = EngineChoice.of(RolloutSpec(), pool)
+    assert (cpu.engine, cpu.table, cpu.job_env()) == ("cpu", "sglang", {})
+    vllm = EngineChoice.of(RolloutSpec(engine="vllm"), pool)
+    assert (vllm.engine, vllm.table) == ("vllm", "vllm-cpu")
+    assert vllm.job_env()["VLLM_TARGET_DEVICE"] == "cpu"
 
 
 @NEEDS_ENV
@@ -129,10 +133,10 @@ def test_one_grid_names_both_engines_on_one_axis(tmp_path: Path) -> None:
     assert set(trials) == {"cpu", "vllm"} and len({t.trial_id for t in trials.values()}) == 2
     pool = load_catalog().get("cpu-bf16")
     for engine, trial in trials.items():
-        config = grid.trial_config(trial)
-        items = [i.replace("'", "") for i in VerlTrainer.overrides(trial, config, pool)]
+        config = grid.trial_config(trial).updated(pool=pool)
+        items = [i.replace("'", "") for i in VerlTrainer.overrides(trial, config)]
         assert f"actor_rollout_ref.rollout.name={engine}" in items, items
-        job_env = cpu_engines.job_env(config)
+        job_env = EngineChoice.of(config.rollout, pool).job_env()
         assert bool(job_env) == (engine == "vllm"), job_env
     assert cpu_engines.python(pool).is_file()
 
