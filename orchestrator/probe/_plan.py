@@ -11,7 +11,7 @@ from collections.abc import Sequence
 from typing import Any
 
 from orchestrator import metrics as M
-from orchestrator.backends import backend
+from orchestrator.backends import TrialConfig, backend
 from orchestrator.backends.base import ProbeJob
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import GridSpec, expand
@@ -30,7 +30,7 @@ class Configuration:
     label: str  # the axis values its trials share (``pool=sim-a100``)
     pool: PoolSpec
     trial: TrialSpec  # the first of its trials: the config a probe job runs
-    config: dict[str, Any]
+    config: TrialConfig
     identity: dict[str, Any]
     trials: tuple[str, ...]
     job: type[ProbeJob]
@@ -72,7 +72,7 @@ def plan(grid: GridSpec, *, pools: Sequence[str] = (), batches: int = 4,
         raise UserError(f"--batches {batches}: an interval needs at least 2 batches")
     chosen_seeds = tuple(seeds) or tuple(dict.fromkeys(grid.spec.seed_values))
     groups: dict[str, list[TrialSpec]] = {}
-    meta: dict[str, tuple[PoolSpec, dict[str, Any], dict[str, Any], type[ProbeJob]]] = {}
+    meta: dict[str, tuple[PoolSpec, TrialConfig, dict[str, Any], type[ProbeJob]]] = {}
     refused: dict[str, str] = {}
     runs = backend(grid.backend)
     for trial in trials:

@@ -82,7 +82,8 @@ def _knobs(job: ProbeJob, c: Configuration, m: Measured, out_dir: Path, seeds: l
     in one job and kept, each under its own content hash."""
     changes = c.job.knobs(c.config, c.pool)
     ids = {k: digest({"scheme": SCHEME, "probe": c.job.version, "knob": k, "identity": c.identity,
-                      "config": c.config, "seeds": seeds, "batches": batches}) for k in changes}
+                      "config": c.config.recipe, "seeds": seeds, "batches": batches})
+           for k in changes}
     records = {k: read_json(out_dir / f"{i}.json") for k, i in ids.items()
                if (out_dir / f"{i}.json").is_file()}
     todo = [k for k in changes if k not in records]
