@@ -95,13 +95,12 @@ class Probe:
             grid = load_grid(self.file)
             trial = expand(grid)[0]
             config = grid.trial_config(trial)
-            pool = grid.pools.pools[trial.pool]
-            lines = list(backend(self.backend).describe(trial, config, pool))
+            lines = list(backend(self.backend).describe(trial, config))
         except UserError as exc:
             text = str(exc)
             m = _REFUSAL.search(text)
             return (m.group(1) if m else text.split(": ", 1)[-1]), "", [], None
-        return None, trial.trial_id, lines, (config, pool)
+        return None, trial.trial_id, lines, config
 
     def outcome(self, context: dict[str, Any], overrides: dict[str, Any],
                 section: str) -> Outcome:
@@ -133,13 +132,10 @@ def _sim_changes(base: Any, probe: Any, section: str) -> list[str]:
         return []
     from orchestrator.sim.profile import parse_profile, resolve_numerics
 
-    def numerics(setup: Any) -> dict[str, Any]:
-        config, pool = setup
-        raw = config.get("rollout") or {}
-        from orchestrator.engine import RolloutSpec
-
-        spec = RolloutSpec.model_validate(dict(raw))
-        return resolve_numerics(parse_profile(pool.sim_profile, pool.name), spec).model_dump()
+    def numerics(config: Any) -> dict[str, Any]:
+        pool = config.pool  # a TrialConfig: its rollout section is typed already
+        return resolve_numerics(parse_profile(pool.sim_profile, pool.name),
+                                config.rollout).model_dump()
 
     before, after = numerics(base), numerics(probe)
     return [f"engine {k}: {before[k]} → {v}" for k, v in after.items() if before[k] != v]

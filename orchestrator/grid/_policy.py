@@ -82,19 +82,22 @@ def warning_stops(policy: Sequence[RescueEntry], rec: records.TrialRecord) -> fr
                      if e.warning is not None and entry_for(policy, e.event, rec) is not None)
 
 
-# Keys a resume from a checkpoint cannot change: the checkpoint holds the model (its weights'
-# shapes: the simulator's ``model.*``, verl's model path), and the simulator's embeddings are
-# as large as the task's vocabulary and sequence length (``sim/job.py:136`` builds the model
+# Keys a resume from a checkpoint cannot change: the checkpoint holds the model's weights, and
+# these set their shapes (verl: the model it loads). The simulator's parameters
+# (``sim/model.py: init_params``, :43-64) are shaped by the architecture (``arch``: dense or
+# MoE), ``d_model``, ``d_ff``, ``n_layers``, ``n_experts`` and ``expert_d_ff``, and its
+# embeddings by the task's vocabulary and sequence length (``sim/job.py:136`` builds the model
 # with ``vocab=task.vocab, max_len=task.seq_len``; ``sim/task.py:61-66``: ``digits + 2 +
-# response_len``).
-RESUME_FIXED = ("model.", "task.vocab", "task.digits", "task.response_len",
+# response_len``). ``model.n_heads``, ``model.top_k`` and ``model.aux_loss_coef`` shape no
+# weight: a resume may change them.
+RESUME_FIXED = ("model.arch", "model.d_model", "model.d_ff", "model.n_layers", "model.n_experts",
+                "model.expert_d_ff", "task.vocab", "task.digits", "task.response_len",
                 "actor_rollout_ref.model.path")
 
 
 def fixed_on_resume(key: str) -> str | None:
     """Why a resume (a rescue's ``set:``, ``ablate resume --set``) cannot change ``key``."""
-    bare = key.lstrip("+")
-    if any(bare == f or (f.endswith(".") and bare.startswith(f)) for f in RESUME_FIXED):
+    if key.lstrip("+") in RESUME_FIXED:
         return (f"{key} cannot change on a resume: the checkpoint it starts from holds the "
                 "model's weights, whose shapes it sets (a new value would not fit them)")
     return None

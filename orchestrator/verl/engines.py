@@ -289,24 +289,41 @@ def _show(value: Any) -> str:
 # The rollout log-probs every correction and mismatch metric compares with the trainer's. verl's
 # trainer recomputes log_softmax(logits / temperature) over the full vocabulary
 # (verl/workers/engine/fsdp/transformer_impl.py:103 and :1522), while the engine samples with
-# the rollout's top_p / top_k (verl/experimental/agent_loop/agent_loop.py:590-593). vLLM: verl
-# passes logprobs_mode (default processed_logprobs, verl/workers/config/rollout.py:197) to the
-# engine (vllm_async_server.py:338); vLLM 0.32's processed_logprobs is the log_softmax *after*
-# apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py:274-279), renormalised over the
-# nucleus S, so each ratio carries log P(S) that is no engine mismatch (vLLM #42259, verl #6240);
-# raw_logprobs is taken before temperature and truncation (vllm/v1/sample/sampler.py:81-89),
-# which equals the trainer's only at temperature 1. SGLang gets no logprobs_mode from verl and
-# returns the processed distribution's log-probs (research/verl-0.9.1.md:280, :460). The CPU
-# rollout engine computes the full-vocabulary log-prob (verl/cpu/rollout/decoding.py).
+# the rollout's top_p / top_k (verl/experimental/agent_loop/agent_loop.py:590-593). Each engine
+# fact below is checked by running the installed engine's own sampler on small logits
+# (tests/verl/logprob_semantics_probe.py, tests/verl/test_engine_contract.py).
+# vLLM 0.24.0: verl passes logprobs_mode (default processed_logprobs,
+# verl/workers/config/rollout.py:197) to the engine (vllm_async_server.py:338); processed_logprobs
+# is the log_softmax *after* apply_top_k_top_p (vllm/v1/sample/ops/topk_topp_sampler.py:135-140,
+# the path taken whenever processed log-probs are asked for, :86-95; the V2 model runner's
+# vllm/v1/worker/gpu/sample/sampler.py:104-106 and :234 alike), renormalised over the nucleus S,
+# so each ratio carries log P(S) that is no engine mismatch (vLLM #42259, verl #6240);
+# raw_logprobs is taken before temperature and truncation (vllm/v1/sample/sampler.py:84-88),
+# which equals the trainer's only at temperature 1.
+# SGLang 0.5.12: verl passes it no logprobs_mode and sets neither SGLANG_RETURN_ORIGINAL_LOGPROB
+# nor rl_on_policy_target; Sampler.forward returns log(softmax(logits / T)) over the full
+# vocabulary, taken before sampling's top-k / top-p filter, on either sampling backend
+# (sglang/srt/layers/sampler.py:171-185): the trainer's distribution at any top_p, top_k and
+# temperature (the tokens still come from the nucleus, which no ratio then sees).
+# SGLANG_RETURN_ORIGINAL_LOGPROB, read at import (sampler.py:52), swaps in log_softmax(logits)
+# before temperature (sampler.py:136-137, :190-191): the trainer's only at temperature 1, so a
+# pool whose verl_env sets it is refused at any other temperature. (Until this was checked
+# against the code, top_p / top_k on SGLang were refused as nucleus-renormalised, a misreading
+# in research/verl-0.9.1.md:280, :460.)
+# The CPU rollout engine computes the full-vocabulary log-prob (verl/cpu/rollout/decoding.py).
 TOP_P_KEY, TOP_K_KEY = f"{ROLLOUT}.top_p", f"{ROLLOUT}.top_k"
 LOGPROBS_KEY, TEMPERATURE_KEY = f"{ROLLOUT}.logprobs_mode", f"{ROLLOUT}.temperature"
 VERL_LOGPROBS_DEFAULT = "processed_logprobs"
+SGLANG_ORIGINAL_LOGPROB = "SGLANG_RETURN_ORIGINAL_LOGPROB"
 
 
 def logprob_problem(engine: str, *, top_p: Any, top_k: Any, temperature: Any,
-                    logprobs_mode: Any) -> tuple[str, str] | None:
+                    logprobs_mode: Any, engine_env: Mapping[str, Any] | None = None,
+                    ) -> tuple[str, str] | None:
     """(key, why) when ``engine``'s rollout log-probs are not the distribution verl's trainer
-    recomputes (a log(S) or temperature term in every IS ratio and k3), or None."""
+    recomputes (a log(S) or temperature term in every IS ratio and k3), or None: vLLM 0.24.0's
+    and SGLang 0.5.12's samplers, as the comment above reads them. ``engine_env``: the
+    variables the job's engine starts with (the pool's ``verl_env``)."""
     truncated = [f"{key}: {value}" for key, value, cut in (
         (TOP_P_KEY, top_p, isinstance(top_p, (int, float)) and top_p < 1),
         (TOP_K_KEY, top_k, isinstance(top_k, int) and not isinstance(top_k, bool) and top_k > 0))
@@ -331,14 +348,19 @@ def logprob_problem(engine: str, *, top_p: Any, top_k: Any, temperature: Any,
                 "over the top-p/top-k nucleus, while its trainer recomputes over the full "
                 "vocabulary, so k3, the IS ratios and every correction carry a log(S) term that "
                 f"is not engine mismatch; fix: top_p 1.0 and top_k -1, or {fix}")
-    elif engine == "sglang" and truncated:
-        return truncated[0].split(":")[0], (
-            f"{truncated[0]} on sglang: SGLang returns the log-probs of the distribution "
-            "renormalised over the top-p/top-k nucleus (verl passes it no logprobs_mode) while "
-            "verl's trainer recomputes over the full vocabulary, so k3, the IS ratios and every "
-            "correction carry a log(S) term that is not engine mismatch; fix: top_p 1.0 and "
-            "top_k -1, or rollout.engine: vllm with rollout.logprobs_mode: raw")
+    elif engine == "sglang" and not unit and _env_true((engine_env or {}).get(SGLANG_ORIGINAL_LOGPROB)):
+        return TEMPERATURE_KEY, (
+            f"{TEMPERATURE_KEY}: {temperature} on sglang with {SGLANG_ORIGINAL_LOGPROB} set: "
+            "SGLang then returns log-probs before temperature scaling (sglang/srt/layers/"
+            "sampler.py:136-137) while verl's trainer divides the logits by it, so every ratio "
+            f"carries the temperature, not the engine; fix: unset {SGLANG_ORIGINAL_LOGPROB} in "
+            "the pool's verl_env, or temperature 1.0")
     return None
+
+
+def _env_true(value: Any) -> bool:
+    """SGLang's reading of a boolean variable (``get_bool_env_var``: "true" or "1")."""
+    return str(value).strip().lower() in ("true", "1")
 
 
 # --------------------------------------------------------------------------- installed engines

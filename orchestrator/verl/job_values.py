@@ -72,7 +72,7 @@ def check_recipe_values(trial: TrialSpec, config: Mapping[str, Any], pool: PoolS
                    else value(engines.TEMPERATURE_KEY, 1.0))
     problem = engine and engines.logprob_problem(
         engine, top_p=value(engines.TOP_P_KEY), top_k=value(engines.TOP_K_KEY),
-        temperature=temperature, logprobs_mode=mode)
+        temperature=temperature, logprobs_mode=mode, engine_env=pool.verl_env)
     if problem:
         key, why = problem
         why = why.removeprefix(f"{key}: ")

@@ -3,7 +3,7 @@
 ``ablate plan`` builds each trial's backend arguments (verl: the full override list with the
 pool's ``verl_overrides``) as ``--show-overrides`` and the job do, so one validation refuses
 for every command: rollout log-probs that are not the distribution verl's trainer recomputes
-(top-p / top-k on vLLM's processed log-probs or on SGLang), GRPO settings verl only checks in the
+(top-p / top-k on vLLM's processed log-probs, temperature with raw log-probs), GRPO settings verl only checks in the
 job, and one verl setting given under two names. Each file's first line says what the one-line
 error must contain. Plan-level only: no verl import, about 0.1 s a case.
 """
@@ -43,6 +43,42 @@ def test_truncated_sampling_runs_with_vllms_raw_log_probs(
                     "overrides: {rollout.engine: vllm, rollout.logprobs_mode: raw}\n")
     assert main(["plan", str(grid), "--json"]) == 0
     assert '"count": 2' in capsys.readouterr().out
+
+
+def test_truncated_sampling_runs_on_sglang_whose_log_probs_are_the_full_vocabulary(
+        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """SGLang 0.5.12 returns log_softmax(logits / T) over the whole vocabulary whatever top-p /
+    top-k it samples with (tests/verl/test_engine_contract.py runs its sampler): the trainer's
+    distribution, so such a grid plans."""
+    grid = isolated / "ok.yaml"
+    grid.write_text("name: ok\nrecipe: verl/qwen3_4b_dapo\nbackend: verl\nsteps: 10\npool: h100\n"
+                    "axes:\n  actor_rollout_ref.rollout.top_p: [1.0, 0.9]\n"
+                    "  actor_rollout_ref.rollout.top_k: [-1, 20]\n"
+                    "overrides: {rollout.engine: sglang, rollout.temperature: 0.7}\n")
+    assert main(["plan", str(grid), "--json", "--show-overrides"]) == 0
+    assert '"count": 4' in capsys.readouterr().out
+
+
+def test_sglangs_pre_temperature_log_probs_are_refused_away_from_temperature_1(
+        isolated: Path, capsys: pytest.CaptureFixture[str]) -> None:
+    """A pool whose ``verl_env`` sets SGLANG_RETURN_ORIGINAL_LOGPROB makes SGLang return the
+    log-probs before temperature scaling: refused at temperature 0.7, not at 1.0."""
+    import yaml
+
+    catalog = yaml.safe_load((Path(__file__).parents[2] / "orchestrator" / "pools.yaml").read_text())
+    pool = catalog["pools"]["h100"]
+    pool["verl_env"] = {**(pool.get("verl_env") or {}), "SGLANG_RETURN_ORIGINAL_LOGPROB": "1"}
+    (isolated / "pools.yaml").write_text(yaml.safe_dump({"pools": {"h100": pool}}))
+    for temperature, rc in ((1.0, 0), (0.7, 2)):
+        grid = isolated / f"g{rc}.yaml"
+        grid.write_text("name: g\nrecipe: verl/qwen3_4b_dapo\nbackend: verl\nsteps: 10\n"
+                        "pool: h100\npool_catalog: pools.yaml\noverrides: {rollout.engine: "
+                        f"sglang, rollout.temperature: {temperature}}}\n")
+        assert main(["plan", str(grid)]) == rc
+        err = [ln for ln in capsys.readouterr().err.splitlines() if not ln.startswith("warning: ")]
+        if rc:
+            assert len(err) == 1 and "SGLANG_RETURN_ORIGINAL_LOGPROB set" in err[0], err
+            assert "fix: unset SGLANG_RETURN_ORIGINAL_LOGPROB" in err[0]
 
 
 @pytest.mark.parametrize(("axes", "what"), [

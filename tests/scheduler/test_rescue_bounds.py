@@ -171,3 +171,22 @@ def test_a_resume_set_the_checkpoint_cannot_take_is_refused_before_anything_is_w
                                      "resume") and "fix: make it an axis of the grid" in str(err.value)
     assert TrialPaths(grid_dir, t.trial_id).state.read_bytes() == before
     assert sorted(p.name for p in (grid_dir / "trials").iterdir()) == [t.trial_id]
+
+
+def test_a_resume_may_set_a_model_key_that_shapes_no_weight(isolated: Path) -> None:
+    """``model.n_heads`` and ``model.aux_loss_coef`` shape no parameter of the simulator's model
+    (``sim/model.py: init_params``): ``ablate resume --set`` of them runs the derived trial from
+    the checkpoint to its end, where ``model.d_model`` is refused (above)."""
+    from orchestrator.scheduler import resume
+
+    path = isolated / "r.yaml"
+    path.write_text(_PLAN.replace("steps: 12", "steps: 4") + "checkpoint: {every: 2, keep: 3}\n")
+    grid = load_grid(path)
+    (t,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    got = resume(str(path), trial_ids=[t.trial_id], pool="sim-a100", start=2, local=True,
+                 sets={"model.n_heads": 2, "model.aux_loss_coef": 0.05}, progress=False)
+    (item,) = got["resumed"]
+    rec = records.load_state(TrialPaths(grid_dir, item["trial_id"]), item["trial_id"])
+    assert item["from_step"] == 2 and rec.state.value == "done" and rec.last_step == 4

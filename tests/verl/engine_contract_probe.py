@@ -3,7 +3,9 @@
 Input (stdin, JSON): ``{"engine": "sglang"|"vllm", "cases": {name: [verl override, ...]}}``,
 each list a trial's verl overrides as ``ablate plan --show-overrides --json`` emits them.
 Output (stdout, last line, JSON): per case ``{"reports": [engine report, ...], "stage": str,
-"error": str|None}`` plus ``"versions"`` and ``"fields"`` (the installed classes' fields).
+"error": str|None}`` plus ``"versions"``, ``"fields"`` (the installed classes' fields),
+``"facts"`` and ``"logprobs"`` (the engine's sampler run on small logits,
+``logprob_semantics_probe.py``).
 
 Per case, on verl 0.9.1's own code path: the overrides are composed in verl's Hydra config
 (``orchestrator.verl.preflight``), the rollout server class verl makes a Ray actor of
@@ -283,6 +285,9 @@ def main() -> None:
             stage = " <- ".join(f"{Path(f.filename).name}:{f.lineno}" for f in traceback.extract_tb(exc.__traceback__)[::-1][:8])
         reports = [json.loads(line) for line in log.read_text().splitlines() if line.strip()]
         out["cases"][name] = {"reports": reports, "stage": stage, "error": error}
+    import logprob_semantics_probe  # beside this file: the script's folder is on sys.path
+
+    out["logprobs"] = logprob_semantics_probe.run(engine)
     print(json.dumps(out, default=str))
 
 

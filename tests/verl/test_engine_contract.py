@@ -13,13 +13,19 @@ What needs a GPU and is not checked here: SGLang's ``ServerArgs.__post_init__`` 
 process launch (model load, CUDA graphs, NCCL); sgl_kernel's import (it loads libcuda.so.1: its
 kernels are stand-ins here, none is called); vLLM's device inference in its argument parser's
 ``DeviceConfig`` (answered "cuda") and ``create_engine_config`` (platform checks; the
-``EngineArgs`` it reads are checked instead); every numeric effect.
+``EngineArgs`` it reads are checked instead); every numeric effect but one: the same
+subprocess runs each engine's own sampler on small logits with the sampling parameters verl
+sends (``tests/verl/logprob_semantics_probe.py``), and the log-probs it returns for the sampled
+tokens are compared with the trainer's (what ``engines.logprob_problem`` rests on). There the
+CUDA sampling kernels are not run: SGLang's flashinfer backend gets SGLang's torch sampling in
+their place, vLLM takes its torch top-k/top-p path (the one processed log-probs use on a GPU).
 
 Skipped with one line naming the setup command when the environment is absent; in CI
 (``.ci/run`` builds both environments in the background, ``$ABLATE_CI_GPU_ENVS``) it waits for
 the builds instead and fails if one failed. Cost: one plan per engine in-process (~2 s) and one
-engine subprocess per engine (imports of torch, verl and the engine, then every case): the whole
-file 45-56 s on the 2-core machine, 0 s when skipped.
+engine subprocess per engine (imports of torch, verl and the engine, then every case; the
+samplers' log-prob cases add about 0.1 s): the whole file 45-56 s on the 2-core machine, 0 s
+when skipped.
 """
 from __future__ import annotations
 
@@ -242,6 +248,119 @@ def test_sglang_refusals_rest_on_what_verl_and_sglang_do(sglang):
     assert default == "flashinfer"
     assert engine_versions.check_version(RolloutSpec(dtype="fp32"), "sglang", None)
     assert engine_versions.check_version(RolloutSpec(attention_backend="fa3"), "sglang", None)
+
+
+# ----------------------------------------------------------------- the log-probs the engines return
+# Each engine's own sampler run on small logits with the sampling parameters verl sends
+# (logprob_semantics_probe.py): per case the largest difference between the log-probs it
+# returns for its sampled tokens and log_softmax(logits / T) over the whole vocabulary ("full",
+# what verl's trainer recomputes), log_softmax(logits) ("raw", before temperature) and the
+# log-prob renormalised over the top-p / top-k set ("nucleus").
+
+SAME = 1e-5  # float32 log-probs of one distribution
+# Two different distributions: on the probe's logits every truncated case cuts at least 0.15
+# nats of mass (log_mass_of_nucleus) and T=0.7 moves the sampled tokens' log-probs by > 0.3.
+APART = 1e-2
+
+
+def _logprobs(result: dict) -> dict:
+    record = result["logprobs"]
+    assert "error" not in record, f"{record.get('error')}\n{record.get('where')}"
+    return record
+
+
+def _truncated(case: dict) -> bool:
+    return case["log_mass_of_nucleus"] < -APART
+
+
+def test_sglang_returns_full_vocabulary_log_probs_at_the_sampling_temperature(sglang):
+    """SGLang 0.5.12 ``Sampler.forward`` (sglang/srt/layers/sampler.py:171-185): the log-probs
+    are ``log(softmax(logits / T))`` taken before the top-k / top-p sampling
+    (``_sample_from_probs`` filters its own sorted copy), so over the whole vocabulary at the
+    sampling temperature, on both sampling backends, while the sampled tokens come from the
+    nucleus. flashinfer's sampling op declares that it writes nothing (``mutates_args=()``)."""
+    record = _logprobs(sglang)
+    assert record["version"] == "0.5.12"
+    assert record["flashinfer_sampling_op_mutates_nothing"] is True
+    assert '"flashinfer" if is_flashinfer_available()' in record["backend_choice"]
+    cases = {n: c for n, c in record["cases"].items() if not c["original_logprob"]}
+    assert {c["backend"] for c in cases.values()} == {"flashinfer", "pytorch"}
+    for name, case in cases.items():
+        assert case["full"] < SAME, name
+        assert case["in_nucleus"], name
+        if _truncated(case):
+            assert case["nucleus"] > APART, name
+            assert case["need_top_p_sampling"] or case["need_top_k_sampling"], name
+    assert cases["T=0.7 flashinfer"]["raw"] > APART
+    assert sum(_truncated(c) for c in cases.values()) >= 8
+
+
+def test_sglang_return_original_logprob_is_before_temperature_and_unset_by_verl(sglang):
+    """``SGLANG_RETURN_ORIGINAL_LOGPROB`` (read once at import, sampler.py:52) swaps in
+    ``log_softmax(logits)`` before temperature (sampler.py:136-137, :190-191): the trainer's
+    only at temperature 1. verl 0.9.1 never sets it, nor ``rl_on_policy_target`` (bf16
+    log-probs, sampler.py:141-148; ServerArgs default None) nor the sampling backend."""
+    record = _logprobs(sglang)
+    env = record["original_logprob_env"]
+    assert env["reads_env"] is True
+    assert env["value_here"] is env["set_here"] is False
+    swapped = [c for c in record["cases"].values() if c["original_logprob"]]
+    assert len(swapped) == 2
+    for case in swapped:
+        assert case["raw"] < SAME and case["full"] > APART
+    assert record["server_args_defaults"] == {"sampling_backend": None,
+                                              "rl_on_policy_target": None,
+                                              "enable_deterministic_inference": False}
+    mentions = record["verl_mentions"]
+    assert mentions["SGLANG_RETURN_ORIGINAL_LOGPROB"] == mentions["rl_on_policy_target"] == []
+    assert mentions["sampling_backend"] == []
+
+
+def test_vllm_processed_log_probs_are_the_nucleus_and_raw_ones_precede_temperature(vllm):
+    """vLLM 0.24.0, V1 model runner: processed_logprobs are ``log_softmax`` of the logits after
+    ``apply_top_k_top_p`` (vllm/v1/sample/ops/topk_topp_sampler.py:135-140, the path a GPU takes
+    too whenever processed log-probs are asked for, :86-95), renormalised over the nucleus;
+    raw_logprobs are taken from the logits before temperature and truncation
+    (vllm/v1/sample/sampler.py:84-88). The V2 model runner (vllm/v1/worker/gpu/sample/
+    sampler.py:104-106, :234) takes the same tensors."""
+    record = _logprobs(vllm)
+    assert record["version"] == "0.24.0"
+    cases = record["cases"]
+    for name, case in cases.items():
+        assert case["in_nucleus"], name
+        if case["mode"] == "processed_logprobs":
+            assert case["nucleus"] < SAME, name
+            if _truncated(case):
+                assert case["full"] > APART, name
+        else:
+            assert case["raw"] < SAME, name
+    assert cases["T=0.7 raw_logprobs"]["full"] > APART
+    assert {c["top_k_top_p_forward"] for c in cases.values()
+            if c["mode"] == "processed_logprobs"} == {"forward_native"}
+    assert record["v1_raw_before_temperature"] is True
+    assert record["v2_processed_after_top_k_top_p"] is True
+    assert record["v2_raw_is_the_input_logits"] is True
+
+
+@pytest.mark.parametrize("engine", ["sglang", "vllm"])
+def test_logprob_problem_refuses_exactly_where_the_engine_returns_other_log_probs(engine,
+                                                                                  request):
+    """``engines.logprob_problem`` against what the engine's sampler returned: a refusal where
+    the returned log-probs are not full-vocabulary log_softmax(logits / T), none where they
+    are."""
+    record = _logprobs(request.getfixturevalue(engine))
+    wrong = []
+    for name, case in record["cases"].items():
+        params = case["params"]
+        env = {engines.SGLANG_ORIGINAL_LOGPROB: "1"} if case.get("original_logprob") else {}
+        problem = engines.logprob_problem(engine, top_p=params["top_p"], top_k=params["top_k"],
+                                          temperature=params["temperature"],
+                                          logprobs_mode=case.get("mode"), engine_env=env)
+        differs = case["full"] > APART
+        if (problem is not None) != differs:
+            wrong.append(f"{name}: returned log-probs {'differ from' if differs else 'equal'} "
+                         f"the trainer's, refusal: {problem}")
+    assert wrong == []
 
 
 # ----------------------------------------------------------------- the setup command (no env needed)

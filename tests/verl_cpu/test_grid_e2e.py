@@ -283,7 +283,7 @@ def test_without_the_precheck_verl_fails_on_a_ws1_checkpoint_with_two_ranks(
         checkpoint_path=lambda step: store / f"step-{step:08d}", should_stop=lambda: None,
         describe_environment=lambda facts: None)
     with pytest.raises(InfraFailure, match="verl exited with code"):
-        run_attempt(VerlTrainer(), trial, grid.trial_config(trial), ctx)
+        run_attempt(VerlTrainer(), trial, grid.trial_config(trial, "cpu"), ctx)
     # The attempt made this process a subreaper for its job only (procs' docstring says why).
     from orchestrator.verl.cpu import procs
 
