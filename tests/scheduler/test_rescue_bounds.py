@@ -10,6 +10,7 @@ Ray worker runs it, without tracking.
 from __future__ import annotations
 
 from pathlib import Path
+from typing import Any
 
 import pytest
 from warnrescue import SECTIONS
@@ -151,6 +152,18 @@ def test_a_rescue_that_cannot_act_or_run_is_refused_at_plan(
     assert f"p.yaml:20: {where}: " in text and says in text and "exclude" not in text
 
 
+def _ran_four_steps(isolated: Path) -> tuple[Path, Any, Any, Path]:
+    """A one-trial grid run to its end (4 steps, checkpoints at 2 and 4): what a resume starts
+    from."""
+    path = isolated / "r.yaml"
+    path.write_text(_PLAN.replace("steps: 12", "steps: 4") + "checkpoint: {every: 2, keep: 3}\n")
+    grid = load_grid(path)
+    (t,) = expand(grid)
+    grid_dir = workspace.grid_dir(grid.name)
+    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    return path, grid, t, grid_dir
+
+
 def test_a_resume_set_the_checkpoint_cannot_take_is_refused_before_anything_is_written(
         isolated: Path) -> None:
     """``ablate resume --set model.d_model=128`` (item 3): one line at resume time, naming the
@@ -158,12 +171,7 @@ def test_a_resume_set_the_checkpoint_cannot_take_is_refused_before_anything_is_w
     from orchestrator.exceptions import UserError
     from orchestrator.scheduler._rescue import plan
 
-    path = isolated / "r.yaml"
-    path.write_text(_PLAN.replace("steps: 12", "steps: 4") + "checkpoint: {every: 2, keep: 3}\n")
-    grid = load_grid(path)
-    (t,) = expand(grid)
-    grid_dir = workspace.grid_dir(grid.name)
-    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    _, grid, t, grid_dir = _ran_four_steps(isolated)
     before = TrialPaths(grid_dir, t.trial_id).state.read_bytes()
     with pytest.raises(UserError) as err:
         plan(grid, grid_dir, [t], pool="sim-a100", start=2, sets={"model.d_model": 128}, reason="x")
@@ -179,12 +187,7 @@ def test_a_resume_may_set_a_model_key_that_shapes_no_weight(isolated: Path) -> N
     the checkpoint to its end, where ``model.d_model`` is refused (above)."""
     from orchestrator.scheduler import resume
 
-    path = isolated / "r.yaml"
-    path.write_text(_PLAN.replace("steps: 12", "steps: 4") + "checkpoint: {every: 2, keep: 3}\n")
-    grid = load_grid(path)
-    (t,) = expand(grid)
-    grid_dir = workspace.grid_dir(grid.name)
-    run_attempt(make_job(grid, t, grid_dir=grid_dir, tracking=None, submission="test"))
+    path, _, t, grid_dir = _ran_four_steps(isolated)
     got = resume(str(path), trial_ids=[t.trial_id], pool="sim-a100", start=2, local=True,
                  sets={"model.n_heads": 2, "model.aux_loss_coef": 0.05}, progress=False)
     (item,) = got["resumed"]
