@@ -154,6 +154,7 @@ PEER_NAMES: dict[str, tuple[str, str]] = {
     TRAINING_PPL: ("train/mis_training_ppl", "train/mis_training_ppl"),
     ROLLOUT_PPL: ("train/mis_rollout_ppl", "train/mis_rollout_ppl"),
     LOG_PPL_DIFF: ("train/mis_log_ppl_diff", "train/mis_log_ppl_diff"),
+    LOG_PPL_ABS_DIFF: ("train/mis_log_ppl_abs_diff", "train/mis_log_ppl_abs_diff"),
     CHI2_TOKEN: ("train/mis_chi2_token", "train/mis_chi2_token"),
     CHI2_SEQ: ("train/mis_chi2_seq", "train/mis_chi2_seq"),
     IS_BATCH_NORM: ("train/mis_batch_norm_factor", "train/mis_batch_norm_factor"),

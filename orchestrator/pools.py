@@ -137,7 +137,7 @@ class PoolSpec(BaseModel):
     image: str | None = None
     # Trial image per rollout engine (k8s backend): {sglang: ..., vllm: ...}; ``image`` (then
     # ABLATE_K8S_IMAGE) serves an engine not named here.
-    images: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
+    images: dict[Literal["sglang", "vllm", "miles"], str] = Field(default_factory=dict)
     # The rollout engine version the pool's image runs, per engine ({vllm: "0.32.0"}): plan-time
     # feature checks use it (``verl/engines.engine_version``); unset, the version verl's own
     # extras pin (``verl[vllm]==0.9.1``: vLLM 0.24.0, ``verl[sglang]``: SGLang 0.5.12).
@@ -149,6 +149,9 @@ class PoolSpec(BaseModel):
     # stack's environment ({sglang: venv-gpu-sglang}; `ablate gpu-env`, relative to its default's
     # directory): plan refuses one that is missing or not the lock's.
     engine_envs: dict[Literal["sglang", "vllm"], str] = Field(default_factory=dict)
+    # Where the miles backend finds Miles on this pool's nodes ({checkout: /opt/miles,
+    # ray_address: http://head:8265}); interpreted and validated by the miles trainer.
+    miles: dict[str, Any] = Field(default_factory=dict)
     cpus_per_node: StrictInt = Field(0, ge=0, le=1024)
     memory_per_node: str | None = None
     # Cluster placement (backend slurm): partition, features, GRES, account, qos, time limit.

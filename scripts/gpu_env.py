@@ -1,7 +1,7 @@
 #!/usr/bin/env python3
 """Create a GPU stack's environment from a checkout, before anything is installed:
 
-    python3 scripts/gpu_env.py sglang|vllm [--env DIR] [--show]
+    python3 scripts/gpu_env.py sglang|vllm|miles [--env DIR] [--show]
 
 The setup is ``orchestrator/verl/gpu_setup.py`` (standard library only), run here as a file so
 that nothing of the project is imported; an installed rl-ablate runs the same code as

@@ -51,6 +51,7 @@ def test_the_site_builds_strictly_with_every_generated_page(tmp_path: Path) -> N
     assert "seeds.adaptive.ci_width" in (site / "grid-reference/index.html").read_text()
     vocab = (site / "vocabularies/index.html").read_text()
     assert "algorithm.rollout_correction.rollout_is='token'" in vocab
+    assert "mis.yaml tis_level" in vocab  # the Miles column
     assert "ablate resume" in (site / "cli/index.html").read_text()
     assert "Content-hashed ids" in (site / "architecture/index.html").read_text()
     start = (site / "getting-started/index.html").read_text()

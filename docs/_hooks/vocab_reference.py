@@ -29,6 +29,7 @@ PROBES = (
     ("verl, gpu pool (`h100`)", "verl", "h100", "verl/qwen3_4b_dapo"),
     ("k8s (`h100`)", "k8s", "h100", "verl/qwen3_4b_dapo"),
     ("verl, cpu pool (`cpu-fp32`)", "verl", "cpu-fp32", "verl/cpu_tiny"),
+    ("Miles (`h100`)", "miles", "h100", "miles/qwen3_4b_dapo"),
 )
 
 

@@ -55,6 +55,7 @@ def __getattr__(name: str) -> Any:
 _TRAINERS: dict[str, tuple[str, str]] = {
     "sim": ("orchestrator.sim.job", "SimTrainer"),
     "verl": ("orchestrator.verl.trainer", "VerlTrainer"),
+    "miles": ("orchestrator.miles.trainer", "MilesTrainer"),
 }
 # A trainer's probe job (``base.ProbeJob``), by trainer name: kept apart from the trainer class
 # so that adding one changes no module whose content hashes a committed result.
@@ -72,12 +73,14 @@ _LAUNCHERS: dict[str, tuple[str, str]] = {
 _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
     "sim": (("sim",), "local"),
     "verl": (("verl",), "local"),
+    "miles": (("miles",), "local"),  # a Ray job on the pool's Ray cluster, submitted from here
+    "k8s-miles": (("miles",), "k8s"),
     "k8s": (("verl",), "k8s"),
     "slurm": (("sim", "verl"), "slurm"),  # sim pools run the simulator, cpu/gpu pools verl
 }
 
 __all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "MetricReader", "RunContext",
-           "Trainer", "TrainerJob", "TrialConfig", "backend", "names"]
+           "Trainer", "TrainerJob", "TrialConfig", "backend", "names", "on_launcher"]
 
 
 def _load(ref: tuple[str, str]) -> Any:
@@ -88,6 +91,16 @@ def _load(ref: tuple[str, str]) -> Any:
 def names() -> tuple[str, ...]:
     """The backend names a grid may give (``backend:``, ``--backend``)."""
     return tuple(_BACKENDS)
+
+
+def on_launcher(name: str, launcher: str) -> str:
+    """The backend that runs backend ``name``'s trainers with ``launcher`` (``miles`` on ``k8s``:
+    ``k8s-miles``), else the launcher's own default pairing (``k8s``: verl)."""
+    trainers = _BACKENDS[name][0]
+    for other, (theirs, where) in _BACKENDS.items():
+        if where == launcher and theirs == trainers:
+            return other
+    return launcher
 
 
 def backend(name: str) -> Backend:
@@ -241,10 +254,12 @@ class Backend:
                 workdir: str | None) -> int:
         """``ablate submit --dry-run``. A grid launched here hands nothing over, so its dry run
         writes the Kubernetes manifests it would run as (``--backend k8s``), as it always has."""
-        status = self.launcher.dry_run(grid_path, out_dir=out_dir, force=force, workdir=workdir)
+        status = self.launcher.dry_run(grid_path, out_dir=out_dir, force=force, workdir=workdir,
+                                       backend=self.name)
         if status is None:
             status = _load(_LAUNCHERS["k8s"]).dry_run(grid_path, out_dir=out_dir, force=force,
-                                                      workdir=workdir)
+                                                      workdir=workdir,
+                                                      backend=on_launcher(self.name, "k8s"))
         return int(status or 0)
 
     def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:

@@ -404,10 +404,11 @@ class Launcher(abc.ABC):
 
     @classmethod
     def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,
-                workdir: str | None) -> int | None:
+                workdir: str | None, backend: str) -> int | None:
         """``ablate submit --dry-run``: write what a submission would hand the cluster (every
-        trial's manifest or job script) for inspection and submit nothing; the exit status, or
-        None where this launcher hands nothing over (it runs attempts here)."""
+        trial's manifest or job script) for inspection and submit nothing, the grid planned as
+        ``backend`` (a registered name with this launcher); the exit status, or None where this
+        launcher hands nothing over (it runs attempts here)."""
         return None
 
     @classmethod

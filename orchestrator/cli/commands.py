@@ -384,8 +384,9 @@ def add_commands(sub: Any) -> None:
     ve.set_defaults(func=vllm_cpu_env_body)
 
     ge = sub.add_parser("gpu-env", help="create a GPU stack's Python environment (verl + SGLang "
-                        "or vLLM) from its committed lock (idempotent)")
-    ge.add_argument("stack", choices=["sglang", "vllm"])
+                        "or vLLM; miles: Miles' argument parser) from its committed lock "
+                        "(idempotent)")
+    ge.add_argument("stack", choices=["sglang", "vllm", "miles"])
     ge.add_argument("--env", help="where it goes (default: $ABLATE_GPU_ENV_<STACK>, else "
                     "$XDG_DATA_HOME/rl-ablate/venv-gpu-<stack>)")
     ge.add_argument("--show", action="store_true",

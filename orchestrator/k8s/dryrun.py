@@ -7,6 +7,7 @@ from __future__ import annotations
 import shlex
 from typing import Any
 
+from orchestrator import backends
 from orchestrator.grid import expand, load_grid
 from orchestrator.k8s import names
 from orchestrator.k8s.queues import dump, render_kueue
@@ -62,7 +63,8 @@ def render_control_rayjob(
     }
 
 
-def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> int:
+def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
+            backend: str = "k8s") -> int:
     """Write every manifest of every trial of ``grid_path`` (and its Kueue objects) to a directory.
 
     Nothing is sent to a cluster. Layout: ``<out>/rayjobs/<rayjob>.yaml`` (one per trial, first
@@ -71,15 +73,16 @@ def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False) -> 
     import kubernetes  # noqa: F401 - the renderer's; missing, it is refused before a file is written
 
     settings = ClusterSettings.from_env()
-    grid = load_grid(grid_path, backend="k8s", limit_trials=not force)
+    grid = load_grid(grid_path, backend=backend, limit_trials=not force)
+    runs = backends.backend(backend)
     trials = expand(grid, force=force)
     out, jobs_dir = workspace.dry_run_dir(out_dir, default=f"k8s-dry-run/{grid.name}",
                                           files="rayjobs", pattern="ab-*.yaml")
     index = []
     for trial in trials:
-        manifest = render_rayjob(
-            trial, grid.trial_config(trial), grid.pools.pools[trial.pool], settings=settings
-        )
+        pool, config = grid.pools.pools[trial.pool], grid.trial_config(trial)
+        manifest = render_rayjob(trial, config, pool, settings=settings,
+                                 job=runs.trainer(pool).job(config))
         name = manifest["metadata"]["name"]
         (jobs_dir / f"{name}.yaml").write_text(dump([manifest]), encoding="utf-8")
         index.append(

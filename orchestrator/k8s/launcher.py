@@ -118,11 +118,11 @@ class K8sLauncher(Launcher):
 
     @classmethod
     def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,
-                workdir: str | None) -> int:
+                workdir: str | None, backend: str = "k8s") -> int:
         """Every manifest of every trial (``k8s/dryrun.py``); ``workdir`` is the cluster's."""
         from orchestrator.k8s.dryrun import dry_run  # deferred: it loads grids, above launchers
 
-        return int(dry_run(grid_path, out_dir=out_dir, force=force) or 0)
+        return int(dry_run(grid_path, out_dir=out_dir, force=force, backend=backend) or 0)
 
     def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,
             ctx: RunContext) -> AttemptResult:

@@ -39,6 +39,9 @@ from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
 RAYJOB_API = "ray.io/v1"
+# What a pool's image for a job of each engine holds (the error that asks for one says so).
+IMAGE_HOLDS = {"sglang": "verl[sglang]==0.9.1", "vllm": "verl[vllm]==0.9.1",
+               "miles": "Miles (radixark/miles' image: its checkout at /root/miles)"}
 SECRETISH = re.compile(r"(TOKEN|PASSWORD|SECRET|ACCESS_KEY|PRIVATE_KEY|CREDENTIAL)", re.IGNORECASE)
 def trial_labels(trial: TrialSpec, attempt: int, name: str) -> dict[str, str]:
     """Labels on the RayJob and all its pods: select by grid, trial, pool or attempt."""
@@ -242,8 +245,8 @@ def pool_image(pool: PoolSpec, settings: ClusterSettings, engine: str = "sglang"
     if not image:
         raise UserError(
             f"{where}.images.{engine}: not set; fix: set images: {{{engine}: <an image with "
-            f"verl[{engine}]==0.9.1 and Ray>}} (or image:) in the pool catalogue, or export "
-            "ABLATE_K8S_IMAGE"
+            f"{IMAGE_HOLDS.get(engine, engine)} and Ray>}} (or image:) in the pool catalogue, or "
+            "export ABLATE_K8S_IMAGE"
         )
     if any(c.isspace() for c in image):
         raise UserError(

@@ -98,7 +98,7 @@ class SlurmLauncher(Launcher):
 
     @classmethod
     def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,
-                workdir: str | None) -> int:
+                workdir: str | None, backend: str = "slurm") -> int:
         """Every trial's job script (``slurm/dryrun.py``)."""
         from orchestrator.slurm.dryrun import dry_run  # deferred: it loads grids, above launchers
 

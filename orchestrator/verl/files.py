@@ -20,6 +20,7 @@ from typing import Any
 
 from orchestrator import metrics as M
 from orchestrator.backends.base import RunContext
+from orchestrator.store import link_tree
 
 TRACKER = "latest_checkpointed_iteration.txt"
 ZERO_ADV_METRIC = "health/zero_advantage"  # 1.0 when every advantage of the step is 0
@@ -126,18 +127,6 @@ class MetricTail:
 
 
 # --------------------------------------------------------------------------- checkpoints
-
-
-def link_tree(src: Path, dst: Path) -> None:
-    """Copy a checkpoint directory by hard links (same filesystem) or by copying."""
-    for root, _dirs, files in os.walk(src):
-        target = dst / Path(root).relative_to(src)
-        target.mkdir(parents=True, exist_ok=True)
-        for name in files:
-            try:
-                os.link(Path(root) / name, target / name)
-            except OSError:
-                shutil.copy2(Path(root) / name, target / name)
 
 
 def latest_checkpoint(ckpt_dir: Path) -> int | None:

@@ -1,11 +1,13 @@
-"""Create the Python environment of a GPU stack (verl 0.9.1 with SGLang or vLLM rollouts) from its lock.
+"""Create the Python environment of a GPU stack (verl 0.9.1 with SGLang or vLLM rollouts, or
+Miles' argument parser) from its lock.
 
-    ablate gpu-env sglang|vllm [--env DIR] [--show]         (an installed rl-ablate)
-    python3 scripts/gpu_env.py sglang|vllm [--env DIR]      (a checkout, before anything is installed)
+    ablate gpu-env sglang|vllm|miles [--env DIR] [--show]   (an installed rl-ablate)
+    python3 scripts/gpu_env.py sglang|vllm|miles [--env DIR]  (a checkout, nothing installed)
 
 The locks are ``orchestrator/verl/gpu_locks/{sglang,vllm}.txt`` (``uv pip compile`` output: every
 version exact and hashed; the command that made each is in its header, the SGLang stack's
-overrides and their reasons in ``sglang-overrides.txt``). pip cannot express an override, so
+overrides and their reasons in ``sglang-overrides.txt``; Miles': ``orchestrator/miles/lock.txt``,
+how it was made in its header). pip cannot express an override, so
 ``pip install -e '.[gpu]'`` cannot resolve (verl 0.9.1, verl[sglang] and sglang 0.5.12 pin three
 incompatible transformers); the lock is what installs, here, on a GPU node and in the trial image
 (``k8s/images/``), with pip alone:
@@ -35,7 +37,9 @@ from pathlib import Path
 
 HERE = Path(__file__).resolve().parent
 LOCKS = HERE / "gpu_locks"
-STACKS = {"sglang": ("verl", "sglang"), "vllm": ("verl", "vllm")}
+STACKS = {"sglang": ("verl", "sglang"), "vllm": ("verl", "vllm"), "miles": ("miles-rl",)}
+# A stack's lock is gpu_locks/<stack>.txt unless its trainer package keeps its own.
+OWN_LOCKS = {"miles": HERE.parent / "miles" / "lock.txt"}
 STAMP = "ablate-gpu-env.json"
 SETUP_COMMAND = "ablate gpu-env {stack}"
 
@@ -70,7 +74,7 @@ def env_dir(stack: str, named: str | None = None) -> Path:
 
 
 def lock_path(stack: str) -> Path:
-    return LOCKS / f"{stack}.txt"
+    return OWN_LOCKS.get(stack, LOCKS / f"{stack}.txt")
 
 
 def lock_hash(stack: str) -> str:
@@ -180,7 +184,8 @@ def setup(stack: str, env: Path) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="ablate gpu-env", description=__doc__.split("\n\n")[0])
-    parser.add_argument("stack", choices=sorted(STACKS), help="the rollout engine's stack")
+    parser.add_argument("stack", choices=sorted(STACKS),
+                        help="the stack (verl with SGLang or vLLM; Miles' parser)")
     parser.add_argument("--env", type=Path, help="where the environment goes (default: "
                         "$ABLATE_GPU_ENV_<STACK>, else $XDG_DATA_HOME/rl-ablate/venv-gpu-<stack>)")
     parser.add_argument("--show", action="store_true",

@@ -34,11 +34,11 @@ import io
 import json
 import os
 import subprocess
-import time
 import typing
 from pathlib import Path
 
 import pytest
+from gpu_envs import wait_for_ci_build
 
 from orchestrator.engine import RolloutSpec
 from orchestrator.verl import engine_hook, engine_versions, engines, gpu_setup, provenance
@@ -108,32 +108,8 @@ def _plan(tmp: Path, engine: str, named: dict[str, dict]) -> dict[str, list[str]
     return {t["axes"]["case"]: t["backend_args"] for t in plan["trials"]}
 
 
-CI_BUILD = "ABLATE_CI_GPU_ENVS"  # .ci/run: the folder where its background builds report
-CI_WAIT_S = 3600.0
-
-
-def _wait_for_ci_build(engine: str) -> None:
-    """In CI (``.ci/run`` builds both environments in the background beside the suite): wait
-    for this one's build, fail with its log if it failed; a build CI skipped (too little disk)
-    is a skip with its reason. Outside CI: nothing."""
-    folder = os.environ.get(CI_BUILD)
-    if not folder:
-        return
-    rc, log = Path(folder) / f"{engine}.rc", Path(folder) / f"{engine}.log"
-    deadline = time.monotonic() + CI_WAIT_S
-    while not (rc.is_file() and rc.read_text().strip()):
-        if time.monotonic() > deadline:
-            pytest.fail(f"the {engine} GPU environment's CI build did not end in {CI_WAIT_S:.0f} s")
-        time.sleep(5)
-    status = rc.read_text().strip()
-    if status.startswith("skipped"):
-        pytest.skip(f"CI did not build the {engine} GPU environment: {status}")
-    tail = log.read_text()[-3000:] if log.is_file() else ""
-    assert status == "0", f"the {engine} GPU environment's CI build failed ({status}):\n{tail}"
-
-
 def _probe(engine: str, tmp_path_factory) -> dict:
-    _wait_for_ci_build(engine)
+    wait_for_ci_build(engine)
     env = gpu_setup.env_dir(engine)
     python = env / "bin" / "python"
     if not python.is_file():

@@ -1,0 +1,235 @@
+"""Miles (radixark/miles, ``miles-rl`` 0.0.2) as a trainer: each trial is one Miles training run,
+``python3 train.py ARGS`` from a Miles checkout on a Ray cluster of the pool's GPUs.
+
+Plan time (no Miles import): :meth:`MilesTrainer.check` and friends refuse what Miles cannot
+express (``flags``), :meth:`MilesTrainer.arguments` builds the exact argument list and the
+trial's ``mis.yaml`` (``ablate plan --show-overrides``). The recipe is Miles' own arguments
+under ``miles:`` (``recipes/miles/``), spelled as ``train.py`` takes them with ``_`` for ``-``;
+the arguments this trainer sets itself (``OWNED``) may not be in it.
+
+An attempt is a Ray job on the pool's Ray cluster (``launch``), its metrics and checkpoints
+followed through the trial's ``job.MilesJob``. What runs on this CPU machine is everything up to
+the command line, checked by Miles' own argument parser (``tests/miles/test_miles_parser.py``,
+in the environment of ``ablate gpu-env miles``), and the launch, watch, metrics and checkpoint
+hand-over around a stand-in ``train.py`` (``tests/miles/test_miles_launch.py``); a training run
+needs SGLang and Megatron on GPUs.
+"""
+from __future__ import annotations
+
+import json
+from collections.abc import Iterable, Mapping
+from typing import Any, ClassVar
+
+from orchestrator import metrics as M
+from orchestrator.backends.base import AttemptResult, RunContext, Trainer
+from orchestrator.backends.config import TrialConfig
+from orchestrator.corrections import CorrectionSpec
+from orchestrator.engine import RolloutSpec
+from orchestrator.exceptions import GridError
+from orchestrator.learner import LearnerSpec, rollout_for
+from orchestrator.miles import events, flags, launch
+from orchestrator.miles.job import MilesJob
+from orchestrator.pools import PoolSpec
+from orchestrator.trial import TrialSpec
+
+SECTION = "miles"
+# Arguments the trainer sets from the trial, its correction, engine and learner settings and
+# the pool: a recipe that set one would be silently overridden, so it is refused.
+OWNED = frozenset({
+    "num_rollout", "seed", "save", "load", "save_interval", "use_tensorboard",
+    "tb_project_name", "tb_experiment_name", "actor_num_nodes", "actor_num_gpus_per_node",
+    "use_tis", "tis_clip", "tis_clip_low", "custom_tis_function_path", "custom_config_path",
+    "use_rollout_logprobs", "get_mismatch_metrics", "true_on_policy_mode", "use_opsm",
+    "opsm_delta", "use_routing_replay", "use_rollout_routing_replay", "rollout_temperature",
+    "bf16", "fp16", "eps_clip", "eps_clip_high", "eps_clip_c", "calculate_per_token_loss",
+    "deterministic_mode", "advantage_estimator", "train_backend",
+    *(f.removeprefix("--").replace("-", "_") for f, _ in flags.SGLANG.values()),
+})
+# The pool's Miles settings (``miles:`` in the pool catalogue): where train.py and the MIS
+# example are on its nodes, and the Ray cluster's job server.
+POOL_KEYS = frozenset({"checkout", "ray_address"})
+
+
+class MilesTrainer(Trainer):
+    """Miles 0.0.2 (Megatron actor, SGLang rollouts) on a gpu pool."""
+
+    SECTION: ClassVar[str] = SECTION
+
+    name: ClassVar[str] = "miles"
+    version: ClassVar[str] = "miles-0.0.2"
+    pool_kinds: ClassVar[tuple[str, ...]] = ("gpu",)
+
+    # ----------------------------------------------------------------------- plan time
+
+    @classmethod
+    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        if pool.kind != "gpu":
+            return (f"pool {pool.name} is a {pool.kind} pool; Miles runs on gpu pools (SGLang "
+                    "and Megatron need CUDA)")
+        problem = flags.correction_problem(correction) or flags.rollout_problem(rollout)
+        if problem is None and flags.mis_config(correction) is not None and not pool.miles.get(
+                "checkout"):
+            problem = (f"pools.{pool.name}.miles.checkout: this correction runs Miles' MIS "
+                       f"function ({flags.MIS_FILE}, not in the miles-rl wheel); fix: name the "
+                       "Miles checkout on the pool's nodes as miles: {checkout: /path/to/miles}")
+        return problem
+
+    @classmethod
+    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+        unknown = sorted(set(pool.miles) - POOL_KEYS)
+        if unknown:
+            return "miles", (f"unknown key {unknown[0]!r} (known: {', '.join(sorted(POOL_KEYS))})")
+        for key, value in pool.miles.items():
+            if not isinstance(value, str) or not value:
+                return "miles", f"{key}: {value!r} is not a path or address"
+        return None
+
+    @classmethod
+    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
+                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
+        if learner.preset == "true_on_policy" and rollout.attention_backend not in (
+                None, flags.TRUE_ON_POLICY_ATTENTION):
+            return (f"rollout.attention_backend: {rollout.attention_backend}: Miles' "
+                    f"true-on-policy plan runs SGLang on {flags.TRUE_ON_POLICY_ATTENTION} "
+                    "(its contract's backend); fix: drop rollout.attention_backend")
+        return flags.learner_problem(learner)  # the model's profile: check_config
+
+    @classmethod
+    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
+                     pool: PoolSpec) -> str | None:
+        for key, value in items:
+            problem = _value_problem(key, value)
+            if problem:
+                return problem
+        return None
+
+    @classmethod
+    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+        """The recipe's ``miles:`` arguments (none the trainer owns, each a value Miles reads)
+        and the model the true-on-policy plan has a profile for."""
+        section = config.get(SECTION)
+        if not isinstance(section, Mapping) or not section:
+            return (f"{SECTION}: the recipe has no Miles arguments; fix: use a recipe under "
+                    "recipes/miles/ (Miles' train.py arguments under miles:)")
+        for key, value in section.items():
+            if key in OWNED:
+                return (f"{SECTION}.{key}: the miles backend sets it itself (from the trial, "
+                        "its correction/rollout/learner settings and the pool); fix: remove it")
+            problem = _value_problem(f"{SECTION}.{key}", value)
+            if problem:
+                return problem
+        trial_config = TrialConfig.of(config, pool)
+        problem = flags.true_on_policy_problem(trial_config.learner, section.get("model_name"),
+                                               bool(section.get("sequence_parallel")))
+        return problem
+
+    @classmethod
+    def arguments(cls, trial: TrialSpec, config: TrialConfig, *, checkpoint_dir: str | None = None,
+                  resume_path: str | None = None, save_freq: int | None = None,
+                  mis_path: str = "mis.yaml", tensorboard_dir: str | None = None,
+                  ) -> tuple[list[str], dict[str, Any] | None, dict[str, str]]:
+        """(train.py's arguments, the trial's mis.yaml or None, the job's environment)."""
+        pool, correction, learner = config.pool, config.correction, config.learner
+        rollout = rollout_for(learner, config.rollout)
+        problem = (cls.check(correction, rollout, pool) or cls.check_learner(
+            learner, correction, rollout, pool) or cls.check_config(config, pool))
+        if problem:
+            raise GridError(f"backend 'miles' cannot run trial {trial.trial_id}: {problem}",
+                            key=trial.recipe)
+        out: list[str] = []
+        for key, value in config[SECTION].items():
+            out += _flag(key, value)
+        mis = flags.mis_config(correction)
+        out += flags.correction_flags(correction, mis_path if mis is not None else None)
+        out += flags.rollout_flags(rollout)
+        learner_args, env = flags.learner_flags(learner)
+        out += learner_args
+        out += ["--actor-num-nodes", str(pool.nodes),
+                "--actor-num-gpus-per-node", str(pool.gpus_per_node),
+                "--num-rollout", str(trial.steps), "--seed", str(trial.seed),
+                "--save", checkpoint_dir or f"checkpoints/{trial.grid}/{trial.trial_id}",
+                "--save-interval", str(save_freq or trial.steps),
+                "--use-tensorboard", "--tb-project-name", tensorboard_dir or "tensorboard",
+                "--tb-experiment-name", trial.trial_id]
+        if resume_path is not None:
+            out += ["--load", resume_path]
+        return out, mis, env
+
+    @classmethod
+    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
+        """``ablate plan --show-overrides``: train.py's arguments, one flag (with its values)
+        a line, then the trial's mis.yaml keys and the job's environment."""
+        argv, mis, env = cls.arguments(trial, config)
+        lines: list[str] = []
+        for arg in argv:
+            if arg.startswith("--") or not lines:
+                lines.append(arg)
+            else:
+                lines[-1] += " " + arg
+        lines += [f"mis.yaml {k}: {json.dumps(v)}" for k, v in (mis or {}).items()]
+        return lines + [f"env {k}={v}" for k, v in sorted(env.items())]
+
+    @classmethod
+    def never_emitted(cls) -> frozenset[str]:
+        """Every name of the vocabulary the Miles reader does not map (``events``)."""
+        return M.vocabulary() - events.EMITTED
+
+    @classmethod
+    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
+                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
+        """Besides what every trainer's IS shares: the MIS function's metrics only where it
+        runs, OPSM's share only with OPSM, the eval reward only with ``miles.eval_interval``
+        (train.py:136 evaluates only then)."""
+        out = super().unemitted(correction, rollout, learner, config)
+        if flags.mis_config(correction) is None:
+            out.update(dict.fromkeys(events.MIS_ONLY, (
+                "Miles reports it from its MIS function only, and this correction runs a "
+                "built-in one (token-level TIS or IcePop)")))
+        if correction.opsm is None:
+            out[M.OPSM_FRACTION] = "Miles reports opsm_clipfrac only with --use-opsm"
+        section = (config or {}).get(SECTION) or {}
+        if isinstance(section, Mapping) and not section.get("eval_interval"):
+            out[M.EVAL_REWARD] = ("the recipe sets no miles.eval_interval, and Miles evaluates "
+                                  "during training only with one (train.py:136)")
+        return out
+
+    @classmethod
+    def runs_mis(cls, config: TrialConfig) -> bool:
+        """Whether the trial's correction runs Miles' MIS function (its metrics come from it)."""
+        return flags.mis_config(config.correction) is not None
+
+    @classmethod
+    def job(cls, config: TrialConfig) -> MilesJob:
+        return MilesJob(cls, config)
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """Launched from here: each pool names its Ray cluster, and Ray's job SDK is here."""
+        launch.require(pools, where=where)
+
+    def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
+        return launch.run_attempt(type(self), trial, config, ctx)
+
+
+def _value_problem(key: str, value: Any) -> str | None:
+    """Why ``value`` cannot be one argument of Miles' argparse (a scalar, or a list of them)."""
+    items = value if isinstance(value, list) else [value]
+    for item in items:
+        if isinstance(item, Mapping | list) or (isinstance(item, str) and not item):
+            return f"{key}: {value!r} is not a value train.py takes; fix: a scalar or a list"
+        if isinstance(item, str) and "\0" in item:
+            return f"{key}: contains NUL; fix: remove it"
+    return None
+
+
+def _flag(key: str, value: Any) -> list[str]:
+    """One recipe argument: ``true`` is the bare flag, ``false``/null leave it out, a list is
+    the flag's values (``eval_prompt_data: [aime, /data/aime.jsonl]``)."""
+    flag = "--" + key.replace("_", "-")
+    if value is True:
+        return [flag]
+    if value is False or value is None:
+        return []
+    if isinstance(value, list):
+        return [flag, *(flags.number(v) for v in value)]
+    return [flag, flags.number(value)]

@@ -1,0 +1,150 @@
+"""A Miles trial launched for real as a Ray job, watched, its metrics and checkpoints followed.
+
+Miles itself cannot run here (SGLang and Megatron need GPUs), so the pool's Miles checkout holds
+a stand-in ``train.py`` (``miles_standin.py``) that does what a Miles run does at the file
+level: it parses the arguments the backend owns, writes TensorBoard scalars under Miles' tags
+with the same writer and steps Miles uses (``SummaryWriter`` into ``$TENSORBOARD_DIR``;
+``train/*`` at ``rollout * steps_per_rollout + i``, ``rollout/*`` at the rollout) and
+Megatron-layout checkpoints (``iter_NNNNNNN``, then the tracker file), and resumes from
+``--load``. Everything else is real: a local Ray cluster with its job server, the job submitted
+through Ray's job SDK with the entry point's argument list, ``run_single`` (``ablate
+run-trial``) with the runner, the store, MLflow in the workdir and the verdict engine.
+
+Cost: one Ray head with its dashboard (~10 s, shared by the module), three short jobs.
+"""
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import yaml
+
+from orchestrator import metrics as M
+from orchestrator.exceptions import InfraFailure
+from orchestrator.grid import expand, load_grid
+from orchestrator.run import run_single
+
+STANDIN = Path(__file__).with_name("miles_standin.py")
+REPO = Path(__file__).resolve().parents[2]
+_HEAD = """
+import ray, sys, time
+ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
+         dashboard_port=int(sys.argv[1]), _temp_dir=sys.argv[2])
+print("up", flush=True)
+try:
+    time.sleep(3600)
+except KeyboardInterrupt:
+    ray.shutdown()
+"""
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+@pytest.fixture(scope="module")
+def ray_jobs() -> str:
+    """The job server of a one-node Ray cluster this module starts and stops (by its pid)."""
+    port = _free_port()
+    tmp = Path(f"/tmp/rj{os.getpid()}")
+    # A loopback test cluster: no token authentication (Ray 2.60 turns it on with a dashboard);
+    # its nodes' python3 is this environment's (a Miles image's is Miles').
+    env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
+           "RAY_AUTH_MODE": "disabled",
+           "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
+    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(port), str(tmp)], env=env,
+                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    try:
+        assert head.stdout is not None and head.stdout.readline().strip() == "up"
+        address = f"http://127.0.0.1:{port}"
+        from ray.job_submission import JobSubmissionClient
+
+        deadline = time.monotonic() + 60
+        while True:  # the job agent comes up a moment after the dashboard
+            try:
+                JobSubmissionClient(address).list_jobs()
+                break
+            except Exception:  # noqa: BLE001 (not up yet: connection refused, 5xx)
+                if time.monotonic() > deadline:
+                    raise
+                time.sleep(1)
+        yield address
+    finally:
+        head.send_signal(signal.SIGINT)
+        try:
+            head.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            os.killpg(head.pid, signal.SIGKILL)
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _grid(tmp: Path, address: str, *, steps: int = 4, **extra) -> Path:
+    checkout = tmp / "miles"
+    checkout.mkdir(exist_ok=True)
+    shutil.copy(STANDIN, checkout / "train.py")
+    catalog = tmp / "pools.yaml"
+    catalog.write_text(yaml.safe_dump({"pools": {"h100": {
+        "kind": "gpu", "accelerator": "H100", "gpus_per_node": 8,
+        "miles": {"checkout": str(checkout), "ray_address": address}}}}))
+    grid = {"name": "miles-launch", "recipe": "miles/qwen3_4b_dapo", "backend": "miles",
+            "steps": steps, "pool": "h100", "pool_catalog": str(catalog),
+            "checkpoint": {"every": 2, "keep": 3}, **extra}
+    path = tmp / "grid.yaml"
+    path.write_text(yaml.safe_dump(grid, sort_keys=False))
+    return path
+
+
+def _metrics(workdir: Path, trial_id: str) -> list[dict]:
+    files = list(workdir.rglob(f"{trial_id}/metrics.jsonl"))
+    assert files, f"no metrics of {trial_id} under {workdir}"
+    return [json.loads(line) for line in files[0].read_text().splitlines()]
+
+
+def test_a_trial_runs_as_a_ray_job_and_its_metrics_and_checkpoints_come_back(
+        tmp_path, ray_jobs) -> None:
+    path = _grid(tmp_path, ray_jobs, overrides={"correction.is_level": "sequence"})
+    trial = expand(load_grid(path))[0]
+    result = run_single(str(path), trial.trial_id, workdir=str(tmp_path / "w"),
+                        tracking_uri=None, fresh=False)
+    assert result["state"] == "done", result
+    rows = _metrics(tmp_path / "w", trial.trial_id)
+    assert [r["step"] for r in rows] == [1, 2, 3, 4]
+    # Miles' rollout r is step r + 1; k3 is the MIS function's (a MIS correction), the
+    # entropy the negated entropy loss, the reward the rollout's raw reward.
+    assert [round(r["metrics"][M.K3_KL], 6) for r in rows] == [0.001, 0.002, 0.003, 0.004]
+    assert rows[0]["metrics"][M.ENTROPY] == pytest.approx(0.5)
+    assert rows[0]["metrics"][M.TRAIN_REWARD] == pytest.approx(0.25)
+    seen = json.loads((tmp_path / "miles" / "seen.json").read_text())
+    assert seen["mis"]["tis_level"] == "sequence" and seen["cwd"] == str(tmp_path / "miles")
+    assert "--custom-config-path" in seen["argv"] and "@MIS_YAML@" not in seen["argv"]
+    stored = sorted(p.name for p in (tmp_path / "w").rglob(f"{trial.trial_id}/checkpoints/*")
+                    if p.is_dir())
+    assert stored, "no checkpoint was handed to the store"
+
+
+def test_a_resumed_attempt_loads_the_stored_checkpoint_as_megatron_reads_it(
+        tmp_path, ray_jobs) -> None:
+    path = _grid(tmp_path, ray_jobs, overrides={"correction.is_level": "token"})
+    trial = expand(load_grid(path))[0]
+    (tmp_path / "miles" / "fail_at.txt").write_text("3")  # the job dies in rollout 3 (step 4)
+    with pytest.raises(InfraFailure, match="failed after step 3: stand-in: dies in rollout 3"):
+        run_single(str(path), trial.trial_id, workdir=str(tmp_path / "w"), tracking_uri=None,
+                   fresh=False)
+    second = run_single(str(path), trial.trial_id, workdir=str(tmp_path / "w"),
+                        tracking_uri=None, fresh=False)
+    assert second["state"] == "done", second
+    seen = json.loads((tmp_path / "miles" / "seen.json").read_text())
+    assert seen["loaded_iteration"] == 1  # the checkpoint of step 2, as Megatron's iteration 1
+    assert [r["step"] for r in _metrics(tmp_path / "w", trial.trial_id)] == [1, 2, 3, 4]
+    # A built-in TIS correction: k3 is Miles' own train_rollout_kl.
+    assert _metrics(tmp_path / "w", trial.trial_id)[-1]["metrics"][M.K3_KL] == pytest.approx(0.4)
