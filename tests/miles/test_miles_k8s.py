@@ -15,7 +15,7 @@ from orchestrator.grid import expand, load_grid
 
 REPO = Path(__file__).resolve().parents[2]
 sys.path.insert(0, str(REPO / "tests" / "k8s"))
-from k8svalidate import load_all, validate  # noqa: E402  (the k8s tests' validator)
+from k8svalidate import load_all, validate  # the k8s tests' validator
 
 GRID = REPO / "grids" / "miles_mis.yaml"
 

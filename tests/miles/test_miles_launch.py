@@ -74,7 +74,7 @@ def ray_jobs() -> str:
             try:
                 JobSubmissionClient(address).list_jobs()
                 break
-            except Exception:  # noqa: BLE001 (not up yet: connection refused, 5xx)
+            except Exception:  # not up yet: connection refused, 5xx
                 if time.monotonic() > deadline:
                     raise
                 time.sleep(1)
