@@ -76,7 +76,7 @@ def _lower(bounds: tuple[float | None, float]) -> float:
     return 1.0 / high if low is None else low
 
 
-def _needs_mis(c: CorrectionSpec) -> bool:
+def needs_mis(c: CorrectionSpec) -> bool:
     """Whether the correction needs Miles' MIS function (a Miles checkout) rather than a
     built-in one: anything but token-level IS with no RS, veto or batch normalisation."""
     if c.policy == "bypass":
@@ -107,13 +107,13 @@ def correction_problem(c: CorrectionSpec) -> str | None:
     if c.batch_norm and c.is_level == "geometric":
         return ("correction.batch_norm: Miles' MIS raises ValueError for geometric-level batch "
                 "normalisation; fix: use is_level token or sequence")
-    masks_change = c.rs != "off" or (c.is_mode == "mask" and _needs_mis(c))
+    masks_change = c.rs != "off" or (c.is_mode == "mask" and needs_mis(c))
     if masks_change and c.denominator == "original":
         return ("correction.denominator: original: Miles rebuilds its loss reducer from the "
                 "masks a correction returns (loss.py:733-742; cp_utils.py:92-113 divides by "
                 "their sum), so RS and MIS masking renormalise; fix: denominator renormalized"
                 + ("" if c.rs != "off" else ", or token-level mask mode alone (IcePop)"))
-    if (c.is_level == "token" and c.is_mode == "mask" and not _needs_mis(c)
+    if (c.is_level == "token" and c.is_mode == "mask" and not needs_mis(c)
             and c.denominator == "renormalized"):
         return ("correction.denominator: renormalized: Miles' IcePop (loss.py:539-) zeroes "
                 "weights and keeps the masks, so its rejected tokens stay in the denominator; "
@@ -123,7 +123,7 @@ def correction_problem(c: CorrectionSpec) -> str | None:
 
 def mis_config(c: CorrectionSpec) -> dict[str, Any] | None:
     """The trial's ``mis.yaml`` (Miles' MIS keys), or None where a built-in function runs."""
-    if not _needs_mis(c):
+    if not needs_mis(c):
         return None
     use_tis = c.is_level != "none" and c.policy != "bypass"
     rs_on = c.rs != "off"
@@ -155,7 +155,7 @@ def correction_flags(c: CorrectionSpec, mis_path: str | None) -> list[str]:
         out.append("--use-routing-replay")
     elif c.routing_replay == "R3":
         out.append("--use-rollout-routing-replay")
-    if _needs_mis(c):
+    if needs_mis(c):
         if mis_path is None:
             raise ValueError("a MIS correction needs the path of its mis.yaml")
         if c.is_level != "none" and c.policy != "bypass":

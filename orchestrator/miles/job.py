@@ -21,7 +21,7 @@ from typing import Any, ClassVar
 
 from orchestrator.backends.base import RunContext, TrainerJob
 from orchestrator.backends.config import TrialConfig
-from orchestrator.miles import events
+from orchestrator.miles import events, flags
 from orchestrator.store import link_tree
 from orchestrator.trial import TrialSpec
 
@@ -58,7 +58,7 @@ class MilesJob(TrainerJob):
         """The job's environment: Miles' own (``flags``), where TensorBoard writes
         (``file_logger_path``: this attempt's metrics directory) and the trial's id. Miles'
         MLflow logger stays off: the runner is the trial run's one writer."""
-        _, _, env = self.trainer.arguments(trial, self.config)
+        _, env = flags.learner_flags(self.config.learner)
         return {**env, "TENSORBOARD_DIR": file_logger_path, "ABLATE_TRIAL_ID": trial.trial_id}
 
     def metrics(self, path: Path, last_logged: int) -> events.TensorBoardTail:

@@ -13,14 +13,16 @@ import shlex
 import time
 from collections.abc import Iterable
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext
 from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
-from orchestrator.miles.job import MilesJob
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+
+if TYPE_CHECKING:
+    from orchestrator.miles.job import MilesJob
 
 POLL_SECONDS = 2.0
 DONE = ("SUCCEEDED", "FAILED", "STOPPED")
@@ -45,7 +47,7 @@ def run_attempt(trainer: Any, trial: TrialSpec, config: TrialConfig,
                 ctx: RunContext) -> AttemptResult:
     from ray.job_submission import JobSubmissionClient  # deferred: see require
 
-    job = MilesJob(trainer, config)
+    job = trainer.job(config)
     ckpt_dir = ctx.workdir / "miles-save"
     ckpt_dir.mkdir(parents=True, exist_ok=True)
     tb_dir = ctx.log_dir / f"tensorboard-{ctx.attempt}"

@@ -67,8 +67,7 @@ class MilesTrainer(Trainer):
             return (f"pool {pool.name} is a {pool.kind} pool; Miles runs on gpu pools (SGLang "
                     "and Megatron need CUDA)")
         problem = flags.correction_problem(correction) or flags.rollout_problem(rollout)
-        if problem is None and flags.mis_config(correction) is not None and not pool.miles.get(
-                "checkout"):
+        if problem is None and flags.needs_mis(correction) and not pool.miles.get("checkout"):
             problem = (f"pools.{pool.name}.miles.checkout: this correction runs Miles' MIS "
                        f"function ({flags.MIS_FILE}, not in the miles-rl wheel); fix: name the "
                        "Miles checkout on the pool's nodes as miles: {checkout: /path/to/miles}")
@@ -104,7 +103,8 @@ class MilesTrainer(Trainer):
         return None
 
     @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
+    def check_config(cls, config: TrialConfig,  # type: ignore[override]
+                     pool: PoolSpec) -> str | None:
         """The recipe's ``miles:`` arguments (none the trainer owns, each a value Miles reads)
         and the model the true-on-policy plan has a profile for."""
         section = config.get(SECTION)
@@ -118,8 +118,8 @@ class MilesTrainer(Trainer):
             problem = _value_problem(f"{SECTION}.{key}", value)
             if problem:
                 return problem
-        trial_config = TrialConfig.of(config, pool)
-        problem = flags.true_on_policy_problem(trial_config.learner, section.get("model_name"),
+        # ``config`` is the trial's TrialConfig (Backend.check_config): its learner is typed.
+        problem = flags.true_on_policy_problem(config.learner, section.get("model_name"),
                                                bool(section.get("sequence_parallel")))
         return problem
 
@@ -181,7 +181,7 @@ class MilesTrainer(Trainer):
         runs, OPSM's share only with OPSM, the eval reward only with ``miles.eval_interval``
         (train.py:136 evaluates only then)."""
         out = super().unemitted(correction, rollout, learner, config)
-        if flags.mis_config(correction) is None:
+        if not flags.needs_mis(correction):
             out.update(dict.fromkeys(events.MIS_ONLY, (
                 "Miles reports it from its MIS function only, and this correction runs a "
                 "built-in one (token-level TIS or IcePop)")))
@@ -196,7 +196,7 @@ class MilesTrainer(Trainer):
     @classmethod
     def runs_mis(cls, config: TrialConfig) -> bool:
         """Whether the trial's correction runs Miles' MIS function (its metrics come from it)."""
-        return flags.mis_config(config.correction) is not None
+        return flags.needs_mis(config.correction)
 
     @classmethod
     def job(cls, config: TrialConfig) -> MilesJob:
