@@ -25,7 +25,7 @@ from pydantic import (
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 RECIPE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(/[A-Za-z0-9_][A-Za-z0-9_-]*)*$"
 KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
-BACKENDS = ("sim", "verl", "miles", "k8s", "k8s-miles", "slurm")
+BACKENDS = ("sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles")
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
 Value = Scalar | list[Scalar] | dict[StrictStr, Scalar]
@@ -366,7 +366,7 @@ class GridFile(Strict):
     description: StrictStr = ""
     recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
     recipes_dir: StrictStr | None = Field(default=None, max_length=4096)
-    backend: Literal["sim", "verl", "miles", "k8s", "k8s-miles", "slurm"] = "sim"
+    backend: Literal["sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles"] = "sim"
     steps: StrictInt = Field(ge=1, le=10_000_000)
     seeds: Annotated[
         Annotated[SeedList, Tag("list")] | Annotated[SeedsSpec, Tag("adaptive")],

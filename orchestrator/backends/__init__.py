@@ -77,10 +77,11 @@ _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
     "k8s-miles": (("miles",), "k8s"),
     "k8s": (("verl",), "k8s"),
     "slurm": (("sim", "verl"), "slurm"),  # sim pools run the simulator, cpu/gpu pools verl
+    "slurm-miles": (("miles",), "slurm"),  # Ray started in the allocation, train.py its driver
 }
 
 __all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "MetricReader", "RunContext",
-           "Trainer", "TrainerJob", "TrialConfig", "backend", "names", "on_launcher"]
+           "Trainer", "TrainerJob", "TrialConfig", "backend", "launched_on", "names", "on_launcher"]
 
 
 def _load(ref: tuple[str, str]) -> Any:
@@ -101,6 +102,15 @@ def on_launcher(name: str, launcher: str) -> str:
         if where == launcher and theirs == trainers:
             return other
     return launcher
+
+
+def launched_on(given: str, file_backend: str | None) -> str:
+    """The backend a ``--backend`` given on the command line means for a grid whose file says
+    ``file_backend``: a launcher's own name (``k8s``, ``slurm``) launches the file's trainers
+    there (a Miles grid with ``--backend slurm`` is ``slurm-miles``); any other name is itself."""
+    if file_backend in _BACKENDS and _BACKENDS.get(given, ((), ""))[1] == given:
+        return on_launcher(file_backend, given)
+    return given
 
 
 def backend(name: str) -> Backend:

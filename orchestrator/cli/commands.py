@@ -93,12 +93,11 @@ def _reference_job_hint(grid_path: str) -> None:
 
 
 def _backend_of(args: argparse.Namespace) -> str:
-    """The backend a submission would use: ``--backend``, else the grid file's."""
-    if args.backend:
-        return str(args.backend)
+    """The backend a submission would use: ``--backend`` (a launcher's name launches the grid's
+    trainers there), else the grid file's."""
     from orchestrator.grid import load_grid  # deferred: --help stays fast
 
-    return load_grid(args.grid).backend
+    return load_grid(args.grid, backend=args.backend).backend
 
 
 def _output_mode(args: argparse.Namespace, tty: bool) -> str:

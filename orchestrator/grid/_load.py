@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import recipes
+from orchestrator.backends import launched_on
 from orchestrator.exceptions import GridError
 from orchestrator.grid._schema_errors import validate_schema
 from orchestrator.grid._spec import SECTIONS, GridSpec
@@ -24,15 +25,16 @@ from orchestrator.schema import GridFile
 
 def load_grid(path: str | Path, *, backend: str | None = None,
               limit_trials: bool = False) -> GridSpec:
-    """Load and validate a grid file. ``backend`` overrides the file's ``backend:``.
+    """Load and validate a grid file. ``backend`` overrides the file's ``backend:`` (a
+    launcher's name launches the file's trainers there: ``backends.launched_on``).
 
     ``limit_trials`` (callers that expand the grid without ``--force``): refuse a grid whose
     trials outnumber ``budget.max_trials`` as soon as the schema holds, before its values are
     checked one by one (a 150,000-seed grid is refused in a fraction of a second)."""
     file = str(path)
     data, lines = load_yaml(path)
-    if backend is not None:
-        data = {**data, "backend": backend}
+    if backend is not None:  # ``--backend slurm`` on a Miles grid: Miles, launched on Slurm
+        data = {**data, "backend": launched_on(backend, data.get("backend"))}
     spec = validate_schema(data, lines, file)
     if limit_trials:
         _count_trials(spec, file, lines)

@@ -14,14 +14,14 @@ from orchestrator.store import TrialPaths, workspace
 
 
 def dry_run(grid_path: str, out_dir: str | None = None, force: bool = False,
-            workdir: str | None = None) -> int:
-    grid = load_grid(grid_path, backend="slurm", limit_trials=not force)
+            workdir: str | None = None, backend_name: str = "slurm") -> int:
+    grid = load_grid(grid_path, backend=backend_name, limit_trials=not force)
     trials = expand(grid, force=force)
     out, jobs = workspace.dry_run_dir(out_dir, default=f"slurm-dry-run/{grid.name}",
                                       files="jobs", pattern="t*.sbatch")
     grid_dir = workspace.grid_dir(grid.name, workdir)
     index = []
-    slurm = backend("slurm")
+    slurm = backend(grid.backend)
     for trial in trials:
         pool = grid.pools.pools[trial.pool]
         log_dir = TrialPaths(grid_dir, trial.trial_id).root / "logs"

@@ -20,7 +20,9 @@ class EventWriter:
     def __init__(self, job_dir: Path) -> None:
         self._fh = open(job_dir / EVENTS, "a", encoding="utf-8")  # noqa: SIM115 - job-long
 
-    def write(self, kind: str, **data: Any) -> None:
+    def write(self, kind: str, /, **data: Any) -> None:
+        """Append one record; ``kind`` is its type (positional: an error record has a ``kind``
+        field of its own)."""
         self._fh.write(json.dumps({"type": kind, **data}, allow_nan=True) + "\n")
         self._fh.flush()
         os.fsync(self._fh.fileno())

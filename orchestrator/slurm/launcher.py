@@ -1,7 +1,7 @@
 """The Slurm launcher: each attempt of a trial is one ``sbatch`` job in its pool's place.
 
 The job runs the trial's trainer (the registry gives ``SimTrainer`` on a sim pool,
-``VerlTrainer`` on a cpu or gpu pool) through ``orchestrator.slurm.worker``; this module, in the
+``VerlTrainer`` on a cpu or gpu pool; ``MilesTrainer`` for ``backend: slurm-miles``) through ``orchestrator.slurm.worker``; this module, in the
 Tune trial, submits the job and follows it as ``k8s.launcher`` follows a RayJob: the job's
 ``events.jsonl`` records are fed to the run context (metrics, checkpoints, environment), ``ctx.should_stop()`` (early stop,
 ``ablate cancel``) becomes ``scancel``, and a job the cluster ended (NODE_FAIL, a node set
@@ -46,7 +46,7 @@ log = logging.getLogger(__name__)
 
 
 class SlurmLauncher(Launcher):
-    """Trials as Slurm batch jobs: sim pools run the simulator, cpu/gpu pools verl."""
+    """Trials as Slurm batch jobs: sim pools run the simulator, cpu/gpu pools verl (or Miles)."""
 
     name: ClassVar[str] = "slurm"
     # The job's numbers are its trainer's; a trial id hashes this plus the trainers' versions
@@ -102,7 +102,8 @@ class SlurmLauncher(Launcher):
         """Every trial's job script (``slurm/dryrun.py``)."""
         from orchestrator.slurm.dryrun import dry_run  # deferred: it loads grids, above launchers
 
-        return int(dry_run(grid_path, out_dir=out_dir, force=force, workdir=workdir) or 0)
+        return int(dry_run(grid_path, out_dir=out_dir, force=force, workdir=workdir,
+                           backend_name=backend) or 0)
 
     @classmethod
     def abandon(cls, trial_id: str, log_dir: Path) -> None:

@@ -1,4 +1,5 @@
-"""A Ray cluster across the nodes of one Slurm allocation, for a multi-node verl trial.
+"""A Ray cluster across the nodes of one Slurm allocation: a multi-node verl trial's, and every
+Miles trial's (its ``train.py`` is a Ray driver, ``miles.launch``).
 
 The job's batch step runs on the allocation's first node. There :func:`cluster` starts the Ray
 head (``ray start --head --block``, a child of this process) and, on every other node, a Ray
@@ -6,12 +7,13 @@ worker through ``srun --nodes=1 --ntasks=1 --nodelist=NODE`` running
 ``python -m orchestrator.slurm.raynode``, which picks ports free on its own node and runs
 ``ray start --address=HEAD --block``. It waits (bounded) until the cluster has one live Ray node
 per Slurm node, each marked with a custom resource naming its Slurm node, and yields the head's
-address for verl's ``ray_kwargs.ray_init.address``. Every command is an argument list. On the
-way out each node records the pids of the Ray workers it ran (``ray-node-NODE.json``).
+address (verl's ``ray_kwargs.ray_init.address``, Miles' ``RAY_ADDRESS``). Every command is an
+argument list. On the way out each node records the pids of the Ray workers it ran
+(``ray-node-NODE.json``).
 
 Each Ray node gets its own temp dir and ports, so two Slurm nodes that are one machine (the test
 cluster's multiple-slurmd mode) are two Ray nodes too. The processes get the environment the
-verl driver gets: Ray workers inherit their raylet's environment, not the driver's.
+driver gets: Ray workers inherit their raylet's environment, not the driver's.
 
 Why not ``ray.util.spark``/``cluster_utils``: the first is Spark's, the second starts every node
 from one process on one machine; here the nodes are the allocation's and ``srun`` reaches them.

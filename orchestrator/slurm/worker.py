@@ -1,7 +1,7 @@
 """What a trial's Slurm job runs: ``python -m orchestrator.slurm.worker JOB_DIR``.
 
 It runs one attempt of the trial's trainer (the simulator on a sim pool, verl on a cpu or gpu
-pool; ``job.json`` names it) with a ``FileContext``: metrics, checkpoints and the outcome go to
+pool, Miles for ``backend: slurm-miles``; ``job.json`` names it) with a ``FileContext``: metrics, checkpoints and the outcome go to
 ``JOB_DIR`` as ``events`` records, which the orchestrator's ``SlurmLauncher`` reads and feeds to the real run
 context (metrics.jsonl, the checkpoint store, verdicts, MLflow). So the job keeps no trial
 state of its own: a job killed with its node loses nothing that was recorded, and the retry is
@@ -23,6 +23,7 @@ from typing import Any
 
 from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import CheckpointError, UserError
+from orchestrator.slurm import raycluster
 from orchestrator.slurm.events import EventWriter
 from orchestrator.trial import TrialSpec
 
@@ -45,12 +46,9 @@ class FileContext:
         self.resume_step = spec.get("resume_step")
         self._resume_path = spec.get("resume_path")
         self._events = events
-        # A job on several nodes: verl's Ray spans them (run_attempt asks for this launcher).
-        self.ray_cluster = None
-        if int(os.environ.get("SLURM_JOB_NUM_NODES", "1") or 1) > 1:
-            from orchestrator.slurm import raycluster  # multi-node jobs only
-
-            self.ray_cluster = raycluster.cluster
+        # Ray across the allocation's nodes, for a trainer that asks (verl: a multi-node trial;
+        # Miles: always, its train.py is a Ray driver).
+        self.ray_cluster = raycluster.cluster
         for d in (self.workdir, self.log_dir, job_dir / "ckpt"):
             d.mkdir(parents=True, exist_ok=True)
 

@@ -4,7 +4,9 @@ own and ignored here), records what it was given in ``seen.json`` beside itself,
 TensorBoard scalars under Miles' tags with Miles' writer and steps (``SummaryWriter`` into
 ``$TENSORBOARD_DIR``: train/* at rollout * steps_per_rollout + i, rollout/* at the rollout) and
 Megatron-layout checkpoints into ``--save`` (``iter_NNNNNNN``, then the tracker file), resuming
-at the tracker's iteration + 1 of ``--load``. ``fail_at.txt`` beside it: die in that rollout."""
+at the tracker's iteration + 1 of ``--load``. ``fail_at.txt`` beside it: die in that rollout.
+Run as the driver of a Ray cluster (``RAY_ADDRESS``, the Slurm path), it records the cluster's
+GPUs and Slurm nodes as Miles' placement groups would find them."""
 import argparse
 import json
 import os
@@ -30,9 +32,21 @@ if args.custom_config_path:
     import yaml
 
     mis = yaml.safe_load(Path(args.custom_config_path).read_text())
+ray_facts = None
+if os.environ.get("RAY_ADDRESS"):
+    # A driver of a Ray cluster started for it (Slurm): as Miles' placement groups would, ask
+    # the cluster what it holds.
+    import ray
+
+    ray.init(address=os.environ["RAY_ADDRESS"], logging_level="ERROR", log_to_driver=False)
+    ray_facts = {"address": os.environ["RAY_ADDRESS"],
+                 "gpus": ray.cluster_resources().get("GPU", 0),
+                 "nodes": sorted(r for n in ray.nodes() if n["Alive"] for r in n["Resources"]
+                                 if r.startswith("slurm_node_"))}
+    ray.shutdown()
 (HERE / "seen.json").write_text(json.dumps({
-    "argv": sys.argv[1:], "cwd": os.getcwd(), "mis": mis,
-    "loaded_iteration": start - 1 if args.load else None}))
+    "argv": sys.argv[1:], "cwd": os.getcwd(), "mis": mis, "python": sys.executable,
+    "loaded_iteration": start - 1 if args.load else None, "ray": ray_facts}))
 fail_at = int((HERE / "fail_at.txt").read_text()) if (HERE / "fail_at.txt").exists() else None
 per_rollout = args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
 writer = SummaryWriter(os.environ["TENSORBOARD_DIR"])

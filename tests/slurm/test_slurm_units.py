@@ -172,3 +172,15 @@ def test_multi_node_verl_command_joins_the_jobs_ray() -> None:
     assert f'--resources={{"{NODE_RESOURCE}n2": 1}}' in worker and "--num-gpus=1" in worker
     ports = [a for a in head + worker if a.endswith(tuple("0123456789")) and "-port=" in a]
     assert len({p.split("=")[1] for p in ports}) == len(ports)  # two nodes on one machine
+
+
+def test_an_error_record_keeps_its_kind(tmp_path: Path) -> None:
+    """What ended a job reaches the orchestrator as written: a user error stays a user error
+    (not retried), not an infra failure whose reason is the writer's own TypeError."""
+    from orchestrator.slurm.events import EventReader, EventWriter
+
+    writer = EventWriter(tmp_path)
+    writer.write("error", kind="user", message="UserError: fix the grid")
+    writer.close()
+    assert EventReader(tmp_path).poll() == [
+        {"type": "error", "kind": "user", "message": "UserError: fix the grid"}]
