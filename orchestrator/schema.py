@@ -30,6 +30,7 @@ BACKENDS = ("sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles")
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
 Value = Scalar | list[Scalar] | dict[StrictStr, Scalar]
 DottedKey = Annotated[str, Field(pattern=KEY_PATTERN, max_length=200)]
+RecipeName = Annotated[StrictStr, Field(pattern=RECIPE_PATTERN, max_length=200)]
 # A searched key: a leaf, or one element of a list value (``correction.is_bounds[1]``: the IS
 # upper bound; ``correction.rs_bounds[0]``: the RS band's lower edge).
 SEARCH_KEY_PATTERN = KEY_PATTERN[:-1] + r"(\[[0-9]\])?$"
@@ -364,7 +365,7 @@ class GridFile(Strict):
 
     name: StrictStr = Field(pattern=NAME_PATTERN)
     description: StrictStr = ""
-    recipe: StrictStr = Field(pattern=RECIPE_PATTERN, max_length=200)
+    recipe: RecipeName | dict[StrictStr, RecipeName]  # or by trainer: load_grid picks the backend's
     recipes_dir: StrictStr | None = Field(default=None, max_length=4096)
     backend: Literal["sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles"] = "sim"
     steps: StrictInt = Field(ge=1, le=10_000_000)

@@ -81,7 +81,8 @@ _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 __all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "MetricReader", "RunContext",
-           "Trainer", "TrainerJob", "TrialConfig", "backend", "launched_on", "names", "on_launcher"]
+           "Trainer", "TrainerJob", "TrialConfig", "backend", "launched_on", "names", "on_launcher",
+           "trainer_names", "trainers_of"]
 
 
 def _load(ref: tuple[str, str]) -> Any:
@@ -92,6 +93,16 @@ def _load(ref: tuple[str, str]) -> Any:
 def names() -> tuple[str, ...]:
     """The backend names a grid may give (``backend:``, ``--backend``)."""
     return tuple(_BACKENDS)
+
+
+def trainers_of(name: str) -> tuple[str, ...]:
+    """The trainers backend ``name`` runs (``slurm``: the simulator and verl, by pool kind)."""
+    return _BACKENDS[name][0]
+
+
+def trainer_names() -> tuple[str, ...]:
+    """Every trainer a backend may run (a grid's ``recipe:`` by trainer, a rule's ``trainer:``)."""
+    return tuple(_TRAINERS)
 
 
 def on_launcher(name: str, launcher: str) -> str:

@@ -13,7 +13,7 @@ from pathlib import Path
 from typing import Any
 
 from orchestrator import recipes
-from orchestrator.backends import launched_on
+from orchestrator.backends import launched_on, trainer_names, trainers_of
 from orchestrator.exceptions import GridError
 from orchestrator.grid._schema_errors import validate_schema
 from orchestrator.grid._spec import SECTIONS, GridSpec
@@ -36,6 +36,8 @@ def load_grid(path: str | Path, *, backend: str | None = None,
     if backend is not None:  # ``--backend slurm`` on a Miles grid: Miles, launched on Slurm
         data = {**data, "backend": launched_on(backend, data.get("backend"))}
     spec = validate_schema(data, lines, file)
+    if isinstance(spec.recipe, dict):
+        spec = spec.model_copy(update={"recipe": _recipe_for(spec, file, lines)})
     if limit_trials:
         _count_trials(spec, file, lines)
     try:
@@ -50,6 +52,27 @@ def load_grid(path: str | Path, *, backend: str | None = None,
         given = base.get(section) or {}
         base[section] = {**model().model_dump(mode="json"), **given}
     return GridSpec(**build(spec, file, lines, base, str(root), catalog))
+
+
+def _recipe_for(spec: GridFile, file: str, lines: Mapping[tuple[Any, ...], int]) -> str:
+    """The recipe of the backend's trainer from a ``recipe:`` given per trainer."""
+    given: dict[str, str] = dict(spec.recipe)  # type: ignore[arg-type]
+    known = trainer_names()
+    for name in given:
+        if name not in known:
+            raise GridError(f"{name!r} is not a trainer", file=file, line=lines.get(("recipe", name)),
+                            key=f"recipe.{name}", allowed=known, got=name)
+    runs = trainers_of(spec.backend)
+    mine = [t for t in runs if t in given]
+    if len(mine) == 1:
+        return given[mine[0]]
+    if not mine:
+        raise GridError(f"no recipe for backend {spec.backend!r}, whose trainer is "
+                        f"{' or '.join(runs)}", file=file, line=lines.get(("recipe",)),
+                        key="recipe", fix=f"add 'recipe.{runs[0]}: <recipe>', or change 'backend:'")
+    raise GridError(f"backend {spec.backend!r} runs {' and '.join(mine)} (by pool kind), and a "
+                    "grid has one recipe", file=file, line=lines.get(("recipe",)), key="recipe",
+                    fix=f"keep one of recipe.{' and recipe.'.join(mine)}, or give one recipe name")
 
 
 def _count_trials(spec: GridFile, file: str, lines: Mapping[tuple[Any, ...], int]) -> None:

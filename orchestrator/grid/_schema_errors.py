@@ -22,9 +22,10 @@ def validate_schema(data: dict[str, Any], lines: LineMap, file: str) -> GridFile
     except ValidationError as exc:
         # An unknown key explains a "missing" one (a typo), so report it first. A list or mapping
         # given where a union also allows a keyword (``rules: default | [...]``) is explained by
-        # what is wrong inside it, not by "is not an allowed value".
+        # what is wrong inside it, not by "is not an allowed value" (or "should be a string":
+        # ``recipe:`` is a name or a mapping of them).
         err = min(exc.errors(), key=lambda e: (e["type"] != "extra_forbidden",
-                                               e["type"] == "literal_error"
+                                               e["type"] in _SCALARS | {"literal_error"}
                                                and isinstance(e.get("input"), (list, dict))))
         loc = tuple(p for p in err["loc"] if not (isinstance(p, str) and "[" in p))
         loc = _trim_union_loc(loc, data)

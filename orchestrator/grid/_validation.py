@@ -7,7 +7,6 @@ bad value, allowed values and a did-you-mean.
 """
 from __future__ import annotations
 
-import json
 import os
 import re
 from collections.abc import Mapping, Sequence
@@ -22,10 +21,11 @@ from orchestrator.grid._adaptive import check_cost_keys
 from orchestrator.grid._cells import check_param_names, check_static
 from orchestrator.grid._checker import Checker
 from orchestrator.grid._policy import check_policy, set_keys
+from orchestrator.grid._rules import exclude_rule, include_rule
 from orchestrator.grid._schema_errors import short_value as _short
 from orchestrator.grid._spec import SECTIONS, Axis, axis_label
 from orchestrator.pools import PoolCatalog, PoolSpec
-from orchestrator.safeyaml import LineMap, format_path
+from orchestrator.safeyaml import LineMap
 from orchestrator.schema import GridFile, SearchParam
 from orchestrator.trial import freeze
 
@@ -83,8 +83,11 @@ def build(spec: GridFile, file: str, lines: LineMap, base: dict[str, Any], root:
     _check_submission_wide(spec, axes, chk)
     _check_metrics(spec, chk, runs, pools)
     _check_store(spec, chk, runs)
-    excludes = tuple(_exclude(i, rule, axes, spec, chk) for i, rule in enumerate(spec.exclude))
-    includes = tuple(_include(i, rule, axes, spec, chk, catalog) for i, rule in enumerate(spec.include))
+    excludes = tuple(exclude_rule(i, rule, axes, spec, chk,
+                                  lambda pool: runs.trainer(catalog.pools[pool]).name)
+                     for i, rule in enumerate(spec.exclude))
+    includes = tuple(include_rule(i, rule, axes, spec, chk, catalog)
+                     for i, rule in enumerate(spec.include))
     if spec.search is not None:
         for key, param in spec.search.params.items():
             _search_param(key, param, chk, dict(fixed), base)
@@ -370,69 +373,3 @@ def _check_conflicts(axes: Sequence[Axis], chk: Checker) -> None:
                 raise chk.err(f"key {k!r} is set by both axis {owner[k]!r} and axis {a.name!r}",
                               ("axes", a.name), fix="let one axis own each key")
             owner[k] = a.name
-
-
-def _match_values(axis: Axis, value: Any, path: tuple[Any, ...], chk: Checker) -> frozenset[int]:
-    values = value if isinstance(value, list) and axis.kind != "value" else [value]
-    if axis.kind == "value" and isinstance(value, list) and axis_label(value) not in axis.labels:
-        values = value
-    out = set()
-    for v in values:
-        label = axis_label(v)
-        if label not in axis.labels:
-            raise chk.err(f"{_short(v)} is not a value of axis {axis.name!r}", path,
-                          allowed=list(axis.labels), got=label)
-        out.add(axis.index_of(label))
-    return frozenset(out)
-
-
-def _exclude(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile,
-             chk: Checker) -> tuple[tuple[int, frozenset[int]], ...]:
-    names = [a.name for a in axes]
-    if not rule:
-        raise chk.err("empty exclude rule would exclude every trial", ("exclude", i))
-    out = []
-    for key, value in rule.items():
-        path = ("exclude", i, key)
-        if key == "seed":
-            seeds = value if isinstance(value, list) else [value]
-            bad = [s for s in seeds if s not in spec.seed_values]
-            if bad:
-                raise chk.err(f"seed {bad[0]!r} is not in seeds", path, allowed=spec.seed_values)
-            out.append((-1, frozenset(spec.seed_values.index(s) for s in seeds)))
-            continue
-        if key not in names:
-            raise chk.err(f"exclude names {key!r}, which is not an axis", path,
-                          allowed=names + ["seed"], got=key)
-        idx = names.index(key)
-        out.append((idx, _match_values(axes[idx], value, path, chk)))
-    return tuple(out)
-
-
-def _include(i: int, rule: Mapping[str, Any], axes: Sequence[Axis], spec: GridFile, chk: Checker,
-             catalog: PoolCatalog) -> tuple[tuple[str, str], ...]:
-    by_name = {a.name: a for a in axes}
-    out = []
-    for key, value in rule.items():
-        path = ("include", i, key)
-        if key == "seed":
-            if not isinstance(value, int) or isinstance(value, bool) or value < 0:
-                raise chk.err(f"{_short(value)} is not a seed", path)
-            out.append((key, str(value)))
-        elif key == "pool":
-            if not isinstance(value, str):
-                raise chk.err(f"{_short(value)} is not a pool name", path, allowed=catalog.names())
-            catalog.get(value, file=chk.file, line=chk.lines.get(path), key=format_path(path))
-            out.append((key, value))
-        elif key in by_name and by_name[key].kind == "bundle":
-            if value not in by_name[key].labels:
-                raise chk.err(f"{_short(value)} is not a bundle of axis {key!r}", path,
-                              allowed=list(by_name[key].labels), got=value)
-            out.append((key, value))
-        else:
-            chk.value(key, value, path)
-            out.append((key, json.dumps(value)))
-    if "pool" not in dict(out) and spec.pool is None:
-        raise chk.err("include entry needs a pool", ("include", i), fix="add 'pool: <name>'")
-    return tuple(out)
-

@@ -11,7 +11,7 @@ and Miles' true-on-policy model names.
 The one stand-in: Megatron's ``validate_args`` asks the GPU's compute capability (its
 ``get_device_arch_version`` and ``torch.cuda.get_device_capability``, megatron/training/
 arguments.py:852 and 927), which this machine has none to answer; the probe answers for the
-pool's accelerator (``arch``: 9 for an H100). Nothing else is replaced.
+pool's accelerator (a case's ``capability``: [9, 0] for an H100). Nothing else is replaced.
 """
 import contextlib
 import io
@@ -25,9 +25,9 @@ def main() -> None:
     import megatron.training.arguments as megatron_arguments
     import torch
 
-    arch = int(request.get("arch", 9))
-    megatron_arguments.get_device_arch_version = lambda: arch
-    torch.cuda.get_device_capability = lambda *_: (arch, 0)
+    gpu = {"capability": [9, 0]}  # the pool's accelerator's, per case
+    megatron_arguments.get_device_arch_version = lambda: gpu["capability"][0]
+    torch.cuda.get_device_capability = lambda *_: tuple(gpu["capability"])
     from miles.true_on_policy import build_true_on_policy_launch_plan
     from miles.true_on_policy.model_profiles import _PROFILE_BY_MODEL_NAME
     from miles.utils.arguments import parse_args
@@ -35,6 +35,7 @@ def main() -> None:
     out = {"cases": {}, "true_on_policy_models": sorted(_PROFILE_BY_MODEL_NAME)}
     for name, case in request["cases"].items():
         sys.argv = ["train.py", *case["argv"]]
+        gpu["capability"] = case.get("capability", [9, 0])
         saved = dict(os.environ)
         os.environ.update(case["env"])
         said = io.StringIO()

@@ -15,9 +15,10 @@ trial's arguments and environment must hold everything Miles' own launch plan
 Not checked here: Miles' MIS function itself (``examples/``, not in the wheel: a checkout's) reads
 the generated ``mis.yaml`` keys (the keys are the ones its shipped ``mis.yaml`` has,
 ``tests/miles/test_miles_flags.py``); anything that needs a GPU (SGLang and Megatron start-up,
-training). Skipped with the setup command when the environment is absent; in CI (``.ci/run``
-builds it in the background) it waits for the build. Cost: one plan (~2 s) and one subprocess
-(imports ~10 s, then ~0.2 s a case).
+training). Every trial of every committed Miles grid goes through the same parser, once per
+distinct argument list. Skipped with the setup command when the environment is absent; in CI
+(``.ci/run`` builds it in the background) it waits for the build. Cost: the plans (~3 s) and one
+subprocess (imports ~10 s, then ~0.2 s a case).
 """
 from __future__ import annotations
 
@@ -30,9 +31,11 @@ import pytest
 import yaml
 from gpu_envs import wait_for_ci_build
 
+from orchestrator.backends import trainers_of
 from orchestrator.grid import expand, load_grid
 from orchestrator.miles import flags
 from orchestrator.miles.trainer import MilesTrainer
+from orchestrator.pools import COMPUTE_CAPABILITY
 from orchestrator.verl import gpu_setup
 
 PROBE = Path(__file__).with_name("miles_parser_probe.py")
@@ -116,17 +119,52 @@ def _grid(tmp: Path) -> Path:
     return path
 
 
+def _case(tmp: Path, trial, config) -> dict:
+    mis_path = tmp / f"{trial.trial_id}-mis.yaml"
+    argv, mis, env = MilesTrainer.arguments(trial, config, mis_path=str(mis_path))
+    if mis is not None:
+        mis_path.write_text(yaml.safe_dump(mis))
+    major, minor = divmod(round(COMPUTE_CAPABILITY.get(config.pool.accelerator, 9.0) * 10), 10)
+    return {"argv": argv, "env": env, "capability": [major, minor], "mis": mis}
+
+
 def _arguments(tmp: Path) -> dict[str, dict]:
     grid = load_grid(_grid(tmp))
-    out = {}
-    for trial in expand(grid):
-        name = dict(trial.axes)["case"]
-        mis_path = tmp / f"{trial.trial_id}-mis.yaml"
-        argv, mis, env = MilesTrainer.arguments(trial, grid.trial_config(trial),
-                                                mis_path=str(mis_path))
-        if mis is not None:
-            mis_path.write_text(yaml.safe_dump(mis))
-        out[name] = {"argv": argv, "env": env}
+    return {dict(t.axes)["case"]: _case(tmp, t, grid.trial_config(t)) for t in expand(grid)}
+
+
+def committed_miles_grids() -> list[tuple[str, str | None]]:
+    """Every committed grid a Miles trainer runs: by its ``backend:``, or (``--backend miles``)
+    by a ``recipe:`` that names one for Miles (``grids/seed_study.yaml``)."""
+    out = []
+    for path in sorted((REPO / "grids").glob("*.yaml")):
+        raw = yaml.safe_load(path.read_text())
+        if "miles" in trainers_of(raw.get("backend", "sim")):
+            out.append((str(path.relative_to(REPO)), None))
+        elif isinstance(raw.get("recipe"), dict) and "miles" in raw["recipe"]:
+            out.append((str(path.relative_to(REPO)), "miles"))
+    return out
+
+
+def _committed(tmp: Path) -> dict[str, dict]:
+    """One case per distinct argument list of every trial of the committed Miles grids (a trial
+    differs from another of its cell only by its id in the paths), on its pool's GPU; the model
+    and data paths point at the files ``_grid`` wrote."""
+    paths = {"miles.hf_checkpoint": str(tmp / "Qwen3-4B-Base"),
+             "miles.ref_load": str(tmp / "torch_dist"),
+             "miles.prompt_data": str(tmp / "train.jsonl"),
+             "miles.eval_prompt_data": ["aime", str(tmp / "aime.jsonl")]}
+    out: dict[str, dict] = {}
+    seen: set[str] = set()
+    for path, backend in committed_miles_grids():
+        grid = load_grid(REPO / path, backend=backend)
+        for trial in expand(grid):
+            case = _case(tmp, trial, grid.trial_config(trial).updated(paths))
+            shape = json.dumps([[a for a in case["argv"] if trial.trial_id not in a],
+                                case["env"], case["capability"], case["mis"]], default=str)
+            if shape not in seen:
+                seen.add(shape)
+                out[f"{path}:{trial.trial_id}"] = case
     return out
 
 
@@ -140,6 +178,7 @@ def parsed(tmp_path_factory) -> dict:
     tmp = tmp_path_factory.mktemp("miles")
     cases = _arguments(tmp)
     assert set(cases) == set(CASES)
+    cases.update(_committed(tmp))
     attrs = sorted({a for _, expect in CASES.values() for a in expect})
     done = subprocess.run([str(python), str(PROBE)], input=json.dumps(
         {"cases": cases, "attrs": attrs}), capture_output=True, text=True, timeout=600,
@@ -155,6 +194,17 @@ def test_miles_parses_each_trial_as_the_backend_meant(parsed, name) -> None:
     expected = CASES[name][1]
     got = {k: result["attrs"][k] for k in expected}
     assert got == expected
+
+
+def test_miles_parses_every_trial_of_the_committed_miles_grids(parsed) -> None:
+    """``grids/miles_mis.yaml`` and ``grids/seed_study.yaml --backend miles``: each distinct
+    argument list, as Miles parses it on its pool's GPU."""
+    grids = {p for p, _ in committed_miles_grids()}
+    assert {"grids/miles_mis.yaml", "grids/seed_study.yaml"} <= grids
+    ran = {k: v for k, v in parsed["cases"].items() if k.partition(":")[0] in grids}
+    assert {k.partition(":")[0] for k in ran} == grids
+    refused = {k: v["error"][:300] for k, v in ran.items() if "error" in v}
+    assert refused == {}
 
 
 def test_true_on_policy_holds_miles_own_launch_plan(parsed) -> None:
