@@ -73,11 +73,15 @@ def run_attempt(trainer: Any, trial: TrialSpec, config: TrialConfig,
         return _in_allocation(spread, argv, env, job, trial, ctx, ckpt_dir, tb_dir)
     from ray.job_submission import JobSubmissionClient  # deferred: see require
 
-    client = JobSubmissionClient(str(config.pool.miles["ray_address"]))
-    job_id = client.submit_job(entrypoint=shlex.join(argv), runtime_env={"env_vars": env},
-                               submission_id=f"ablate-{trial.trial_id}-{ctx.attempt}")
-    ctx.describe_environment({"miles.ray_job": job_id,
-                              "miles.ray_address": str(config.pool.miles["ray_address"])})
+    server = str(config.pool.miles["ray_address"])
+    try:
+        client = JobSubmissionClient(server)
+        job_id = client.submit_job(entrypoint=shlex.join(argv), runtime_env={"env_vars": env},
+                                   submission_id=f"ablate-{trial.trial_id}-{ctx.attempt}")
+    except (ConnectionError, RuntimeError) as exc:  # the SDK's errors: refused, 5xx, no agent
+        first = (str(exc).strip().splitlines() or [type(exc).__name__])[0]
+        raise InfraFailure(f"the Ray job server {server} did not take the job: {first}") from None
+    ctx.describe_environment({"miles.ray_job": job_id, "miles.ray_address": server})
     return _watch(_RayJob(client, job_id), job, trial, ctx, ckpt_dir, tb_dir)
 
 

@@ -58,9 +58,12 @@ def ray_exe() -> str:
 
 def node_argv(*, temp_dir: str, node: str, num_cpus: int | None, num_gpus: int | None,
               head_port: int | None = None, address: str | None = None,
-              node_ip: str | None = None) -> list[str]:
+              node_ip: str | None = None, dashboard_port: int | None = None) -> list[str]:
     """``ray start ... --block`` for one node: the head (``head_port``) or a worker joining
-    ``address``; every port it opens is one free here, so two nodes on one machine coexist."""
+    ``address``; every port it opens is one free here, so two nodes on one machine coexist
+    (Ray's fixed defaults, such as the dashboard agent's 52365, would join them to the first
+    cluster's agent). ``dashboard_port``: the head serves its dashboard and job server on
+    loopback there."""
     gcs, mgr, obj, agent, grpc, env_agent, metrics, client = free_ports(8)
     argv = [ray_exe(), "start", "--block", "--disable-usage-stats", f"--temp-dir={temp_dir}",
             f"--node-manager-port={mgr}", f"--object-manager-port={obj}",
@@ -74,8 +77,10 @@ def node_argv(*, temp_dir: str, node: str, num_cpus: int | None, num_gpus: int |
     if node_ip:
         argv.append(f"--node-ip-address={node_ip}")
     if address is None:
-        argv += ["--head", f"--port={head_port or gcs}", "--include-dashboard=false",
-                 f"--ray-client-server-port={client}"]
+        argv += ["--head", f"--port={head_port or gcs}", f"--ray-client-server-port={client}"]
+        argv += (["--include-dashboard=false"] if dashboard_port is None else
+                 ["--include-dashboard=true", "--dashboard-host=127.0.0.1",
+                  f"--dashboard-port={dashboard_port}"])
     else:
         argv.append(f"--address={address}")
     return argv

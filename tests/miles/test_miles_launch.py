@@ -10,18 +10,19 @@ Megatron-layout checkpoints (``iter_NNNNNNN``, then the tracker file), and resum
 through Ray's job SDK with the entry point's argument list, ``run_single`` (``ablate
 run-trial``) with the runner, the store, MLflow in the workdir and the verdict engine.
 
-Cost: one Ray head with its dashboard (~10 s, shared by the module), three short jobs.
+Cost: one Ray head with its dashboard (~10 s, shared by the module), three short jobs, one
+submission to a port where nothing listens.
 """
 from __future__ import annotations
 
 import json
 import os
 import shutil
-import signal
 import socket
 import subprocess
 import sys
 import time
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -31,21 +32,10 @@ from orchestrator import metrics as M
 from orchestrator.exceptions import InfraFailure
 from orchestrator.grid import expand, load_grid
 from orchestrator.run import run_single
+from orchestrator.slurm.raycluster import node_argv, remove_temp, stop_process
 
 STANDIN = Path(__file__).with_name("miles_standin.py")
 REPO = Path(__file__).resolve().parents[2]
-_HEAD = """
-import ray, sys, time
-ray.init(num_cpus=2, include_dashboard=True, dashboard_host="127.0.0.1",
-         dashboard_port=int(sys.argv[1]), _temp_dir=sys.argv[2])
-print("up", flush=True)
-try:
-    time.sleep(3600)
-except KeyboardInterrupt:
-    ray.shutdown()
-"""
-
-
 def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
@@ -53,24 +43,29 @@ def _free_port() -> int:
 
 
 @pytest.fixture(scope="module")
-def ray_jobs() -> str:
-    """The job server of a one-node Ray cluster this module starts and stops (by its pid)."""
+def ray_jobs() -> Iterator[str]:
+    """The job server of a one-node Ray cluster this module starts (``ray start --head``) and
+    stops by its pid. Every port it opens is a free one: with Ray's fixed defaults (the
+    dashboard agent's 52365) a Ray cluster another test runs at the same time holds the port,
+    and jobs submitted here found no agent or never started."""
     port = _free_port()
-    tmp = Path(f"/tmp/rj{os.getpid()}")
+    tmp = f"/tmp/rj{os.getpid()}"
     # A loopback test cluster: no token authentication (Ray 2.60 turns it on with a dashboard);
     # its nodes' python3 is this environment's (a Miles image's is Miles').
     env = {**os.environ, "PYTHONPATH": str(REPO), "RAY_USAGE_STATS_ENABLED": "0",
            "RAY_AUTH_MODE": "disabled",
            "PATH": os.pathsep.join([str(Path(sys.executable).parent), os.environ["PATH"]])}
-    head = subprocess.Popen([sys.executable, "-c", _HEAD, str(port), str(tmp)], env=env,
-                            stdout=subprocess.PIPE, text=True, start_new_session=True)
+    argv = node_argv(temp_dir=tmp, node="head", num_cpus=2, num_gpus=None,
+                     head_port=_free_port(), node_ip="127.0.0.1", dashboard_port=port)
+    head = subprocess.Popen(argv, env=env, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL,
+                            stderr=subprocess.DEVNULL)
     try:
-        assert head.stdout is not None and head.stdout.readline().strip() == "up"
         address = f"http://127.0.0.1:{port}"
         from ray.job_submission import JobSubmissionClient
 
-        deadline = time.monotonic() + 60
+        deadline = time.monotonic() + 90
         while True:  # the job agent comes up a moment after the dashboard
+            assert head.poll() is None, f"ray start exited with {head.returncode}"
             try:
                 JobSubmissionClient(address).list_jobs()
                 break
@@ -80,12 +75,8 @@ def ray_jobs() -> str:
                 time.sleep(1)
         yield address
     finally:
-        head.send_signal(signal.SIGINT)
-        try:
-            head.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            os.killpg(head.pid, signal.SIGKILL)
-        shutil.rmtree(tmp, ignore_errors=True)
+        stop_process(head, grace=60)
+        remove_temp(tmp)
 
 
 def _grid(tmp: Path, address: str, *, steps: int = 4, **extra) -> Path:
@@ -148,3 +139,12 @@ def test_a_resumed_attempt_loads_the_stored_checkpoint_as_megatron_reads_it(
     assert [r["step"] for r in _metrics(tmp_path / "w", trial.trial_id)] == [1, 2, 3, 4]
     # A built-in TIS correction: k3 is Miles' own train_rollout_kl.
     assert _metrics(tmp_path / "w", trial.trial_id)[-1]["metrics"][M.K3_KL] == pytest.approx(0.4)
+
+
+def test_a_job_server_that_does_not_answer_is_one_infra_failure_line(tmp_path) -> None:
+    path = _grid(tmp_path, f"http://127.0.0.1:{_free_port()}")  # nothing listens there
+    trial = expand(load_grid(path))[0]
+    with pytest.raises(InfraFailure, match=r"^the Ray job server http://127\.0\.0\.1:\d+ did "
+                                           r"not take the job: [^\n]+$"):
+        run_single(str(path), trial.trial_id, workdir=str(tmp_path / "w"), tracking_uri=None,
+                   fresh=False)
