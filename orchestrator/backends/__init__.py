@@ -172,7 +172,7 @@ class Backend:
 
     @property
     def computes_elsewhere(self) -> bool:
-        return self.launcher.computes_elsewhere
+        return self.launcher.computes_elsewhere or all(t.computes_elsewhere for t in self.trainers)
 
     @property
     def stores_here(self) -> bool:

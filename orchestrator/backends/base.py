@@ -82,6 +82,10 @@ class Trainer(abc.ABC):
     # The kinds of pool (``orchestrator/pools.yaml``: sim, gpu, cpu) this trainer runs on, its
     # main kind first. Grid validation and `ablate resume --pool` read it; nothing restates it.
     pool_kinds: ClassVar[tuple[str, ...]]
+    # True where an attempt submits its own job to a cluster the pool names (Miles' Ray job
+    # server) and the Tune trial only watches it: as for a launcher that computes elsewhere,
+    # the embedded local Ray then hosts the pool's watchers, up to the pool's capacity.
+    computes_elsewhere: ClassVar[bool] = False
 
     @classmethod
     def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:

@@ -81,15 +81,20 @@ class MilesJob(TrainerJob):
         return str(checkpoint_dir)
 
     def hand_over(self, ctx: RunContext, checkpoint_dir: Path, saved: int, logged: int) -> int:
-        """Give Miles' newest finished checkpoint to the store once its step's metrics are in
-        (Megatron writes the tracker file after the iteration's directory is complete)."""
+        """Give each finished Miles checkpoint to the store, oldest first, once its step's
+        metrics are in: every iteration up to the tracker file's (Megatron writes the tracker
+        after the iteration's directory is complete). Not only the newest: a job that runs
+        ahead of its metrics (TensorBoard flushes late) has moved the tracker past a step this
+        loop had not logged yet, and a rescue from that step needs its checkpoint."""
         try:
-            iteration = int((checkpoint_dir / TRACKER).read_text().strip())
+            tracked = int((checkpoint_dir / TRACKER).read_text().strip()) + 1
         except (OSError, ValueError):
             return saved
-        step = iteration + 1
-        src = checkpoint_dir / iteration_dir(iteration)
-        if step <= saved or step > logged or not src.is_dir():
-            return saved
-        ctx.save_checkpoint(step, lambda dst: link_tree(src, Path(dst)))
-        return step
+        done = sorted(int(p.name[len("iter_"):]) + 1 for p in checkpoint_dir.glob("iter_*")
+                      if p.is_dir() and p.name[len("iter_"):].isdigit())
+        for step in done:
+            if saved < step <= min(tracked, logged):
+                src = checkpoint_dir / iteration_dir(step - 1)
+                ctx.save_checkpoint(step, lambda dst, src=src: link_tree(src, Path(dst)))
+                saved = step
+        return saved

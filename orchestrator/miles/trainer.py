@@ -58,6 +58,7 @@ class MilesTrainer(Trainer):
     name: ClassVar[str] = "miles"
     version: ClassVar[str] = "miles-0.0.2"
     pool_kinds: ClassVar[tuple[str, ...]] = ("gpu",)
+    computes_elsewhere: ClassVar[bool] = True  # a Ray job on the pool's cluster (miles.launch)
 
     # ----------------------------------------------------------------------- plan time
 

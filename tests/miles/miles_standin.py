@@ -4,7 +4,8 @@ own and ignored here), records what it was given in ``seen.json`` beside itself,
 TensorBoard scalars under Miles' tags with Miles' writer and steps (``SummaryWriter`` into
 ``$TENSORBOARD_DIR``: train/* at rollout * steps_per_rollout + i, rollout/* at the rollout) and
 Megatron-layout checkpoints into ``--save`` (``iter_NNNNNNN``, then the tracker file), resuming
-at the tracker's iteration + 1 of ``--load``. ``fail_at.txt`` beside it: die in that rollout.
+at the tracker's iteration + 1 of ``--load``. ``fail_at.txt`` beside it: die in that rollout;
+``kl_scale.txt``: scale its rollout KL (a pool with less mismatch).
 Run as the driver of a Ray cluster (``RAY_ADDRESS``, the Slurm path), it records the cluster's
 GPUs and Slurm nodes as Miles' placement groups would find them."""
 import argparse
@@ -50,6 +51,7 @@ if os.environ.get("RAY_ADDRESS"):
 fail_at = int((HERE / "fail_at.txt").read_text()) if (HERE / "fail_at.txt").exists() else None
 per_rollout = args.rollout_batch_size * args.n_samples_per_prompt // args.global_batch_size
 writer = SummaryWriter(os.environ["TENSORBOARD_DIR"])
+kl_scale = float((HERE / "kl_scale.txt").read_text()) if (HERE / "kl_scale.txt").exists() else 1.0
 mis_on = args.custom_tis_function_path is not None and "mis" in args.custom_tis_function_path
 for rollout in range(start, args.num_rollout):
     if rollout == fail_at:
@@ -61,7 +63,7 @@ for rollout in range(start, args.num_rollout):
         step = rollout * per_rollout + i
         writer.add_scalar("train/grad_norm", 1.0, step)
         writer.add_scalar("train/entropy_loss", -0.5, step)
-        writer.add_scalar("train/train_rollout_kl", 0.1 * (rollout + 1), step)
+        writer.add_scalar("train/train_rollout_kl", 0.1 * (rollout + 1) * kl_scale, step)
         if mis_on:
             writer.add_scalar("train/mis_k3_kl", 0.001 * (rollout + 1), step)
     writer.flush()

@@ -148,3 +148,54 @@ def test_a_job_server_that_does_not_answer_is_one_infra_failure_line(tmp_path) -
                                            r"not take the job: [^\n]+$"):
         run_single(str(path), trial.trial_id, workdir=str(tmp_path / "w"), tracking_uri=None,
                    fresh=False)
+
+
+def test_a_rising_k3_is_rescued_on_another_pool_and_compared_like_a_verl_trial(
+        isolated, ray_jobs) -> None:
+    """``ablate submit`` (Ray Tune) of a Miles grid: the stand-in's k3 (Miles' train_rollout_kl
+    under a built-in TIS correction) climbs 0.1 a step on h100; a warning rule fires at step 3,
+    the trial is stopped and moved to h200 (a checkout whose run has 100x less KL) from its
+    step-2 checkpoint, as Megatron's iteration 1, and compare reports the rescue."""
+    import csv
+    import tempfile
+
+    from orchestrator.compare import compare
+    from orchestrator.scheduler import submit
+    from orchestrator.store import TrialPaths, records, workspace
+
+    path = _grid(isolated, ray_jobs, steps=6, overrides={"correction.is_level": "token"},
+                 collapse={"extra_rules": [{"name": "k3_rising", "metric": M.K3_KL,
+                                            "kind": "above", "threshold": 0.25, "patience": 1,
+                                            "min_step": 2, "verdict": "unstable"}]},
+                 rescue=[{"when": {"warning": "k3_rising"}, "resume": {"pool": "h200"}}])
+    calm = isolated / "miles-h200"
+    calm.mkdir()
+    shutil.copy(STANDIN, calm / "train.py")
+    (calm / "kl_scale.txt").write_text("0.01")
+    catalog = yaml.safe_load((isolated / "pools.yaml").read_text())
+    catalog["pools"]["h200"] = {**catalog["pools"]["h100"], "accelerator": "H200",
+                                "miles": {"checkout": str(calm), "ray_address": ray_jobs}}
+    (isolated / "pools.yaml").write_text(yaml.safe_dump(catalog))
+    (trial,) = expand(load_grid(path))
+    ray_tmp = tempfile.mkdtemp(prefix="mr", dir="/tmp")  # short: Ray's socket paths are capped
+    try:
+        summary = submit(str(path), progress=False, ray_tmp=ray_tmp)
+    finally:
+        shutil.rmtree(ray_tmp, ignore_errors=True)
+    grid_dir = workspace.grid_dir("miles-launch")
+    (note,) = records.load_state(TrialPaths(grid_dir, trial.trial_id), trial.trial_id).rescues
+    assert (note["event"], note["step"], note["start"], note["pool"]) == (
+        "warning:k3_rising", 3, 2, "h200"), note
+    rescue = note["trial"]
+    assert summary["rescued"] == [rescue], summary
+    *_, ran = records.load_attempts(TrialPaths(grid_dir, rescue))
+    assert (ran.pool, ran.outcome) == ("h200", "completed")
+    seen = json.loads((calm / "seen.json").read_text())
+    assert seen["loaded_iteration"] == 1  # the checkpoint of step 2, as Megatron's iteration 1
+    k3 = {r["step"]: r["metrics"][M.K3_KL] for r in _metrics(isolated / ".ablate", rescue)}
+    assert sorted(k3) == [1, 2, 3, 4, 5, 6] and k3[2] == pytest.approx(0.2)
+    assert max(k3[s] for s in (3, 4, 5, 6)) < 0.01  # on h200, after the move
+    (row,) = csv.DictReader((compare(str(path), out_dir=isolated / "res") / "rescues.csv")
+                            .read_text().splitlines())
+    assert (row["rescue"], row["parent"], row["event"]) == (rescue, trial.trial_id,
+                                                            "warning:k3_rising"), row
