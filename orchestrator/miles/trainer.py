@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterable, Mapping
+from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
@@ -119,10 +120,28 @@ class MilesTrainer(Trainer):
             problem = _value_problem(f"{SECTION}.{key}", value)
             if problem:
                 return problem
+        problem = _parallelism_problem(section, pool)
+        if problem:
+            return problem
         # ``config`` is the trial's TrialConfig (Backend.check_config): its learner is typed.
         problem = flags.true_on_policy_problem(config.learner, section.get("model_name"),
                                                bool(section.get("sequence_parallel")))
         return problem
+
+    @classmethod
+    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
+                         others: Iterable[PoolSpec]) -> str | None:
+        """Megatron's default checkpoint format (torch_dist, megatron/training/
+        training_config.py:411) is resharded on load, so a checkpoint resumes on any pool whose
+        GPUs hold the recipe's model parallelism; the legacy per-rank formats only where the
+        job's GPUs are as many as when it was saved (not checked here: refused)."""
+        section = config.get(SECTION) or {}
+        fmt = section.get("ckpt_format", "torch_dist") if isinstance(section, Mapping) else None
+        if fmt != "torch_dist":
+            return (f"miles.ckpt_format: {fmt}: a checkpoint of this format is read back only "
+                    "by the same parallel layout, which this move cannot check; fix: resume on "
+                    "the pool it ran on, or use Megatron's torch_dist format")
+        return _parallelism_problem(section, pool) if isinstance(section, Mapping) else None
 
     @classmethod
     def arguments(cls, trial: TrialSpec, config: TrialConfig, *, checkpoint_dir: str | None = None,
@@ -234,3 +253,25 @@ def _flag(key: str, value: Any) -> list[str]:
     if isinstance(value, list):
         return [flag, *(flags.number(v) for v in value)]
     return [flag, flags.number(value)]
+
+
+_MODEL_PARALLEL = ("tensor_model_parallel_size", "pipeline_model_parallel_size",
+                   "context_parallel_size")
+
+
+def _parallelism_problem(section: Mapping[str, Any], pool: PoolSpec) -> str | None:
+    """Megatron asserts that the job's GPUs (Miles' world size: actor nodes x GPUs per node,
+    miles/utils/arguments.py:1786) divide into tensor x pipeline x context parallel ranks
+    (megatron/training/arguments.py:314-318); refused here at plan instead of at launch."""
+    sizes = [section.get(k, 1) for k in _MODEL_PARALLEL]
+    if not all(isinstance(v, int) and not isinstance(v, bool) and v >= 1 for v in sizes):
+        return None  # a value Miles' parser refuses itself (_value_problem names it)
+    model = sizes[0] * sizes[1] * sizes[2]
+    world = pool.nodes * pool.gpus_per_node
+    if world % model == 0:
+        return None
+    return (f"pools.{pool.name}: its {world} GPUs ({pool.nodes} node(s) x {pool.gpus_per_node}) "
+            f"do not divide into the recipe's {model} model-parallel ranks (tensor "
+            f"{sizes[0]} x pipeline {sizes[1]} x context {sizes[2]}; Megatron refuses such a "
+            f"job); fix: a pool whose GPUs are a multiple of {model}, or smaller "
+            "miles.tensor_model_parallel_size")

@@ -189,3 +189,25 @@ def test_the_tensorboard_reader_gives_one_record_per_trial_step(tmp_path) -> Non
     (step, data), = again.flush()  # a resumed attempt reads the files from after its step
     assert step == 2 and data[M.K3_KL] == 9.0 and M.EVAL_REWARD not in data
     writer.close()
+
+
+def test_a_pool_whose_gpus_do_not_hold_the_model_parallelism_is_refused(tmp_path) -> None:
+    """Megatron's world-size assert, at plan (Miles' own parser agrees on each GPU count:
+    test_miles_parser.py); and a rescue or resume moving a checkpoint there is refused too."""
+    catalog = tmp_path / "pools.yaml"
+    catalog.write_text(yaml.safe_dump({"pools": {
+        f"g{n}": {"kind": "gpu", "accelerator": "H100", "gpus_per_node": n,
+                  "miles": {"checkout": "/m"}} for n in (3, 4)}}))
+    overrides = {"miles.tensor_model_parallel_size": 2, "miles.context_parallel_size": 2}
+    with pytest.raises(GridError) as err:
+        expand(_load(tmp_path, pool="g3", pool_catalog=str(catalog), overrides=overrides))
+    assert "pools.g3: its 3 GPUs (1 node(s) x 3) do not divide into the recipe's 4 " in str(err.value)
+    assert "\n" not in str(err.value)
+    grid = _load(tmp_path, pool="g4", pool_catalog=str(catalog), overrides=overrides)
+    (trial,) = expand(grid)
+    config, pools = grid.trial_config(trial), grid.pools.pools
+    assert MilesTrainer.check_checkpoint(tmp_path, pools["g4"], config, pools.values()) is None
+    assert "do not divide" in MilesTrainer.check_checkpoint(tmp_path, pools["g3"], config, [])
+    legacy = config.updated({"miles.ckpt_format": "torch"})
+    assert "miles.ckpt_format: torch" in MilesTrainer.check_checkpoint(tmp_path, pools["g4"],
+                                                                       legacy, [])

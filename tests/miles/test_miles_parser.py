@@ -168,6 +168,20 @@ def _committed(tmp: Path) -> dict[str, dict]:
     return out
 
 
+GPU_COUNTS = range(1, 9)
+
+
+def _world_sizes(base: dict) -> dict[str, dict]:
+    """A trial's arguments with 1..8 GPUs on its node (the recipe's tensor parallel 2)."""
+    out = {}
+    at = base["argv"].index("--actor-num-gpus-per-node") + 1
+    for n in GPU_COUNTS:
+        argv = list(base["argv"])
+        argv[at] = str(n)
+        out[f"gpus-{n}"] = {**base, "argv": argv}
+    return out
+
+
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory) -> dict:
     wait_for_ci_build("miles")
@@ -179,6 +193,7 @@ def parsed(tmp_path_factory) -> dict:
     cases = _arguments(tmp)
     assert set(cases) == set(CASES)
     cases.update(_committed(tmp))
+    cases.update(_world_sizes(cases[min(CASES)]))
     attrs = sorted({a for _, expect in CASES.values() for a in expect})
     done = subprocess.run([str(python), str(PROBE)], input=json.dumps(
         {"cases": cases, "attrs": attrs}), capture_output=True, text=True, timeout=600,
@@ -216,3 +231,19 @@ def test_true_on_policy_holds_miles_own_launch_plan(parsed) -> None:
     assert [a for a in result["plan_args"] if a not in sent["argv"]] == []
     assert {k: sent["env"].get(k) for k in result["plan_env"]} == result["plan_env"]
     assert tuple(parsed["true_on_policy_models"]) == tuple(sorted(flags.TRUE_ON_POLICY_MODELS))
+
+
+def test_miles_refuses_a_pool_exactly_where_the_backend_does(parsed, tmp_path) -> None:
+    """The backend's plan-time world-size check (MilesTrainer.check_config) against Megatron's
+    own assert as Miles parses the job, for 1..8 GPUs on a node."""
+    grid = load_grid(_grid(tmp_path))
+    trial = next(t for t in expand(grid) if dict(t.axes)["case"] == min(CASES))
+    config = grid.trial_config(trial)
+    ours, theirs = {}, {}
+    for n in GPU_COUNTS:
+        pool = config.pool.model_copy(update={"gpus_per_node": n})
+        ours[n] = MilesTrainer.check_config(config.updated(pool=pool), pool) is not None
+        error = parsed["cases"][f"gpus-{n}"].get("error", "")
+        theirs[n] = "is not divisible by total_model_size" in error
+        assert not error or theirs[n], error[:300]  # no other refusal
+    assert ours == theirs and sum(theirs.values()) == 4, (ours, theirs)
