@@ -131,16 +131,10 @@ class MilesTrainer(Trainer):
     @classmethod
     def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
                          others: Iterable[PoolSpec]) -> str | None:
-        """Megatron's default checkpoint format (torch_dist, megatron/training/
-        training_config.py:411) is resharded on load, so a checkpoint resumes on any pool whose
-        GPUs hold the recipe's model parallelism; the legacy per-rank formats only where the
-        job's GPUs are as many as when it was saved (not checked here: refused)."""
-        section = config.get(SECTION) or {}
-        fmt = section.get("ckpt_format", "torch_dist") if isinstance(section, Mapping) else None
-        if fmt != "torch_dist":
-            return (f"miles.ckpt_format: {fmt}: a checkpoint of this format is read back only "
-                    "by the same parallel layout, which this move cannot check; fix: resume on "
-                    "the pool it ran on, or use Megatron's torch_dist format")
+        """A resume or rescue on ``pool`` needs its GPUs to hold the recipe's model parallelism.
+        Megatron's default format (torch_dist, megatron/training/training_config.py:411) is
+        resharded on load; a recipe's legacy ``ckpt_format`` is not told apart here."""
+        section = config.get(SECTION)
         return _parallelism_problem(section, pool) if isinstance(section, Mapping) else None
 
     @classmethod

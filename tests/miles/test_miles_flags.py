@@ -208,6 +208,3 @@ def test_a_pool_whose_gpus_do_not_hold_the_model_parallelism_is_refused(tmp_path
     config, pools = grid.trial_config(trial), grid.pools.pools
     assert MilesTrainer.check_checkpoint(tmp_path, pools["g4"], config, pools.values()) is None
     assert "do not divide" in MilesTrainer.check_checkpoint(tmp_path, pools["g3"], config, [])
-    legacy = config.updated({"miles.ckpt_format": "torch"})
-    assert "miles.ckpt_format: torch" in MilesTrainer.check_checkpoint(tmp_path, pools["g4"],
-                                                                       legacy, [])
