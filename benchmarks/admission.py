@@ -24,7 +24,7 @@ sys.path.insert(0, str(REPO))
 
 from orchestrator.cost import TrialCost
 from orchestrator.grid import expand, load_grid
-from orchestrator.scheduler._budget import Planner, _Seen
+from orchestrator.scheduler import Planner, Seen
 
 RUNNING = 64
 
@@ -47,11 +47,11 @@ def main() -> None:
         planner = Planner(grid, Path(tmp) / "grid", trials, grid.pools.pools)
         running = trials[:RUNNING]
         for i, t in enumerate(running):
-            planner.seen[t.trial_id] = _Seen(t, cost=TrialCost(0.01 * i, "gpu-hours", steps_run=10 + i,
+            planner.seen[t.trial_id] = Seen(t, cost=TrialCost(0.01 * i, "gpu-hours", steps_run=10 + i,
                                                                step_s=0.5 + 0.001 * i, running=True))
         for t in trials[RUNNING:]:
-            planner.seen[t.trial_id] = _Seen(t)
-        planner._read_at = float("inf")  # the file refresh is not timed (see the docstring)
+            planner.seen[t.trial_id] = Seen(t)
+        planner.REFRESH_S = float("inf")  # the file refresh is not timed (see the docstring)
         pairs = [(t.trial_id, t.pool) for t in running]
         queued = trials[RUNNING:]
         times = []

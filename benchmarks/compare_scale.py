@@ -128,8 +128,7 @@ def record_grid(root: Path, trials: int, steps: int, metrics: int, tracked: bool
     """Write the grid's files and (if ``tracked``) MLflow runs under ``root``; returns the
     seconds it took."""
     from orchestrator.grid import expand, load_grid
-    from orchestrator.run import run_attempt
-    from orchestrator.run._runner import make_job
+    from orchestrator.run import make_job, run_attempt
     from orchestrator.store import workspace
     from orchestrator.tracking import parent_run
 
@@ -199,7 +198,7 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
     and its processes are idle: MLflow's job runner, when on, starts ~7 more processes after
     ``/health`` answers, ~20 CPU-seconds that the first command timed would compete with.
     Stopped as ``ablate ui`` stops it: its whole process group (gunicorn's workers too)."""
-    from orchestrator.tracking._ui import server_command, server_env, stop_group
+    from orchestrator.tracking import server_command, server_env, stop_group
 
     port = _free_port()
     with open(log, "w") as fh:

@@ -13,7 +13,7 @@ import importlib
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
-    from orchestrator.scheduler._budget import end_report
+    from orchestrator.scheduler._budget import Planner, Seen, end_report
     from orchestrator.scheduler._control import cancel, status_command
     from orchestrator.scheduler._evaluate import EvaluateReport, evaluate
     from orchestrator.scheduler._events import EventPrinter, EventWatcher, PoolCounts, TrialEvent
@@ -25,14 +25,15 @@ if TYPE_CHECKING:
 # Each name from its module on first use (PEP 562): ``ablate status`` reads records and imports
 # neither Ray, the grid schema nor the submission machinery.
 _WHERE = {
-    "end_report": "_budget", "cancel": "_control", "status_command": "_control",
+    "Planner": "_budget", "Seen": "_budget", "end_report": "_budget", "cancel": "_control",
+    "status_command": "_control",
     "EvaluateReport": "_evaluate", "evaluate": "_evaluate", "EventPrinter": "_events",
     "EventWatcher": "_events", "PoolCounts": "_events", "TrialEvent": "_events",
     "renamed": "_identity", "stored_stores": "_identity", "notify_test": "_notify",
     "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
 }
-__all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "PoolCounts", "TrialEvent", "cancel",
-           "end_report", "evaluate", "notify_test", "renamed", "resume", "run_trials",
+__all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "Planner", "PoolCounts", "Seen",
+           "TrialEvent", "cancel", "end_report", "evaluate", "notify_test", "renamed", "resume", "run_trials",
            "status_command", "stored_stores", "submit"]
 
 

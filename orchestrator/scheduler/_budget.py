@@ -56,7 +56,7 @@ class Admit(enum.Enum):
 
 
 @dataclasses.dataclass
-class _Seen:
+class Seen:
     """What the planner knows about one trial from its files (refreshed while unfinished)."""
 
     spec: TrialSpec
@@ -83,7 +83,7 @@ class Planner:
                 self.cells.setdefault(t.axes, []).append(t)
         for members in self.cells.values():
             members.sort(key=lambda t: t.seed)
-        self.seen: dict[str, _Seen] = {}
+        self.seen: dict[str, Seen] = {}
         self.started: set[str] = set()  # trials handed to Tune by this submission
         self.added: list[TrialSpec] = []  # adaptive seeds added by this submission
         self.skipped: dict[str, float] = {}  # trial id -> projected hours it would have cost
@@ -128,7 +128,7 @@ class Planner:
                 spec = records.load_spec(TrialPaths(self.grid_dir, tid))
                 if spec is None:
                     continue
-                seen = self.seen[tid] = _Seen(spec)
+                seen = self.seen[tid] = Seen(spec)
             if seen.finished:
                 continue
             paths = TrialPaths(self.grid_dir, tid)

@@ -25,7 +25,7 @@ from orchestrator.tracking._store import (
     store_exists,
     use_wal,
 )
-from orchestrator.tracking._ui import ui
+from orchestrator.tracking._ui import server_command, server_env, stop_group, ui
 from orchestrator.tracking._views import save_trials_view
 
 __all__ = [
@@ -52,6 +52,9 @@ __all__ = [
     "sanitize_key",
     "save_trials_view",
     "send_trial",
+    "server_command",
+    "server_env",
+    "stop_group",
     "store_exists",
     "supersede",
     "ui",
