@@ -19,6 +19,7 @@ from __future__ import annotations
 import csv
 import html
 import math
+import sys
 from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
@@ -26,7 +27,9 @@ from typing import Any
 from orchestrator import metrics as M
 from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
+from orchestrator.exceptions import StateFileError
 from orchestrator.grid import axis_label
+from orchestrator.probe import spent
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
 from orchestrator.stats.seeds import (
     CellKey,
@@ -45,8 +48,24 @@ def _cell(r: TrialResult, axis_names: Sequence[str]) -> CellKey:
     return key + ((("variant", r.variant),) if r.variant else ())
 
 
-def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out: Path) -> dict[str, Any]:
-    """Write ``cost.csv``; returns the per-cell and grid totals."""
+Probes = Sequence[tuple[str, dict[str, Any]]]  # (probe id, its ledger entry: label, unit, hours)
+
+
+def probe_costs(grid_dir: Path) -> Probes:
+    """What the grid's probes (``ablate probe``, a submit's ``preflight:``) cost, from its probe
+    ledger in the workdir (none without one: a compare from the tracking server alone); a
+    damaged ledger is left out with one warning."""
+    try:
+        return sorted(spent(grid_dir).items())
+    except StateFileError as exc:
+        print(f"warning: {exc}; cost.csv leaves the probes out", file=sys.stderr)
+        return ()
+
+
+def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out: Path,
+                 probes: Probes = ()) -> dict[str, Any]:
+    """Write ``cost.csv``; returns the per-cell and grid totals (the grid's: its trials; the
+    probes' hours are rows of their own, level ``probe``, and ``probes`` per unit)."""
     cells: dict[str, list[TrialResult]] = {}
     for r in results:
         label = cell_text(_cell(r, axis_names))
@@ -73,7 +92,13 @@ def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out:
                     w.writerow([level, label, "", "", unit, f"{t['hours']:.6g}", f"{t['retry_hours']:.6g}",
                                 f"{t['saved_hours']:.6g}", int(t["trials"])]
                                + ([f"{t['reference_hours']:.6g}"] if ref else []))
-    return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None),
+        for pid, e in probes:
+            w.writerow(["probe", e.get("label", ""), pid, "", e["unit"], f"{e['hours']:.6g}", "0", "0", 0]
+                       + ([""] if ref else []))
+    by_unit: dict[str, float] = {}
+    for _, e in probes:
+        by_unit[e["unit"]] = by_unit.get(e["unit"], 0.0) + e["hours"]
+    return {"by_cell": by_cell, "grid": grid, "probes": {"hours": by_unit, "count": len(probes)}, "traced": sum(1 for r in results if r.cost is not None),
             "reference": ref}
 
 
@@ -183,6 +208,7 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
         lines.append(f"| **grid** | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
                      f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |"
                      + (f" {fmt_hours(t['reference_hours'], unit)} |" if ref else ""))
+    lines += ["", probe_line(cost)] if cost.get("probes", {}).get("count") else []
     lines.append("")
     if not comps:
         return lines
@@ -210,10 +236,19 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
     return lines
 
 
+def probe_line(cost: dict[str, Any]) -> str:
+    """The probes' share of the cost, one line (``cost.csv``'s ``probe`` rows)."""
+    probes = cost["probes"]
+    hours = "; ".join(fmt_hours(h, u) for u, h in sorted(probes["hours"].items()))
+    return (f"Probes: {probes['count']} configuration{'' if probes['count'] == 1 else 's'} probed, "
+            f"{hours} (not in the grid's total; `cost.csv` rows of level `probe`).")
+
+
 def terminal_lines(cost: dict[str, Any], comps: Sequence[dict[str, Any]]) -> list[str]:
     """What ``ablate compare`` prints under its table."""
     lines = ["cost: " + "; ".join(f"{fmt_hours(t['hours'], u)} over {int(t['trials'])} trials"
                                   for u, t in cost["grid"].items())] if cost["grid"] else []
+    lines += [probe_line(cost)] if cost.get("probes", {}).get("count") else []
     for r in comps:
         state = "decided" if r["decided"] else "undecided" + (f" ({_more(r)})" if _more(r) else "")
         lines.append(f"{r['target']}: {r['axis']}={r['value']} vs {r['baseline']} "

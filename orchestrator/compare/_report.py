@@ -123,8 +123,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                           store=workspace.display_uri(uri, workdir),
                           unfinished=unfinished.describe() if unfinished else None,
                           compare=grid.spec.comparisons, adaptive=grid.spec.adaptive,
-                          steps=grid.spec.steps, multiplicity=grid.spec.multiplicity,
-                          reward_range=grid.spec.metrics.bounds("reward"),
+                          probes=C.probe_costs(grid_dir), steps=grid.spec.steps,
+                          multiplicity=grid.spec.multiplicity, reward_range=grid.spec.metrics.bounds("reward"),
                           pool_kinds=frozenset(p.kind for p in grid.pools.pools.values()
                                                if p.name in {r.pool for r in results}))
     manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
@@ -141,14 +141,15 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                  cols: str | None, out: Path, *, grid_name: str, store: str,
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
                  adaptive: AdaptiveSeedsSpec | None = None, steps: int = 0,
-                 multiplicity: str = "holm",
-                 reward_range: tuple[float, float] = DEFAULT_RANGE,
-                 pool_kinds: frozenset[str] = frozenset({"sim"})) -> dict[str, Any]:
+                 multiplicity: str = "holm", reward_range: tuple[float, float] = DEFAULT_RANGE,
+                 pool_kinds: frozenset[str] = frozenset({"sim"}), probes: C.Probes = ()
+                 ) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
     grid's steps (the horizon of the time to collapse; 0: the longest trial's); ``reward_range``:
     the reward's declared range (``metrics.range.reward``), which its cell intervals stay in;
-    ``pool_kinds``: the kinds of the trials' pools (which reference evaluator the section names)."""
+    ``pool_kinds``: the trials' pools' kinds (which reference evaluator the section names);
+    ``probes``: the grid's probes' cost (``C.probe_costs``: rows of ``cost.csv``)."""
     variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
@@ -167,7 +168,7 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                             lambda: P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"))
     level = adaptive.level if adaptive else 0.95
     surv = S.survival_section(results, cells, row_keys, cols, steps, out, level)
-    cost = C.cost_section(results, axis_names, out)
+    cost = C.cost_section(results, axis_names, out, probes)
     comparisons = C.comparison_section(results, axis_names, compare, adaptive, out,
                                        steps=surv["horizon"], multiplicity=multiplicity)
     importance = forests()

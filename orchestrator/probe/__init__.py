@@ -19,11 +19,12 @@ from orchestrator.exceptions import GateFailed, UserError
 from orchestrator.grid import Gate, GridSpec, load_grid, parse_gate, preflight_gates
 from orchestrator.probe._plan import METRICS, Plan, plan
 from orchestrator.probe._report import write
-from orchestrator.probe._run import Measured, run_plan
+from orchestrator.probe._run import Measured, record_spent, run_plan, spent
 from orchestrator.probe._summary import Summary, summarise
+from orchestrator.store import workspace
 
 __all__ = ["METRICS", "Gate", "Measured", "Plan", "Preflight", "ProbeReport", "Summary",
-           "parse_gate", "plan", "preflight", "probe", "probe_grid"]
+           "parse_gate", "plan", "preflight", "probe", "probe_grid", "spent"]
 
 
 @dataclasses.dataclass(frozen=True)
@@ -90,7 +91,9 @@ def probe_grid(grid: GridSpec, out: Path, *, pools: Sequence[str] = (),
             raise UserError(f"gate {g}: {g.metric} is not measured for "
                             f"{', '.join(c.label for c in blind)} "
                             f"({blind[0].job.unmeasured[g.metric]}); fix: gate on k3, k1 or chi2")
-    summaries = tuple(summarise(run_plan(chosen, workdir=workdir, attribute=attribute), gates))
+    measured = run_plan(chosen, workdir=workdir, attribute=attribute)
+    record_spent(workspace.grid_dir(grid.name, workdir), measured)
+    summaries = tuple(summarise(measured, gates))
     files = tuple(write(out, chosen, summaries, gates))
     run_id = None
     if track:

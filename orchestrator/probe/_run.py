@@ -5,6 +5,7 @@ grid with the same configuration, runs nothing new.
 from __future__ import annotations
 
 import dataclasses
+import sys
 import time
 from pathlib import Path
 from typing import Any
@@ -12,6 +13,7 @@ from typing import Any
 from orchestrator.backends import backend
 from orchestrator.backends.base import ProbeJob
 from orchestrator.cost import pool_rate
+from orchestrator.exceptions import StateFileError
 from orchestrator.probe._plan import SCHEME, Configuration, Plan, digest
 from orchestrator.store import atomic_write_json, read_json, workspace
 
@@ -29,6 +31,7 @@ class Measured:
     cached: bool
     knobs: dict[str, tuple[str, Rows]] = dataclasses.field(default_factory=dict)  # name -> (change, rows)
     knob_seconds: float = 0.0  # the knob jobs' wall time (as first run)
+    ran_seconds: float = 0.0  # the wall time of the jobs this invocation ran (0: all cached)
 
     @property
     def cost(self) -> tuple[float, str]:
@@ -69,7 +72,8 @@ def run_plan(plan: Plan, *, workdir: str | None, attribute: bool) -> list[Measur
                         "batches": batches, "rows": rows, "engine": engine}
 
             record, cached = _cached(out_dir / f"{c.probe_id}.json", make)
-            m = Measured(c, record["rows"], record["engine"], record["seconds"], cached)
+            m = Measured(c, record["rows"], record["engine"], record["seconds"], cached,
+                         ran_seconds=0.0 if cached else record["seconds"])
             if attribute:
                 _knobs(job, c, m, out_dir, seeds, batches)
         measured.append(m)
@@ -90,10 +94,53 @@ def _knobs(job: ProbeJob, c: Configuration, m: Measured, out_dir: Path, seeds: l
     if todo:
         t0 = time.perf_counter()
         made = job.run_knobs(c.trial, c.config, c.pool, seeds, batches, todo)
-        share = (time.perf_counter() - t0) / len(todo)  # one job ran them all
+        took = time.perf_counter() - t0
+        share = took / len(todo)  # one job ran them all
+        m.ran_seconds += took
         for k in todo:
             records[k] = {"probe_id": ids[k], "knob": k, "rows": made[k], "seconds": share}
             atomic_write_json(out_dir / f"{ids[k]}.json", records[k])
         m.cached = False
     m.knobs = {k: (changes[k], records[k]["rows"]) for k in changes}
     m.knob_seconds = sum(float(records[k].get("seconds", 0.0)) for k in changes)
+
+
+LEDGER = "probes.json"  # in the grid's directory: what its probes cost
+
+
+def record_spent(grid_dir: Path, measured: list[Measured]) -> None:
+    """Add what this invocation's probe jobs cost to the grid's ledger (``<grid dir>/probes.json``:
+    probe id -> label, pool, unit, accelerator-hours and runs), which ``ablate compare``'s cost
+    table reads. A probe read from the cache adds nothing: its hours were spent once, by the
+    grid whose probe ran it (or again, if its record was deleted and it ran again)."""
+    path = grid_dir / LEDGER
+    try:
+        entries = spent(grid_dir)
+    except StateFileError as exc:  # the probe's own records are intact: the ledger starts again
+        print(f"warning: {exc}; writing it again from this probe", file=sys.stderr)
+        entries = {}
+    for m in measured:
+        if m.ran_seconds <= 0 and m.config.probe_id in entries:
+            continue
+        accelerators, unit = pool_rate(m.config.pool)
+        old = entries.get(m.config.probe_id, {"hours": 0.0, "runs": 0})
+        entries[m.config.probe_id] = {
+            "label": m.config.label, "pool": m.config.pool.name, "unit": unit,
+            "hours": float(old["hours"]) + accelerators * m.ran_seconds / 3600,
+            "runs": int(old["runs"]) + (m.ran_seconds > 0)}
+    atomic_write_json(path, {"probes": entries})
+
+
+def spent(grid_dir: Path) -> dict[str, dict[str, Any]]:
+    """The grid's probe ledger (empty where it has none); a damaged one raises ``StateFileError``
+    (one line naming the file)."""
+    path = grid_dir / LEDGER
+    if not path.is_file():
+        return {}
+    data = read_json(path)
+    probes = data.get("probes") if isinstance(data, dict) else None
+    if not isinstance(probes, dict) or not all(
+            isinstance(e, dict) and isinstance(e.get("hours"), (int, float)) and isinstance(e.get("unit"), str)
+            for e in probes.values()):
+        raise StateFileError(f"{path}: not a probe ledger; fix: delete it (the next probe writes it again)")
+    return probes

@@ -11,6 +11,7 @@ import verdict_streams as V
 
 from orchestrator.compare import compare
 from orchestrator.grid import expand
+from orchestrator.store import atomic_write_json
 from orchestrator.tracking import GridRun
 from orchestrator.trial import Attempt
 
@@ -73,6 +74,39 @@ def test_compare_writes_cost_table_and_decides_declared_comparisons(isolated: Pa
     assert "Declared comparisons" in (out / "summary.html").read_text()
     printed = capsys.readouterr().out
     assert "cost: " in printed and "collapse_rate: correction.is_level=sequence vs none" in printed
+
+
+def test_the_grids_probes_are_cost_rows_of_their_own(isolated: Path, capsys) -> None:
+    """What ``ablate probe`` or a submit's ``preflight:`` spent (the grid's probe ledger) is in
+    cost.csv as ``probe`` rows and in summary.md, not in the trials' grid total; a damaged
+    ledger is left out with one warning."""
+    gfile, grid, uri, parent = trackedruns.open_grid(isolated, "cost.yaml", GRID)
+    for t in expand(grid):
+        _track(uri, parent, grid, t, isolated / "buf")
+    parent.end()
+    ledger = isolated / ".ablate" / "cost-test" / "probes.json"
+    atomic_write_json(ledger, {"probes": {
+        "p000000000001": {"label": "pool=sim-a100", "pool": "sim-a100", "unit": "cpu_hours",
+                          "hours": 0.004, "runs": 1},
+        "p000000000002": {"label": "pool=sim-a100 correction.is_level=none", "pool": "sim-a100",
+                          "unit": "cpu_hours", "hours": 0.002, "runs": 1}}})
+    out = compare(gfile, workdir=str(isolated / ".ablate"))
+    rows = list(csv.DictReader((out / "cost.csv").read_text().splitlines()))
+    probes = [r for r in rows if r["level"] == "probe"]
+    assert [(r["trial_id"], float(r["accelerator_hours"])) for r in probes] == [
+        ("p000000000001", 0.004), ("p000000000002", 0.002)]
+    [total] = [r for r in rows if r["level"] == "grid"]
+    trials = [r for r in rows if r["level"] == "trial"]
+    assert float(total["accelerator_hours"]) == pytest.approx(
+        sum(float(r["accelerator_hours"]) for r in trials), rel=1e-4)
+    assert "Probes: 2 configurations probed, 0.006 CPU-h" in (out / "summary.md").read_text()
+    assert "Probes: 2 configurations probed" in capsys.readouterr().out
+    ledger.write_text('{"probes": {"p1": {"hours": "lots"}}}')
+    out = compare(gfile, workdir=str(isolated / ".ablate"))
+    rows = list(csv.DictReader((out / "cost.csv").read_text().splitlines()))
+    assert not [r for r in rows if r["level"] == "probe"]
+    warned = [line for line in capsys.readouterr().err.splitlines() if "probes.json" in line]
+    assert len(warned) == 1 and "cost.csv leaves the probes out" in warned[0]
 
 
 def test_compare_time_to_collapse_multiplicity_and_equivalence(isolated: Path) -> None:

@@ -17,7 +17,7 @@ import pytest
 from orchestrator import metrics as M
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
-from orchestrator.probe import ProbeReport, probe
+from orchestrator.probe import ProbeReport, probe, spent
 from orchestrator.probe._report import TIME_COLUMNS
 
 REPO = Path(__file__).resolve().parents[2]
@@ -110,6 +110,24 @@ def test_a_second_probe_runs_nothing_new(probed) -> None:
     assert all(s.measured.cached for s in again.summaries)
     assert sorted((root / "wd" / "probes").iterdir()) == records
     assert [s.metrics["k3"] for s in again.summaries] == [s.metrics["k3"] for s in report.summaries]
+
+
+def test_the_grids_ledger_holds_what_its_probes_cost_once(probed) -> None:
+    """``<workdir>/<grid>/probes.json``, which compare's cost table reads: each configuration's
+    hours at its pool's rate, counted when its jobs ran; a probe from the cache adds nothing."""
+    report, root = probed
+    ledger = root / "wd" / "quickstart" / "probes.json"
+    before = spent(ledger.parent)
+    assert sorted(before) == sorted(s.measured.config.probe_id for s in report.summaries)
+    for s in report.summaries:
+        entry = before[s.measured.config.probe_id]
+        hours, unit = s.measured.cost
+        assert entry["runs"] == 1 and entry["unit"] == unit == "cpu_hours"
+        assert entry["label"] == s.label and entry["pool"] == s.measured.config.pool.name
+        assert entry["hours"] == pytest.approx(hours, rel=1e-6) and entry["hours"] > 0
+    probe(str(REPO / GRID), attribute=True, workdir=str(root / "wd"), out=str(root / "ledger"),
+          track=False)
+    assert spent(ledger.parent) == before
 
 
 def test_a_gate_over_its_bound_exits_1_with_one_line(probed, capsys) -> None:
