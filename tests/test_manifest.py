@@ -178,3 +178,22 @@ def test_a_result_is_checked_where_its_engine_is_not_installed(monkeypatch: pyte
     without one checks it all the same (the pools the grid names), with the same inputs."""
     monkeypatch.setenv("ABLATE_VLLM_CPU_ENV", str(tmp_path / "none"))
     assert manifest.stale(REPO / "results" / "verl-cpu-vllm") is None
+
+
+def test_a_grid_compared_as_submitted_with_another_backend_records_it(checkout: Path, monkeypatch) -> None:
+    """``ablate submit grids/seed_study.yaml --backend miles`` then ``ablate compare``: the
+    manifest hashes the Miles recipe the trials ran, names the backend, and its regenerate
+    command passes it; the file's own backend is recorded as before (nothing added)."""
+    shutil.copy(REPO / "grids" / "seed_study.yaml", checkout / "grids" / "seed_study.yaml")
+    monkeypatch.chdir(checkout)
+    out = checkout / "results" / "seed_study"
+    out.mkdir(parents=True)
+    m = manifest.for_grid(Path("grids/seed_study.yaml"), Path("results/seed_study"), environments=[],
+                          backend="miles")
+    manifest.write(out, m)
+    assert m["source"]["backend"] == "miles" and "recipe:miles/qwen3_4b_dapo" in m["inputs"]
+    assert m["regenerate"].startswith("ablate submit grids/seed_study.yaml --backend miles && ")
+    assert manifest.stale(out, root=checkout) is None
+    own = manifest.for_grid(Path("grids/seed_study.yaml"), Path("results/seed_study"), environments=[],
+                            backend="verl")
+    assert "backend" not in own["source"] and "recipe:verl/qwen3_4b_dapo" in own["inputs"]

@@ -51,7 +51,7 @@ from orchestrator.compare._stats import (
 from orchestrator.compare._where import where_recorded
 from orchestrator.exceptions import UserError, did_you_mean
 from orchestrator.grid import load_grid
-from orchestrator.scheduler import renamed
+from orchestrator.scheduler import as_submitted, renamed
 from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 from orchestrator.sim.numerics import environments
 from orchestrator.store import workspace
@@ -82,8 +82,9 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
             out_dir: str | Path | None = None, tracking_uri: str | None = None,
             workdir: str | Path | None = None, name: str | None = None) -> Path:
     """Write ``results/<grid>/`` for the grid's tracked trials (``name``: the grid as submitted
-    under another name); returns the directory."""
+    under another name; its backend: as submitted); returns the directory."""
     grid = renamed(load_grid(grid_path), name)
+    grid = as_submitted(grid, workspace.grid_dir(grid.name, workdir))
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
     uri = workspace.tracking_uri(tracking_uri, workdir)
@@ -122,12 +123,12 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     report = build_report(results, axis_names, rows, cols, out, grid_name=grid.name,
                           store=workspace.display_uri(uri, workdir),
                           unfinished=unfinished.describe() if unfinished else None,
-                          compare=grid.spec.comparisons, adaptive=grid.spec.adaptive,
-                          probes=C.probe_costs(grid_dir), steps=grid.spec.steps,
-                          multiplicity=grid.spec.multiplicity, reward_range=grid.spec.metrics.bounds("reward"),
+                          compare=grid.spec.comparisons, adaptive=grid.spec.adaptive, steps=grid.spec.steps,
+                          probes=C.probe_costs(grid_dir), multiplicity=grid.spec.multiplicity,
+                          reward_range=grid.spec.metrics.bounds("reward"),
                           pool_kinds=frozenset(p.kind for p in grid.pools.pools.values()
                                                if p.name in {r.pool for r in results}))
-    manifest.write(out, manifest.for_grid(grid_path, out, environments=manifest.numeric_environments(
+    manifest.write(out, manifest.for_grid(grid_path, out, backend=grid.backend, environments=manifest.numeric_environments(
         r.numerics for r in results), evaluated=RF.present(results) and not grid.spec.eval.reference))
     _log_to_parent(mlc, exp.experiment_id, out)
     print_table(report)
@@ -142,14 +143,13 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
                  unfinished: str | None = None, compare: Sequence[CompareDecl] = (),
                  adaptive: AdaptiveSeedsSpec | None = None, steps: int = 0,
                  multiplicity: str = "holm", reward_range: tuple[float, float] = DEFAULT_RANGE,
-                 pool_kinds: frozenset[str] = frozenset({"sim"}), probes: C.Probes = ()
-                 ) -> dict[str, Any]:
+                 pool_kinds: frozenset[str] = frozenset({"sim"}),
+                 probes: C.Probes = ()) -> dict[str, Any]:
     """Tables, plots and importance for ``results``; returns what the terminal table needs.
     ``unfinished`` says which trials are not in it yet (a grid still running); ``steps``: the
     grid's steps (the horizon of the time to collapse; 0: the longest trial's); ``reward_range``:
     the reward's declared range (``metrics.range.reward``), which its cell intervals stay in;
-    ``pool_kinds``: the trials' pools' kinds (which reference evaluator the section names);
-    ``probes``: the grid's probes' cost (``C.probe_costs``: rows of ``cost.csv``)."""
+    ``pool_kinds``: the trials' pools' kinds (which reference evaluator the section names)."""
     variants = any(r.variant for r in results)
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])

@@ -102,14 +102,15 @@ def _label(path: Path, root: Path) -> str:
 
 
 def grid_inputs(grid_file: str | Path, *, extra: Sequence[str] = (), grid_root: Path = REPO,
-                code_root: Path = REPO) -> dict[str, str]:
+                code_root: Path = REPO, backend: str | None = None) -> dict[str, str]:
     """Label -> sha256 of everything that decides the numbers of ``grid_file``'s trials: the
     grid file (labelled relative to ``grid_root``), its composed recipe (as JSON, so Hydra's file
     layout does not matter), the pools its trials use, the sources that decide their numbers
     (:data:`COMMON_SOURCES` and :data:`KIND_SOURCES` of each pool's kind, with
     :data:`REFERENCE_SOURCES` where the grid scores with the reference evaluator) and ``extra``
-    (globs relative to ``code_root``, the checkout or install the code runs from)."""
-    grid = load_grid(grid_file)
+    (globs relative to ``code_root``, the checkout or install the code runs from); ``backend``:
+    another than the file's (``ablate submit --backend``)."""
+    grid = load_grid(grid_file, backend=backend)
     inputs = {f"grid:{_label(Path(grid_file), grid_root)}": _file_digest(Path(grid_file)),
               f"recipe:{grid.spec.recipe}": _sha256(json.dumps(grid.recipe_config, sort_keys=True).encode())}
     # The numeric fields of the pools its trials use (a search may pick any), not the catalogue
@@ -207,18 +208,23 @@ def write(directory: Path, manifest: Mapping[str, Any]) -> Path:
 
 
 def for_grid(grid_file: str | Path, out: Path, *, environments: Sequence[Mapping[str, Any]],
-             evaluated: bool = False) -> dict[str, Any]:
+             evaluated: bool = False, backend: str | None = None) -> dict[str, Any]:
     """The manifest of ``ablate compare GRID --out OUT`` (paths as given from the current
     directory, which for the committed ``results/`` is the repository); ``evaluated``: its
-    reference scores came from ``ablate evaluate``, which the command then runs too."""
+    reference scores came from ``ablate evaluate``, which the command then runs too;
+    ``backend``: the one the trials ran on, recorded (and hashed: its recipe, its pools) where
+    ``ablate submit --backend`` gave another than the file's."""
     grid_label = _label(Path(grid_file), Path.cwd())
     out_label = _label(Path(out), Path.cwd())
-    regenerate = (f"ablate submit {grid_label} && "
+    own = load_grid(grid_file)
+    backend = None if backend in (None, own.backend) else backend
+    regenerate = (f"ablate submit {grid_label}{f' --backend {backend}' if backend else ''} && "
                   + (f"ablate evaluate {grid_label} && " if evaluated else "")
                   + f"ablate compare {grid_label}"
-                  + ("" if out_label == f"results/{load_grid(grid_file).name}" else f" --out {out_label}"))
-    return build(grid_inputs(grid_file, grid_root=Path.cwd()), kind="compare", regenerate=regenerate,
-                 source={"grid": grid_label}, environments=environments)
+                  + ("" if out_label == f"results/{own.name}" else f" --out {out_label}"))
+    return build(grid_inputs(grid_file, grid_root=Path.cwd(), backend=backend), kind="compare",
+                 regenerate=regenerate, environments=environments,
+                 source={"grid": grid_label, **({"backend": backend} if backend else {})})
 
 
 def for_script(grid_file: str | Path, scripts: Sequence[str], *, regenerate: str,
@@ -233,7 +239,8 @@ def for_script(grid_file: str | Path, scripts: Sequence[str], *, regenerate: str
 def current_inputs(manifest: Mapping[str, Any], root: Path = REPO) -> dict[str, str]:
     """What the inputs of ``manifest`` hash to with the files as they are now."""
     source = manifest.get("source") or {}
-    return grid_inputs(root / source["grid"], extra=tuple(source.get("extra", ())), grid_root=root, code_root=root)
+    return grid_inputs(root / source["grid"], extra=tuple(source.get("extra", ())), grid_root=root,
+                       code_root=root, backend=source.get("backend"))
 
 
 def stale(directory: Path, root: Path = REPO) -> str | None:

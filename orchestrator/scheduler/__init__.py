@@ -17,7 +17,7 @@ if TYPE_CHECKING:
     from orchestrator.scheduler._control import cancel, status_command
     from orchestrator.scheduler._evaluate import EvaluateReport, evaluate
     from orchestrator.scheduler._events import EventPrinter, EventWatcher, PoolCounts, TrialEvent
-    from orchestrator.scheduler._identity import renamed, stored_stores
+    from orchestrator.scheduler._identity import as_submitted, renamed, stored_stores
     from orchestrator.scheduler._notify import notify_test
     from orchestrator.scheduler._resume import resume
     from orchestrator.scheduler._submission import run_trials, submit
@@ -29,11 +29,11 @@ _WHERE = {
     "status_command": "_control",
     "EvaluateReport": "_evaluate", "evaluate": "_evaluate", "EventPrinter": "_events",
     "EventWatcher": "_events", "PoolCounts": "_events", "TrialEvent": "_events",
-    "renamed": "_identity", "stored_stores": "_identity", "notify_test": "_notify",
+    "as_submitted": "_identity", "renamed": "_identity", "stored_stores": "_identity", "notify_test": "_notify",
     "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
 }
 __all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "Planner", "PoolCounts", "Seen",
-           "TrialEvent", "cancel", "end_report", "evaluate", "notify_test", "renamed", "resume", "run_trials",
+           "TrialEvent", "as_submitted", "cancel", "end_report", "evaluate", "notify_test", "renamed", "resume", "run_trials",
            "status_command", "stored_stores", "submit"]
 
 

@@ -33,6 +33,7 @@ from orchestrator.cost import pool_rate
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
 from orchestrator.pools import PoolSpec
+from orchestrator.scheduler._identity import as_submitted
 from orchestrator.store import (
     CheckpointStore,
     GridLease,
@@ -101,6 +102,7 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
     """Score the saved checkpoints of ``grid_path``'s recorded trials (all, or ``trials``; every
     step the store holds, or ``steps``)."""
     grid = load_grid(grid_path)
+    grid = as_submitted(grid, workspace.grid_dir(grid.name, workdir))  # submit --backend's
     target = grid.spec.eval.reference or evaluation.REFERENCE_TARGETS[0]
     shared = grid.base_config
     found = evaluation.reference_job(shared)

@@ -29,7 +29,7 @@ from collections.abc import Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from orchestrator.exceptions import UserError
+from orchestrator.exceptions import StateFileError, UserError
 from orchestrator.schema import NAME_PATTERN
 from orchestrator.store import (
     TrialPaths,
@@ -100,6 +100,25 @@ def differences(old: dict[str, Any], new: dict[str, Any]) -> list[str]:
         else:
             out.append(f"{key}: {_short(a)} -> {_short(b)}")
     return out
+
+
+def as_submitted(grid: GridSpec, grid_dir: Path) -> GridSpec:
+    """``grid`` as its trials were submitted: with the backend ``identity.json`` recorded where
+    ``ablate submit --backend`` gave another than the file's (``seed_study.yaml --backend
+    miles``), so ``ablate resume``, ``compare`` and ``evaluate`` plan, run and describe the
+    trials that ran (their trainer, recipe and pools), not the file's default ones."""
+    path = Path(grid_dir) / IDENTITY
+    try:
+        stored = read_json(path) if path.exists() else {}
+    except StateFileError:  # said by what needs the record (resume's scheme check); compare reads on
+        return grid
+    backend = (stored.get("fields") or {}).get("backend") if isinstance(stored, dict) else None
+    if not isinstance(backend, str) or backend == grid.backend:
+        return grid
+    # deferred: ablate status imports this module, and needs no grid schema
+    from orchestrator.grid import load_grid
+
+    return renamed(load_grid(grid.file, backend=backend), grid.name)
 
 
 def check_scheme(grid: GridSpec, grid_dir: Path, stored: dict[str, Any] | None = None) -> None:

@@ -46,7 +46,7 @@ from orchestrator.exceptions import UserError
 from orchestrator.grid import load_grid
 from orchestrator.run import make_job, run_attempt
 from orchestrator.scheduler._events import Sink
-from orchestrator.scheduler._identity import check_scheme, renamed
+from orchestrator.scheduler._identity import as_submitted, check_scheme, renamed
 from orchestrator.scheduler._lineage import select_trials
 from orchestrator.scheduler._placement import check_address
 from orchestrator.scheduler._repair import missing_before, repair_metrics
@@ -79,6 +79,7 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     """
     grid = renamed(load_grid(grid_path), name)  # `--name`: the grid as submitted under it
     grid_dir = workspace.grid_dir(grid.name, workdir)
+    grid = as_submitted(grid, grid_dir)  # `ablate submit --backend`: the backend it ran on
     if not (grid_dir / "trials").is_dir():
         raise UserError(f"grid {grid.name} has no runs in {workspace.workdir(workdir)}; "
                         f"nothing to resume (start it with `ablate submit {grid_path}`)")

@@ -13,7 +13,7 @@ from orchestrator.cli import main
 from orchestrator.exceptions import UserError
 from orchestrator.grid import expand, load_grid
 from orchestrator.scheduler import renamed
-from orchestrator.scheduler._identity import check_identity
+from orchestrator.scheduler._identity import as_submitted, check_identity
 from orchestrator.store import workspace
 
 
@@ -87,3 +87,24 @@ def test_submit_refuses_before_anything_starts(isolated: Path, capsys: pytest.Ca
     grid_dir = workspace.grid_dir("ident")
     assert not (grid_dir / "trials").exists() and not (grid_dir / "grid.json").exists()
     assert not (isolated / ".ablate" / "mlflow.db").exists()
+
+
+def test_the_backend_a_grid_was_submitted_with_is_the_one_resume_and_compare_use(isolated: Path) -> None:
+    """``ablate submit GRID --backend slurm`` records its backend; ``as_submitted`` (asked by
+    ``ablate resume``, ``compare`` and ``evaluate``, which take no ``--backend``) loads the grid
+    with it, so they plan the trials that ran (ids cover the backend), under a ``--name`` too."""
+    grid, _ = _grid(isolated)
+    submitted = load_grid(grid.file, backend="slurm")
+    ran = expand(submitted)
+    _check(submitted, ran)
+    again = as_submitted(load_grid(grid.file), workspace.grid_dir(grid.name))
+    assert again.backend == "slurm" != grid.backend
+    assert [t.trial_id for t in expand(again)] == [t.trial_id for t in ran]
+    other = renamed(submitted, "ident-b")
+    _check(other, expand(other))
+    named = as_submitted(renamed(load_grid(grid.file), "ident-b"), workspace.grid_dir("ident-b"))
+    assert (named.name, named.backend) == ("ident-b", "slurm")
+    plain, _ = _grid(isolated, "plain.yaml")  # a grid submitted as its file says: itself
+    assert as_submitted(plain, isolated / "nowhere") is plain
+    (workspace.grid_dir(grid.name) / "identity.json").write_text("{torn")  # compare still reads
+    assert as_submitted(grid, workspace.grid_dir(grid.name)) is grid
