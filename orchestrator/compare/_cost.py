@@ -98,8 +98,8 @@ def cost_section(results: Sequence[TrialResult], axis_names: Sequence[str], out:
     by_unit: dict[str, float] = {}
     for _, e in probes:
         by_unit[e["unit"]] = by_unit.get(e["unit"], 0.0) + e["hours"]
-    return {"by_cell": by_cell, "grid": grid, "probes": {"hours": by_unit, "count": len(probes)}, "traced": sum(1 for r in results if r.cost is not None),
-            "reference": ref}
+    return {"by_cell": by_cell, "grid": grid, "traced": sum(1 for r in results if r.cost is not None),
+            "reference": ref, "probes": {"hours": by_unit, "count": len(probes)}}
 
 
 def outcome(r: TrialResult) -> Outcome:
@@ -278,6 +278,8 @@ def html_section(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: f
                  if cost["traced"] else "<p>No trial run carries its cost.</p>")
     if ref and cost["traced"]:
         parts.append(f"<p>{esc(REF_NOTE.strip().replace('`', ''))}</p>")
+    if cost.get("probes", {}).get("count"):
+        parts.append(f"<p>{esc(probe_line(cost).replace('`', ''))}</p>")
     if comps:
         parts.append(f"<h2>Declared comparisons</h2><p>Difference to the baseline cell with its "
                      f"{level:.0%} interval (Newcombe / Welch or paired t / RMST difference); p "

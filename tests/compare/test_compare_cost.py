@@ -100,6 +100,7 @@ def test_the_grids_probes_are_cost_rows_of_their_own(isolated: Path, capsys) -> 
     assert float(total["accelerator_hours"]) == pytest.approx(
         sum(float(r["accelerator_hours"]) for r in trials), rel=1e-4)
     assert "Probes: 2 configurations probed, 0.006 CPU-h" in (out / "summary.md").read_text()
+    assert "Probes: 2 configurations probed, 0.006 CPU-h" in (out / "summary.html").read_text()
     assert "Probes: 2 configurations probed" in capsys.readouterr().out
     ledger.write_text('{"probes": {"p1": {"hours": "lots"}}}')
     out = compare(gfile, workdir=str(isolated / ".ablate"))
