@@ -208,7 +208,7 @@ def markdown(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: float
         lines.append(f"| **grid** | {int(t['trials'])} | {fmt_hours(t['hours'], unit)} | "
                      f"{fmt_hours(t['retry_hours'], unit)} | {fmt_hours(t['saved_hours'], unit)} |"
                      + (f" {fmt_hours(t['reference_hours'], unit)} |" if ref else ""))
-    lines += ["", probe_line(cost)] if cost.get("probes", {}).get("count") else []
+    lines += ["", probe_line(cost)] if cost["probes"]["count"] else []
     lines.append("")
     if not comps:
         return lines
@@ -248,7 +248,7 @@ def terminal_lines(cost: dict[str, Any], comps: Sequence[dict[str, Any]]) -> lis
     """What ``ablate compare`` prints under its table."""
     lines = ["cost: " + "; ".join(f"{fmt_hours(t['hours'], u)} over {int(t['trials'])} trials"
                                   for u, t in cost["grid"].items())] if cost["grid"] else []
-    lines += [probe_line(cost)] if cost.get("probes", {}).get("count") else []
+    lines += [probe_line(cost)] if cost["probes"]["count"] else []
     for r in comps:
         state = "decided" if r["decided"] else "undecided" + (f" ({_more(r)})" if _more(r) else "")
         lines.append(f"{r['target']}: {r['axis']}={r['value']} vs {r['baseline']} "
@@ -278,7 +278,7 @@ def html_section(cost: dict[str, Any], comps: Sequence[dict[str, Any]], level: f
                  if cost["traced"] else "<p>No trial run carries its cost.</p>")
     if ref and cost["traced"]:
         parts.append(f"<p>{esc(REF_NOTE.strip().replace('`', ''))}</p>")
-    if cost.get("probes", {}).get("count"):
+    if cost["probes"]["count"]:
         parts.append(f"<p>{esc(probe_line(cost).replace('`', ''))}</p>")
     if comps:
         parts.append(f"<h2>Declared comparisons</h2><p>Difference to the baseline cell with its "

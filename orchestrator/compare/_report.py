@@ -84,7 +84,8 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
     """Write ``results/<grid>/`` for the grid's tracked trials (``name``: the grid as submitted
     under another name; its backend: as submitted); returns the directory."""
     grid = renamed(load_grid(grid_path), name)
-    grid = as_submitted(grid, workspace.grid_dir(grid.name, workdir))
+    grid_dir = workspace.grid_dir(grid.name, workdir)
+    grid = as_submitted(grid, grid_dir)
     axis_names = [a.name for a in grid.axes]
     rows, cols = pick_axes(axis_names, rows, cols)
     uri = workspace.tracking_uri(tracking_uri, workdir)
@@ -94,7 +95,6 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                         f"{grid_path}` first, or pass --tracking-uri (or --workdir) where it ran")
     mlc = client(uri)
     exp = mlc.get_experiment_by_name(grid.name)
-    grid_dir = workspace.grid_dir(grid.name, workdir)
     if exp is None:
         raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
                         f"{workspace.canonical_uri(uri)}; "

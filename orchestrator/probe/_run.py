@@ -127,7 +127,7 @@ def record_spent(grid_dir: Path, measured: list[Measured]) -> None:
         entries[m.config.probe_id] = {
             "label": m.config.label, "pool": m.config.pool.name, "unit": unit,
             "hours": float(old["hours"]) + accelerators * m.ran_seconds / 3600,
-            "runs": int(old["runs"]) + (m.ran_seconds > 0)}
+            "runs": int(old.get("runs", 0)) + (m.ran_seconds > 0)}
     atomic_write_json(path, {"probes": entries})
 
 

@@ -29,12 +29,12 @@ _WHERE = {
     "status_command": "_control",
     "EvaluateReport": "_evaluate", "evaluate": "_evaluate", "EventPrinter": "_events",
     "EventWatcher": "_events", "PoolCounts": "_events", "TrialEvent": "_events",
-    "as_submitted": "_identity", "renamed": "_identity", "stored_stores": "_identity", "notify_test": "_notify",
-    "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
+    "as_submitted": "_identity", "renamed": "_identity", "stored_stores": "_identity",
+    "notify_test": "_notify", "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
 }
 __all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "Planner", "PoolCounts", "Seen",
-           "TrialEvent", "as_submitted", "cancel", "end_report", "evaluate", "notify_test", "renamed", "resume", "run_trials",
-           "status_command", "stored_stores", "submit"]
+           "TrialEvent", "as_submitted", "cancel", "end_report", "evaluate", "notify_test",
+           "renamed", "resume", "run_trials", "status_command", "stored_stores", "submit"]
 
 
 def __getattr__(name: str) -> Any:
