@@ -168,7 +168,7 @@ def run_bare(trial: Any, config: Any, pool: Any, workdir: Path, base_env: dict[s
     logger = work / "metrics.jsonl"
     ray_tmp = f"/tmp/ablate-ray-{uuid.uuid4().hex[:8]}"  # short: Unix socket paths
     env = dict(base_env)
-    for key, value in VerlTrainer.environment(trial, tracking_uri=None, run_id=None,
+    for key, value in VerlTrainer.job_environment(trial, tracking_uri=None, run_id=None,
                                               file_logger_path=str(logger), pool=pool).items():
         if value is None:
             env.pop(key, None)

@@ -14,7 +14,7 @@ Targets:
   engine rounding), sampling the same held-out prompts with noise drawn from (seed, step) only,
   so two arms with one seed are scored on the same prompts with the same uniforms. On the
   simulator ``sim/reference.py``; a trainer that cannot run it refuses the grid at plan
-  (``backends.base.Trainer.check_reference``).
+  (``backends.base.Evaluator.problem``).
 - ``engine`` (verl): a fixed evaluation configuration, the same for every arm: verl's own
   validation (its prompts, reward and core metric, as the trial's ``eval/reward``) of each
   saved checkpoint, run by one engine setting (``eval.rollout``, the rollout vocabulary) on one

@@ -86,3 +86,22 @@ def register(monkeypatch: Any) -> None:
     from orchestrator import backends
 
     monkeypatch.setitem(backends._TRAINERS, "sim", ("doubles", "DoubleTrainer"))
+
+
+def config_of(pool: Any, correction: Any = None, rollout: Any = None, learner: Any = None,
+              recipe: Mapping[str, Any] | None = None) -> Any:
+    """A ``TrialConfig`` on ``pool`` of these typed sections (None: the default) over
+    ``recipe``: what a test asks a trainer's ``problems`` about."""
+    from orchestrator.backends import TrialConfig
+
+    sections = {name: spec.non_default() for name, spec in
+                (("correction", correction), ("rollout", rollout), ("learner", learner))
+                if spec is not None}
+    return TrialConfig.of({**(recipe or {}), **sections}, pool)
+
+
+def refusal(trainer: Any, config: Any, *stages: str, **asked: Any) -> str | None:
+    """The first problem ``trainer`` (a class, or a backend) finds in ``config`` at ``stages``
+    (default: ``combination``), or None."""
+    found = trainer.problems(config, stages=frozenset(stages or ("combination",)), **asked)
+    return found[0].reason if found else None

@@ -44,8 +44,9 @@ def test_verl_logs_no_loss_scale_or_skip_metric() -> None:
     from orchestrator.sim.job import SimTrainer
     from orchestrator.verl.trainer import VerlTrainer
 
-    assert not VerlTrainer.reported(M.LOSS_SCALE) and SimTrainer.reported(M.LOSS_SCALE)
-    assert VerlTrainer.reported(M.SKIPPED_SHARE) and SimTrainer.reported(M.SKIPPED_SHARE)
+    verl, sim = VerlTrainer.emits(), SimTrainer.emits()
+    assert not verl.reports(M.LOSS_SCALE) and sim.reports(M.LOSS_SCALE)
+    assert verl.reports(M.SKIPPED_SHARE) and sim.reports(M.SKIPPED_SHARE)
 
 
 def _fp16(stream, skips: set[int]):

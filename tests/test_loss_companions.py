@@ -98,7 +98,7 @@ def test_verl_runs_the_companions_in_place_of_the_recipes_ppo_values(tmp_path) -
     pool = load_catalog().get("cpu-fp32")
     shown = {}
     for loss, trial in trials.items():
-        items = VerlTrainer.describe(trial, grid.trial_config(trial).updated(pool=pool))
+        items = VerlTrainer.job(grid.trial_config(trial).updated(pool=pool)).describe(trial)
         shown[loss] = {i.split("=", 1)[0]: i.split("=", 1)[1].strip("'") for i in items
                        if i.startswith("actor_rollout_ref.actor.") and "clip_ratio" in i
                        or "loss_agg_mode" in i}

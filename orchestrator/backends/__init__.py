@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import dataclasses
 import importlib
+import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -21,24 +22,23 @@ if TYPE_CHECKING:
     from orchestrator.backends.base import (
         AttemptOutcome,
         AttemptResult,
+        Evaluator,
         Launcher,
         MetricReader,
         ProbeJob,
+        Problem,
         RunContext,
         Trainer,
         TrainerJob,
     )
     from orchestrator.backends.config import TrialConfig
-    from orchestrator.corrections import CorrectionSpec
-    from orchestrator.engine import RolloutSpec
-    from orchestrator.learner import LearnerSpec
     from orchestrator.pools import PoolSpec
     from orchestrator.trial import TrialSpec
 
 # Imported on first use (PEP 562), as the trainers are: the interfaces pull in the grid's
 # schema library, which a command that only reads records (``ablate status``) does without.
-_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Launcher", "MetricReader", "ProbeJob",
-              "RunContext", "Trainer", "TrainerJob")
+_FROM_BASE = ("AttemptOutcome", "AttemptResult", "Emits", "Evaluator", "Launcher",
+              "MetricReader", "Problem", "ProbeJob", "RunContext", "Trainer", "TrainerJob")
 
 
 def __getattr__(name: str) -> Any:
@@ -63,6 +63,12 @@ _PROBES: dict[str, tuple[str, str]] = {
     "sim": ("orchestrator.sim.probe_job", "SimProbe"),
     "verl": ("orchestrator.probe.verl_job", "VerlProbe"),
 }
+# A trainer's reference evaluator (``base.Evaluator``), by trainer name: one without has every
+# reference refused.
+_EVALUATORS: dict[str, tuple[str, str]] = {
+    "sim": ("orchestrator.sim.evaluator", "SimEvaluator"),
+    "verl": ("orchestrator.verl.reference_job", "VerlEvaluator"),
+}
 _LAUNCHERS: dict[str, tuple[str, str]] = {
     "local": ("orchestrator.backends.local", "LocalLauncher"),
     "k8s": ("orchestrator.k8s.launcher", "K8sLauncher"),
@@ -80,9 +86,9 @@ _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
     "slurm-miles": (("miles",), "slurm"),  # Ray started in the allocation, train.py its driver
 }
 
-__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Launcher", "MetricReader", "RunContext",
-           "Trainer", "TrainerJob", "TrialConfig", "backend", "launched_on", "names", "on_launcher",
-           "trainer_names", "trainers_of"]
+__all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Emits", "Evaluator", "Launcher",
+           "MetricReader", "Problem", "RunContext", "Trainer", "TrainerJob", "TrialConfig",
+           "backend", "launched_on", "names", "on_launcher", "trainer_names", "trainers_of"]
 
 
 def _load(ref: tuple[str, str]) -> Any:
@@ -194,62 +200,54 @@ class Backend:
 
     # ------------------------------------------------------------------ plan time
 
-    def check(self, correction: CorrectionSpec, rollout: RolloutSpec,
-              pool: PoolSpec) -> str | None:
-        return self.trainer(pool).check(correction, rollout, pool)
+    def problems(self, config: TrialConfig, *, stages: frozenset[str] | None = None,
+                 given: Iterable[tuple[str, Any]] = (), checkpoint: Path | None = None,
+                 others: Iterable[PoolSpec] = ()) -> list[Problem]:
+        """Every problem of a trial of ``config`` on its pool (``base.Trainer.problems``), stage
+        by stage in :data:`base.STAGES` order: of a pool's own settings the trainer's first
+        (what it computes with), of a trial's placement the launcher's (it is wrong for every
+        trial of the pool)."""
+        from orchestrator.backends.base import PLAN, STAGES  # deferred: see _FROM_BASE
 
-    def check_pool(self, pool: PoolSpec) -> tuple[str, str] | None:
-        return self.trainer(pool).check_pool(pool) or self.launcher.check_pool(pool)
-
-    def check_learner(self, learner: LearnerSpec, correction: CorrectionSpec,
-                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        return self.trainer(pool).check_learner(learner, correction, rollout, pool)
-
-    def check_values(self, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        return self.trainer(pool).check_values(items, config, pool)
-
-    def check_config(self, config: TrialConfig) -> str | None:
-        # The launcher's placement first: it is wrong for every trial of the pool.
+        asked = PLAN if stages is None else stages
         trainer = self.trainer(config.pool)
-        return (self.launcher.check_config(trainer, config)
-                or trainer.check_config(config, config.pool))
+        mine = trainer.problems(config, stages=asked, given=given, checkpoint=checkpoint,
+                                others=others)
+        theirs = self.launcher.problems(trainer, config, stages=asked)
+        return sorted(mine + theirs, key=lambda p: (STAGES.index(p.stage), p.stage != "pool"
+                                                    and p in mine))
 
-    def check_engine(self, rollout: RolloutSpec, config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        return self.trainer(pool).check_engine(rollout, config, pool)
+    def problem(self, config: TrialConfig, stages: frozenset[str], **asked: Any) -> str | None:
+        """The first of :meth:`problems` of ``stages``, or None."""
+        found = self.problems(config, stages=stages, **asked)
+        return found[0].reason if found else None
 
-    def check_reference(self, target: str, pool: PoolSpec) -> str | None:
-        return self.trainer(pool).check_reference(target, pool)
+    def evaluator(self, pool: PoolSpec) -> Evaluator:
+        """The reference evaluator of the trainer that runs ``pool``'s trials (one that refuses
+        every reference where its trainer registered none)."""
+        from orchestrator.backends.base import Evaluator  # deferred: see _FROM_BASE
 
-    def check_reference_job(self, target: str, pool: PoolSpec, rollout: RolloutSpec,
-                            config: Mapping[str, Any], arm_keys: Iterable[str],
-                            trial_pools: Iterable[PoolSpec]) -> str | None:
-        return self.trainer(pool).check_reference_job(target, pool, rollout, config, arm_keys,
-                                                      trial_pools)
-
-    def check_checkpoint(self, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
-                         others: Iterable[PoolSpec]) -> str | None:
-        return self.trainer(pool).check_checkpoint(checkpoint, pool, config, others)
+        trainer = self.trainer(pool)
+        ref = _EVALUATORS.get(trainer.name)
+        return (Evaluator if ref is None else _load(ref))(trainer)  # type: ignore[no-any-return]
 
     def reported(self, name: str, pools: Iterable[PoolSpec]) -> bool:
         """Whether some trial on ``pools`` can ever report metric ``name`` (its trainer's)."""
-        return any(self.trainer(p).reported(name) for p in pools)
+        return any(self.trainer(p).emits().reports(name) for p in pools)
 
-    def unemitted(self, correction: CorrectionSpec, rollout: RolloutSpec, learner: LearnerSpec,
-                  pool: PoolSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """Metrics a trial of this configuration (``config``: its resolved recipe) on ``pool``
-        never emits, with why (its trainer's answer, whichever launcher runs it)."""
-        return self.trainer(pool).unemitted(correction, rollout, learner, config)
-
-    def unemitted_by(self, config: TrialConfig) -> dict[str, str]:
-        """:meth:`unemitted` for a trial's configuration, on the pool it runs on."""
-        return self.unemitted(config.correction, config.rollout, config.learner, config.pool,
-                              config)
+    def unemitted(self, config: TrialConfig) -> dict[str, str]:
+        """Metrics a trial of ``config`` never emits on its pool, with why (its trainer's
+        answer, whichever launcher runs it)."""
+        return dict(self.trainer(config.pool).emits(config).unemitted)
 
     def describe(self, trial: TrialSpec, config: TrialConfig) -> list[str]:
-        return (self.launcher.describe(trial, config.pool)
-                + self.trainer(config.pool).describe(trial, config))
+        """What ``ablate plan --show-overrides`` prints: the launcher's lines (Slurm: the
+        ``#SBATCH`` options), then the trainer's job's, or a trial run in-process's overrides
+        as ``key=JSON`` lines."""
+        job = self.trainer(config.pool).job(config)
+        own = (job.describe(trial) if job is not None
+               else [f"{k}={json.dumps(v, default=list)}" for k, v in trial.overrides])
+        return self.launcher.describe(trial, config.pool) + own
 
     # ------------------------------------------------------------------ submit and run
 

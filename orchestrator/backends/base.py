@@ -15,16 +15,13 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-import json
 from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
 from orchestrator import metrics as M
-from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import BackendUnavailableError
-from orchestrator.learner import LearnerSpec
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
 
@@ -74,8 +71,54 @@ class RunContext(Protocol):
         the attempt record and set as tags on the trial's MLflow run."""
 
 
+# What a plan-time problem is about, in the order a grid is checked (``Trainer.problems``):
+# a catalogue pool's own settings; the correction/rollout/learner sections on the pool; the
+# engine's flags once the whole config is known (verl: the recipe names the engine); recipe
+# leaves the grid sets; the whole resolved config on the pool (its placement first); a stored
+# checkpoint a trial would resume from there (``ablate resume --pool``, ``ablate evaluate``).
+STAGES = ("pool", "combination", "engine", "values", "config", "checkpoint")
+PLAN = frozenset(STAGES) - {"checkpoint"}
+
+
+@dataclasses.dataclass(frozen=True)
+class Problem:
+    """One reason a trial cannot run on a pool: its stage (:data:`STAGES`), one line (``"key:
+    problem; fix: ..."`` where it is about a key), and for a ``pool`` problem the pool's key
+    in the catalogue."""
+
+    stage: str
+    reason: str
+    key: str | None = None
+
+
+def problem(stage: str, reason: str | None, key: str | None = None) -> list[Problem]:
+    """``[Problem(stage, reason, key)]``, or ``[]`` where ``reason`` is None."""
+    return [] if reason is None else [Problem(stage, reason, key)]
+
+
+@dataclasses.dataclass(frozen=True)
+class Emits:
+    """What a trainer reports: every name of ``orchestrator/metrics.py``'s vocabulary but
+    ``never``, anything under ``namespaces`` (verl's file logger passes its own through), and
+    for one configuration the names it does not emit (``unemitted``: name -> why)."""
+
+    never: frozenset[str] = frozenset()
+    namespaces: tuple[str, ...] = ()
+    unemitted: Mapping[str, str] = dataclasses.field(default_factory=dict)
+
+    def reports(self, name: str) -> bool:
+        """Whether the trainer can ever report ``name`` (``*``: any). A collapse rule on
+        another name could never fire."""
+        return name == "*" or (name not in self.never
+                               and (name in M.vocabulary() or name.startswith(self.namespaces)))
+
+
 class Trainer(abc.ABC):
-    """Trains attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kinds``."""
+    """Trains attempts of trials. Subclasses set ``name``, ``version`` and ``pool_kinds`` (its
+    identity) and answer five questions besides :meth:`run`: a trial's problems on a pool,
+    what it emits, the environment its processes need, whether this machine runs it, and the
+    job a launcher that computes elsewhere runs. A trainer's reference evaluator and probe are
+    registered beside it (``backends._EVALUATORS``, ``backends._PROBES``)."""
 
     name: ClassVar[str]
     version: ClassVar[str]  # part of every trial id: bump it when results would change
@@ -88,160 +131,38 @@ class Trainer(abc.ABC):
     computes_elsewhere: ClassVar[bool] = False
 
     @classmethod
-    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Plan-time refusal: a reason this trainer cannot run the combination, or None."""
-        return None
+    def problems(cls, config: TrialConfig, *, stages: frozenset[str] = PLAN,
+                 given: Iterable[tuple[str, Any]] = (), checkpoint: Path | None = None,
+                 others: Iterable[PoolSpec] = ()) -> list[Problem]:
+        """Every reason this trainer cannot run a trial of ``config`` on ``config.pool``, of
+        the asked ``stages`` (:data:`STAGES`), in the order it checks them: ``given`` are the
+        recipe leaves the grid sets (``values``), ``checkpoint`` the stored checkpoint it would
+        resume from and ``others`` the grid's pools (``checkpoint``). By default a trainer maps
+        no ``learner.*`` setting, so any is refused: a trainer that does not say what it runs
+        must not run it. A checkpoint holds the whole state, so it resumes on any pool."""
+        learner = config.learner.non_default()
+        if "combination" not in stages or not learner:
+            return []
+        keys = ", ".join(f"learner.{k}: {v}" for k, v in learner.items())
+        return problem("combination", f"{keys}: backend {cls.name!r} does not map the learner "
+                       "vocabulary; fix: drop it, or use the sim or verl backend")
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        """Plan-time refusal of a pool's own settings in the catalogue (e.g. a simulator
-        profile): (the pool key, the reason), or None. By default none."""
-        return None
-
-    @classmethod
-    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
-                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Plan-time refusal of the ``learner.*`` settings (``orchestrator/learner.py``) with
-        this correction and engine on ``pool``. By default a trainer maps none of them, so any
-        setting is refused: a trainer that does not say what it runs must not run it."""
-        set_keys = ", ".join(f"learner.{k}: {v}" for k, v in learner.non_default().items())
-        if set_keys:
-            return (f"{set_keys}: backend {cls.name!r} does not map the learner vocabulary; "
-                    "fix: drop it, or use the sim or verl backend")
-        return None
-
-    @classmethod
-    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        """Plan-time refusal of recipe-leaf values a grid sets (``items``; ``config`` is the
-        whole resolved config): a reason ``"key: problem"``, or None. By default none."""
-        return None
-
-    @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """Plan-time refusal of a trial's whole resolved config on ``pool`` (verl: a model too
-        large for a cpu pool's memory): a reason ``"key: problem; fix: ..."``, or None."""
-        return None
-
-    @classmethod
-    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        """Plan-time refusal of engine flags once the trial's whole config is known (verl: the
-        rollout engine defaults to the recipe's), or None. By default none."""
-        return None
-
-    @classmethod
-    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
-        """Why this trainer cannot score ``pool``'s trials with the reference evaluator
-        ``target`` (``eval: {reference: ...}``, ``orchestrator/evaluation.py``), or None. By
-        default none can: a trainer that does not run one must not pretend to."""
-        return (f"backend {cls.name!r} has no reference evaluator; fix: drop eval.reference, "
-                "or use the sim backend")
-
-    @classmethod
-    def check_reference_job(cls, target: str, pool: PoolSpec, rollout: RolloutSpec,
-                            config: Mapping[str, Any], arm_keys: Iterable[str],
-                            trial_pools: Iterable[PoolSpec]) -> str | None:
-        """Why this trainer cannot run the evaluation job of reference ``target`` on ``pool``
-        (``eval.pool``) with engine settings ``rollout`` (``eval.rollout``) for the grid's
-        shared ``config``, or score arms that set ``arm_keys`` themselves, or load checkpoints
-        saved on ``trial_pools``; None if it can. By default it runs none."""
-        return (f"pool {pool.name} runs backend {cls.name!r}, which has no evaluation job; "
-                "fix: name a cpu or gpu pool of the verl backend")
-
-    # The version of the reference evaluator(s) this trainer runs, recorded with every score it
-    # makes after the fact (``store.reference``); None: it runs none.
-    reference_version: ClassVar[str | None] = None
-    # True: the trial's evals cannot run the reference in-process (verl evaluates through the
-    # trial's own engine), so the runner scores each checkpoint as it is saved, with
-    # :meth:`evaluate_checkpoint`, into ``reference.json`` (``run/_attempt.py``).
-    reference_at_checkpoints: ClassVar[bool] = False
-
-    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
-                            checkpoint: Path, step: int, target: str) -> float:
-        """The reference evaluator ``target``'s score of the checkpoint of ``step`` of ``trial``
-        (``ablate evaluate``): the number the trial would have logged as ``eval/reward_ref`` at
-        that step. Only trainers whose :meth:`check_reference` accepts ``target``."""
-        raise NotImplementedError(f"backend {self.name!r} has no reference evaluator")
-
-    # A reference that is a job of its own: the version of that job, recorded with its scores
-    # (``evaluation.job_evaluator``), and the config keys that name the model it loads (an arm
-    # that sets one trained another model than the job loads: it is not scored).
-    reference_job_version: ClassVar[str | None] = None
-    job_model_keys: ClassVar[tuple[str, ...]] = ()
-
-    @classmethod
-    def require_job(cls, pool: PoolSpec, config: Mapping[str, Any], *, where: str = "") -> None:
-        """Raise ``BackendUnavailableError`` (one line starting with ``where``) unless this
-        machine runs the evaluation job on ``pool`` (``ablate evaluate`` runs it here)."""
-        raise BackendUnavailableError(f"{where}: backend {cls.name!r} has no evaluation job")
-
-    def evaluate_job(self, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
-                     rollout: Mapping[str, Any], checkpoint: Path, step: int, *,
-                     grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
-        """A reference that is a job of its own (``evaluation.reference_job``): the score of the
-        checkpoint of ``step`` by the job on evaluation pool ``pool`` with engine settings
-        ``rollout``, run on the grid's ``shared`` config, and the job's evidence (JSON). Only
-        trainers whose :meth:`check_reference_job` accepts the pool (plan refuses the others); by
-        default a one-line refusal, as :meth:`require_job` gives before any job."""
-        raise BackendUnavailableError(f"backend {self.name!r} has no evaluation job; fix: name "
-                                      "a cpu or gpu pool of the verl backend as eval.pool")
-
-    @classmethod
-    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
-                         others: Iterable[PoolSpec]) -> str | None:
-        """Why the stored checkpoint ``checkpoint`` cannot resume on ``pool`` (``ablate resume
-        --pool``; ``others``: the grid's pools), or None. By default a checkpoint holds the
-        whole state, so it resumes on any pool this trainer runs on."""
-        return None
-
-    @classmethod
-    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
-        """Raise ``BackendUnavailableError`` (one line starting with ``where``, e.g. the grid
-        file and key, then what to install) if this machine cannot run this trainer's trials on
-        ``pools`` itself. The local launcher calls it before anything starts. By default every
-        machine can."""
-
-    @classmethod
-    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
-        """What ``ablate plan --show-overrides`` prints for a trial: by default its overrides as
-        ``key=JSON`` lines (verl: the exact Hydra override list of its job)."""
-        return [f"{k}={json.dumps(v, default=list)}" for k, v in trial.overrides]
-
-    @classmethod
-    def job(cls, config: TrialConfig) -> TrainerJob | None:
-        """The job a launcher that computes elsewhere (a Kubernetes RayJob, a Slurm
-        allocation's size) asks about: None where this trainer's attempts run only through
-        :meth:`run`, in the launcher's own process (the simulator)."""
-        return None
-
-    @classmethod
-    def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
-        """Environment variables the processes that run this trainer's trials must start with
-        (None: unset), e.g. the simulator's pinned numerics. Applied before Ray starts its
-        workers, and before an in-process trial imports anything heavy."""
-        return {}
-
-    @classmethod
-    def never_emitted(cls) -> frozenset[str]:
-        """Names of ``orchestrator/metrics.py``'s vocabulary this trainer never reports."""
-        return frozenset()
-
-    @classmethod
-    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
-                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """Metrics of :meth:`reported` that a trial of this configuration never emits, each with
-        why: a grid's own collapse rule or search objective on one of them could never fire for
-        it, so the grid is refused at plan (``grid/_expansion``), and a default rule on one is
-        recorded as not applicable to the trial (``verdict.VerdictEngine``). ``config``: the
-        trial's resolved recipe, for what its other sections decide (verl: evaluation); None
-        where only the three sections are known. By default what every trainer's IS correction
-        shares (the simulator's ``sim/correction_math.is_weights`` and verl's
-        ``rollout_corr_helper.compute_rollout_correction_weights``): the masked share only in
-        mask mode (IcePop), the batch-normalisation factor only with batch normalisation, both
-        only with an IS level; and the loss scaler's metrics only for an fp16 learner (the
-        simulator's ``LossScaler`` and verl's ``ShardedGradScaler`` exist only there)."""
+    def emits(cls, config: TrialConfig | None = None) -> Emits:
+        """What this trainer reports, and what a trial of ``config`` does not (None: no
+        configuration asked). By default the vocabulary, and for a configuration what every
+        trainer's IS correction shares (the simulator's ``sim/correction_math.is_weights`` and
+        verl's ``rollout_corr_helper.compute_rollout_correction_weights``): the masked share
+        only in mask mode (IcePop), the batch-normalisation factor only with batch
+        normalisation, both only with an IS level; and the loss scaler's metrics only for an
+        fp16 learner (the simulator's ``LossScaler`` and verl's ``ShardedGradScaler`` exist
+        only there). A grid's own collapse rule or search objective on an unemitted metric
+        could never fire for the trial, so the grid is refused at plan (``grid/_expansion``),
+        and a default rule on one is recorded as not applicable (``verdict.VerdictEngine``)."""
         out: dict[str, str] = {}
+        if config is None:
+            return Emits()
+        correction, learner = config.correction, config.learner
         if learner.precision != "fp16":
             out[M.SKIPPED_SHARE] = out[M.LOSS_SCALE] = (
                 "it is emitted only with learner.precision: fp16 (the only learner with a loss "
@@ -252,20 +173,95 @@ class Trainer(abc.ABC):
         if correction.is_level == "none" or not correction.batch_norm:
             out[M.IS_BATCH_NORM] = ("it is emitted only with correction.batch_norm: true and "
                                     "an is_level")
-        return out
+        return Emits(unemitted=out)
 
     @classmethod
-    def reported(cls, name: str) -> bool:
-        """Whether this trainer can ever report metric ``name`` (``*``: any): by default the
-        vocabulary's names but :meth:`never_emitted`. A collapse rule on another name could
-        never fire."""
-        if name == "*":
-            return True
-        return name not in cls.never_emitted() and name in M.vocabulary()
+    def environment(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
+        """Environment variables the processes that run this trainer's trials must start with
+        (None: unset), e.g. the simulator's pinned numerics. Applied before Ray starts its
+        workers, and before an in-process trial imports anything heavy."""
+        return {}
+
+    @classmethod
+    def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
+        """Raise ``BackendUnavailableError`` (one line starting with ``where``, e.g. the grid
+        file and key, then what to install) if this machine cannot run this trainer's trials on
+        ``pools`` itself. The local launcher calls it before anything starts. By default every
+        machine can."""
+
+    @classmethod
+    def job(cls, config: TrialConfig) -> TrainerJob | None:
+        """The job a launcher that computes elsewhere (a Kubernetes RayJob, a Slurm
+        allocation's size) asks about, and ``ablate plan --show-overrides`` prints: None where
+        this trainer's attempts run only through :meth:`run`, in the launcher's own process
+        (the simulator)."""
+        return None
 
     @abc.abstractmethod
     def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         """Run one attempt of ``trial`` (from ``ctx.resume_step`` if set) until done or stopped."""
+
+
+class Evaluator:
+    """A trainer's reference evaluator(s) (``eval: {reference: ...}``,
+    ``orchestrator/evaluation.py``), registered by trainer name (``backends._EVALUATORS``). This
+    base is a trainer's that has none: it refuses every reference, one line each."""
+
+    # The version of the in-process reference, recorded with every score it makes after the
+    # fact (``store.reference``); None: it runs none.
+    version: ClassVar[str | None] = None
+    # True: the trial's evals cannot run the reference in-process (verl evaluates through the
+    # trial's own engine), so the runner scores each checkpoint as it is saved, with
+    # :meth:`score`, into ``reference.json`` (``run/_attempt.py``).
+    at_checkpoints: ClassVar[bool] = False
+    # A reference that is a job of its own: the version of that job, recorded with its scores
+    # (``evaluation.job_evaluator``), and the config keys that name the model it loads (an arm
+    # that sets one trained another model than the job loads: it is not scored).
+    job_version: ClassVar[str | None] = None
+    job_model_keys: ClassVar[tuple[str, ...]] = ()
+
+    def __init__(self, trainer: type[Trainer]) -> None:
+        self.trainer = trainer
+
+    def problem(self, target: str, pool: PoolSpec) -> str | None:
+        """Why ``pool``'s trials cannot be scored with reference ``target``, or None."""
+        return (f"backend {self.trainer.name!r} has no reference evaluator; fix: drop "
+                "eval.reference, or use the sim backend")
+
+    def job_problem(self, target: str, pool: PoolSpec, rollout: RolloutSpec,
+                    config: Mapping[str, Any], arm_keys: Iterable[str],
+                    trial_pools: Iterable[PoolSpec]) -> str | None:
+        """Why the evaluation job of reference ``target`` cannot run on ``pool`` (``eval.pool``)
+        with engine settings ``rollout`` (``eval.rollout``) for the grid's shared ``config``,
+        or score arms that set ``arm_keys`` themselves, or load checkpoints saved on
+        ``trial_pools``; None if it can."""
+        return (f"pool {pool.name} runs backend {self.trainer.name!r}, which has no evaluation "
+                "job; fix: name a cpu or gpu pool of the verl backend")
+
+    def require_job(self, pool: PoolSpec, config: Mapping[str, Any], *, where: str = "") -> None:
+        """Raise ``BackendUnavailableError`` (one line starting with ``where``) unless this
+        machine runs the evaluation job on ``pool`` (``ablate evaluate`` runs it here)."""
+        raise BackendUnavailableError(f"{where}: backend {self.trainer.name!r} has no "
+                                      "evaluation job")
+
+    def score(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+              checkpoint: Path, step: int, target: str) -> float:
+        """Reference ``target``'s score of the checkpoint of ``step`` of ``trial`` (``ablate
+        evaluate``): the number the trial would have logged as ``eval/reward_ref`` at that
+        step. Only where :meth:`problem` accepts ``target``."""
+        raise NotImplementedError(f"backend {self.trainer.name!r} has no reference evaluator")
+
+    def score_job(self, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
+                  rollout: Mapping[str, Any], checkpoint: Path, step: int, *,
+                  grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
+        """A reference that is a job of its own (``evaluation.reference_job``): the score of the
+        checkpoint of ``step`` by the job on evaluation pool ``pool`` with engine settings
+        ``rollout``, run on the grid's ``shared`` config, and the job's evidence (JSON). Only
+        where :meth:`job_problem` accepts the pool (plan refuses the others); by default a
+        one-line refusal, as :meth:`require_job` gives before any job."""
+        raise BackendUnavailableError(f"backend {self.trainer.name!r} has no evaluation job; "
+                                      "fix: name a cpu or gpu pool of the verl backend as "
+                                      "eval.pool")
 
 
 class MetricReader(Protocol):
@@ -287,6 +283,11 @@ class TrainerJob(abc.ABC):
     engine: str | None
     # Accelerators the job spans (the nodes a launcher asks for: world_size / gpus_per_node).
     world_size: int
+
+    @abc.abstractmethod
+    def describe(self, trial: TrialSpec) -> list[str]:
+        """What ``ablate plan --show-overrides`` prints for ``trial`` (verl: the exact Hydra
+        override list of its job; Miles: train.py's arguments)."""
 
     @abc.abstractmethod
     def command(self, trial: TrialSpec, *, checkpoint_dir: str, resume_path: str | None = None,
@@ -381,17 +382,14 @@ class Launcher(abc.ABC):
         call it before anything starts. By default every machine can."""
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        """Plan-time refusal of a pool's own launcher settings in the catalogue (Slurm: an
-        ``extra`` option the launcher sets itself): (the pool key, the reason), or None."""
-        return None
-
-    @classmethod
-    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
-        """Plan-time refusal of a trial's placement (Slurm: its pool's nodes and ``slurm:``
-        block; ``trainer``: the one that runs it), checked before the trainer's own
-        ``check_config``; by default none."""
-        return None
+    def problems(cls, trainer: type[Trainer], config: TrialConfig, *,
+                 stages: frozenset[str] = PLAN) -> list[Problem]:
+        """Plan-time refusals of a trial's placement by this launcher (``trainer``: the one that
+        runs it), as :meth:`Trainer.problems` gives them and checked before the trainer's: a
+        pool's own launcher settings in the catalogue (``pool``; Slurm: an ``extra`` option the
+        launcher sets itself), the pool's nodes for the trial (``config``; Slurm: its nodes and
+        ``slurm:`` block). By default none."""
+        return []
 
     @classmethod
     def describe(cls, trial: TrialSpec, pool: PoolSpec) -> list[str]:
@@ -404,7 +402,7 @@ class Launcher(abc.ABC):
                    config: Mapping[str, Any]) -> dict[str, str | None]:
         """The environment the orchestrator's workers start with: by default the trainer's
         (it trains in them); a launcher whose job trains elsewhere sets it there instead."""
-        return trainer.worker_env(config)
+        return trainer.environment(config)
 
     @classmethod
     def dry_run(cls, grid_path: str, *, out_dir: str | None, force: bool,

@@ -16,7 +16,6 @@ from pydantic import ValidationError
 from orchestrator import recipes
 from orchestrator.backends import TrialConfig, backend
 from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import UserError
 from orchestrator.grid._cells import check_comparisons, check_emitted, watched_metrics
 from orchestrator.grid._checker import Checker
@@ -28,7 +27,6 @@ from orchestrator.learner import (
     COMPANION_KEYS,
     LOSS_COMPANIONS,
     LOSS_SETTINGS,
-    LearnerSpec,
     loss_companions,
 )
 from orchestrator.trial import (
@@ -131,12 +129,12 @@ class _Resolver:
         if ("values", items, pool) in self.checked:  # apart from _backend_check's section keys
             return
         config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in items})
-        spec = self.grid.pools.pools[pool]
-        problem = self.backend.check_values(items, config, spec)
+        trial_config = TrialConfig.of(config, self.grid.pools.pools[pool])
+        problem = self.backend.problem(trial_config, frozenset({"values"}), given=items)
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", *self._where(problem), fix="change the value")
-        problem = self.backend.check_config(TrialConfig.of(config, spec))
+        problem = self.backend.problem(trial_config, frozenset({"config"}))
         if problem:  # it names its own fix
             # The line of the grid key it is about if the grid sets it, else of the pool.
             grid_sets_it = any(k == problem.split(":", 1)[0] for k, _ in items)
@@ -165,18 +163,9 @@ class _Resolver:
         key = (tuple(section_items), pool)
         if key in self.checked:
             return
-        corr = CorrectionSpec.model_validate(
-            {**self.section_base["correction"],
-             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("correction.")}})
-        roll = RolloutSpec.model_validate(
-            {**self.section_base["rollout"],
-             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("rollout.")}})
-        learn = LearnerSpec.model_validate(
-            {**self.section_base["learner"],
-             **{k.split(".", 1)[1]: thaw(v) for k, v in section_items if k.startswith("learner.")}})
-        pool_spec = self.grid.pools.pools[pool]
-        problem = (self.backend.check(corr, roll, pool_spec)
-                   or self.backend.check_learner(learn, corr, roll, pool_spec))
+        sections = {k: thaw(v) for k, v in section_items}
+        config = TrialConfig.resolve(self.grid.recipe_config, sections, self.grid.pools.pools[pool])
+        problem = self.backend.problem(config, frozenset({"combination"}))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem
@@ -193,7 +182,7 @@ class _Resolver:
         config = TrialConfig.resolve(self.grid.recipe_config,
                                      {k: thaw(v) for k, v in sections + rest},
                                      self.grid.pools.pools[pool])
-        check_emitted(self.grid, self.backend.unemitted_by(config),
+        check_emitted(self.grid, self.backend.unemitted(config),
                       f"{_context(context)} on pool {pool}")
         self.checked.add(key)
 
@@ -204,11 +193,10 @@ class _Resolver:
         key = ("engine", rollout_items, rest, pool)
         if key in self.checked:
             return
-        roll = RolloutSpec.model_validate(
-            {**self.section_base["rollout"],
-             **{k.split(".", 1)[1]: thaw(v) for k, v in rollout_items}})
-        config = recipes.apply_overrides(self.grid.recipe_config, {k: thaw(v) for k, v in rest})
-        problem = self.backend.check_engine(roll, config, self.grid.pools.pools[pool])
+        config = TrialConfig.resolve(self.grid.recipe_config,
+                                     {k: thaw(v) for k, v in rest + rollout_items},
+                                     self.grid.pools.pools[pool])
+        problem = self.backend.problem(config, frozenset({"engine"}))
         if problem:
             raise self.grid.error(f"backend {self.grid.backend!r} cannot run ({_context(context)}): "
                                   f"{problem}", "axes", fix=None if "; fix: " in problem

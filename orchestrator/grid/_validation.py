@@ -15,7 +15,7 @@ from typing import Any
 from pydantic import BaseModel, ValidationError
 
 from orchestrator import evaluation, metrics, recipes
-from orchestrator.backends import Backend, backend
+from orchestrator.backends import Backend, TrialConfig, backend
 from orchestrator.exceptions import GridError
 from orchestrator.grid._adaptive import check_cost_keys
 from orchestrator.grid._cells import check_param_names, check_static
@@ -146,7 +146,7 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
     if target is None:
         return fixed
     for pool in pools:
-        problem = runs.check_reference(target, pool)
+        problem = runs.evaluator(pool).problem(target, pool)
         if problem:
             raise chk.err(problem.removeprefix(f"{evaluation.OVERRIDE_KEY}: "),
                           ("eval", "reference"),
@@ -169,7 +169,7 @@ def _with_reference(spec: GridFile, chk: Checker, runs: Backend, pools: Sequence
             raise chk.err(exc.errors()[0]["msg"].removeprefix("Value error, "),
                           ("eval", "rollout")) from None
         arm_keys = sorted({str(path[-1]) for path in _arm_key_paths(spec)})
-        problem = runs.check_reference_job(target, pool, rollout, base, arm_keys, pools)
+        problem = runs.evaluator(pool).job_problem(target, pool, rollout, base, arm_keys, pools)
         if problem:
             raise chk.err(problem, ("eval", "rollout" if ev.rollout else "pool"),
                           fix=None if "; fix: " in problem else "pick another eval.pool")
@@ -355,9 +355,9 @@ def _check_pools(spec: GridFile, axes: Sequence[Axis], chk: Checker, catalog: Po
 def check_catalog_pool(backend: Backend, catalog: PoolCatalog, name: str) -> None:
     """A pool's own settings, refused at the catalogue's file and key (a typo in a
     ``sim_profile`` is the catalogue's mistake, not the grid's axes)."""
-    problem = backend.check_pool(catalog.pools[name])
-    if problem is not None:
-        key, why = problem
+    found = backend.problems(TrialConfig.of({}, catalog.pools[name]), stages=frozenset({"pool"}))
+    if found:
+        key, why = found[0].key or "", found[0].reason
         file, line = catalog.where(name, key)
         own_fix = "; fix: " in why  # the trainer's or launcher's reason names its own fix
         raise GridError(why.removeprefix(f"pool {name}: "), file=file, line=line,

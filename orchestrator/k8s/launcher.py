@@ -28,12 +28,15 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import (
+    PLAN,
     AttemptOutcome,
     AttemptResult,
     Launcher,
+    Problem,
     RunContext,
     Trainer,
     TrainerJob,
+    problem,
 )
 from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure, UserError
@@ -67,20 +70,28 @@ class K8sLauncher(Launcher):
         self._sleep = sleep
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
+    def problems(cls, trainer: type[Trainer], config: TrialConfig, *,
+                 stages: frozenset[str] = PLAN) -> list[Problem]:
         """What the dry run and a submission check of a pool (``render.check_pool``: node
-        labels, Kueue flavour, CPUs and memory per node), at plan time."""
-        try:
-            check_pool(pool)
-        except UserError as exc:
-            text = str(exc)  # "pools.NAME[.KEY][:] ...": the catalogue key, for its line
-            match = re.match(rf"pools\.{re.escape(pool.name)}(?:\.(\w+))?(: )?", text)
-            key = (match.group(1) or "") if match else ""
-            return key, text[match.end():] if match and match.group(2) else text
-        return None
+        labels, Kueue flavour, CPUs and memory per node: ``pool``), and the image a trial of
+        its engine runs there (``config``)."""
+        found: list[Problem] = []
+        if "pool" in stages:
+            try:
+                check_pool(config.pool)
+            except UserError as exc:
+                text = str(exc)  # "pools.NAME[.KEY][:] ...": the catalogue key, for its line
+                match = re.match(rf"pools\.{re.escape(config.pool.name)}(?:\.(\w+))?(: )?",
+                                 text)
+                key = (match.group(1) or "") if match else ""
+                found.append(Problem("pool", text[match.end():] if match and match.group(2)
+                                     else text, key))
+        if "config" in stages:
+            found += problem("config", cls._image_problem(trainer, config))
+        return found
 
     @classmethod
-    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
+    def _image_problem(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
         """The image a trial of this engine runs on its pool (``render.pool_image``, from the
         pool's ``images``/``image`` or ``ABLATE_K8S_IMAGE``), checked as the dry run checks it.
         An image given nowhere yet passes here: it comes from the environment of the process

@@ -45,6 +45,19 @@ class MilesJob(TrainerJob):
         self.world_size = config.pool.world_size
         self.checkout = str(config.pool.miles.get("checkout") or ".")
 
+    def describe(self, trial: TrialSpec) -> list[str]:
+        """train.py's arguments, one flag (with its values) a line, then the trial's mis.yaml
+        keys and the job's environment."""
+        argv, mis, env = self.trainer.arguments(trial, self.config)
+        lines: list[str] = []
+        for arg in argv:
+            if arg.startswith("--") or not lines:
+                lines.append(arg)
+            else:
+                lines[-1] += " " + arg
+        lines += [f"mis.yaml {k}: {json.dumps(v)}" for k, v in (mis or {}).items()]
+        return lines + [f"env {k}={v}" for k, v in sorted(env.items())]
+
     def command(self, trial: TrialSpec, *, checkpoint_dir: str, resume_path: str | None = None,
                 save_freq: int | None = None) -> list[str]:
         argv, mis, _ = self.trainer.arguments(trial, self.config, checkpoint_dir=checkpoint_dir,

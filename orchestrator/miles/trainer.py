@@ -16,18 +16,23 @@ needs SGLang and Megatron on GPUs.
 """
 from __future__ import annotations
 
-import json
 from collections.abc import Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
-from orchestrator.backends.base import AttemptResult, RunContext, Trainer
+from orchestrator.backends.base import (
+    PLAN,
+    AttemptResult,
+    Emits,
+    Problem,
+    RunContext,
+    Trainer,
+    problem,
+)
 from orchestrator.backends.config import TrialConfig
-from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
 from orchestrator.exceptions import GridError
-from orchestrator.learner import LearnerSpec, rollout_for
+from orchestrator.learner import rollout_for
 from orchestrator.miles import events, flags, launch
 from orchestrator.miles.job import MilesJob
 from orchestrator.pools import PoolSpec
@@ -64,78 +69,33 @@ class MilesTrainer(Trainer):
     # ----------------------------------------------------------------------- plan time
 
     @classmethod
-    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        if pool.kind != "gpu":
-            return (f"pool {pool.name} is a {pool.kind} pool; Miles runs on gpu pools (SGLang "
-                    "and Megatron need CUDA)")
-        problem = flags.correction_problem(correction) or flags.rollout_problem(rollout)
-        if problem is None and flags.needs_mis(correction) and not pool.miles.get("checkout"):
-            problem = (f"pools.{pool.name}.miles.checkout: this correction runs Miles' MIS "
-                       f"function ({flags.MIS_FILE}, not in the miles-rl wheel); fix: name the "
-                       "Miles checkout on the pool's nodes as miles: {checkout: /path/to/miles}")
-        return problem
-
-    @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        unknown = sorted(set(pool.miles) - POOL_KEYS)
-        if unknown:
-            return "miles", (f"unknown key {unknown[0]!r} (known: {', '.join(sorted(POOL_KEYS))})")
-        for key, value in pool.miles.items():
-            if not isinstance(value, str) or not value:
-                return "miles", f"{key}: {value!r} is not a path or address"
-        return None
-
-    @classmethod
-    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
-                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        if learner.preset == "true_on_policy" and rollout.attention_backend not in (
-                None, flags.TRUE_ON_POLICY_ATTENTION):
-            return (f"rollout.attention_backend: {rollout.attention_backend}: Miles' "
-                    f"true-on-policy plan runs SGLang on {flags.TRUE_ON_POLICY_ATTENTION} "
-                    "(its contract's backend); fix: drop rollout.attention_backend")
-        return flags.learner_problem(learner)  # the model's profile: check_config
-
-    @classmethod
-    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        for key, value in items:
-            problem = _value_problem(key, value)
-            if problem:
-                return problem
-        return None
-
-    @classmethod
-    def check_config(cls, config: TrialConfig,  # type: ignore[override]
-                     pool: PoolSpec) -> str | None:
-        """The recipe's ``miles:`` arguments (none the trainer owns, each a value Miles reads)
-        and the model the true-on-policy plan has a profile for."""
-        section = config.get(SECTION)
-        if not isinstance(section, Mapping) or not section:
-            return (f"{SECTION}: the recipe has no Miles arguments; fix: use a recipe under "
-                    "recipes/miles/ (Miles' train.py arguments under miles:)")
-        for key, value in section.items():
-            if key in OWNED:
-                return (f"{SECTION}.{key}: the miles backend sets it itself (from the trial, "
-                        "its correction/rollout/learner settings and the pool); fix: remove it")
-            problem = _value_problem(f"{SECTION}.{key}", value)
-            if problem:
-                return problem
-        problem = _parallelism_problem(section, pool)
-        if problem:
-            return problem
-        # ``config`` is the trial's TrialConfig (Backend.check_config): its learner is typed.
-        problem = flags.true_on_policy_problem(config.learner, section.get("model_name"),
-                                               bool(section.get("sequence_parallel")))
-        return problem
-
-    @classmethod
-    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
-                         others: Iterable[PoolSpec]) -> str | None:
-        """A resume or rescue on ``pool`` needs its GPUs to hold the recipe's model parallelism.
-        Megatron's default format (torch_dist, megatron/training/training_config.py:411) is
-        resharded on load; a recipe's legacy ``ckpt_format`` is not told apart here."""
-        section = config.get(SECTION)
-        return _parallelism_problem(section, pool) if isinstance(section, Mapping) else None
+    def problems(cls, config: TrialConfig, *, stages: frozenset[str] = PLAN,
+                 given: Iterable[tuple[str, Any]] = (), checkpoint: Path | None = None,
+                 others: Iterable[PoolSpec] = ()) -> list[Problem]:
+        """Why Miles cannot run a trial of ``config`` on its pool, by stage: the pool's
+        ``miles:`` keys (``pool``); a gpu pool, the correction and rollout flags Miles maps, the
+        MIS function's checkout, and the learner settings (``combination``); recipe values that
+        are no argument of train.py (``values``); the recipe's ``miles:`` arguments (none the
+        trainer owns, each a value Miles reads), the pool's GPUs for the model parallelism and
+        the model the true-on-policy plan has a profile for (``config``); and a resume or rescue
+        on the pool, whose GPUs must hold the recipe's model parallelism (``checkpoint``:
+        Megatron's default format, torch_dist, megatron/training/training_config.py:411, is
+        resharded on load; a recipe's legacy ``ckpt_format`` is not told apart here)."""
+        pool, found = config.pool, []
+        if "pool" in stages:
+            found += [Problem("pool", why, "miles") for why in [_pool_problem(pool)] if why]
+        if "combination" in stages:
+            found += problem("combination", _combination_problem(config))
+        if "values" in stages:
+            found += problem("values", next(
+                (why for key, value in given if (why := _value_problem(key, value))), None))
+        if "config" in stages:
+            found += problem("config", _config_problem(config))
+        if "checkpoint" in stages and checkpoint is not None:
+            section = config.get(SECTION)
+            found += problem("checkpoint", _parallelism_problem(section, pool)
+                             if isinstance(section, Mapping) else None)
+        return found
 
     @classmethod
     def arguments(cls, trial: TrialSpec, config: TrialConfig, *, checkpoint_dir: str | None = None,
@@ -145,11 +105,10 @@ class MilesTrainer(Trainer):
         """(train.py's arguments, the trial's mis.yaml or None, the job's environment)."""
         pool, correction, learner = config.pool, config.correction, config.learner
         rollout = rollout_for(learner, config.rollout)
-        problem = (cls.check(correction, rollout, pool) or cls.check_learner(
-            learner, correction, rollout, pool) or cls.check_config(config, pool))
-        if problem:
-            raise GridError(f"backend 'miles' cannot run trial {trial.trial_id}: {problem}",
-                            key=trial.recipe)
+        refused = cls.problems(config, stages=frozenset({"combination", "config"}))
+        if refused:
+            raise GridError(f"backend 'miles' cannot run trial {trial.trial_id}: "
+                            f"{refused[0].reason}", key=trial.recipe)
         out: list[str] = []
         for key, value in config[SECTION].items():
             out += _flag(key, value)
@@ -170,42 +129,24 @@ class MilesTrainer(Trainer):
         return out, mis, env
 
     @classmethod
-    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
-        """``ablate plan --show-overrides``: train.py's arguments, one flag (with its values)
-        a line, then the trial's mis.yaml keys and the job's environment."""
-        argv, mis, env = cls.arguments(trial, config)
-        lines: list[str] = []
-        for arg in argv:
-            if arg.startswith("--") or not lines:
-                lines.append(arg)
-            else:
-                lines[-1] += " " + arg
-        lines += [f"mis.yaml {k}: {json.dumps(v)}" for k, v in (mis or {}).items()]
-        return lines + [f"env {k}={v}" for k, v in sorted(env.items())]
-
-    @classmethod
-    def never_emitted(cls) -> frozenset[str]:
-        """Every name of the vocabulary the Miles reader does not map (``events``)."""
-        return M.vocabulary() - events.EMITTED
-
-    @classmethod
-    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
-                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """Besides what every trainer's IS shares: the MIS function's metrics only where it
-        runs, OPSM's share only with OPSM, the eval reward only with ``miles.eval_interval``
-        (train.py:136 evaluates only then)."""
-        out = super().unemitted(correction, rollout, learner, config)
-        if not flags.needs_mis(correction):
-            out.update(dict.fromkeys(events.MIS_ONLY, (
-                "Miles reports it from its MIS function only, and this correction runs a "
-                "built-in one (token-level TIS or IcePop)")))
-        if correction.opsm is None:
-            out[M.OPSM_FRACTION] = "Miles reports opsm_clipfrac only with --use-opsm"
-        section = (config or {}).get(SECTION) or {}
-        if isinstance(section, Mapping) and not section.get("eval_interval"):
-            out[M.EVAL_REWARD] = ("the recipe sets no miles.eval_interval, and Miles evaluates "
-                                  "during training only with one (train.py:136)")
-        return out
+    def emits(cls, config: TrialConfig | None = None) -> Emits:
+        """Every name of the vocabulary the Miles reader maps (``events``). Besides what every
+        trainer's IS shares: the MIS function's metrics only where it runs, OPSM's share only
+        with OPSM, the eval reward only with ``miles.eval_interval`` (train.py:136 evaluates
+        only then)."""
+        out = dict(super().emits(config).unemitted)
+        if config is not None:
+            if not flags.needs_mis(config.correction):
+                out.update(dict.fromkeys(events.MIS_ONLY, (
+                    "Miles reports it from its MIS function only, and this correction runs a "
+                    "built-in one (token-level TIS or IcePop)")))
+            if config.correction.opsm is None:
+                out[M.OPSM_FRACTION] = "Miles reports opsm_clipfrac only with --use-opsm"
+            section = config.get(SECTION) or {}
+            if isinstance(section, Mapping) and not section.get("eval_interval"):
+                out[M.EVAL_REWARD] = ("the recipe sets no miles.eval_interval, and Miles "
+                                      "evaluates during training only with one (train.py:136)")
+        return Emits(never=M.vocabulary() - events.EMITTED, unemitted=out)
 
     @classmethod
     def runs_mis(cls, config: TrialConfig) -> bool:
@@ -223,6 +164,58 @@ class MilesTrainer(Trainer):
 
     def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         return launch.run_attempt(type(self), trial, config, ctx)
+
+
+def _pool_problem(pool: PoolSpec) -> str | None:
+    """The pool's ``miles:`` block: known keys, each a path or address."""
+    unknown = sorted(set(pool.miles) - POOL_KEYS)
+    if unknown:
+        return f"unknown key {unknown[0]!r} (known: {', '.join(sorted(POOL_KEYS))})"
+    for key, value in pool.miles.items():
+        if not isinstance(value, str) or not value:
+            return f"{key}: {value!r} is not a path or address"
+    return None
+
+
+def _combination_problem(config: TrialConfig) -> str | None:
+    """A gpu pool; the correction, rollout and learner settings Miles maps (``flags``)."""
+    pool, correction, rollout, learner = (config.pool, config.correction, config.rollout,
+                                          config.learner)
+    if pool.kind != "gpu":
+        return (f"pool {pool.name} is a {pool.kind} pool; Miles runs on gpu pools (SGLang "
+                "and Megatron need CUDA)")
+    found = flags.correction_problem(correction) or flags.rollout_problem(rollout)
+    if found is None and flags.needs_mis(correction) and not pool.miles.get("checkout"):
+        found = (f"pools.{pool.name}.miles.checkout: this correction runs Miles' MIS "
+                 f"function ({flags.MIS_FILE}, not in the miles-rl wheel); fix: name the "
+                 "Miles checkout on the pool's nodes as miles: {checkout: /path/to/miles}")
+    if found:
+        return found
+    if learner.preset == "true_on_policy" and rollout.attention_backend not in (
+            None, flags.TRUE_ON_POLICY_ATTENTION):
+        return (f"rollout.attention_backend: {rollout.attention_backend}: Miles' "
+                f"true-on-policy plan runs SGLang on {flags.TRUE_ON_POLICY_ATTENTION} "
+                "(its contract's backend); fix: drop rollout.attention_backend")
+    return flags.learner_problem(learner)  # the model's profile: the config stage
+
+
+def _config_problem(config: TrialConfig) -> str | None:
+    """The recipe's ``miles:`` arguments, the pool's GPUs for its parallelism, and the
+    true-on-policy plan's model profile."""
+    section = config.get(SECTION)
+    if not isinstance(section, Mapping) or not section:
+        return (f"{SECTION}: the recipe has no Miles arguments; fix: use a recipe under "
+                "recipes/miles/ (Miles' train.py arguments under miles:)")
+    for key, value in section.items():
+        if key in OWNED:
+            return (f"{SECTION}.{key}: the miles backend sets it itself (from the trial, "
+                    "its correction/rollout/learner settings and the pool); fix: remove it")
+        found = _value_problem(f"{SECTION}.{key}", value)
+        if found:
+            return found
+    return (_parallelism_problem(section, config.pool)
+            or flags.true_on_policy_problem(config.learner, section.get("model_name"),
+                                            bool(section.get("sequence_parallel"))))
 
 
 def _value_problem(key: str, value: Any) -> str | None:

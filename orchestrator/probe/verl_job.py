@@ -56,7 +56,7 @@ UNMEASURED: dict[str, str] = {
     "bitwise_share": f"{TOKENS_WHY}, not the token log-probs it would compare",
     **{k: f"{TOKENS_WHY} (rollout_corr/*), not per-token |log mu - log pi|"
        for k in ("abs_diff_max", "abs_diff_p50", "abs_diff_p90", "abs_diff_p99")},
-    "buckets": "verl 0.9.1 has no per-probability buckets (VerlTrainer.never_emitted)",
+    "buckets": "verl 0.9.1 has no per-probability buckets (VerlTrainer.emits)",
 }
 
 

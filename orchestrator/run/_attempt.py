@@ -129,27 +129,27 @@ class AttemptRun(AttemptStart):
 
     def _score_reference(self, step: int) -> None:
         """For a trainer whose evals cannot run the grid's reference evaluator in-process
-        (``Trainer.reference_at_checkpoints``: verl), score the checkpoint just saved into the
+        (``Evaluator.at_checkpoints``: verl), score the checkpoint just saved into the
         trial's ``reference.json`` and its MLflow run, as ``ablate evaluate`` would later. A
         score that cannot be made is logged and left to ``ablate evaluate``; it never fails the
         trial's training."""
         target = evaluation.reference_of(self.job.config)
         if target not in evaluation.IN_RUN_TARGETS:
             return  # none, or a job of its own that `ablate evaluate` runs
-        trainer = self.job.backend_ref.trainer(self.job.pool)
-        if not trainer.reference_at_checkpoints:
+        evaluator = self.job.backend_ref.evaluator(self.job.pool)
+        if not evaluator.at_checkpoints:
             return
         t0 = time.perf_counter()
         try:
-            value = trainer().evaluate_checkpoint(self.job.trial, self.job.config, self.job.pool,
-                                                  self.store.path(step), step, target)
+            value = evaluator.score(self.job.trial, self.job.config, self.job.pool,
+                                    self.store.path(step), step, target)
         except Exception as exc:  # noqa: BLE001 - a missing score is visible; training goes on
             log.warning("trial %s: reference score of step %d not made: %s",
                         self.job.trial.trial_id, step, exc)
             return
         held = read_reference(self.paths)
-        if held is None or (held.target, held.evaluator) != (target, trainer.reference_version):
-            held = ReferenceScores(target, str(trainer.reference_version))
+        if held is None or (held.target, held.evaluator) != (target, evaluator.version):
+            held = ReferenceScores(target, str(evaluator.version))
         held.scores[step] = (value, time.perf_counter() - t0)
         write_reference(self.paths, held)  # sent to MLflow at the attempt's end (_send_reference)
 

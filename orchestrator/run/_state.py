@@ -61,7 +61,7 @@ class AttemptState:
         # Default rules on metrics this configuration never emits are recorded as not
         # applicable, not run (a rule that cannot fire would pass without a check).
         self.engine = VerdictEngine(job.collapse, job.early_stop, job.trial.steps,
-                                    unemitted=job.backend_ref.unemitted_by(job.config))
+                                    unemitted=job.backend_ref.unemitted(job.config))
         # Warnings the grid's rescue policy acts on for this trial: it stops when one fires.
         self.stop_on = warning_stops(job.rescue, self.record)
         self.rescue_stop: tuple[str, int] | None = None  # (warning, its onset step) it stopped on

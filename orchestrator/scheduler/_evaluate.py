@@ -27,8 +27,7 @@ from typing import Any
 
 from orchestrator import evaluation, recipes
 from orchestrator import metrics as M
-from orchestrator.backends import Backend, backend
-from orchestrator.backends.base import Trainer
+from orchestrator.backends import Backend, Evaluator, TrialConfig, backend
 from orchestrator.cost import pool_rate
 from orchestrator.exceptions import CheckpointError, InfraFailure, UserError, no_such_trial
 from orchestrator.grid import GridSpec, load_grid
@@ -117,7 +116,8 @@ def evaluate(grid_path: str, *, trials: list[str] | None = None, workdir: str | 
             raise no_such_trial(tid, known, where=f"grid {grid.name}", see="see `ablate status`")
     chosen = [known[t] for t in (trials or sorted(known))]
     for spec in chosen:  # every refusal before anything is written
-        problem = backend(spec.backend).check_reference(target, grid.pools.get(spec.pool))
+        pool = grid.pools.get(spec.pool)
+        problem = backend(spec.backend).evaluator(pool).problem(target, pool)
         if problem:
             raise UserError(f"{grid.file}: trial {spec.trial_id} on pool {spec.pool}: {problem}")
     if job is not None:
@@ -138,13 +138,13 @@ def _check_job(grid: GridSpec, chosen: list[TrialSpec], job: _Job) -> None:
     """Before anything runs: this machine runs the evaluation pool's jobs, and each chosen
     trial trained the model the grid's shared config loads (a trial recorded by another grid
     file may not)."""
-    trainer = backend(chosen[0].backend).trainer(job.pool)
-    trainer.require_job(job.pool, job.shared, where=f"{grid.file}: eval.pool {job.pool.name}")
+    evaluator = backend(chosen[0].backend).evaluator(job.pool)
+    evaluator.require_job(job.pool, job.shared, where=f"{grid.file}: eval.pool {job.pool.name}")
     shared = dict(recipes.flatten(job.shared))
     for spec in chosen:
         own = recipes.flatten(grid.trial_config(spec))
         for key, value in own:
-            if key.startswith(trainer.job_model_keys) and shared.get(key) != value:
+            if key.startswith(evaluator.job_model_keys) and shared.get(key) != value:
                 raise UserError(f"{grid.file}: trial {spec.trial_id} sets {key} = {value!r}, "
                                 "and the engine reference loads the grid's "
                                 f"{shared.get(key)!r} for every arm; fix: leave the trial out "
@@ -165,9 +165,9 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
     try:
         runs = backend(spec.backend)
         pool = grid.pools.get(spec.pool)
-        trainer_cls = runs.trainer(job.pool if job else pool)
-        version = (str(trainer_cls.reference_version) if job is None else evaluation.job_evaluator(
-            str(trainer_cls.reference_job_version), job.pool.name, job.rollout))
+        evaluator = runs.evaluator(job.pool if job else pool)
+        version = (str(evaluator.version) if job is None else evaluation.job_evaluator(
+            str(evaluator.job_version), job.pool.name, job.rollout))
         held = read_reference(paths)
         if held is None or (held.target, held.evaluator) != (target, version):
             held = ReferenceScores(target, version)  # another evaluator's scores are replaced
@@ -184,7 +184,6 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         if damaged:
             report.damaged[spec.trial_id] = damaged
         config = grid.trial_config(spec)
-        trainer = trainer_cls()
         done = report.scored.setdefault(spec.trial_id, [])
         with workspace.scoped_environ(runs.worker_env(config)):
             for step in todo:
@@ -195,10 +194,10 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
                     report.damaged.setdefault(spec.trial_id, []).append(f"step {step}: {exc}")
                     continue
                 if job is None:
-                    value = trainer.evaluate_checkpoint(spec, config, pool, ckpt, step, target)
+                    value = evaluator.score(spec, config, pool, ckpt, step, target)
                 else:
                     try:
-                        value = _run_job(runs, trainer, job, grid_dir, spec, ckpt, step)
+                        value = _run_job(runs, evaluator, job, grid_dir, spec, ckpt, step)
                     except (InfraFailure, CheckpointError) as exc:
                         report.failed[spec.trial_id] = f"step {step}: {exc}"
                         break
@@ -212,18 +211,19 @@ def _evaluate_trial(grid: GridSpec, grid_dir: Path, spec: TrialSpec, target: str
         lock.release()
 
 
-def _run_job(runs: Backend, trainer: Trainer, job: _Job, grid_dir: Path, spec: TrialSpec,
+def _run_job(runs: Backend, evaluator: Evaluator, job: _Job, grid_dir: Path, spec: TrialSpec,
              checkpoint: Path, step: int) -> float:
     """One evaluation job on the job's pool; its evidence (every validation metric it logged,
     the engine that ran) kept beside its logs as ``evidence.json``."""
-    problem = runs.check_checkpoint(checkpoint, job.pool, job.shared, [])
+    problem = runs.problem(TrialConfig.of(job.shared, job.pool), frozenset({"checkpoint"}),
+                           checkpoint=checkpoint)
     if problem:
         raise CheckpointError(f"its checkpoint is {problem}")
     root = TrialPaths(grid_dir, spec.trial_id).root
     logs = root / "logs" / f"reference-step-{step}"
-    value, evidence = trainer.evaluate_job(spec, job.shared, job.pool, job.rollout, checkpoint,
-                                           step, grid_dir=grid_dir, log_dir=logs,
-                                           workdir=root / "work" / logs.name)
+    value, evidence = evaluator.score_job(spec, job.shared, job.pool, job.rollout, checkpoint,
+                                          step, grid_dir=grid_dir, log_dir=logs,
+                                          workdir=root / "work" / logs.name)
     atomic_write_json(logs / "evidence.json", {"step": step, "pool": job.pool.name,
                                                "rollout": job.rollout, **evidence})
     return value

@@ -316,11 +316,11 @@ def _check_pool(grid: GridSpec, runs: Backend, trial: TrialSpec, pool: PoolSpec,
     """The trainer's plan-time check on the target pool, and whether the checkpoint resumes
     there (verl: its world size)."""
     config = grid.trial_config(trial, pool.name)
-    corr, roll, learn = config.correction, config.rollout, config.learner
-    problem = runs.check(corr, roll, pool) or runs.check_learner(learn, corr, roll, pool)
+    problem = runs.problem(config, frozenset({"combination"}))
     if problem:
         raise UserError(f"trial {trial.trial_id} cannot run on pool {pool.name}: {problem}")
-    problem = runs.check_checkpoint(ckpt, pool, config, grid.pools.pools.values())
+    problem = runs.problem(config, frozenset({"checkpoint"}), checkpoint=ckpt,
+                           others=tuple(grid.pools.pools.values()))
     if problem:
         raise CheckpointError(f"trial {trial.trial_id}: {problem}")
 

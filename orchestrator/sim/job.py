@@ -1,10 +1,11 @@
 """The simulator as a trainer: a real tiny GRPO loop with real training-inference mismatch.
 
-Plan time (``check``) imports no torch. ``run`` validates the whole config before any work,
+Plan time (``problems``) imports no torch. ``run`` validates the whole config before any work,
 then trains, logging metrics every step and checkpointing every ``ctx.checkpoint_every`` steps.
 """
 from __future__ import annotations
 
+import dataclasses
 import logging
 import math
 from collections.abc import Iterable, Mapping
@@ -12,16 +13,25 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, RunContext, Trainer
-from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
+from orchestrator.backends.base import (
+    PLAN,
+    AttemptOutcome,
+    AttemptResult,
+    Emits,
+    Problem,
+    RunContext,
+    Trainer,
+    problem,
+)
+from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import CheckpointError, NumericFailure, UserError
-from orchestrator.learner import LearnerSpec, rollout_for
+from orchestrator.learner import rollout_for
 from orchestrator.pools import PoolSpec
 from orchestrator.sim import numerics
 from orchestrator.sim.config import build_setup, check_learner, reproducible
 from orchestrator.sim.profile import check_rollout, parse_profile
 from orchestrator.trial import TrialSpec
+from orchestrator.verdict import excused
 
 
 class SimTrainer(Trainer):
@@ -33,75 +43,51 @@ class SimTrainer(Trainer):
     pool_kinds: ClassVar[tuple[str, ...]] = ("sim",)
 
     @classmethod
-    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Refuse what the simulator cannot honour. (routing_replay on a dense model is refused
-        when the run starts: the model architecture is not known here.)"""
-        if pool.kind != "sim":
-            return f"pool {pool.name} is a {pool.kind} pool; the sim backend runs on sim-* pools"
-        return check_rollout(rollout, pool.sim_profile, pool.name)
+    def problems(cls, config: TrialConfig, *, stages: frozenset[str] = PLAN,
+                 given: Iterable[tuple[str, Any]] = (), checkpoint: Path | None = None,
+                 others: Iterable[PoolSpec] = ()) -> list[Problem]:
+        """What the simulator cannot honour: a pool's ``sim_profile`` (knobs and values, where
+        the catalogue has it); the pool's kind and the engine flags its profile models; every
+        loss, precision and the true on-policy bundle run (``sim/config.check_learner``), the
+        bundle's engine flags checked on the pool; and the recipe's values, by the same
+        validation the trial runs first, so a bad value never becomes a failed trial.
+        (routing_replay on a dense model is refused when the run starts: the model architecture
+        is not known here.) A checkpoint holds the whole state: it resumes on any sim pool."""
+        pool, found = config.pool, []
+        if "pool" in stages and pool.kind == "sim":
+            try:
+                parse_profile(pool.sim_profile, pool.name)
+            except UserError as exc:
+                found.append(Problem("pool", str(exc), "sim_profile"))
+        if "combination" in stages:
+            if pool.kind != "sim":
+                return found + problem("combination", f"pool {pool.name} is a {pool.kind} pool; "
+                                       "the sim backend runs on sim-* pools")
+            rollout = rollout_for(config.learner, config.rollout)
+            found += problem("combination", check_rollout(config.rollout, pool.sim_profile,
+                                                          pool.name)
+                             or check_learner(config.learner, config.correction, rollout)
+                             or check_rollout(rollout, pool.sim_profile, pool.name))
+        if "values" in stages:
+            try:
+                build_setup(config, pool)
+            except UserError as exc:
+                found.append(Problem("values", str(exc)))
+        return found
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        """A sim pool's ``sim_profile`` (knobs and values), checked where the catalogue has it."""
-        if pool.kind != "sim":
-            return None
-        try:
-            parse_profile(pool.sim_profile, pool.name)
-        except UserError as exc:
-            return "sim_profile", str(exc)
-        return None
-
-    @classmethod
-    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
-                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """The simulator runs every loss, precision and the true on-policy bundle
-        (``sim/config.check_learner``); the bundle's engine flags are checked on the pool."""
-        rollout = rollout_for(learner, rollout)
-        return check_learner(learner, correction, rollout) or check_rollout(
-            rollout, pool.sim_profile, pool.name)
-
-    @classmethod
-    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        """Plan-time check of the recipe values a grid sets (model/task/train/eval): the same
-        validation the trial runs first, so a bad value never becomes a failed trial."""
-        try:
-            build_setup(config, pool)
-        except UserError as exc:
-            return str(exc)
-        return None
-
-    @classmethod
-    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
-        """``trainer``: the fp32 trainer-side model with current weights (``sim/reference.py``)."""
-        return None if target == "trainer" else f"eval.reference: {target} is not a target here"
-
-    @classmethod
-    def never_emitted(cls) -> frozenset[str]:
+    def emits(cls, config: TrialConfig | None = None) -> Emits:
         """None of verl's debug metrics, its IcePop name or its per-option RS fractions."""
-        return frozenset({M.IS_OOB_RATIO, M.PROB_DIFF_MAX, M.PROB_DIFF_STD, M.PROB_PEARSON}
-                         | {n for opt in M.RS_OPTIONS for n in M.rs_option_names(opt)})
+        return dataclasses.replace(super().emits(config), never=frozenset(
+            {M.IS_OOB_RATIO, M.PROB_DIFF_MAX, M.PROB_DIFF_STD, M.PROB_PEARSON}
+            | {n for opt in M.RS_OPTIONS for n in M.rs_option_names(opt)}))
 
     @classmethod
-    def worker_env(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
+    def environment(cls, config: Mapping[str, Any]) -> dict[str, str | None]:
         """Pinned CPU numerics for every simulator process (``orchestrator/sim/numerics.py``)."""
         return numerics.target_env(reproducible(config))
 
-    reference_version: ClassVar[str | None] = "sim-ref-1"  # == sim.reference.VERSION (tested)
-
-    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
-                            checkpoint: Path, step: int, target: str) -> float:
-        """The fp32 trainer-side score of a saved checkpoint (``sim/reference.py``): its weights
-        are the trainer's at ``step``, and the evaluator draws from (seed, step) only, so this is
-        the number an ``eval: {reference: trainer}`` trial logs at that step."""
-        setup = build_setup(config, pool)
-        trainer = _trainer(trial, setup, reference=target)
-        loaded = trainer.load(checkpoint)
-        if loaded != step:
-            raise CheckpointError(f"checkpoint for step {step} holds step {loaded}")
-        return float(trainer.evaluate_reference(step))
-
-    def run(self, trial: TrialSpec, config: Mapping[str, Any], ctx: RunContext) -> AttemptResult:
+    def run(self, trial: TrialSpec, config: TrialConfig, ctx: RunContext) -> AttemptResult:
         setup = build_setup(config, ctx.pool)  # raises UserError before any work
         return _train(trial, setup, ctx)
 
@@ -119,7 +105,7 @@ def numeric_environment(reproducible: bool) -> dict[str, str]:
     return facts
 
 
-def _trainer(trial: TrialSpec, setup: Any, reference: str | None = None) -> Any:
+def trial_trainer(trial: TrialSpec, setup: Any, reference: str | None = None) -> Any:
     """The trial's ``GRPOTrainer`` (``reference``: also set up the reference evaluator)."""
     # deferred: torch, and the simulator modules that import it, only where a trial trains
     import torch
@@ -144,7 +130,7 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
 
     torch.set_num_threads(setup.threads)  # before the facts: they record the thread count
     ctx.describe_environment(numeric_environment(setup.reproducible))
-    trainer = _trainer(trial, setup)
+    trainer = trial_trainer(trial, setup)
     last = 0
     if ctx.resume_step:
         last = trainer.load(ctx.checkpoint_path(ctx.resume_step))
@@ -157,7 +143,8 @@ def _train(trial: TrialSpec, setup: Any, ctx: RunContext) -> AttemptResult:
             return AttemptResult(AttemptOutcome.STOPPED, last, reason, summary)
         try:
             metrics = trainer.step(step)
-            bad = next((k for k, v in metrics.items() if not math.isfinite(v)), None)
+            bad = next((k for k, v in metrics.items()
+                        if not math.isfinite(v) and not excused(k, metrics)), None)
             if bad:
                 raise NumericFailure(f"non-finite metric {bad} at step {step}")
         except NumericFailure as exc:

@@ -13,6 +13,7 @@ from collections.abc import Mapping
 from typing import Any, ClassVar
 
 from orchestrator.backends.base import ProbeJob
+from orchestrator.backends.config import TrialConfig
 from orchestrator.pools import PoolSpec
 from orchestrator.sim.config import SimSetup, build_setup
 from orchestrator.sim.job import SimTrainer, numeric_environment
@@ -48,8 +49,9 @@ class SimProbe(ProbeJob):
 
     @classmethod
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """The trial's own validation (``SimTrainer.check_values``): what trains, probes."""
-        return SimTrainer.check_values((), config, pool)
+        """The trial's own validation (``SimTrainer.problems``' values): what trains, probes."""
+        found = SimTrainer.problems(TrialConfig.of(config, pool), stages=frozenset({"values"}))
+        return found[0].reason if found else None
 
     @classmethod
     def identity(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, Any]:

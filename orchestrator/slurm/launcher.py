@@ -24,7 +24,16 @@ from collections.abc import Callable, Iterable, Mapping
 from pathlib import Path
 from typing import Any, ClassVar
 
-from orchestrator.backends.base import AttemptOutcome, AttemptResult, Launcher, RunContext, Trainer
+from orchestrator.backends.base import (
+    PLAN,
+    AttemptOutcome,
+    AttemptResult,
+    Launcher,
+    Problem,
+    RunContext,
+    Trainer,
+    problem,
+)
 from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import (
     BackendUnavailableError,
@@ -63,15 +72,19 @@ class SlurmLauncher(Launcher):
     # ------------------------------------------------------------------ plan time
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        """The pool's ``slurm.extra`` may not give an option the launcher owns."""
-        return extra_problem(pool)
-
-    @classmethod
-    def check_config(cls, trainer: type[Trainer], config: TrialConfig) -> str | None:
-        # The node count first: it needs no cluster, and a wrong one is wrong on any cluster.
-        return (nodes_problem(trainer.job(config), config.pool)
-                or placement_problem(config.pool, reachable_only=True))
+    def problems(cls, trainer: type[Trainer], config: TrialConfig, *,
+                 stages: frozenset[str] = PLAN) -> list[Problem]:
+        """The pool's ``slurm.extra`` may not give an option the launcher owns (``pool``); the
+        node count, which needs no cluster and is wrong on any, then the placement (``config``)."""
+        found: list[Problem] = []
+        if "pool" in stages:
+            pool_problem = extra_problem(config.pool)
+            found += [] if pool_problem is None else [Problem("pool", pool_problem[1],
+                                                              pool_problem[0])]
+        if "config" in stages:
+            found += problem("config", nodes_problem(trainer.job(config), config.pool)
+                             or placement_problem(config.pool, reachable_only=True))
+        return found
 
     @classmethod
     def describe(cls, trial: TrialSpec, pool: PoolSpec) -> list[str]:

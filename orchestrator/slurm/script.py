@@ -101,7 +101,7 @@ def base_env() -> dict[str, str | None]:
 def script_text(trainer: type[Trainer], config: Mapping[str, Any], pool: PoolSpec,
                 job_dir: Path, name: str) -> str:
     """The job script of an attempt whose job directory is ``job_dir``: the pool's sbatch
-    options, the trainer's environment (its ``worker_env``), and the worker."""
-    env = {**base_env(), **trainer.worker_env(config)}
+    options, the trainer's environment (its ``environment``), and the worker."""
+    env = {**base_env(), **trainer.environment(config)}
     return job_script(sbatch_options(pool, name=name), worker_argv(job_dir), env=env,
                       cwd=str(job_dir))

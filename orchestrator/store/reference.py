@@ -1,6 +1,6 @@
 """Reference scores of a trial's checkpoints, in ``trials/<id>/reference.json``: made after the
 fact (``ablate evaluate``), or by the runner as each checkpoint is saved for a trainer whose
-evals cannot run the reference in-process (verl: ``Trainer.reference_at_checkpoints``).
+evals cannot run the reference in-process (verl: ``Evaluator.at_checkpoints``).
 
 A trial of a grid with ``eval: {reference: ...}`` logs ``eval/reward_ref`` with its other
 metrics (``metrics.jsonl``, the source of truth). A trial that ran without it (a grid recorded

@@ -22,9 +22,10 @@ tie to an attempt.
 """
 from __future__ import annotations
 
+from orchestrator.verdict._detectors import excused
 from orchestrator.verdict._engine import OUTCOMES, VerdictEngine, judge
 from orchestrator.verdict._rules import DEFAULT_RULES, resolve_rules
 from orchestrator.verdict._value import Verdict, VerdictKind
 
-__all__ = ["DEFAULT_RULES", "OUTCOMES", "Verdict", "VerdictEngine", "VerdictKind", "judge",
-           "resolve_rules"]
+__all__ = ["DEFAULT_RULES", "OUTCOMES", "Verdict", "VerdictEngine", "VerdictKind", "excused",
+           "judge", "resolve_rules"]

@@ -81,6 +81,14 @@ def skipped(metrics: Mapping[str, float]) -> bool:
     return share is not None and math.isfinite(share) and share > 0
 
 
+def excused(name: str, metrics: Mapping[str, float]) -> bool:
+    """A non-finite ``name`` on this row is a skipped update, not a numeric failure: the loss
+    scaler skipped the step's update (:func:`skipped`) and ``name`` is what such a step logs
+    non-finite (:data:`SKIP_EXCUSED`). The nonfinite rule and the simulator's trial loop
+    (``sim/job.py``) both ask it, so neither ends a trial the other would excuse."""
+    return name in SKIP_EXCUSED and skipped(metrics)
+
+
 class RuleState:
     """Incremental state of one rule: its reference statistic and its current streak."""
 
@@ -100,7 +108,7 @@ class RuleState:
         spec = self.spec
         if spec.kind == "nonfinite":
             bad = [k for k, v in metrics.items() if (spec.metric in ("*", k)) and not math.isfinite(v)
-                   and not (k in SKIP_EXCUSED and skipped(metrics))]
+                   and not excused(k, metrics)]
             self._update(step, bool(bad), bool(bad), float("nan") if bad else 0.0, None)
             return
         if spec.metric not in metrics:

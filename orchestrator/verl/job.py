@@ -29,6 +29,10 @@ class VerlJob(TrainerJob):
         self.engine = EngineChoice.of(config.rollout, config.pool, config).engine
         self.world_size = world_size(config.pool, config)
 
+    def describe(self, trial: TrialSpec) -> list[str]:
+        """The job's exact Hydra override list."""
+        return list(self.trainer.overrides(trial, self.config))
+
     def command(self, trial: TrialSpec, *, checkpoint_dir: str, resume_path: str | None = None,
                 save_freq: int | None = None) -> list[str]:
         return self.trainer.command(trial, self.config, checkpoint_dir=checkpoint_dir,
@@ -36,8 +40,8 @@ class VerlJob(TrainerJob):
 
     def environment(self, trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
                     file_logger_path: str) -> dict[str, str | None]:
-        return self.trainer.environment(trial, tracking_uri=tracking_uri, run_id=run_id,
-                                        file_logger_path=file_logger_path)
+        return self.trainer.job_environment(trial, tracking_uri=tracking_uri, run_id=run_id,
+                                            file_logger_path=file_logger_path)
 
     def metrics(self, path: Path, last_logged: int) -> Any:
         # A loss scaler's skipped updates are derived from verl's own metrics (files.normalise).

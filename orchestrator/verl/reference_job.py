@@ -33,13 +33,18 @@ from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
-from orchestrator.backends.base import Trainer
+from orchestrator.backends.base import Evaluator, Trainer
 from orchestrator.backends.config import TrialConfig
-from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
-from orchestrator.exceptions import BackendUnavailableError, CheckpointError, InfraFailure
+from orchestrator.exceptions import (
+    BackendUnavailableError,
+    CheckpointError,
+    InfraFailure,
+    UserError,
+)
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
+from orchestrator.verl.cpu import reference
 from orchestrator.verl.supervise import missing_modules, require_cpu_verl
 from orchestrator.verl.topology import world_size
 
@@ -120,9 +125,9 @@ def job_problem(trainer: type[Trainer], pool: PoolSpec, rollout: RolloutSpec,
                     f"evaluation pool {pool.name} runs {world} rank(s): verl loads shards at the "
                     f"world size they were saved with; fix: an evaluation pool of {saved} "
                     "GPU(s), or trial pools of its size")
-    problem = (trainer.check(CorrectionSpec(), rollout, pool)
-               or trainer.check_engine(rollout, job, pool))
-    return f"on evaluation pool {pool.name}: {problem}" if problem else None
+    found = trainer.problems(TrialConfig.of(job, pool),
+                             stages=frozenset({"combination", "engine"}))
+    return f"on evaluation pool {pool.name}: {found[0].reason}" if found else None
 
 
 @dataclasses.dataclass
@@ -159,7 +164,7 @@ class _JobContext:
         self.facts.update(facts)
 
 
-def score(trainer: Trainer, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
+def score(trainer: type[Trainer], trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
           rollout: Mapping[str, Any], checkpoint: Path, step: int, *, grid_dir: Path,
           log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
     """``eval/reward`` of verl's validation of ``trial``'s checkpoint of ``step`` by the job on
@@ -171,7 +176,7 @@ def score(trainer: Trainer, trial: TrialSpec, shared: Mapping[str, Any], pool: P
     ctx = _JobContext(job, pool, workdir, log_dir, checkpoint, step, grid_dir)
     shutil.rmtree(workdir, ignore_errors=True)
     try:
-        trainer.run(job, config, ctx)
+        trainer().run(job, config, ctx)
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
         with contextlib.suppress(OSError):
@@ -184,31 +189,38 @@ def score(trainer: Trainer, trial: TrialSpec, shared: Mapping[str, Any], pool: P
     return float(logged[M.EVAL_REWARD]), {"metrics": shown, "facts": ctx.facts}
 
 
-class EngineReference:
-    """The verl trainer's part of the reference contract (``backends.base.Trainer``): the
-    targets it runs where (``trainer`` on the cpu pools, ``engine`` on any), the engine
-    reference's plan checks, the machine its job needs and the job itself."""
+class VerlEvaluator(Evaluator):
+    """The verl trainer's reference evaluators (``backends._EVALUATORS``): the targets it runs
+    where (``trainer`` on the cpu pools, scored as each checkpoint is saved; ``engine`` on any,
+    this module's job), the engine reference's plan checks, the machine its job needs and the
+    job itself."""
 
-    reference_job_version: ClassVar[str | None] = VERSION
+    version: ClassVar[str | None] = reference.VERSION
+    at_checkpoints: ClassVar[bool] = True
+    job_version: ClassVar[str | None] = VERSION
     job_model_keys: ClassVar[tuple[str, ...]] = MODEL_KEYS
 
-    @classmethod
-    def check_reference(cls, target: str, pool: PoolSpec) -> str | None:
+    def problem(self, target: str, pool: PoolSpec) -> str | None:
         return target_problem(target, pool)
 
-    @classmethod
-    def check_reference_job(cls, target: str, pool: PoolSpec, rollout: RolloutSpec,
-                            config: Mapping[str, Any], arm_keys: Iterable[str],
-                            trial_pools: Iterable[PoolSpec]) -> str | None:
-        return job_problem(cls, pool, rollout, config, arm_keys,  # type: ignore[arg-type]
-                           trial_pools)
+    def job_problem(self, target: str, pool: PoolSpec, rollout: RolloutSpec,
+                    config: Mapping[str, Any], arm_keys: Iterable[str],
+                    trial_pools: Iterable[PoolSpec]) -> str | None:
+        return job_problem(self.trainer, pool, rollout, config, arm_keys, trial_pools)
 
-    @classmethod
-    def require_job(cls, pool: PoolSpec, config: Mapping[str, Any], *, where: str = "") -> None:
+    def require_job(self, pool: PoolSpec, config: Mapping[str, Any], *, where: str = "") -> None:
         require_here(pool, config, where=where)
 
-    def evaluate_job(self, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
-                     rollout: Mapping[str, Any], checkpoint: Path, step: int, *,
-                     grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
-        return score(self, trial, shared, pool, rollout, checkpoint, step,  # type: ignore[arg-type]
+    def score(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
+              checkpoint: Path, step: int, target: str) -> float:
+        """The fp32 reference score of a stored verl checkpoint (``verl/cpu/reference.py``)."""
+        refused = self.problem(target, pool) or reference.recipe_problem(config, target)
+        if refused:
+            raise UserError(f"trial {trial.trial_id}: {refused}")
+        return reference.score(checkpoint, config)
+
+    def score_job(self, trial: TrialSpec, shared: Mapping[str, Any], pool: PoolSpec,
+                  rollout: Mapping[str, Any], checkpoint: Path, step: int, *,
+                  grid_dir: Path, log_dir: Path, workdir: Path) -> tuple[float, dict[str, Any]]:
+        return score(self.trainer, trial, shared, pool, rollout, checkpoint, step,
                      grid_dir=grid_dir, log_dir=log_dir, workdir=workdir)

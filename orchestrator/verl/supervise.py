@@ -141,7 +141,7 @@ def run_attempt(backend: Any, trial: TrialSpec, config: TrialConfig,
     uri = getattr(ctx, "tracking_uri", None) or os.environ.get("MLFLOW_TRACKING_URI")
     # An inherited MLFLOW_RUN_ID belongs to some other run; only the trial's own may reach verl.
     env = {k: v for k, v in os.environ.items() if k not in ("MLFLOW_RUN_ID", "RAY_ADDRESS")}
-    for key, value in backend.environment(
+    for key, value in backend.job_environment(
             trial, tracking_uri=uri, run_id=getattr(ctx, "mlflow_run_id", None),
             file_logger_path=str(log_path), pool=ctx.pool).items():
         if value is None:

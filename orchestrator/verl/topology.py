@@ -2,7 +2,7 @@
 
 verl's FSDP shards are keyed by world size (``model_world_size_<N>_rank_<r>.pt``), so a verl
 checkpoint resumes only on a pool that gives the same GPU count: the verl trainer's plan-time
-checks (and ``check_checkpoint``, which ``ablate resume`` asks), the RayJob the Kubernetes
+checks (and its ``checkpoint`` stage, which ``ablate resume`` asks), the RayJob the Kubernetes
 launcher renders and a Slurm job's node count all ask this module.
 """
 from __future__ import annotations

@@ -12,21 +12,26 @@ pre-flight against verl's own config system; ``run()`` (in ``supervise.py``) run
 from __future__ import annotations
 
 import sys
-from collections.abc import Iterable, Mapping, Sequence
+from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
 from orchestrator import metrics as M
 from orchestrator import recipes
-from orchestrator.backends.base import AttemptResult, RunContext, Trainer
+from orchestrator.backends.base import (
+    PLAN,
+    AttemptResult,
+    Emits,
+    Problem,
+    RunContext,
+    Trainer,
+    problem,
+)
 from orchestrator.backends.config import TrialConfig
-from orchestrator.corrections import CorrectionSpec
-from orchestrator.engine import RolloutSpec
-from orchestrator.exceptions import CheckpointError, GridError, UserError
-from orchestrator.learner import LearnerSpec
+from orchestrator.exceptions import CheckpointError, GridError
 from orchestrator.pools import PoolSpec
 from orchestrator.trial import TrialSpec
-from orchestrator.verl import engine_versions, job_values, mapping, reference_job
+from orchestrator.verl import engine_versions, job_values, mapping
 from orchestrator.verl import learner as verl_learner
 from orchestrator.verl.cpu import reference
 from orchestrator.verl.cpu.assets import asset_values
@@ -50,9 +55,9 @@ LOGGERS = ("console", "file")
 REPO_ROOT = Path(__file__).resolve().parents[2]
 
 
-class VerlTrainer(reference_job.EngineReference, Trainer):
+class VerlTrainer(Trainer):
     """verl 0.9.1 GRPO + SGLang on a GPU pool (or the CPU rollout engine on a cpu pool). Its
-    reference evaluators' checks and the engine reference's job: ``EngineReference``."""
+    reference evaluators: ``reference_job.VerlEvaluator``."""
 
     name: ClassVar[str] = "verl"
     version: ClassVar[str] = "verl-0.9.1"
@@ -61,100 +66,59 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
     # ----------------------------------------------------------------------- plan time
 
     @classmethod
-    def check(cls, correction: CorrectionSpec, rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Why verl 0.9.1 cannot run this combination on ``pool`` (one line), or None: the
-        pool, the correction, the rollout keys every engine shares (vLLM-CPU's table has its
-        own) and the engine's table (``engine_choice``)."""
-        choice = EngineChoice.of(rollout, pool)
-        return (mapping.check_pool(pool) or mapping.check_correction(correction)
-                or (None if choice.vllm_cpu else mapping.check_rollout(rollout, pool))
-                or choice.refusal(rollout))
+    def problems(cls, config: TrialConfig, *, stages: frozenset[str] = PLAN,
+                 given: Iterable[tuple[str, Any]] = (), checkpoint: Path | None = None,
+                 others: Iterable[PoolSpec] = ()) -> list[Problem]:
+        """Why verl 0.9.1 cannot run a trial of ``config`` on its pool, by stage: the pool's
+        ``verl_overrides`` and ``verl_env`` (none may set what the trainer sets itself:
+        ``mapping.pool_settings_problem``); the pool, the correction, the rollout keys every
+        engine shares (vLLM-CPU's table has its own), the engine's table and the ``learner.*``
+        settings (``learner.py``); once the engine is known (``rollout.engine``, else the
+        recipe's ``actor_rollout_ref.rollout.name``) the flags its table refuses and an
+        installed engine that lacks a requested feature (vLLM-CPU: its environment, no
+        traceback deep in the job when it is missing; a missing engine package only warns on
+        stderr: the gpu pool's image has it); recipe values that would become a live
+        interpolation; a model too large for a cpu pool's memory (``memory``), separate_async's
+        batch constraints for ``learner.max_staleness``, and a reference evaluator for a recipe
+        whose task it cannot score; and a checkpoint, sharded by world size, that resumes only
+        where its shards fit (``topology.portability``)."""
+        pool, rollout, found = config.pool, config.rollout, []
+        if "pool" in stages:
+            pool_problem = mapping.pool_settings_problem(pool)
+            if pool_problem is not None:
+                found.append(Problem("pool", pool_problem[1], pool_problem[0]))
+        if "combination" in stages:
+            choice = EngineChoice.of(rollout, pool)
+            found += problem("combination", mapping.check_pool(pool)
+                             or mapping.check_correction(config.correction)
+                             or (None if choice.vllm_cpu else mapping.check_rollout(rollout, pool))
+                             or choice.refusal(rollout)
+                             or verl_learner.check_learner(config.learner, config.correction,
+                                                           rollout, pool)
+                             or engine_versions.checkpoint_engine_problem(config.learner, pool))
+        if "engine" in stages:
+            found += problem("engine", _engine_problem(config))
+        if "values" in stages:
+            found += problem("values", next(
+                (f"{key}: {why}" for key, value in given
+                 if (why := mapping.unsafe_text(value))), None))
+        if "config" in stages:
+            found += problem("config", check_memory(config, pool)
+                             or verl_learner.staleness_problem(config, pool)
+                             or reference.recipe_problem(config))
+        if "checkpoint" in stages and checkpoint is not None:
+            found += problem("checkpoint", _checkpoint_problem(checkpoint, config, others))
+        return found
 
     @classmethod
-    def check_pool(cls, pool: PoolSpec) -> tuple[str, str] | None:
-        """The pool's ``verl_overrides`` and ``verl_env``: none may set what the trainer sets
-        itself (``mapping.pool_settings_problem``)."""
-        return mapping.pool_settings_problem(pool)
-
-    @classmethod
-    def check_learner(cls, learner: LearnerSpec, correction: CorrectionSpec,
-                      rollout: RolloutSpec, pool: PoolSpec) -> str | None:
-        """Why verl 0.9.1 cannot run these ``learner.*`` settings here (``learner.py``)."""
-        return (verl_learner.check_learner(learner, correction, rollout, pool)
-                or engine_versions.checkpoint_engine_problem(learner, pool))
-
-    @classmethod
-    def check_values(cls, items: Iterable[tuple[str, Any]], config: Mapping[str, Any] | None = None,
-                     pool: PoolSpec | None = None) -> str | None:
-        """Plan-time check of recipe-leaf values a grid sets (the resolver calls it)."""
-        for key, value in items:
-            problem = mapping.unsafe_text(value)
-            if problem:
-                return f"{key}: {problem}"
-        return None
-
-    @classmethod
-    def check_config(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
-        """Plan time: a model too large for a cpu pool's memory (``memory``),
-        separate_async's batch constraints for ``learner.max_staleness``, and a reference
-        evaluator for a recipe whose task it cannot score."""
-        return (check_memory(config, pool) or verl_learner.staleness_problem(config, pool)
-                or reference.recipe_problem(config))
-
-    @classmethod
-    def check_engine(cls, rollout: RolloutSpec, config: Mapping[str, Any],
-                     pool: PoolSpec) -> str | None:
-        """Plan time, once the engine is known (``rollout.engine``, else the recipe's
-        ``actor_rollout_ref.rollout.name``): flags the engine's table refuses, and an installed
-        engine that lacks a requested feature (``engine_choice``; vLLM-CPU: its environment, no
-        traceback deep in the job when it is missing). A missing engine package only warns
-        (stderr): the gpu pool's image has it."""
-        choice = EngineChoice.of(rollout, pool, config)
-        problem = choice.problem(rollout)
-        if problem:
-            return problem
-        refusal, warning = choice.installed_problem(rollout)
-        if warning:
-            _warn_once(warning)
-        return refusal
-
-    reference_version: ClassVar[str | None] = reference.VERSION
-    reference_at_checkpoints: ClassVar[bool] = True
-
-    def evaluate_checkpoint(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
-                            checkpoint: Path, step: int, target: str) -> float:
-        """The fp32 reference score of a stored verl checkpoint (``verl/cpu/reference.py``)."""
-        problem = self.check_reference(target, pool) or reference.recipe_problem(config, target)
-        if problem:
-            raise UserError(f"trial {trial.trial_id}: {problem}")
-        return reference.score(checkpoint, config)
-
-    @classmethod
-    def check_checkpoint(cls, checkpoint: Path, pool: PoolSpec, config: Mapping[str, Any],
-                         others: Iterable[PoolSpec]) -> str | None:
-        """A verl checkpoint is sharded by world size: it resumes where the shards fit
-        (``topology.portability``)."""
-        saved = checkpoint_world_size(checkpoint)
-        if saved is None:
-            return (f"checkpoint {checkpoint} has no verl model_world_size_* shards; cannot "
-                    f"check it fits pool {pool.name}; pick another step with --from")
-        ok, why = portability(saved, pool, config, others=others)
-        return None if ok else f"not portable to pool {pool.name}: {why}"
-
-    @classmethod
-    def never_emitted(cls) -> frozenset[str]:
+    def emits(cls, config: TrialConfig | None = None) -> Emits:
         """verl 0.9.1 has no TV, no veto (PR #4544), no OPSM and no per-probability buckets
         (the simulator's), and keeps its grad scaler's loss scale to itself (the simulator logs
-        its own; ``fp16/skipped_share`` is derived by ``files.normalise``). Nor does it run a
-        reference evaluator (``check_reference``)."""
-        return (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE,
-                           M.EVAL_REWARD_REF, M.TIME_EVAL_REF})
-                | M.bucket_names())
+        its own; ``fp16/skipped_share`` is derived by ``files.normalise``); nor does it run a
+        reference evaluator in the trial. Anything under the namespaces its file logger writes
+        is reported (``files.normalise`` passes them all through).
 
-    @classmethod
-    def unemitted(cls, correction: CorrectionSpec, rollout: RolloutSpec,
-                  learner: LearnerSpec, config: Mapping[str, Any] | None = None) -> dict[str, str]:
-        """What verl 0.9.1 emits depends on the configuration, read in its source:
+        What it emits depends on the configuration, read in its source:
         ``training/rollout_probs_diff_*`` (utils/debug/metrics.py:63 calculate_debug_metrics) are
         computed only where the trainer recomputes the old log-probs (trainer/ppo/ray_trainer.py:
         1575 ``bypass_mode`` else-branch, 1611-1615), i.e. in decoupled mode, and are NaN on an
@@ -165,28 +129,26 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         reward (``val-core/*``) during training only with ``trainer.test_freq`` > 0
         (ray_trainer.py:1727; ``val_before_train`` gives one reading before step 1, 1438-1441,
         on which no rule can fire)."""
-        out = super().unemitted(correction, rollout, learner, config)
-        freq = ((config or {}).get("trainer") or {}).get("test_freq")
-        if isinstance(freq, int) and freq <= 0:
-            out[M.EVAL_REWARD] = (f"the recipe sets trainer.test_freq: {freq}, and verl validates "
-                                  "during training only with test_freq > 0 (ray_trainer.py:1727)")
-        if correction.policy == "bypass":
-            why = ("verl computes it only when the trainer recomputes the old log-probs "
-                   "(decoupled mode: ray_trainer.py:1575-1615), never with correction.policy: "
-                   "bypass")
-            out.update(dict.fromkeys((M.PROB_DIFF_MEAN, M.PROB_DIFF_MAX, M.PROB_DIFF_STD,
-                                      M.PROB_PEARSON), why))
-        if M.IS_MASKED_FRACTION in out:
-            out[M.IS_OOB_RATIO] = ("verl emits it only with IcePop (rollout_corr_helper.py:569, "
-                                   "621): correction.is_mode: mask and an is_level")
-        return out
-
-    @classmethod
-    def reported(cls, name: str) -> bool:
-        """The vocabulary but :meth:`never_emitted`, and anything under one of the namespaces
-        verl's file logger writes (``files.normalise`` passes them all through)."""
-        return super().reported(name) or (name not in cls.never_emitted()
-                                          and name.startswith(M.VERL_NAMESPACES))
+        never = (frozenset({M.TV, M.VETO_FRACTION, M.OPSM_FRACTION, M.LOSS_SCALE,
+                            M.EVAL_REWARD_REF, M.TIME_EVAL_REF}) | M.bucket_names())
+        base = super().emits(config)
+        out = dict(base.unemitted)
+        if config is not None:
+            freq = (config.get("trainer") or {}).get("test_freq")
+            if isinstance(freq, int) and freq <= 0:
+                out[M.EVAL_REWARD] = (f"the recipe sets trainer.test_freq: {freq}, and verl "
+                                      "validates during training only with test_freq > 0 "
+                                      "(ray_trainer.py:1727)")
+            if config.correction.policy == "bypass":
+                why = ("verl computes it only when the trainer recomputes the old log-probs "
+                       "(decoupled mode: ray_trainer.py:1575-1615), never with "
+                       "correction.policy: bypass")
+                out.update(dict.fromkeys((M.PROB_DIFF_MEAN, M.PROB_DIFF_MAX, M.PROB_DIFF_STD,
+                                          M.PROB_PEARSON), why))
+            if M.IS_MASKED_FRACTION in out:
+                out[M.IS_OOB_RATIO] = ("verl emits it only with IcePop (rollout_corr_helper.py:"
+                                       "569, 621): correction.is_mode: mask and an is_level")
+        return Emits(never=never, namespaces=M.VERL_NAMESPACES, unemitted=out)
 
     @classmethod
     def require(cls, pools: Iterable[PoolSpec], *, where: str = "") -> None:
@@ -202,12 +164,11 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         ``trial`` on its configuration's pool."""
         correction, rollout, learner, pool = (config.correction, config.rollout, config.learner,
                                               config.pool)
-        problem = (cls.check(correction, rollout, pool) or cls.check_engine(rollout, config, pool)
-                   or cls.check_learner(learner, correction, rollout, pool)
-                   or verl_learner.staleness_problem(config, pool))
-        if problem:
-            raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: {problem}",
-                            key=trial.recipe)
+        refused = (cls.problems(config, stages=frozenset({"combination", "engine"}))
+                   or problem("config", verl_learner.staleness_problem(config, pool)))
+        if refused:
+            raise GridError(f"backend 'verl' cannot run trial {trial.trial_id}: "
+                            f"{refused[0].reason}", key=trial.recipe)
         out: dict[str, str] = {}
         for key, value in mapping.recipe_leaves(config):
             if mapping.owned(key):
@@ -219,9 +180,9 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
                                 fix=f"set it in the recipe or in the grid's overrides: {key}")
             if key.rsplit(".", 1)[-1] in mapping.PATH_KEYS and isinstance(value, str) and value:
                 value = recipes.data_path(value, REPO_ROOT)
-            problem = mapping.unsafe_text(value)
-            if problem:
-                raise GridError(f"{problem} (trial {trial.trial_id})", key=key,
+            unsafe = mapping.unsafe_text(value)
+            if unsafe:
+                raise GridError(f"{unsafe} (trial {trial.trial_id})", key=key,
                                 fix="pass the value without '${' / NUL")
             out[key] = mapping.override(key, value)
         job_values.check_recipe_values(trial, config, pool, rollout)
@@ -269,11 +230,6 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         return list(out.values())
 
     @classmethod
-    def describe(cls, trial: TrialSpec, config: TrialConfig) -> list[str]:
-        """What ``ablate plan --show-overrides`` prints: the override list."""
-        return cls.overrides(trial, config)
-
-    @classmethod
     def command(cls, trial: TrialSpec, config: TrialConfig, *, checkpoint_dir: str, resume_path: str | None = None, save_freq: int | None = None,
                 python: str = "python", ray_temp_dir: str | None = None,
                 assets_root: str | None = None, ray_address: str | None = None) -> list[str]:
@@ -299,7 +255,7 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
         return [python, "-m", "verl.trainer.main_ppo", *items]
 
     @staticmethod
-    def environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
+    def job_environment(trial: TrialSpec, *, tracking_uri: str | None, run_id: str | None,
                     file_logger_path: str, pool: PoolSpec | None = None) -> dict[str, str | None]:
         """Environment of the job: the trial's MLflow run, a per-attempt file-logger path and
         the pool's ``verl_env`` (a None value unsets the variable)."""
@@ -336,6 +292,30 @@ class VerlTrainer(reference_job.EngineReference, Trainer):
 
 
 # --------------------------------------------------------------------------- helpers
+
+
+def _engine_problem(config: TrialConfig) -> str | None:
+    """The engine's flags and features (``VerlTrainer.problems``'s ``engine`` stage)."""
+    choice = EngineChoice.of(config.rollout, config.pool, config)
+    refusal = choice.problem(config.rollout)
+    if refusal:
+        return refusal
+    refusal, warning = choice.installed_problem(config.rollout)
+    if warning:
+        _warn_once(warning)
+    return refusal
+
+
+def _checkpoint_problem(checkpoint: Path, config: TrialConfig,
+                        others: Iterable[PoolSpec]) -> str | None:
+    """Whether a stored verl checkpoint's shards fit ``config.pool`` (``topology``)."""
+    pool = config.pool
+    saved = checkpoint_world_size(checkpoint)
+    if saved is None:
+        return (f"checkpoint {checkpoint} has no verl model_world_size_* shards; cannot "
+                f"check it fits pool {pool.name}; pick another step with --from")
+    ok, why = portability(saved, pool, config, others=others)
+    return None if ok else f"not portable to pool {pool.name}: {why}"
 
 
 _WARNED: set[str] = set()

@@ -13,15 +13,17 @@ TRIAL = TrialSpec(trial_id="t1", grid="g", backend="sim", recipe="sim/grpo_tiny"
 
 def test_describe_defaults_to_the_overrides_as_json() -> None:
     pool = load_catalog().get("sim-h100")
-    assert "describe" not in vars(backend("sim").trainer(pool))  # the interface's default
+    assert backend("sim").trainer(pool).job(TrialConfig.of({}, pool)) is None  # runs in-process
     assert backend("sim").describe(TRIAL, TrialConfig.of({}, pool)) == [
         "correction.is_bounds=[0.5, 2.0]", 'correction.is_level="token"']
 
 
-def test_check_values_defaults_to_no_refusal() -> None:
-    pool = load_catalog().get("h100")
-    assert backend("k8s").check_values([("trainer.total_epochs", 3)], {}, pool) is None
-    assert backend("verl").check_values([("x", "${oops}")], {}, pool)  # verl's own check
+def test_a_value_the_trainer_takes_is_no_problem() -> None:
+    config = TrialConfig.of({}, load_catalog().get("h100"))
+    values = frozenset({"values"})
+    assert not backend("k8s").problems(config, stages=values, given=[("trainer.total_epochs", 3)])
+    found = backend("verl").problems(config, stages=values, given=[("x", "${oops}")])
+    assert [p.stage for p in found] == ["values"] and found[0].reason.startswith("x: ")
 
 
 def test_trial_ids_hash_what_they_hashed_before_trainers_and_launchers_were_apart() -> None:

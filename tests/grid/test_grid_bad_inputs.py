@@ -96,4 +96,5 @@ def test_the_built_in_catalogue_sets_nothing_the_tool_owns() -> None:
         for kind in ("sim", "verl", "slurm"):
             b = backends.backend(kind)
             if pool.kind in b.pool_kinds:
-                assert b.check_pool(pool) is None, (name, kind)
+                assert not b.problems(backends.TrialConfig.of({}, pool),
+                                      stages=frozenset({"pool"})), (name, kind)

@@ -1,4 +1,4 @@
-"""Metrics a trial's whole configuration will not emit (``Trainer.unemitted``), at every
+"""Metrics a trial's whole configuration will not emit (``Trainer.emits``), at every
 launcher's entry: a grid's own collapse rule or search objective on one is refused before
 anything starts (``ablate plan``, ``ablate submit`` on a Ray cluster, the Kubernetes and Slurm
 dry runs), one line, exit 2; a default rule on one is not applicable to that trial, and the
@@ -105,7 +105,7 @@ def test_default_rules_on_unemitted_metrics_are_not_applicable_never_passed() ->
     b = backend("slurm")
     config = TrialConfig.of({"learner": {"precision": "bf16"}, "trainer": {"test_freq": -1}},
                             pools["cpu"])
-    unemitted = b.unemitted_by(config)
+    unemitted = b.unemitted(config)
     engine = VerdictEngine(CollapseSpec(), EarlyStopSpec(enabled=False), 4, unemitted=unemitted)
     for step in range(1, 5):  # an eval reward that halves would fire eval_reward_drop
         engine.observe(step, {M.TRAIN_REWARD: 0.5, M.GRAD_NORM: 0.3, M.K3_KL: 1e-4})
@@ -119,7 +119,7 @@ def test_default_rules_on_unemitted_metrics_are_not_applicable_never_passed() ->
     assert tag == dict(verdict.not_applicable)
     assert type(verdict).from_json(verdict.to_json()) == verdict
     # An fp16 learner with evaluation: every default rule applies, and runs.
-    full = b.unemitted_by(TrialConfig.of({"learner": {"precision": "fp16"}}, pools["sim-h100"]))
+    full = b.unemitted(TrialConfig.of({"learner": {"precision": "fp16"}}, pools["sim-h100"]))
     assert VerdictEngine(CollapseSpec(), EarlyStopSpec(), 4, unemitted=full).not_applicable == {}
     assert judge([(1, {M.TRAIN_REWARD: 0.5})], CollapseSpec()).tags()[
         "verdict.not_applicable"] == ""

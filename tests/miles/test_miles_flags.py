@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doubles import refusal
 
 from orchestrator.backends.config import TrialConfig
 from orchestrator.corrections import CorrectionSpec
@@ -122,7 +123,7 @@ def test_a_trial_is_one_miles_run_of_the_recipe(tmp_path) -> None:
     assert "--hf-checkpoint /data/Qwen3-4B-Base" in text and "--num-rollout 20" in text
     assert "--seed 3 " in text and "--save /ckpt --save-interval 5" in text
     assert "--actor-num-nodes 1 --actor-num-gpus-per-node 8" in text
-    lines = MilesTrainer.describe(by_level["none"], grid.trial_config(by_level["none"]))
+    lines = MilesTrainer.job(grid.trial_config(by_level["none"])).describe(by_level["none"])
     assert "mis.yaml use_tis: false" in lines and "--get-mismatch-metrics" in lines
     config = grid.trial_config(trials[0])
     assert TrialConfig.from_json(config.to_json()) == config
@@ -206,5 +207,7 @@ def test_a_pool_whose_gpus_do_not_hold_the_model_parallelism_is_refused(tmp_path
     grid = _load(tmp_path, pool="g4", pool_catalog=str(catalog), overrides=overrides)
     (trial,) = expand(grid)
     config, pools = grid.trial_config(trial), grid.pools.pools
-    assert MilesTrainer.check_checkpoint(tmp_path, pools["g4"], config, pools.values()) is None
-    assert "do not divide" in MilesTrainer.check_checkpoint(tmp_path, pools["g3"], config, [])
+    assert refusal(MilesTrainer, config.updated(pool=pools["g4"]), "checkpoint",
+                   checkpoint=tmp_path, others=tuple(pools.values())) is None
+    assert "do not divide" in refusal(MilesTrainer, config.updated(pool=pools["g3"]),
+                                      "checkpoint", checkpoint=tmp_path)

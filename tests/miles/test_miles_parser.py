@@ -29,6 +29,7 @@ from pathlib import Path
 
 import pytest
 import yaml
+from doubles import refusal
 from gpu_envs import wait_for_ci_build
 
 from orchestrator.backends import trainers_of
@@ -234,7 +235,7 @@ def test_true_on_policy_holds_miles_own_launch_plan(parsed) -> None:
 
 
 def test_miles_refuses_a_pool_exactly_where_the_backend_does(parsed, tmp_path) -> None:
-    """The backend's plan-time world-size check (MilesTrainer.check_config) against Megatron's
+    """The backend's plan-time world-size check (MilesTrainer.problems' config stage) against Megatron's
     own assert as Miles parses the job, for 1..8 GPUs on a node."""
     grid = load_grid(_grid(tmp_path))
     trial = next(t for t in expand(grid) if dict(t.axes)["case"] == min(CASES))
@@ -242,7 +243,7 @@ def test_miles_refuses_a_pool_exactly_where_the_backend_does(parsed, tmp_path) -
     ours, theirs = {}, {}
     for n in GPU_COUNTS:
         pool = config.pool.model_copy(update={"gpus_per_node": n})
-        ours[n] = MilesTrainer.check_config(config.updated(pool=pool), pool) is not None
+        ours[n] = refusal(MilesTrainer, config.updated(pool=pool), "config") is not None
         error = parsed["cases"][f"gpus-{n}"].get("error", "")
         theirs[n] = "is not divisible by total_model_size" in error
         assert not error or theirs[n], error[:300]  # no other refusal

@@ -73,6 +73,6 @@ def test_a_checkpoint_scored_after_the_fact_matches_the_logged_number(runs, sim)
 
 def test_the_trainer_records_the_evaluators_version() -> None:
     from orchestrator.sim import reference
-    from orchestrator.sim.job import SimTrainer
+    from orchestrator.sim.evaluator import SimEvaluator
 
-    assert SimTrainer.reference_version == reference.VERSION
+    assert SimEvaluator.version == reference.VERSION

@@ -10,6 +10,7 @@ from pathlib import Path
 
 import pytest
 import tomllib
+from doubles import config_of
 from fakeengine import fake_engine
 
 from orchestrator import metrics as M
@@ -192,16 +193,18 @@ def test_verl_metrics_depend_on_the_configuration_as_in_verls_source() -> None:
     gpu, sim = POOLS["h100"], POOLS["sim-h100"]
     for name in ("verl", "k8s", "slurm"):
         b = backend(name)
-        bypass = b.unemitted(CorrectionSpec(policy="bypass"), RolloutSpec(), LearnerSpec(), gpu)
+        bypass = b.unemitted(config_of(gpu, CorrectionSpec(policy="bypass")))
         assert M.PROB_DIFF_MAX in bypass and M.IS_OOB_RATIO in bypass, name
         icepop = CorrectionSpec(is_level="token", is_mode="mask", batch_norm=True)
         fp16 = LearnerSpec(precision="fp16")
-        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu), name
-        assert M.SKIPPED_SHARE in b.unemitted(icepop, RolloutSpec(), LearnerSpec(), gpu), name
-        no_eval = b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": -1}})
+        assert not b.unemitted(config_of(gpu, icepop, learner=fp16)), name
+        assert M.SKIPPED_SHARE in b.unemitted(config_of(gpu, icepop)), name
+        no_eval = b.unemitted(config_of(gpu, icepop, learner=fp16,
+                                        recipe={"trainer": {"test_freq": -1}}))
         assert list(no_eval) == [M.EVAL_REWARD] and "test_freq: -1" in no_eval[M.EVAL_REWARD]
-        assert not b.unemitted(icepop, RolloutSpec(), fp16, gpu, {"trainer": {"test_freq": 5}})
-    slurm_sim = backend("slurm").unemitted(CorrectionSpec(), RolloutSpec(), LearnerSpec(), sim)
+        assert not b.unemitted(config_of(gpu, icepop, learner=fp16,
+                                         recipe={"trainer": {"test_freq": 5}}))
+    slurm_sim = backend("slurm").unemitted(config_of(sim))
     assert M.IS_MASKED_FRACTION in slurm_sim and M.PROB_DIFF_MAX not in slurm_sim
 
 

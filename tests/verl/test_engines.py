@@ -168,8 +168,8 @@ def test_every_engine_flag_value_composes_instantiates_and_dry_runs(base: Any) -
         for engine, flag, value in CASES:
             rollout = RolloutSpec(engine=engine, **{flag: value})
             cfg_in = config.updated({"rollout": rollout.non_default()}, pool=pool)
-            if (VerlTrainer.check(_correction(), rollout, pool)
-                    or VerlTrainer.check_engine(rollout, cfg_in, pool)):
+            if VerlTrainer.problems(cfg_in.updated({"correction": _correction().non_default()}),
+                                    stages=frozenset({"combination", "engine"})):
                 continue
             items = VerlTrainer.overrides(trial, cfg_in)
             cfg = compose(items)

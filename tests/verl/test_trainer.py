@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles import config_of, refusal
 
 pytest.importorskip("verl")
 
@@ -76,7 +77,7 @@ def composed() -> dict[str, Any]:
         n_trials += len(trials)
         for t in trials:
             items = VerlTrainer.overrides(t, grid.trial_config(t))
-            assert items == VerlTrainer.describe(t, grid.trial_config(t))
+            assert items == VerlTrainer.job(grid.trial_config(t)).describe(t)
             assert f"trainer.experiment_name='{t.trial_id}'" in items
             assert f"trainer.project_name='{grid.name}'" in items
             assert f"trainer.total_training_steps={t.steps}" in items
@@ -161,7 +162,7 @@ def _items_of(composed: dict[str, Any], cfg: Any) -> list[str]:
 def _refusal(corr: dict[str, Any] | None = None, roll: dict[str, Any] | None = None,
              pool: str = "h100") -> str | None:
     c = CorrectionSpec.model_validate(corr or {}).canonical()
-    return VerlTrainer.check(c, RolloutSpec.model_validate(roll or {}), POOLS[pool])
+    return refusal(VerlTrainer, config_of(POOLS[pool], c, RolloutSpec.model_validate(roll or {})))
 
 
 REFUSED = [
@@ -416,7 +417,7 @@ def test_values_verl_would_interpolate_are_rejected_at_plan_time(
         mapping.hydra_value(value)
     with pytest.raises(ValueError):
         mapping.hydra_value(["ok", value])
-    assert VerlTrainer.check_values([("k", ("ok", value))]) is not None
+    assert refusal(VerlTrainer, config_of(POOLS["h100"]), "values", given=[("k", ("ok", value))])
 
 
 def test_override_syntax_in_grid_keys_is_rejected_at_plan_time(tmp_path: Path) -> None:
@@ -448,11 +449,11 @@ def test_resume_command_and_environment() -> None:
     assert "trainer.resume_mode='resume_path'" in argv
     assert "trainer.resume_from_path='/ck/global_step_50'" in argv
     assert [a for a in argv if a.startswith("trainer.save_freq=")] == ["trainer.save_freq=10"]
-    env = VerlTrainer.environment(t, tracking_uri="http://m:5000", run_id="abc",
+    env = VerlTrainer.job_environment(t, tracking_uri="http://m:5000", run_id="abc",
                                   file_logger_path="/w/m.jsonl")
     assert env["MLFLOW_TRACKING_URI"] == "http://m:5000" and env["MLFLOW_RUN_ID"] == "abc"
     assert env["VERL_FILE_LOGGER_PATH"] == "/w/m.jsonl"
-    assert "MLFLOW_RUN_ID" not in VerlTrainer.environment(t, tracking_uri=None, run_id=None,
+    assert "MLFLOW_RUN_ID" not in VerlTrainer.job_environment(t, tracking_uri=None, run_id=None,
                                                            file_logger_path="/w/m.jsonl")
 
 
@@ -483,7 +484,7 @@ def test_plan_show_overrides_prints_each_trials_exact_list_uncut(
         block = out.split(f"\n{t.trial_id} ({t.pool}, seed {t.seed}) verl overrides:\n", 1)[1]
         printed = [line[2:] for line in block.split("\n\n", 1)[0].splitlines()
                    if line.startswith("  ")]
-        assert printed == VerlTrainer.describe(t, grid.trial_config(t))
+        assert printed == VerlTrainer.job(grid.trial_config(t)).describe(t)
     assert f"{trials[2].trial_id} ({trials[2].pool}" not in out  # --limit holds
 
 

@@ -6,6 +6,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from doubles import config_of, refusal
 
 from orchestrator.corrections import CorrectionSpec
 from orchestrator.engine import RolloutSpec
@@ -80,8 +81,8 @@ def test_staleness_that_breaks_the_batch_constraint_is_refused() -> None:
     ({"max_staleness": 1}, {}, "cpu-fp32", "checkpoint_engine.backend"),
 ])
 def test_refusals_name_key_value_and_fix(learner: dict, corr: dict, pool: str, needle: str) -> None:
-    why = VerlTrainer.check_learner(LearnerSpec(**learner), CorrectionSpec(**corr), RolloutSpec(),
-                                    POOLS[pool])
+    why = refusal(VerlTrainer, config_of(POOLS[pool], CorrectionSpec(**corr), RolloutSpec(),
+                                         LearnerSpec(**learner)))
     assert why and needle in why and "fix:" in why
     key, value = next(iter(learner.items()))
     assert f"learner.{key}: {value}" in why

@@ -5,6 +5,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+from doubles import config_of, refusal
 
 pytest.importorskip("verl")
 
@@ -55,10 +56,10 @@ def test_cpu_settings_come_from_the_pool_only() -> None:
     from_pool = {key.lstrip("+") for key in cpu_pool.verl_overrides}
     assert differing <= from_pool | {"trainer.n_gpus_per_node"}, differing - from_pool
     assert "actor_rollout_ref.rollout.name='sglang'" in gpu
-    env = VerlTrainer.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
+    env = VerlTrainer.job_environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
                                   pool=POOLS["h100"])
     assert "VERL_PLATFORM" not in env and "VERL_USE_EXTERNAL_MODULES" not in env
-    env = VerlTrainer.environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
+    env = VerlTrainer.job_environment(trial, tracking_uri=None, run_id=None, file_logger_path="m",
                                   pool=cpu_pool)
     assert env["VERL_USE_EXTERNAL_MODULES"] == "orchestrator.verl.cpu.plugin"
     assert env["CUDA_VISIBLE_DEVICES"] is None  # unset in the job
@@ -71,19 +72,18 @@ def test_cpu_settings_come_from_the_pool_only() -> None:
     ({"dtype": "fp8"}, "rollout.dtype: fp8"),
 ])
 def test_gpu_only_engine_flags_are_refused_on_cpu_pools(flags: dict, needle: str) -> None:
-    msg = VerlTrainer.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu-fp32"])
+    msg = refusal(VerlTrainer, config_of(POOLS["cpu-fp32"], CorrectionSpec(), RolloutSpec(**flags)))
     assert msg is not None and needle in msg and "cpu pool 'cpu-fp32'" in msg
     assert "\n" not in msg
 
 
 def test_cpu_engine_flags_are_accepted() -> None:
     for flags in ({}, {"dtype": "bf16"}, {"dtype": "fp32", "temperature": 0.7}):
-        assert VerlTrainer.check(CorrectionSpec(), RolloutSpec(**flags), POOLS["cpu"]) is None
+        assert refusal(VerlTrainer, config_of(POOLS["cpu"], CorrectionSpec(), RolloutSpec(**flags))) is None
 
 
 def test_sim_backend_refuses_cpu_pools_and_verl_refuses_sim_pools() -> None:
     from orchestrator.sim.job import SimTrainer
 
-    assert "cpu pool" in SimTrainer.check(CorrectionSpec(), RolloutSpec(), POOLS["cpu-bf16"])
-    assert "sim-* pools belong to backend: sim" in VerlTrainer.check(
-        CorrectionSpec(), RolloutSpec(), POOLS["sim-h100"])
+    assert "cpu pool" in refusal(SimTrainer, config_of(POOLS["cpu-bf16"], CorrectionSpec(), RolloutSpec()))
+    assert "sim-* pools belong to backend: sim" in refusal(VerlTrainer, config_of(POOLS["sim-h100"], CorrectionSpec(), RolloutSpec()))
