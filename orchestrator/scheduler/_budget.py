@@ -98,7 +98,7 @@ class Planner:
         self.search_point_hours = 0.0
         self._read_at = 0.0
         self.probes: dict[str, dict[str, Any]] = {}  # the grid's probe ledger, read on refresh
-        self._ledger_warned = False
+        self._ledger_warned = False  # a damaged one is said once
         # step_s and spent between two refreshes of the files (they change only there): one
         # admission asks them once per running trial, each a scan of every trial otherwise.
         self._memo: dict[tuple[Any, ...], Any] = {}
@@ -125,15 +125,13 @@ class Planner:
         now = time.monotonic()
         if not force and now - self._read_at < self.REFRESH_S:
             return
-        self._read_at = now
-        self._memo.clear()
+        self._read_at, self._memo = now, {}
         try:
             self.probes = probe_ledger.read(self.grid_dir)
-        except StateFileError as exc:  # its probes' hours are unknown: said once, not counted
+        except StateFileError as exc:  # its probes' hours are unknown: not counted
             if not self._ledger_warned:
                 print(f"warning: {exc}; the budget counts no probe hours", file=sys.stderr)
-                self._ledger_warned = True
-            self.probes = {}
+            self.probes, self._ledger_warned = {}, True
         for tid in records.trial_ids(self.grid_dir):
             seen = self.seen.get(tid)
             if seen is None:  # a spec is read once; finished trials are never read again
@@ -321,10 +319,8 @@ class Planner:
         for s in self.seen.values():
             if s.cost is not None:
                 spent[s.cost.unit] = spent.get(s.cost.unit, 0.0) + s.cost.hours
-        probes = {u: probe_ledger.hours(self.probes, unit=u)
-                  for u in sorted({e["unit"] for e in self.probes.values()})}
-        for unit, hours in probes.items():
-            spent[unit] = spent.get(unit, 0.0) + hours
+        probes = {e["unit"]: probe_ledger.hours(self.probes, unit=e["unit"]) for e in self.probes.values()}
+        spent.update({u: spent.get(u, 0.0) + h for u, h in probes.items()})
         if self.spec.gpu_hours is not None or self.spec.gpu_hours_per_pool:
             by_trial = {tid: h for tid, h in self.skipped.items()
                         if tid not in self.seen or not self.seen[tid].finished}
@@ -411,8 +407,7 @@ def end_report(summary: Mapping[str, Any]) -> list[str]:
                      + (f", {points} search point(s) not started" if points else "")
                      + (f", projected {b['to_finish_hours']:.3g} h to finish them (raise the budget "
                         "and submit again)" if b["skipped"] or points else ""))
-        probes = {u: h for u, h in (b.get("probes") or {}).items() if h > 0}
-        if probes:
+        if probes := {u: h for u, h in (b.get("probes") or {}).items() if h > 0}:
             lines.append("budget: of the hours spent, the grid's probes "
                          + ", ".join(fmt_hours(h, u) for u, h in probes.items()))
     a = summary.get("adaptive")
