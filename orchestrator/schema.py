@@ -25,6 +25,7 @@ from pydantic import (
 NAME_PATTERN = r"^[a-z0-9]([a-z0-9-]{0,38}[a-z0-9])?$"
 RECIPE_PATTERN = r"^[A-Za-z0-9_][A-Za-z0-9_-]*(/[A-Za-z0-9_][A-Za-z0-9_-]*)*$"
 KEY_PATTERN = r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)*$"
+# A grid's ``backend:`` names: ``backends.names()``, the registry above (held equal in a test).
 BACKENDS = ("sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles")
 
 Scalar = StrictBool | StrictInt | StrictFloat | StrictStr | None
@@ -41,12 +42,8 @@ def _finite(value: Any) -> Any:
     """Reject NaN/inf anywhere in a value (YAML's .nan/.inf parse as floats)."""
     if isinstance(value, float) and not math.isfinite(value):
         raise ValueError(f"{value} is not a finite number")
-    if isinstance(value, list):
-        for v in value:
-            _finite(v)
-    if isinstance(value, dict):
-        for v in value.values():
-            _finite(v)
+    for v in value if isinstance(value, list) else value.values() if isinstance(value, dict) else ():
+        _finite(v)
     return value
 
 
@@ -367,7 +364,7 @@ class GridFile(Strict):
     description: StrictStr = ""
     recipe: RecipeName | dict[StrictStr, RecipeName]  # or by trainer: load_grid picks the backend's
     recipes_dir: StrictStr | None = Field(default=None, max_length=4096)
-    backend: Literal["sim", "verl", "miles", "k8s", "k8s-miles", "slurm", "slurm-miles"] = "sim"
+    backend: Literal[BACKENDS] = "sim"  # type: ignore[valid-type]  # backends.names(), tested
     steps: StrictInt = Field(ge=1, le=10_000_000)
     seeds: Annotated[
         Annotated[SeedList, Tag("list")] | Annotated[SeedsSpec, Tag("adaptive")],

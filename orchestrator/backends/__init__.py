@@ -74,12 +74,11 @@ _LAUNCHERS: dict[str, tuple[str, str]] = {
     "k8s": ("orchestrator.k8s.launcher", "K8sLauncher"),
     "slurm": ("orchestrator.slurm.launcher", "SlurmLauncher"),
 }
-# A grid's ``backend:`` -> (its trainers, by pool kind in this order; its launcher). Grid files
-# keep their spelling: ``k8s`` and ``slurm`` mean "launched there".
+# A grid's ``backend:`` -> (its trainers, by pool kind in this order; its launcher). Besides
+# these, every trainer is a backend of its own name, launched here (``_pairs``; Miles: a Ray
+# job on the pool's Ray cluster, submitted from here), so a new trainer is its package and one
+# line in _TRAINERS. Grid files keep their spelling: ``k8s`` and ``slurm`` mean "launched there".
 _BACKENDS: dict[str, tuple[tuple[str, ...], str]] = {
-    "sim": (("sim",), "local"),
-    "verl": (("verl",), "local"),
-    "miles": (("miles",), "local"),  # a Ray job on the pool's Ray cluster, submitted from here
     "k8s-miles": (("miles",), "k8s"),
     "k8s": (("verl",), "k8s"),
     "slurm": (("sim", "verl"), "slurm"),  # sim pools run the simulator, cpu/gpu pools verl
@@ -91,6 +90,11 @@ __all__ = ["AttemptOutcome", "AttemptResult", "Backend", "Emits", "Evaluator", "
            "backend", "launched_on", "names", "on_launcher", "trainer_names", "trainers_of"]
 
 
+def _pairs() -> dict[str, tuple[tuple[str, ...], str]]:
+    """Every backend: each trainer's own (launched here), then the launchers' pairings."""
+    return {**{name: ((name,), "local") for name in _TRAINERS}, **_BACKENDS}
+
+
 def _load(ref: tuple[str, str]) -> Any:
     module, cls = ref
     return getattr(importlib.import_module(module), cls)
@@ -98,12 +102,12 @@ def _load(ref: tuple[str, str]) -> Any:
 
 def names() -> tuple[str, ...]:
     """The backend names a grid may give (``backend:``, ``--backend``)."""
-    return tuple(_BACKENDS)
+    return tuple(_pairs())
 
 
 def trainers_of(name: str) -> tuple[str, ...]:
     """The trainers backend ``name`` runs (``slurm``: the simulator and verl, by pool kind)."""
-    return _BACKENDS[name][0]
+    return _pairs()[name][0]
 
 
 def trainer_names() -> tuple[str, ...]:
@@ -114,8 +118,9 @@ def trainer_names() -> tuple[str, ...]:
 def on_launcher(name: str, launcher: str) -> str:
     """The backend that runs backend ``name``'s trainers with ``launcher`` (``miles`` on ``k8s``:
     ``k8s-miles``), else the launcher's own default pairing (``k8s``: verl)."""
-    trainers = _BACKENDS[name][0]
-    for other, (theirs, where) in _BACKENDS.items():
+    pairs = _pairs()
+    trainers = pairs[name][0]
+    for other, (theirs, where) in pairs.items():
         if where == launcher and theirs == trainers:
             return other
     return launcher
@@ -125,7 +130,8 @@ def launched_on(given: str, file_backend: str | None) -> str:
     """The backend a ``--backend`` given on the command line means for a grid whose file says
     ``file_backend``: a launcher's own name (``k8s``, ``slurm``) launches the file's trainers
     there (a Miles grid with ``--backend slurm`` is ``slurm-miles``); any other name is itself."""
-    if file_backend in _BACKENDS and _BACKENDS.get(given, ((), ""))[1] == given:
+    pairs = _pairs()
+    if file_backend in pairs and pairs.get(given, ((), ""))[1] == given:
         return on_launcher(file_backend, given)
     return given
 
@@ -133,7 +139,7 @@ def launched_on(given: str, file_backend: str | None) -> str:
 def backend(name: str) -> Backend:
     """The trainer(s) and launcher a grid's ``backend: name`` runs, as registered now (a test's
     double included: the driver ships these names to its workers)."""
-    trainers, launcher = _BACKENDS[name]
+    trainers, launcher = _pairs()[name]
     return Backend(name, tuple((t, _TRAINERS[t]) for t in trainers), _LAUNCHERS[launcher])
 
 

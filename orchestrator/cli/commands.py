@@ -68,7 +68,7 @@ def submit_body(args: argparse.Namespace) -> int:
     if printer is not None:
         printer.summary(summary)
     elif args.json:
-        json.dump(summary, sys.stdout, default=str)
+        json.dump(summary.to_json(), sys.stdout, default=str)
         sys.stdout.write("\n")
     else:
         from orchestrator.scheduler import end_report  # deferred: --help stays fast
@@ -77,7 +77,7 @@ def submit_body(args: argparse.Namespace) -> int:
             print(line)
     if not args.json:
         _reference_job_hint(args.grid)
-    return 1 if summary.get("failed") else 0  # a trial that failed for good is not a success
+    return 1 if summary.failed else 0  # a trial that failed for good is not a success
 
 
 def _reference_job_hint(grid_path: str) -> None:
@@ -167,15 +167,13 @@ def resume_body(args: argparse.Namespace) -> int:
                  start=args.from_, sets=parse_assignments(args.set), workdir=args.workdir,
                  tracking_uri=args.tracking_uri, address=args.address, derive=args.derive,
                  name=args.name, progress=tty, events=None if tty else EventPrinter("lines"))
-    for r in out["resumed"]:
-        verdict = (out["results"].get(r["trial_id"]) or {}).get("verdict") or {}
-        kind = verdict.get("kind", "?") if isinstance(verdict, dict) else verdict
-        link = f" (derived from {r['parent']})" if r["derived"] else ""
-        print(f"{r['trial_id']}{link}: resumed on {r['pool']} from step {r['from_step']} -> {kind}")
-    for tid, why in out.get("not_resumed", {}).items():
+    for r in out.resumed:
+        link = f" (derived from {r.parent})" if r.derived else ""
+        print(f"{r.trial_id}{link}: resumed on {r.pool} from step {r.from_step} -> {r.verdict}")
+    for tid, why in out.not_resumed.items():
         print(f"error: trial {tid} not resumed ({why}); it is as it was before, verdict kept",
               file=sys.stderr)
-    return 2 if out.get("not_resumed") else 0
+    return 2 if out.not_resumed else 0
 
 
 def evaluate_body(args: argparse.Namespace) -> int:

@@ -29,7 +29,6 @@ from orchestrator.compare._data import TrialResult
 from orchestrator.cost import fmt_hours, total
 from orchestrator.exceptions import StateFileError
 from orchestrator.grid import axis_label
-from orchestrator.probe import spent
 from orchestrator.schema import AdaptiveSeedsSpec, CompareDecl
 from orchestrator.stats.seeds import (
     CellKey,
@@ -39,6 +38,7 @@ from orchestrator.stats.seeds import (
     mean_hours,
     seeds_to_decide,
 )
+from orchestrator.store import probe_ledger
 
 
 def _cell(r: TrialResult, axis_names: Sequence[str]) -> CellKey:
@@ -56,7 +56,7 @@ def probe_costs(grid_dir: Path) -> Probes:
     ledger in the workdir (none without one: a compare from the tracking server alone); a
     damaged ledger is left out with one warning."""
     try:
-        return sorted(spent(grid_dir).items())
+        return sorted(probe_ledger.read(grid_dir).items())
     except StateFileError as exc:
         print(f"warning: {exc}; cost.csv leaves the probes out", file=sys.stderr)
         return ()

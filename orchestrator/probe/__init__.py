@@ -19,12 +19,12 @@ from orchestrator.exceptions import GateFailed, UserError
 from orchestrator.grid import Gate, GridSpec, load_grid, parse_gate, preflight_gates
 from orchestrator.probe._plan import METRICS, Plan, plan
 from orchestrator.probe._report import write
-from orchestrator.probe._run import Measured, record_spent, run_plan, spent
+from orchestrator.probe._run import Measured, record_spent, run_plan
 from orchestrator.probe._summary import Summary, summarise
 from orchestrator.store import workspace
 
 __all__ = ["METRICS", "Gate", "Measured", "Plan", "Preflight", "ProbeReport", "Summary",
-           "parse_gate", "plan", "preflight", "probe", "probe_grid", "spent"]
+           "parse_gate", "plan", "preflight", "probe", "probe_grid"]
 
 
 @dataclasses.dataclass(frozen=True)

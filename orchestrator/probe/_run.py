@@ -15,7 +15,7 @@ from orchestrator.backends.base import ProbeJob
 from orchestrator.cost import pool_rate
 from orchestrator.exceptions import StateFileError
 from orchestrator.probe._plan import SCHEME, Configuration, Plan, digest
-from orchestrator.store import atomic_write_json, read_json, workspace
+from orchestrator.store import atomic_write_json, probe_ledger, read_json, workspace
 
 Rows = list[dict[str, float]]
 
@@ -105,17 +105,13 @@ def _knobs(job: ProbeJob, c: Configuration, m: Measured, out_dir: Path, seeds: l
     m.knob_seconds = sum(float(records[k].get("seconds", 0.0)) for k in changes)
 
 
-LEDGER = "probes.json"  # in the grid's directory: what its probes cost
-
-
 def record_spent(grid_dir: Path, measured: list[Measured]) -> None:
-    """Add what this invocation's probe jobs cost to the grid's ledger (``<grid dir>/probes.json``:
-    probe id -> label, pool, unit, accelerator-hours and runs), which ``ablate compare``'s cost
-    table reads. A probe read from the cache adds nothing: its hours were spent once, by the
-    grid whose probe ran it (or again, if its record was deleted and it ran again)."""
-    path = grid_dir / LEDGER
+    """Add what this invocation's probe jobs cost to the grid's ledger (``store.probe_ledger``),
+    which ``ablate compare``'s cost table and the grid's budget read. A probe read from the
+    cache adds nothing: its hours were spent once, by the grid whose probe ran it (or again, if
+    its record was deleted and it ran again)."""
     try:
-        entries = spent(grid_dir)
+        entries = probe_ledger.read(grid_dir)
     except StateFileError as exc:  # the probe's own records are intact: the ledger starts again
         print(f"warning: {exc}; writing it again from this probe", file=sys.stderr)
         entries = {}
@@ -128,19 +124,4 @@ def record_spent(grid_dir: Path, measured: list[Measured]) -> None:
             "label": m.config.label, "pool": m.config.pool.name, "unit": unit,
             "hours": float(old["hours"]) + accelerators * m.ran_seconds / 3600,
             "runs": int(old.get("runs", 0)) + (m.ran_seconds > 0)}
-    atomic_write_json(path, {"probes": entries})
-
-
-def spent(grid_dir: Path) -> dict[str, dict[str, Any]]:
-    """The grid's probe ledger (empty where it has none); a damaged one raises ``StateFileError``
-    (one line naming the file)."""
-    path = grid_dir / LEDGER
-    if not path.is_file():
-        return {}
-    data = read_json(path)
-    probes = data.get("probes") if isinstance(data, dict) else None
-    if not isinstance(probes, dict) or not all(
-            isinstance(e, dict) and isinstance(e.get("hours"), (int, float)) and isinstance(e.get("unit"), str)
-            for e in probes.values()):
-        raise StateFileError(f"{path}: not a probe ledger; fix: delete it (the next probe writes it again)")
-    return probes
+    probe_ledger.write(grid_dir, entries)

@@ -19,6 +19,7 @@ if TYPE_CHECKING:
     from orchestrator.scheduler._events import EventPrinter, EventWatcher, PoolCounts, TrialEvent
     from orchestrator.scheduler._identity import as_submitted, renamed, stored_stores
     from orchestrator.scheduler._notify import notify_test
+    from orchestrator.scheduler._reports import Resumed, ResumeReport, SubmitReport
     from orchestrator.scheduler._resume import resume
     from orchestrator.scheduler._submission import run_trials, submit
 
@@ -30,10 +31,11 @@ _WHERE = {
     "EvaluateReport": "_evaluate", "evaluate": "_evaluate", "EventPrinter": "_events",
     "EventWatcher": "_events", "PoolCounts": "_events", "TrialEvent": "_events",
     "as_submitted": "_identity", "renamed": "_identity", "stored_stores": "_identity",
-    "notify_test": "_notify", "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
+    "notify_test": "_notify", "ResumeReport": "_reports", "Resumed": "_reports",
+    "SubmitReport": "_reports", "resume": "_resume", "run_trials": "_submission", "submit": "_submission",
 }
-__all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "Planner", "PoolCounts", "Seen",
-           "TrialEvent", "as_submitted", "cancel", "end_report", "evaluate", "notify_test",
+__all__ = ["EvaluateReport", "EventPrinter", "EventWatcher", "Planner", "PoolCounts",
+           "ResumeReport", "Resumed", "Seen", "SubmitReport", "TrialEvent", "as_submitted", "cancel", "end_report", "evaluate", "notify_test",
            "renamed", "resume", "run_trials", "status_command", "stored_stores", "submit"]
 
 

@@ -5,7 +5,8 @@
 
 Budget (``budget.gpu_hours`` and ``budget.gpu_hours_per_pool``, in the pools' own units): what
 the grid has spent is summed from every trial's attempts (earlier submissions included, so a
-re-submit with a larger budget continues where the last one stopped). A trial's projected cost
+re-submit with a larger budget continues where the last one stopped) and from its probes
+(``ablate probe``, a submission's ``preflight:``: the grid's ``store.probe_ledger``). A trial's projected cost
 is its steps left x a step time x the pool's accelerators; the step time is, in order, the
 measured one of trials of the same cell, of the same pool, then the pool's ``step_seconds``. A
 trial that does not fit even if nothing else ran is *skipped for budget* (it stays pending with
@@ -21,6 +22,7 @@ import dataclasses
 import enum
 import math
 import statistics
+import sys
 import time
 from collections.abc import Iterable, Mapping
 from pathlib import Path
@@ -28,6 +30,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator import metrics as M
 from orchestrator.cost import TrialCost, fmt_hours, pool_rate, total, trial_cost
+from orchestrator.exceptions import StateFileError
 from orchestrator.grid import axis_label
 from orchestrator.pools import PoolSpec
 from orchestrator.stats.seeds import (
@@ -41,7 +44,7 @@ from orchestrator.stats.seeds import (
     relative_width,
     seeds_to_decide,
 )
-from orchestrator.store import TrialPaths, records
+from orchestrator.store import TrialPaths, probe_ledger, records
 from orchestrator.store.reference import read_reference
 from orchestrator.trial import TrialSpec, TrialState
 
@@ -94,6 +97,8 @@ class Planner:
         self.search_not_started = 0
         self.search_point_hours = 0.0
         self._read_at = 0.0
+        self.probes: dict[str, dict[str, Any]] = {}  # the grid's probe ledger, read on refresh
+        self._ledger_warned = False  # a damaged one is said once
         # step_s and spent between two refreshes of the files (they change only there): one
         # admission asks them once per running trial, each a scan of every trial otherwise.
         self._memo: dict[tuple[Any, ...], Any] = {}
@@ -120,8 +125,13 @@ class Planner:
         now = time.monotonic()
         if not force and now - self._read_at < self.REFRESH_S:
             return
-        self._read_at = now
-        self._memo.clear()
+        self._read_at, self._memo = now, {}
+        try:
+            self.probes = probe_ledger.read(self.grid_dir)
+        except StateFileError as exc:  # its probes' hours are unknown: not counted
+            if not self._ledger_warned:
+                print(f"warning: {exc}; the budget counts no probe hours", file=sys.stderr)
+            self.probes, self._ledger_warned = {}, True
         for tid in records.trial_ids(self.grid_dir):
             seen = self.seen.get(tid)
             if seen is None:  # a spec is read once; finished trials are never read again
@@ -141,8 +151,8 @@ class Planner:
                 seen.outcome = _outcome(seen.spec, rec, paths, seen.cost)
 
     def spent(self, pool: str | None = None, unit: str | None = None) -> float:
-        """Hours spent by the grid's trials (on ``pool``; in ``unit``: GPU-hours and CPU-hours
-        never add up), running attempts up to now."""
+        """Hours spent by the grid's trials and probes (on ``pool``; in ``unit``: GPU-hours and
+        CPU-hours never add up), running attempts up to now."""
         key = ("spent", pool, unit)
         if key not in self._memo:
             self._memo[key] = self._spent(pool, unit)
@@ -150,7 +160,8 @@ class Planner:
 
     def _spent(self, pool: str | None, unit: str | None) -> float:
         return sum(s.cost.hours for s in self.seen.values() if s.cost is not None
-                   and (pool is None or s.spec.pool == pool) and (unit is None or s.cost.unit == unit))
+                   and (pool is None or s.spec.pool == pool) and (unit is None or s.cost.unit == unit)
+                   ) + probe_ledger.hours(self.probes, pool=pool, unit=unit)
 
     def _unit(self, pool: str) -> str | None:
         return pool_rate(self.pools[pool])[1] if pool in self.pools else None
@@ -308,12 +319,14 @@ class Planner:
         for s in self.seen.values():
             if s.cost is not None:
                 spent[s.cost.unit] = spent.get(s.cost.unit, 0.0) + s.cost.hours
+        probes = {e["unit"]: probe_ledger.hours(self.probes, unit=e["unit"]) for e in self.probes.values()}
+        spent.update({u: spent.get(u, 0.0) + h for u, h in probes.items()})
         if self.spec.gpu_hours is not None or self.spec.gpu_hours_per_pool:
             by_trial = {tid: h for tid, h in self.skipped.items()
                         if tid not in self.seen or not self.seen[tid].finished}
             out["budget"] = {"gpu_hours": self.spec.gpu_hours,
                              "gpu_hours_per_pool": dict(self.spec.gpu_hours_per_pool),
-                             "spent": spent, "started": len(self.started),
+                             "spent": spent, "probes": probes, "started": len(self.started),
                              "skipped": sorted(by_trial),
                              "search_points_not_started": self.search_not_started,
                              "to_finish_hours": sum(by_trial.values())
@@ -394,6 +407,9 @@ def end_report(summary: Mapping[str, Any]) -> list[str]:
                      + (f", {points} search point(s) not started" if points else "")
                      + (f", projected {b['to_finish_hours']:.3g} h to finish them (raise the budget "
                         "and submit again)" if b["skipped"] or points else ""))
+        if probes := {u: h for u, h in (b.get("probes") or {}).items() if h > 0}:
+            lines.append("budget: of the hours spent, the grid's probes "
+                         + ", ".join(fmt_hours(h, u) for u, h in probes.items()))
     a = summary.get("adaptive")
     if a:
         met = sum(1 for c in a["cells"] if c["met"])

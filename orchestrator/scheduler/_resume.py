@@ -50,6 +50,7 @@ from orchestrator.scheduler._identity import as_submitted, check_scheme, renamed
 from orchestrator.scheduler._lineage import select_trials
 from orchestrator.scheduler._placement import check_address
 from orchestrator.scheduler._repair import missing_before, repair_metrics
+from orchestrator.scheduler._reports import ResumeReport
 from orchestrator.scheduler._rescue import Plan, apply, plan
 from orchestrator.scheduler._submission import run_trials, submission_id
 from orchestrator.store import GridLease, TrialPaths, atomic_write_json, records, workspace
@@ -64,15 +65,15 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
            pool: str, start: str | int = "last-healthy", sets: Mapping[str, Any] | None = None,
            workdir: str | None = None, tracking_uri: str | None = None, address: str | None = None,
            local: bool = False, progress: bool = True, derive: bool = False,
-           name: str | None = None, events: Sink | None = None) -> dict[str, Any]:
+           name: str | None = None, events: Sink | None = None) -> ResumeReport:
     """Resume the selected trials (``select`` "failed"/"collapsed", or ``trial_ids``) on ``pool``.
 
     ``derive`` (implied by ``sets``) runs each continuation as a new derived trial and leaves the
     parent as it ended, so both stay comparable (e.g. a collapsed run and its rescue on another pool).
     ``events`` receives each trial event, as in ``submit``.
 
-    Returns ``{"grid", "resumed": [...], "results": {trial id: result}, "not_resumed": {trial
-    id: why}}``. Raises a one-line ``UserError`` before anything changes when the input, the
+    Returns a ``ResumeReport`` (its document: ``{"grid", "resumed": [...], "results": {trial id:
+    result}, "not_resumed": {trial id: why}}``). Raises a one-line ``UserError`` before anything changes when the input, the
     pool, a checkpoint, the tracking store or the Ray cluster is bad, and ``ConcurrencyError``
     when the grid is running. A trial whose attempt never starts (the run fails first, its pool
     has no capacity) keeps its finished record (``not_resumed``).
@@ -119,11 +120,12 @@ def resume(grid_path: str, *, select: str | None = None, trial_ids: Sequence[str
     for t in trials:
         paths = TrialPaths(grid_dir, t.trial_id)
         results[t.trial_id] = records.stored_result(paths, records.load_state(paths, t.trial_id))
-    return {"grid": grid.name, "submission": submission, "results": results, "summary": summary,
-            "not_resumed": not_resumed,
-            "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
-                         "from_step": p.start, "derived": p.derived} for p in plans
-                        if p.trial.trial_id not in not_resumed]}
+    return ResumeReport({
+        "grid": grid.name, "submission": submission, "results": results, "summary": summary,
+        "not_resumed": not_resumed,
+        "resumed": [{"trial_id": p.trial.trial_id, "parent": p.parent.trial_id, "pool": p.pool,
+                     "from_step": p.start, "derived": p.derived} for p in plans
+                    if p.trial.trial_id not in not_resumed]})
 
 
 def _snapshot(grid_dir: Path, plans: Sequence[Plan]) -> dict[str, tuple[records.TrialRecord, int]]:

@@ -65,6 +65,7 @@ from orchestrator.scheduler._placement import (
 )
 from orchestrator.scheduler._progress import LiveView, say_interrupted, summarize, trials_of
 from orchestrator.scheduler._repair import repair_trial
+from orchestrator.scheduler._reports import SubmitReport
 from orchestrator.scheduler._rescue import Rescuer
 from orchestrator.scheduler._search import SearchSpace, search_records, store_objectives
 from orchestrator.scheduler._trainable import GridContext
@@ -88,14 +89,14 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
            max_parallel: int | None = None, force: bool = False, progress: bool = True,
            ray_tmp: str | None = None, events: Sink | None = None,
            summary_every_s: float = SUMMARY_EVERY_S, name: str | None = None,
-           extend: bool = False) -> dict[str, Any]:
+           extend: bool = False) -> SubmitReport:
     """Run a grid (or its search) to the end on Ray Tune; resumes whatever an earlier run left.
     ``events`` receives each trial event and, every ``summary_every_s``, the counts per pool
     (``_events``; what ``ablate submit`` prints off a terminal). ``name`` runs it under another
     name; ``extend`` adds its trials to an existing grid of that name that has other trials
     (``_identity``).
 
-    Returns a JSON-safe summary. Raises ``ConcurrencyError`` if the grid runs elsewhere, and
+    Returns a ``SubmitReport`` (as a mapping, the JSON-safe summary). Raises ``ConcurrencyError`` if the grid runs elsewhere, and
     ``UserError`` for a bad grid, both before anything starts.
     """
     grid = renamed(load_grid(grid_path, backend=backend, limit_trials=not force), name)
@@ -127,10 +128,10 @@ def submit(grid_path: str, *, backend: str | None = None, address: str | None = 
             if note is not None:
                 print(note, file=sys.stderr, flush=True)
             skipped = preflight_skips(grid, grid_dir, workdir=workdir, tracking_uri=tracking_uri)
-            return Submission(grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
-                              max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp,
-                              rescue=True, events=events, summary_every_s=summary_every_s,
-                              skipped=skipped).run(address)
+            return SubmitReport(Submission(
+                grid, trials, submission, tracking_uri=tracking_uri, workdir=workdir,
+                max_parallel=max_parallel, progress=progress, ray_tmp=ray_tmp, rescue=True,
+                events=events, summary_every_s=summary_every_s, skipped=skipped).run(address))
         finally:
             lease.release()
 

@@ -57,3 +57,30 @@ def test_every_backend_a_grid_may_name_is_registered() -> None:
     from orchestrator.schema import GridFile
 
     assert set(names()) == set(typing.get_args(GridFile.model_fields["backend"].annotation))
+
+
+def test_a_new_trainer_is_its_package_and_one_registry_line(monkeypatch) -> None:
+    """The contract of issue 54: a trainer class (here the suite's double, which implements only
+    ``run``) registered by one line is a backend of its name, launched here, whose every
+    plan-time question has an answer: no problem but the learner vocabulary it does not map,
+    the vocabulary as what it emits, no reference evaluator. (A grid file also names it in
+    ``schema.BACKENDS``, the vocabulary below the registry; the test above holds them equal.)"""
+    from orchestrator import backends
+    from orchestrator.backends.local import LocalLauncher
+    from orchestrator.learner import LearnerSpec
+
+    monkeypatch.setitem(backends._TRAINERS, "double", ("doubles", "DoubleTrainer"))
+    runs = backend("double")
+    pool = load_catalog().get("sim-h100")
+    assert "double" in backends.names() and runs.launcher is LocalLauncher
+    assert runs.trainer(pool).__name__ == "DoubleTrainer"
+    assert runs.identity() == {"backend": "double", "backend_version": "1"}
+    config = TrialConfig.of({}, pool)
+    assert runs.problems(config) == [] and runs.unemitted(config)
+    fp16 = TrialConfig.of({"learner": LearnerSpec(precision="fp16").non_default()}, pool)
+    (refused,) = runs.problems(fp16)
+    assert refused.stage == "combination" and "does not map the learner vocabulary" in refused.reason
+    assert runs.reported("actor/grad_norm", [pool]) and not runs.reported("no/such", [pool])
+    assert "has no reference evaluator" in runs.evaluator(pool).problem("trainer", pool)
+    assert runs.describe(TRIAL, config) == ['correction.is_bounds=[0.5, 2.0]',
+                                            'correction.is_level="token"']

@@ -525,6 +525,8 @@ def test_resume_lays_out_the_checkpoint_and_skips_replayed_steps(server, client,
 
 def test_backend_is_registered_and_delegates_check() -> None:
     """Grid backend k8s is verl launched as RayJobs: verl's checks, verl's trial ids."""
+    from doubles import config_of, refusal
+
     from orchestrator.backends import backend
     from orchestrator.corrections import CorrectionSpec
     from orchestrator.engine import RolloutSpec
@@ -543,8 +545,9 @@ def test_backend_is_registered_and_delegates_check() -> None:
         (CorrectionSpec(), RolloutSpec(), pools["h100"]),
         (CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"]),
     ]:
-        assert k8s.check(corr, roll, pool) == VerlTrainer.check(corr, roll, pool)
-    assert k8s.check(CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8"), pools["a100"])
+        config = config_of(pool, corr, roll)
+        assert refusal(k8s, config) == refusal(VerlTrainer, config)
+    assert refusal(k8s, config_of(pools["a100"], CorrectionSpec(), RolloutSpec(kv_cache_dtype="fp8")))
 
 
 def test_transient_api_errors_are_retried(server, client, monkeypatch) -> None:

@@ -17,8 +17,9 @@ import pytest
 from orchestrator import metrics as M
 from orchestrator.cli import main
 from orchestrator.grid import expand, load_grid
-from orchestrator.probe import ProbeReport, probe, spent
+from orchestrator.probe import ProbeReport, probe
 from orchestrator.probe._report import TIME_COLUMNS
+from orchestrator.store import probe_ledger
 
 REPO = Path(__file__).resolve().parents[2]
 GRID = "grids/quickstart.yaml"
@@ -117,7 +118,7 @@ def test_the_grids_ledger_holds_what_its_probes_cost_once(probed) -> None:
     hours at its pool's rate, counted when its jobs ran; a probe from the cache adds nothing."""
     report, root = probed
     ledger = root / "wd" / "quickstart" / "probes.json"
-    before = spent(ledger.parent)
+    before = probe_ledger.read(ledger.parent)
     assert sorted(before) == sorted(s.measured.config.probe_id for s in report.summaries)
     for s in report.summaries:
         entry = before[s.measured.config.probe_id]
@@ -127,7 +128,7 @@ def test_the_grids_ledger_holds_what_its_probes_cost_once(probed) -> None:
         assert entry["hours"] == pytest.approx(hours, rel=1e-6) and entry["hours"] > 0
     probe(str(REPO / GRID), attribute=True, workdir=str(root / "wd"), out=str(root / "ledger"),
           track=False)
-    assert spent(ledger.parent) == before
+    assert probe_ledger.read(ledger.parent) == before
 
 
 def test_a_gate_over_its_bound_exits_1_with_one_line(probed, capsys) -> None:

@@ -194,3 +194,46 @@ def test_adaptive_seeds_stop_at_the_seeds_a_cell_has(isolated: Path, limit: str)
     assert {dict(t.axes)["correction.is_level"] for t in added} <= {"none"}
     assert not any(c["seeds"] > len(token) for c in planner.summary()["adaptive"]["cells"]
                    if "token" in c["cell"])
+
+
+def test_the_budget_counts_the_grids_probe_hours(isolated: Path, capsys) -> None:
+    """Hours the grid's probes spent (``ablate probe``, ``preflight:``: its probe ledger) are
+    spent from its budget like a trial's: a trial that fits beside the trials' own hours is
+    skipped once the probes' are added, the end report says what the probes took, and a
+    damaged ledger is one warning and counts none."""
+    from orchestrator.cost import pool_rate
+    from orchestrator.scheduler._budget import Admit, Planner, end_report
+    from orchestrator.store import probe_ledger
+    from orchestrator.trial import Attempt, TrialState
+
+    path = isolated / "g.yaml"
+    path.write_text("name: probed\nrecipe: sim/grpo_tiny\nbackend: sim\nsteps: 4\nseeds: [0, 1]\n"
+                    "budget: {gpu_hours: 0.25}\npool: sim-h100\n")
+    grid = load_grid(path)
+    first, second = expand(grid)
+    grid_dir = isolated / ".ablate" / "probed"
+    n, unit = pool_rate(grid.pools.get("sim-h100"))
+    paths = TrialPaths(grid_dir, first.trial_id)  # 4 steps in 360/n s: 0.1 h of the budget
+    records.save_spec(paths, first)
+    records.save_attempts(paths, [Attempt(1, first.pool, 1, 4, "completed", started_at=0.0,
+                                          ended_at=360.0 / n)])
+    records.save_state(paths, records.TrialRecord(
+        trial_id=first.trial_id, state=TrialState.DONE, last_step=4, verdict={"kind": "healthy"}))
+
+    def admit() -> tuple[Admit, Planner]:
+        planner = Planner(grid, grid_dir, [first, second], grid.pools.pools)
+        return planner.admit(second, "sim-h100", []), planner
+
+    assert admit()[0] is Admit.START  # 0.1 h spent + 0.1 h projected <= 0.25 h
+    probe_ledger.write(grid_dir, {"p1": {"label": "sim-h100", "pool": "sim-h100", "unit": unit,
+                                         "hours": 0.1, "runs": 1}})
+    verdict, planner = admit()
+    assert verdict is Admit.SKIP and planner.spent() == pytest.approx(0.2)
+    assert "0.2" in planner.skip_reason(second, "sim-h100")
+    budget = planner.summary()["budget"]
+    assert budget["spent"] == {unit: pytest.approx(0.2)} and budget["probes"] == {unit: 0.1}
+    assert any("the grid's probes" in line for line in end_report({"budget": budget}))
+    (grid_dir / probe_ledger.LEDGER).write_text("[1, 2]")
+    assert admit()[0] is Admit.START
+    warned = [ln for ln in capsys.readouterr().err.splitlines() if probe_ledger.LEDGER in ln]
+    assert len(warned) == 1 and "counts no probe hours" in warned[0]
