@@ -6,7 +6,7 @@ import json
 
 import pytest
 
-from orchestrator.scheduler import ResumeReport, Resumed, SubmitReport
+from orchestrator.scheduler import Resumed, ResumeReport, SubmitReport
 
 
 def test_a_resume_report_types_what_the_cli_prints() -> None:
