@@ -23,6 +23,8 @@ from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+import psutil
+
 from orchestrator.exceptions import UserError
 from orchestrator.pools import PoolSpec
 from orchestrator.store.workspace import scoped_environ
@@ -150,10 +152,46 @@ def connect(address: str | None, pools: Mapping[str, PoolSpec], ray_tmp: str | N
     if reaped:
         log.info("stopped %d Ray agent(s) left by a killed orchestrator: pids %s", len(reaped), reaped)
     with scoped_environ(env):
-        ray.init(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))), resources=capacity,
-                 include_dashboard=False, log_to_driver=False, configure_logging=False,
-                 _temp_dir=ray_tmp)
+        _start_local(num_cpus=max(os.cpu_count() or 1, int(sum(capacity.values()))),
+                     resources=capacity, include_dashboard=False, log_to_driver=False,
+                     configure_logging=False, _temp_dir=ray_tmp)
     return True, True
+
+
+# Ray waits a fixed 30 s for a new local raylet to register with its GCS (the local
+# ``raylet_start_wait_time_s`` in ray/_private/node.py, Node.__init__), then raises this; on a
+# host whose cores are all busy (another job's trainer) registration can take longer.
+_SLOW_START = "timed out during startup"
+
+
+def _start_local(attempts: int = 3, **init: Any) -> None:
+    """``ray.init(**init)`` for an embedded node, started again (up to ``attempts`` times) when
+    Ray gave up waiting for its own raylet: the processes the failed start left are stopped
+    first, so no second node shares the host with a half-started one."""
+    import ray  # deferred, as in connect: `ablate status` imports this module
+
+    me = psutil.Process()
+    for attempt in range(1, attempts + 1):
+        before = {p.pid for p in me.children(recursive=True)}
+        try:
+            ray.init(**init)
+            return
+        except Exception as exc:  # Ray raises a bare Exception for this
+            if _SLOW_START not in str(exc):
+                raise
+            left = [p for p in me.children(recursive=True) if p.pid not in before]
+            for proc in left:
+                with contextlib.suppress(psutil.Error):
+                    proc.kill()
+            psutil.wait_procs(left, timeout=10)
+            if attempt == attempts:
+                raise UserError(
+                    f"Ray: the local node did not start ({attempts} tries, each waiting Ray's "
+                    "30 s for its raylet): this host is overloaded; fix: run again when it is "
+                    "less busy, or start a cluster (`ray start --head`) and pass --address"
+                ) from exc
+            log.warning("Ray's local node did not register within Ray's 30 s (the host is "
+                        "busy): starting it again (%d of %d)", attempt + 1, attempts)
 
 
 _AGENTS = (b"ray::DashboardAgent", b"ray::RuntimeEnvAgent")

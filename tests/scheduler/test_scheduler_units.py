@@ -172,6 +172,64 @@ def test_reap_stale_sessions_stops_only_orphaned_agents_of_its_temp_root(tmp_pat
             p.wait()
 
 
+def test_a_local_node_ray_gave_up_on_is_stopped_and_started_again(monkeypatch) -> None:
+    """Ray waits a fixed 30 s for its raylet (ray/_private/node.py); on a busy host it gives up
+    with a bare Exception and leaves the processes it started. Those are stopped and the node
+    started again; after the last try the user gets one line. (Ray's start is the double here:
+    an overloaded host cannot be made on demand.)"""
+    import subprocess
+
+    import ray
+
+    from orchestrator.scheduler._placement import _start_local
+
+    started: list[subprocess.Popen] = []
+
+    def slow_init(fail: int):
+        def init(**kwargs):
+            started.append(subprocess.Popen(["sleep", "60"]))  # a half-started raylet
+            if len(started) <= fail:
+                raise Exception("The current node timed out during startup. This could happen "
+                                "because some of the raylet failed to startup or the GCS has "
+                                "become overloaded.")
+        return init
+
+    try:
+        monkeypatch.setattr(ray, "init", slow_init(fail=1))
+        _start_local(attempts=3, num_cpus=1)
+        assert len(started) == 2
+        assert started[0].wait(timeout=5) is not None  # the failed start's process is gone
+        assert started[1].poll() is None  # the node that started is left alone
+        started[1].kill()
+        started.clear()
+        monkeypatch.setattr(ray, "init", slow_init(fail=3))
+        with pytest.raises(UserError, match=r"did not start \(3 tries.*--address"):
+            _start_local(attempts=3, num_cpus=1)
+        assert len(started) == 3 and all(p.wait(timeout=5) is not None for p in started)
+    finally:
+        for p in started:
+            if p.poll() is None:
+                p.kill()
+            p.wait()
+
+
+def test_another_ray_start_error_is_not_retried(monkeypatch) -> None:
+    import ray
+
+    from orchestrator.scheduler._placement import _start_local
+
+    calls = []
+
+    def init(**kwargs):
+        calls.append(kwargs)
+        raise ValueError("bad resources")
+
+    monkeypatch.setattr(ray, "init", init)
+    with pytest.raises(ValueError, match="bad resources"):
+        _start_local(attempts=3, num_cpus=1)
+    assert len(calls) == 1
+
+
 def test_truncate_metrics_drops_a_torn_last_line(tmp_path: Path) -> None:
     path = tmp_path / "metrics.jsonl"
     path.write_text(records.metric_line(1, {"m": 1.0}) + '{"step": 2, "metr')
