@@ -20,13 +20,14 @@ from typing import Any
 
 from orchestrator import evaluation
 from orchestrator import metrics as M
-from orchestrator.compare._fetch import LocalMetrics, fetch_curves, summarised
+from orchestrator.compare._fetch import fetch_curves, summarised
 from orchestrator.cost import TrialCost, from_tags, trial_cost, with_reference
 from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
 from orchestrator.store.records import iter_metrics, load_attempts
 from orchestrator.store.reference import read_reference
-from orchestrator.tracking import AXES_TAG, CONFIG_TAG
+from orchestrator.store.summary_table import LocalMetrics, agrees
+from orchestrator.tracking import AXES_TAG, CONFIG_TAG, published_summaries
 from orchestrator.trial import TrialState
 from orchestrator.verdict import judge
 
@@ -191,13 +192,18 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
 
 def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
                  grid_dir: Path | None = None, fixed_pool: str | None = None, *,
-                 local: LocalMetrics | None = None, tracking_uri: str = "") -> list[TrialResult]:
+                 local: LocalMetrics | None = None, tracking_uri: str = "", grid: str = "",
+                 warnings: list[str] | None = None) -> list[TrialResult]:
     """The trial runs of one experiment as ``TrialResult`` (newest run per trial id), their
-    curves from the workdir's summaries where it has them, else from MLflow (``_fetch``)."""
+    curves from the workdir's summaries where it has them, else from the summary table of grid
+    ``grid`` where it agrees with the run, else from MLflow (``_fetch``); ``warnings`` gets a
+    line for a table that does not read back."""
     local = LocalMetrics.read(grid_dir) if local is None else local
     seen: dict[str, TrialResult] = {}
     remote: dict[str, dict[str, int]] = {}  # run id -> curve metric -> points expected
     exact: dict[str, tuple[dict[str, float], dict[str, float], int]] = {}  # run id -> summary tags
+    table: dict[str, summary.TrialSummary] | None = None  # downloaded when first needed
+    tabled: dict[str, summary.TrialSummary] = {}  # trial id -> its agreeing table entry
     for run in search_trial_runs(mlc, experiment_id):
         tags, params = run.data.tags, run.data.params
         tid = tags.get("trial_id", "")
@@ -206,12 +212,21 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
         curves: dict[str, list[tuple[int, float]]] = {}  # filled below, by source
         state = local.states.get(tid)
         if tid not in local.summaries and (state is None or state.is_finished()):
-            tagged = summary.from_tags(tags)
-            steps = int(params.get("steps", 0) or 0)
-            if tagged and tags.get(f"{summary.TAG_PREFIX}last_step", "").isdigit():
-                exact[run.info.run_id] = (tagged[0], tagged[1], int(tags[f"{summary.TAG_PREFIX}last_step"]))
-            remote[run.info.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
-                                       for k in CURVE_METRICS if k in run.data.metrics}
+            if table is None:
+                table, why = published_summaries(mlc, experiment_id, grid) if grid else ({}, "")
+                if why and warnings is not None:
+                    warnings.append(why)
+            entry = table.get(tid)
+            if entry is not None and agrees(entry, tags):
+                tabled[tid] = entry
+            else:
+                tagged = summary.from_tags(tags)
+                steps = int(params.get("steps", 0) or 0)
+                if tagged and tags.get(f"{summary.TAG_PREFIX}last_step", "").isdigit():
+                    exact[run.info.run_id] = (tagged[0], tagged[1],
+                                              int(tags[f"{summary.TAG_PREFIX}last_step"]))
+                remote[run.info.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
+                                           for k in CURVE_METRICS if k in run.data.metrics}
         axes, variant = trial_cell(tags, params, axis_names, grid_dir, tid, fixed_pool)
         step = tags.get("verdict.step", "")
         seen[tid] = TrialResult(
@@ -229,7 +244,7 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
             rescue={k.removeprefix("rescue."): v for k, v in tags.items() if k.startswith("rescue.")},
             not_applicable=_not_applicable(tags.get("verdict.not_applicable", "")),
         )
-    _fill_curves(mlc, tracking_uri, list(seen.values()), local, remote, exact)
+    _fill_curves(mlc, tracking_uri, list(seen.values()), {**tabled, **local.summaries}, remote, exact)
     merge_reference(list(seen.values()), grid_dir)
     split_configs(seen.values(), axis_names)
     return sorted(seen.values(), key=lambda r: (tuple(r.axes.get(a, "") for a in axis_names),
@@ -306,17 +321,17 @@ def split_configs(results: Iterable[TrialResult], axis_names: Sequence[str]) -> 
                 r.variant = ", ".join(p for p in (r.variant, f"config {r.config or 'unknown'}") if p)
 
 
-def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult], local: LocalMetrics,
-                 remote: Mapping[str, Mapping[str, int]],
+def _fill_curves(mlc: Any, uri: str, results: Sequence[TrialResult],
+                 summaries: Mapping[str, summary.TrialSummary], remote: Mapping[str, Mapping[str, int]],
                  exact: Mapping[str, tuple[dict[str, float], dict[str, float], int]]) -> None:
-    """Curves, final and peak values: from the trial's summary on disk, else from MLflow (in
-    bulk), the final and peak values then from the run's ``summary.*`` tags when it has them
-    (exact even when ``tracking.every`` sent MLflow a share of the steps). An unfinished trial
-    on disk gets none: compare leaves it out."""
+    """Curves, final and peak values: from the trial's summary (on disk, or the table's entry),
+    else from MLflow (in bulk), the final and peak values then from the run's ``summary.*`` tags
+    when it has them (exact even when ``tracking.every`` sent MLflow a share of the steps). An
+    unfinished trial on disk gets none: compare leaves it out."""
     fetched = fetch_curves(mlc, uri or mlc.tracking_uri, remote) if remote else {}
     for r in results:
-        if r.trial_id in local.summaries:
-            s = local.summaries[r.trial_id]
+        if r.trial_id in summaries:
+            s = summaries[r.trial_id]
             r.curves, r.finals, r.peaks, r.steps_done = dict(s.curves), dict(s.final), dict(s.peak), s.last_step
         elif r.run_id in fetched:
             r.curves, r.finals, r.peaks = summarised(fetched[r.run_id])

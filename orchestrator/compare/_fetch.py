@@ -1,9 +1,11 @@
 """Where ``ablate compare`` gets each trial's curves, cheapest first.
 
 1. The workdir: a finished trial's ``summary.json`` while it matches its ``metrics.jsonl``
-   (``store.summary``), else one pass over the file that also checks it (``LocalMetrics``). No
-   MLflow history call for these trials, whatever the store.
-2. MLflow, for the trials the workdir does not have (compare on another machine) or whose file is
+   (``store.summary``), else one pass over the file that also checks it
+   (``store.summary_table.LocalMetrics``). No MLflow history call for these trials.
+2. The grid's summary table (``store.summary_table``), an artifact of its parent run, for the
+   trials whose runs' ``summary.*`` tags it agrees with (``tracking.published_summaries``).
+3. MLflow, for the trials the workdir does not have (compare on another machine) or whose file is
    damaged: the run's ``summary.*`` tags give final and peak values; the curves come in bulk from
    the tracking server's ``get-history-bulk`` endpoint (up to 100 runs, a query of at most
    ``BULK_MAX_QUERY_BYTES``, and 25,000 points per request; a full reply is split and asked
@@ -16,25 +18,13 @@ their final and peak values are taken: the plots need no more than that.
 """
 from __future__ import annotations
 
-import dataclasses
 import logging
 from collections.abc import Iterable, Mapping, Sequence
 from concurrent.futures import ThreadPoolExecutor
-from pathlib import Path
 from typing import Any
 
-from orchestrator.exceptions import StateFileError
-from orchestrator.store import TrialPaths, records
-from orchestrator.store.summary import (
-    CURVE_METRICS,
-    TrialSummary,
-    final_value,
-    peak_value,
-    reduce_curve,
-    trial_metrics,
-)
+from orchestrator.store.summary import CURVE_METRICS, final_value, peak_value, reduce_curve
 from orchestrator.tracking import is_remote
-from orchestrator.trial import TrialState
 
 log = logging.getLogger(__name__)
 
@@ -50,42 +40,6 @@ BULK_MAX_QUERY_BYTES = 3_000
 THREADS = 4
 
 Curve = list[tuple[int, float]]
-
-
-@dataclasses.dataclass
-class LocalMetrics:
-    """What the workdir says about a grid's trials: their states, the summaries of the finished
-    ones whose metrics file checks out, and what is wrong with the others' files."""
-
-    states: dict[str, TrialState] = dataclasses.field(default_factory=dict)
-    summaries: dict[str, TrialSummary] = dataclasses.field(default_factory=dict)
-    problems: list[str] = dataclasses.field(default_factory=list)
-    # Trials whose spec or state cannot be read as their own (corrupt, or another trial's),
-    # with the one-line error and its fix: left out of every cell.
-    unreadable: dict[str, str] = dataclasses.field(default_factory=dict)
-
-    @classmethod
-    def read(cls, grid_dir: Path | None) -> LocalMetrics:
-        out = cls()
-        if grid_dir is None or not (Path(grid_dir) / "trials").is_dir():
-            return out
-        for tid in records.trial_ids(grid_dir):
-            paths = TrialPaths(grid_dir, tid)
-            try:
-                records.load_spec(paths)
-                rec = records.load_state(paths, tid)
-            except StateFileError as exc:
-                out.unreadable[tid] = str(exc)
-                continue
-            out.states[tid] = rec.state
-            if not rec.state.is_finished():
-                continue  # may be mid-rewind; compare leaves it out anyway
-            summary, check, _ = trial_metrics(paths, rec)
-            if check.ok:
-                out.summaries[tid] = summary
-            else:  # MLflow's copy is read instead; the file itself is what `ablate submit` repairs
-                out.problems.append(f"trial {tid}: {check.describe()}")
-        return out
 
 
 def newest(points: Iterable[tuple[int, int, float]]) -> Curve:

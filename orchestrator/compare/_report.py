@@ -13,8 +13,8 @@ draws the plots (``compare_plots``) and writes ``results/<grid>/``:
 - ``MANIFEST.json`` (``orchestrator.compare.manifest``): code version, the hash of what decides the numbers,
   the trials' numeric environments, the command that regenerates the directory.
 
-The same files are logged as artifacts (``results/``) of the grid's newest parent run, and a
-compact table is printed to the terminal.
+The same files are logged as artifacts (``results/``) of the grid's newest parent run, with the
+grid's summary table (``_parent``), and a compact table is printed to the terminal.
 """
 from __future__ import annotations
 
@@ -40,7 +40,7 @@ from orchestrator.compare import markdown as md
 from orchestrator.compare._background import start
 from orchestrator.compare._cache import reuse, reuse_figure
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
-from orchestrator.compare._fetch import LocalMetrics
+from orchestrator.compare._parent import log_to_parent
 from orchestrator.compare._stats import (
     cell_stats,
     fanova_importance,
@@ -55,7 +55,8 @@ from orchestrator.scheduler import as_submitted, renamed
 from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 from orchestrator.sim.numerics import environments
 from orchestrator.store import workspace
-from orchestrator.tracking import ROLE_TAG, client, store_exists
+from orchestrator.store.summary_table import LocalMetrics
+from orchestrator.tracking import client, store_exists
 
 log = logging.getLogger(__name__)
 VARIANT = "variant"  # row-label column: include points, derived trials (`ablate resume --set`)
@@ -100,10 +101,13 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                         f"{workspace.canonical_uri(uri)}; "
                         + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
     local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
+    notes: list[str] = []
     results, unfinished = split_unfinished(
-        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir,
-                     fixed_pool=grid.spec.pool, local=local, tracking_uri=uri),
+        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir, fixed_pool=grid.spec.pool,
+                     local=local, tracking_uri=uri, grid=grid.name, warnings=notes),
         grid_dir, states=local.states)
+    for note in notes:
+        print(f"warning: {note}", file=sys.stderr)
     if not results and unfinished:
         raise UserError(f"grid {grid.name!r}: no trial has finished yet; {unfinished.describe()}; "
                         f"fix: wait for the first to finish (`ablate status {grid.name}`)")
@@ -130,7 +134,7 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                                                if p.name in {r.pool for r in results}))
     manifest.write(out, manifest.for_grid(grid_path, out, backend=grid.backend, environments=manifest.numeric_environments(
         r.numerics for r in results), evaluated=RF.present(results) and not grid.spec.eval.reference))
-    _log_to_parent(mlc, exp.experiment_id, out)
+    log_to_parent(mlc, exp.experiment_id, out, grid.name, local.summaries)
     print_table(report)
     if unfinished:
         print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
@@ -428,23 +432,3 @@ def print_table(report: dict[str, Any]) -> None:
     if len(envs) > 1:
         console.print(f"[yellow]warning: these trials ran under {len(envs)} different numeric "
                       "environments; see summary.md[/yellow]")
-
-
-def _log_to_parent(mlc: Any, experiment_id: str, out: Path) -> None:
-    """Log the results directory to the newest parent (grid) run; never fails the command."""
-    try:
-        runs = mlc.search_runs([experiment_id], filter_string=f"tags.`{ROLE_TAG}` = 'grid'",
-                               order_by=["attributes.start_time DESC"], max_results=1)
-        if not runs:
-            log.warning("no grid run in experiment %s: results not logged to MLflow", experiment_id)
-            return
-        mlc.log_artifacts(runs[0].info.run_id, str(out), "results")
-        # The run's description in the MLflow UI: the comparison at a glance next to the runs.
-        note = (out / "summary.md").read_text()
-        cut = note.find("\n## Trials")
-        note = note[:cut] if cut > 0 else note
-        if len(note) > 7000:  # whole lines only: a cut never splits an escape or an entity
-            note = note[:7000].rsplit("\n", 1)[0]
-        mlc.set_tag(runs[0].info.run_id, "mlflow.note.content", note)
-    except Exception as exc:  # noqa: BLE001 - the files on disk are the product; MLflow is a copy
-        log.warning("could not log results to MLflow: %s", exc)

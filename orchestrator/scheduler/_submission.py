@@ -435,6 +435,7 @@ class Submission:
         summary["rescued"] = [t.trial_id for t in rescued]
         summary.update(grid_cost(self.grid_dir, self.grid.pools.pools), **self.planner.summary())
         parent.log_cost(total_metrics(summary["cost"]), {**cost_run_tags(summary), **rescue_links(self.grid_dir)})
+        parent.publish_summaries(self.grid.name, self.grid_dir)  # compare elsewhere reads one file
         summary["repaired"] = self.repaired
         self.notifier.grid_end(summary, budget_out=self.planner.budget_out,
                                submission=self.submission)

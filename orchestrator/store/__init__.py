@@ -7,7 +7,7 @@ lease that keeps a grid single-run (``GridLease``) and where it all lives (``wor
 """
 from __future__ import annotations
 
-from orchestrator.store import probe_ledger, records, workspace
+from orchestrator.store import probe_ledger, records, summary_table, workspace
 from orchestrator.store._checkpoints import MANIFEST, CheckpointStore, link_tree, step_dir_name
 from orchestrator.store._files import (
     TrialPaths,
@@ -22,4 +22,4 @@ from orchestrator.store.records import ResumeRequest, TrialRecord
 __all__ = ["MANIFEST", "CheckpointStore", "GridLease", "ResumeRequest", "TrialPaths", "TrialRecord",
            "active_holder", "atomic_write_json", "atomic_write_text", "corrupt_state_file",
            "link_tree", "probe_ledger", "process_gone", "read_json",
-           "records", "step_dir_name", "workspace"]
+           "records", "step_dir_name", "summary_table", "workspace"]

@@ -2,8 +2,8 @@
 
 Owns the runs (``GridRun``, ``TrialRun``) and their durable outbox, deferred tracking of short
 attempts (``DeferredRun``) and its orchestrator-side ``Sender``, the store plumbing (``client``,
-timeouts, WAL), the grid's UI view and ``ablate ui``, the clean-up of orphaned parent runs, and
-``ablate publish`` (a grid's recorded trials copied into another store).
+timeouts, WAL), the grid's UI view and ``ablate ui``, the clean-up of orphaned parent runs, the grid's summary table as a
+parent-run artifact, and ``ablate publish`` (a grid's recorded trials copied into another store).
 """
 from __future__ import annotations
 
@@ -25,6 +25,7 @@ from orchestrator.tracking._store import (
     store_exists,
     use_wal,
 )
+from orchestrator.tracking._summaries import publish_summaries, published_summaries
 from orchestrator.tracking._ui import server_command, server_env, stop_group, ui
 from orchestrator.tracking._views import save_trials_view
 
@@ -48,6 +49,8 @@ __all__ = [
     "outbox_run_id",
     "parent_run",
     "publish",
+    "publish_summaries",
+    "published_summaries",
     "recorded_elsewhere",
     "sanitize_key",
     "save_trials_view",

@@ -31,6 +31,7 @@ from orchestrator.tracking._store import (
     is_remote,
     use_wal,
 )
+from orchestrator.tracking._summaries import publish_summaries
 from orchestrator.tracking._views import save_trials_view
 
 if TYPE_CHECKING:
@@ -121,6 +122,11 @@ class GridRun:
     def log_artifacts(self, directory: Path, artifact_path: str | None = None) -> None:
         client(self.tracking_uri).log_artifacts(self.run_id, str(directory), artifact_path)
 
+    def publish_summaries(self, grid: str, grid_dir: Path) -> int:
+        """The grid's summary table (its finished trials') as an artifact of this run
+        (``_summaries``); never fails the caller."""
+        return publish_summaries(client(self.tracking_uri), self.run_id, grid, grid_dir)
+
     def log_cost(self, metrics: Mapping[str, float], tags: Mapping[str, str]) -> None:
         """The grid's cost (``orchestrator.cost.total_metrics``) and budget on the parent run;
         never fails the submission (the trial files hold the same numbers)."""
@@ -153,4 +159,5 @@ def parent_run(grid: GridSpec, *, tracking_uri: str, workdir: Path) -> Iterator[
     except BaseException:
         parent.end("FAILED")
         raise
+    parent.publish_summaries(grid.name, workspace.grid_dir(grid.name, workdir))
     parent.end("FINISHED")

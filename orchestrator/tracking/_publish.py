@@ -25,6 +25,7 @@ from typing import TYPE_CHECKING, Any
 
 from orchestrator.exceptions import UserError
 from orchestrator.store import TrialPaths, records, workspace
+from orchestrator.store.summary import read_summary
 from orchestrator.tracking._grid_run import GridRun, experiment_for
 from orchestrator.tracking._labels import (
     MAX_METRICS,
@@ -125,6 +126,7 @@ def publish(grid: GridSpec, *, tracking_uri: str, workdir: str | None = None) ->
                 mlc.delete_run(old.info.run_id)
         (report.replaced if old is not None else report.published).append(spec.trial_id)
     if parent is not None:
+        parent.publish_summaries(grid.name, grid_dir)
         parent.end("FINISHED")
     return report
 
@@ -174,6 +176,9 @@ def _write_run(mlc: Any, grid: GridSpec, exp_id: str, parent_id: str, spec: Tria
     tags.update(attempt_tags(attempts, spec.steps, pool))
     if rec.verdict:
         tags.update(Verdict.from_json(rec.verdict).tags())
+    done = read_summary(paths) if rec.state.is_finished() else None
+    if done is not None:  # as the runner tags its run: a compare elsewhere reads the exact scalars
+        tags.update(done.tags())
     rows = _rows(paths)
     last = rows[-1][0] if rows else 0
     tags.update({PUBLISHED_TAG: digest, SOURCE_TAG: source, THROUGH_TAG: str(last)})

@@ -46,7 +46,7 @@ def test_labels_are_escaped_in_summary_md(tmp_path: Path) -> None:
 def test_parent_run_note_is_the_escaped_summary(tmp_path: Path) -> None:
     from mlflow.tracking import MlflowClient
 
-    from orchestrator.compare._report import _log_to_parent
+    from orchestrator.compare._parent import log_to_parent
     from orchestrator.tracking import ROLE_TAG
 
     results = [_result(i, LABEL) for i in range(2)]
@@ -56,7 +56,7 @@ def test_parent_run_note_is_the_escaped_summary(tmp_path: Path) -> None:
     mlc = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = mlc.create_experiment("esc", artifact_location=(tmp_path / "artifacts").as_uri())
     run = mlc.create_run(exp, tags={ROLE_TAG: "grid"})
-    _log_to_parent(mlc, exp, out)
+    log_to_parent(mlc, exp, out, "esc", {})
     note = mlc.get_run(run.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith("# Grid `esc`: comparison")
     assert "&lt;img src=x onerror=alert(1)&gt;" in note and "<img" not in note
