@@ -9,8 +9,8 @@ and sections, the files written, the manifest and the publishing to the grid's p
 
 Phases nest (a phase's figure includes the imports it triggers, ``load_results`` includes
 listing the runs), so they do not add up to the total. A piece that ``compare`` runs in a forked
-child (past 200 trials on two cores: the curve plots and the forests) shows the parent's wait for
-it. ``cProfile`` slows Python-heavy code more than C-heavy code (drawing, fitting): the figures
+child (past 200 trials on two cores: the curve plots and the forests) shows as the parent's wait
+for it. ``cProfile`` slows Python-heavy code more than C-heavy code (drawing, fitting): the figures
 say where time goes, not what a command takes (``compare_scale.py`` says that).
 
     python benchmarks/compare_profile.py /tmp/scale-keep/t1000-s300-m40 --json FILE
@@ -39,12 +39,16 @@ PHASES: dict[str, tuple[str, str]] = {
     "mlflow client": ("orchestrator/tracking/_store.py", "client"),
     "load_results (runs, summaries, curves)": ("orchestrator/compare/_data.py", "load_results"),
     "  search_runs (the run list)": ("orchestrator/compare/_data.py", "search_trial_runs"),
-    "  workdir summaries and checks": ("orchestrator/compare/_fetch.py", "read"),
+    "  workdir summaries and checks": ("orchestrator/store/summary_table.py", "read"),
+    "  the grid's summary table (download, decode)": ("orchestrator/tracking/_summaries.py",
+                                                     "published_summaries"),
     "  curves from the server": ("orchestrator/compare/_fetch.py", "fetch_curves"),
     "  reference scores": ("orchestrator/compare/_data.py", "merge_reference"),
     "build_report (tables, figures, sections)": ("orchestrator/compare/_report.py", "build_report"),
-    "  curve plots": ("orchestrator/compare/_plots.py", "report_curves"),
-    "  fANOVA (wait)": ("orchestrator/compare/_stats.py", "fanova_importance"),
+    "  curve plots (started)": ("orchestrator/compare/_plots.py", "report_curves"),
+    "  fANOVA (in this process)": ("orchestrator/compare/_stats.py", "fanova_importance"),
+    "  waiting for the forked children (curve plots, fANOVA)": ("orchestrator/compare/_background.py",
+                                                                "wait"),
     "  cells and intervals": ("orchestrator/compare/_report.py", "pivot"),
     "  cells.csv, trials.csv": ("orchestrator/compare/_report.py", "_write_csvs"),
     "  main effects": ("orchestrator/compare/_stats.py", "main_effects"),
@@ -57,7 +61,8 @@ PHASES: dict[str, tuple[str, str]] = {
     "  summary.md": ("orchestrator/compare/_report.py", "render_markdown"),
     "  summary.html": ("orchestrator/compare/_report.py", "render_html"),
     "manifest": ("orchestrator/compare/manifest.py", "write"),
-    "publish to the parent run": ("orchestrator/compare/_report.py", "_log_to_parent"),
+    "publish to the parent run (results, summary table)": ("orchestrator/compare/_parent.py",
+                                                           "log_to_parent"),
     "terminal table": ("orchestrator/compare/_report.py", "print_table"),
 }
 
