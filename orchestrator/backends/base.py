@@ -15,7 +15,7 @@ from __future__ import annotations
 import abc
 import dataclasses
 import enum
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Protocol
 
@@ -27,6 +27,7 @@ from orchestrator.trial import TrialSpec
 
 if TYPE_CHECKING:
     from orchestrator.backends.config import TrialConfig
+    from orchestrator.backends.short import ShortJob
 
 
 class AttemptOutcome(enum.Enum):
@@ -322,9 +323,6 @@ class ProbeJob(abc.ABC):
     Rows are JSON-ready dicts (they are cached as they are): one per (seed, batch)."""
 
     version: ClassVar[str]  # part of every probe's content hash: bump when numbers would change
-    # The probe's figures (``probe._plan.METRICS`` keys, or ``buckets``) this trainer cannot
-    # measure -> why: reported as not measured, never estimated.
-    unmeasured: ClassVar[Mapping[str, str]] = {}
 
     @classmethod
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
@@ -418,6 +416,16 @@ class Launcher(abc.ABC):
         """Stop what this launcher may have left running for a trial that no orchestrator runs
         any more (``ablate cancel`` after a killed ``ablate submit``): e.g. its Slurm job. By
         default a trial's work dies with the orchestrator's workers, so nothing."""
+
+    @classmethod
+    def run_short(cls, jobs: Sequence[ShortJob], *, parallel: int,
+                  limits: Mapping[str, int]) -> None:
+        """Run ``jobs`` (work that is not a trial's attempt: a probe's, ``backends.short``) to
+        their end where their pools' trials run, at most ``parallel`` at once and
+        ``limits[pool]`` of one pool; each leaves its result or raises (``check_ended``). By
+        default in this process, one after another, as the local launcher's trials run here."""
+        for job in jobs:
+            job.run_here()
 
     @abc.abstractmethod
     def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,

@@ -81,8 +81,10 @@ def plan(grid: GridSpec, *, pools: Sequence[str] = (), batches: int = 4,
         pool = grid.pools.get(trial.pool)
         config = grid.trial_config(trial)
         job = runs.probe_job(pool)
+        # Whether the machine can run the job is asked where it runs: here before anything
+        # starts, or (a launcher that computes elsewhere: Slurm) on the pool's node, by the job.
         why = (f"the {runs.trainer(pool).name} probe is not implemented yet" if job is None
-               else job.check(config, pool))
+               else None if runs.launcher.computes_elsewhere else job.check(config, pool))
         if why:  # a trainer without a probe: said once per pool
             refused.setdefault(f"pool={trial.pool}" if job is None else _label([trial]), why)
             continue

@@ -45,23 +45,17 @@ def _table(head: Sequence[str], rows: Sequence[Sequence[str]]) -> list[str]:
             *("| " + " | ".join(r) + " |" for r in rows)]
 
 
-def _unmeasured(summaries: Sequence[Summary]) -> list[str]:
-    """What a configuration's trainer cannot measure (its ``ProbeJob.unmeasured``), with why:
-    ``n/a`` in the tables."""
-    whys: dict[str, list[str]] = {}
-    for s in summaries:
-        for metric, why in s.measured.config.job.unmeasured.items():
-            whys.setdefault(f"{metric}: {why}", []).append(s.label)
-    if not whys:
-        return []
-    every = [s.label for s in summaries]
-    return ["", "## Not measured", "", "Shown as n/a: the trainer does not report them.", ""] + [
-        f"- {what}" + ("" if labels == every else f" ({', '.join(labels)})")
-        for what, labels in whys.items()]
-
-
-def _no_buckets(summaries: Sequence[Summary]) -> bool:
-    return all("buckets" in s.measured.config.job.unmeasured for s in summaries)
+def _below_resolution(summaries: Sequence[Summary]) -> list[str]:
+    """A k3 of exactly 0 whose tokens still differ: the trainer's arithmetic (verl computes k3
+    in the log-probs' float32) rounds a mismatch of a few ULPs to 0; the bucket table's k3
+    (float64) shows it."""
+    out = [f"- {s.label}: k3 is 0 as the trainer computes it, yet "
+           f"{1 - s.metrics['bitwise_share'].estimate:.1%} of the tokens' log-probs are not "
+           f"bitwise equal (max |dlogp| {_g(s.metrics['abs_diff_max'].estimate)}): a mismatch "
+           "below what that k3 resolves, not none"
+           for s in summaries if s.metrics["k3"].estimate == 0
+           and s.metrics["bitwise_share"].estimate < 1]
+    return ["", *out] if out else []
 
 
 def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) -> str:
@@ -79,7 +73,7 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
                       _iv(s.metrics["k3"]), _iv(s.metrics["k1"]), _iv(s.metrics["abs_diff_max"]),
                       _iv(s.metrics["abs_diff_p99"]), _iv(s.metrics["bitwise_share"]),
                       _iv(s.metrics["chi2"]), str(s.tokens)) for s in summaries])
-    lines += _unmeasured(summaries)
+    lines += _below_resolution(summaries)
     if gates:
         lines += ["", "## Gates", "", f"Bounds: {', '.join(map(str, gates))}.", ""]
         lines += [f"- {s.label}: " + ("over " + ", ".join(
@@ -87,7 +81,7 @@ def markdown(plan: Plan, summaries: Sequence[Summary], gates: Sequence[Gate]) ->
             for s in summaries]
     if plan.refused:
         lines += ["", "## Not probed", ""] + [f"- {label}: {why}" for label, why in plan.refused]
-    if summaries and not _no_buckets(summaries):
+    if summaries:
         lines += ["", "## k3 by rollout probability of the sampled token", ""]
         lines += _table(("bucket", *(s.label for s in summaries)),
                         [(b, *(f"{_iv(s.buckets[i][1])} (share {_g(s.buckets[i][2].estimate)})"

@@ -4,16 +4,18 @@ grid with the same configuration, runs nothing new.
 """
 from __future__ import annotations
 
+import contextlib
 import dataclasses
+import shutil
 import sys
-import time
 from pathlib import Path
 from typing import Any
 
 from orchestrator.backends import backend
-from orchestrator.backends.base import ProbeJob
+from orchestrator.backends.short import RESULT, ShortJob, clear
 from orchestrator.cost import pool_rate
 from orchestrator.exceptions import StateFileError
+from orchestrator.probe import job as probe_job
 from orchestrator.probe._plan import SCHEME, Configuration, Plan, digest
 from orchestrator.store import atomic_write_json, probe_ledger, read_json, workspace
 
@@ -44,65 +46,108 @@ def probe_dir(workdir: str | None) -> Path:
     return workspace.workdir(workdir) / "probes"
 
 
-def _cached(path: Path, make: Any) -> tuple[dict[str, Any], bool]:
-    if path.is_file():
-        return read_json(path), True
-    t0 = time.perf_counter()
-    record = make()
-    record["seconds"] = time.perf_counter() - t0
-    atomic_write_json(path, record)
-    return record, False
+@dataclasses.dataclass
+class _Work:
+    """A configuration's records: read from the cache, or made by the jobs ``run_plan`` runs."""
+
+    config: Configuration
+    record: dict[str, Any] | None  # the probe's record, None until its job ran
+    knob_ids: dict[str, str]  # knob -> its probe id (``--attribute``)
+    knobs: dict[str, dict[str, Any]]  # knob -> its record, as far as cached or made
+    ran_seconds: float = 0.0
+    made: bool = False  # a job of this invocation made one of its records
 
 
 def run_plan(plan: Plan, *, workdir: str | None, attribute: bool) -> list[Measured]:
     """Every configuration of ``plan`` probed (from the cache where it was), with its knobs'
-    probes when ``attribute``; in the grid's trainer's worker environment (pinned numerics)."""
+    probes when ``attribute``. What is not cached runs as short jobs of the grid's launcher
+    (``Launcher.run_short``: here, one after another; on Slurm, a job each on the pool's
+    partition, in parallel within the grid's ``budget``), each under its trainer's
+    environment (pinned numerics)."""
     out_dir = probe_dir(workdir)
     runs = backend(plan.grid.backend)
     seeds, batches = list(plan.seeds), plan.batches
-    measured = []
+    works, jobs = [], []
     for c in plan.configurations:
-        job = c.job()
-        # A job that runs a trainer (verl's) keeps its scratch and logs under the workdir.
-        env = {**runs.worker_env(c.config), "ABLATE_WORKDIR": str(workspace.workdir(workdir))}
-        with workspace.scoped_environ(env):
-            def make(c: Configuration = c, job: Any = job) -> dict[str, Any]:
-                rows, engine = job.run(c.trial, c.config, c.pool, seeds, batches)
-                return {"probe_id": c.probe_id, "identity": c.identity, "seeds": seeds,
-                        "batches": batches, "rows": rows, "engine": engine}
+        cached = out_dir / f"{c.probe_id}.json"
+        work = _Work(c, read_json(cached) if cached.is_file() else None, {}, {})
+        if work.record is None:
+            jobs.append(_job(runs, c, c.probe_id, out_dir, workdir,
+                             probe_job.task(c.job, c.trial, c.config, seeds, batches)))
+        if attribute:
+            work.knob_ids = {k: digest({"scheme": SCHEME, "probe": c.job.version, "knob": k,
+                                        "identity": c.identity, "config": c.config.recipe,
+                                        "seeds": seeds, "batches": batches})
+                             for k in c.job.knobs(c.config, c.pool)}
+            work.knobs = {k: read_json(out_dir / f"{i}.json") for k, i in work.knob_ids.items()
+                          if (out_dir / f"{i}.json").is_file()}
+            todo = [k for k in work.knob_ids if k not in work.knobs]
+            if todo:  # one job runs them all
+                jobs.append(_job(runs, c, f"{c.probe_id}-knobs", out_dir, workdir,
+                                 probe_job.task(c.job, c.trial, c.config, seeds, batches, todo)))
+        works.append(work)
+    budget = plan.grid.spec.budget
+    try:
+        runs.launcher.run_short(jobs, parallel=budget.max_parallel, limits=budget.per_pool)
+    finally:  # what the jobs that ended well made is kept, even if another failed
+        for w in works:
+            _keep(w, out_dir, seeds, batches)
+        with contextlib.suppress(OSError):  # empty once every job's result is kept
+            (out_dir / "tasks").rmdir()
+    return [_measured(w) for w in works]
 
-            record, cached = _cached(out_dir / f"{c.probe_id}.json", make)
-            m = Measured(c, record["rows"], record["engine"], record["seconds"], cached,
-                         ran_seconds=0.0 if cached else record["seconds"])
-            if attribute:
-                _knobs(job, c, m, out_dir, seeds, batches)
-        measured.append(m)
-    return measured
+
+def _job(runs: Any, c: Configuration, name: str, out_dir: Path, workdir: str | None,
+         task: dict[str, Any]) -> ShortJob:
+    """A probe job of ``c`` (its task written): under its trainer's environment, and where a
+    job that runs a trainer (verl's) keeps its scratch and logs: the workdir."""
+    job_dir = out_dir / "tasks" / name
+    job_dir.mkdir(parents=True, exist_ok=True)
+    clear(job_dir)  # an earlier try's result or error
+    atomic_write_json(job_dir / probe_job.TASK, task)
+    env = {**runs.trainer(c.pool).environment(c.config),
+           "ABLATE_WORKDIR": str(workspace.workdir(workdir))}
+    return ShortJob(name, c.config, env, job_dir, probe_job.__name__)
 
 
-def _knobs(job: ProbeJob, c: Configuration, m: Measured, out_dir: Path, seeds: list[int],
-           batches: int) -> None:
-    """The configuration's knob probes into ``m.knobs``: the cached ones read, the others run
-    in one job and kept, each under its own content hash."""
-    changes = c.job.knobs(c.config, c.pool)
-    ids = {k: digest({"scheme": SCHEME, "probe": c.job.version, "knob": k, "identity": c.identity,
-                      "config": c.config.recipe, "seeds": seeds, "batches": batches})
-           for k in changes}
-    records = {k: read_json(out_dir / f"{i}.json") for k, i in ids.items()
-               if (out_dir / f"{i}.json").is_file()}
-    todo = [k for k in changes if k not in records]
-    if todo:
-        t0 = time.perf_counter()
-        made = job.run_knobs(c.trial, c.config, c.pool, seeds, batches, todo)
-        took = time.perf_counter() - t0
-        share = took / len(todo)  # one job ran them all
-        m.ran_seconds += took
+def _keep(work: _Work, out_dir: Path, seeds: list[int], batches: int) -> None:
+    """The results of ``work``'s jobs that ended well, kept under their content hashes (their
+    task folders removed); a job that failed leaves its folder, with its log, as evidence."""
+    c, tasks = work.config, out_dir / "tasks"
+    if work.record is None and (tasks / c.probe_id / RESULT).is_file():
+        made = read_json(tasks / c.probe_id / RESULT)
+        work.record = {"probe_id": c.probe_id, "identity": c.identity, "seeds": seeds,
+                       "batches": batches, "rows": made["rows"], "engine": made["engine"],
+                       "seconds": made["seconds"], "ran_on": made.get("ran_on")}
+        atomic_write_json(out_dir / f"{c.probe_id}.json", work.record)
+        work.ran_seconds += float(made["seconds"])
+        work.made = True
+        shutil.rmtree(tasks / c.probe_id, ignore_errors=True)
+    knobs_dir = tasks / f"{c.probe_id}-knobs"
+    todo = [k for k in work.knob_ids if k not in work.knobs]
+    if todo and (knobs_dir / RESULT).is_file():
+        made = read_json(knobs_dir / RESULT)
+        share = float(made["seconds"]) / len(todo)
+        work.ran_seconds += float(made["seconds"])
         for k in todo:
-            records[k] = {"probe_id": ids[k], "knob": k, "rows": made[k], "seconds": share}
-            atomic_write_json(out_dir / f"{ids[k]}.json", records[k])
-        m.cached = False
-    m.knobs = {k: (changes[k], records[k]["rows"]) for k in changes}
-    m.knob_seconds = sum(float(records[k].get("seconds", 0.0)) for k in changes)
+            work.knobs[k] = {"probe_id": work.knob_ids[k], "knob": k,
+                             "rows": made["knobs"][k], "seconds": share,
+                             "ran_on": made.get("ran_on")}
+            atomic_write_json(out_dir / f"{work.knob_ids[k]}.json", work.knobs[k])
+        work.made = True
+        shutil.rmtree(knobs_dir, ignore_errors=True)
+
+
+def _measured(work: _Work) -> Measured:
+    """The configuration's measurement from its records (read from the cache or just made)."""
+    c, record = work.config, work.record
+    assert record is not None  # run_short raised for a job that left no result
+    m = Measured(c, record["rows"], record["engine"], record["seconds"], not work.made,
+                 ran_seconds=work.ran_seconds)
+    changes = c.job.knobs(c.config, c.pool) if work.knob_ids else {}
+    m.knobs = {k: (changes[k], work.knobs[k]["rows"]) for k in changes}
+    m.knob_seconds = sum(float(work.knobs[k].get("seconds", 0.0)) for k in changes)
+    return m
 
 
 def record_spent(grid_dir: Path, measured: list[Measured]) -> None:

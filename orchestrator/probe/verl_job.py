@@ -17,17 +17,19 @@ steps per seed with
   log-probs with the trainer and logs ``rollout_corr/*`` (``compute_offpolicy_metrics``,
   ``verl/trainer/ppo/rollout_corr_helper.py:904-1001``; called in decoupled mode only,
   ``ray_trainer.py:1647-1660``): those are the figures read here, per step;
-* no validation and no checkpoint (they do not enter the mismatch).
-
-verl reports its mismatch as batch means (k3, k1, chi-square): the per-token figures of a probe
-(|log mu - log pi| max and quantiles, the bitwise-equal share, the per-probability buckets) are not
-in verl's metrics, and are reported as not measured (``UNMEASURED``), never estimated.
+* no validation and no checkpoint (they do not enter the mismatch);
+* verl's driver made to write each step's token-level figures (``probe/verl_tokens.py``): verl
+  reports its mismatch as batch means (k3, k1, chi-square, read from its metrics), so
+  |log mu - log pi| max and quantiles, the bitwise-equal share, the token count and the
+  per-probability buckets come from the two log-prob tensors verl's own off-policy metrics are
+  computed from, by the simulator probe's formulas.
 """
 from __future__ import annotations
 
 import copy
 import dataclasses
 import math
+import os
 import shutil
 from collections.abc import Mapping
 from pathlib import Path
@@ -38,10 +40,11 @@ from orchestrator.backends.base import ProbeJob
 from orchestrator.backends.config import TrialConfig
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure
 from orchestrator.pools import PoolSpec
+from orchestrator.probe import verl_tokens
 from orchestrator.store import workspace
 from orchestrator.trial import TrialSpec
 
-VERSION = "verl-probe-1"  # bump when a probe's numbers would change (part of its content hash)
+VERSION = "verl-probe-2"  # bump when a probe's numbers would change (part of its content hash)
 # Keys of the trial's configuration that do not change the log-probs of a run that learns
 # nothing (left out of a probe's identity): the optimizer, the loss, validation, checkpoints.
 NOT_MISMATCH = ("actor_rollout_ref.actor.optim", "actor_rollout_ref.actor.entropy_coeff",
@@ -49,16 +52,10 @@ NOT_MISMATCH = ("actor_rollout_ref.actor.optim", "actor_rollout_ref.actor.entrop
                 "trainer.test_freq", "trainer.val_before_train", "trainer.save_freq",
                 "trainer.max_actor_ckpt_to_keep")
 LEARNER_LOSS = ("loss", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "loss_agg_mode")
-# The probe's figures read from each verl step (``metrics.PROBE_METRICS`` values).
+# The probe's figures read from each verl step (``metrics.PROBE_METRICS`` values); the token-level
+# ones come from ``verl_tokens``.
 READ = (M.K3_KL, M.K1_KL, M.CHI2_TOKEN)
-TOKENS_WHY = "verl logs batch means only"
-UNMEASURED: dict[str, str] = {
-    "bitwise_share": f"{TOKENS_WHY}, not the token log-probs it would compare",
-    **{k: f"{TOKENS_WHY} (rollout_corr/*), not per-token |log mu - log pi|"
-       for k in ("abs_diff_max", "abs_diff_p50", "abs_diff_p90", "abs_diff_p99")},
-    "buckets": "verl 0.9.1 has no per-probability buckets (VerlTrainer.emits)",
-}
-
+MODULES = "VERL_USE_EXTERNAL_MODULES"
 
 def job_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration a probe job runs: the trial's, learning nothing (module docstring)."""
@@ -84,7 +81,6 @@ class VerlProbe(ProbeJob):
     a cpu pool here, a gpu pool on one of its nodes)."""
 
     version: ClassVar[str] = VERSION
-    unmeasured: ClassVar[Mapping[str, str]] = UNMEASURED
 
     @classmethod
     def check(cls, config: Mapping[str, Any], pool: PoolSpec) -> str | None:
@@ -122,13 +118,18 @@ class VerlProbe(ProbeJob):
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
             seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
+        # The job's driver loads verl_tokens beside the pool's own modules (verl_env).
+        modules = pool.verl_env.get(MODULES) or os.environ.get(MODULES)
+        pool = pool.model_copy(update={"verl_env": {
+            **pool.verl_env, MODULES: ",".join(filter(None, (modules, verl_tokens.__name__)))}})
         config = TrialConfig.of(job_config(config), pool)
         sequences = (config["data"]["train_batch_size"]
                      * config["actor_rollout_ref"]["rollout"]["n"])
         rows: list[dict[str, float]] = []
         settings: dict[str, Any] = {}
         for seed in seeds:
-            steps, facts = _job(dataclasses.replace(trial, seed=seed, steps=batches), config, pool)
+            steps, tokens, facts = _job(dataclasses.replace(trial, seed=seed, steps=batches),
+                                        config, pool)
             for b in range(1, batches + 1):
                 m = steps.get(b)
                 if m is None or M.K3_KL not in m:
@@ -136,7 +137,7 @@ class VerlProbe(ProbeJob):
                                        f"{seed}) logged no {M.K3_KL} at step {b}")
                 rows.append({"seed": seed, "batch": b, **{k: m[k] for k in READ if k in m},
                              "tokens": m.get(M.RESPONSE_LENGTH, math.nan) * sequences,
-                             "wall_s": m.get("timing_s/step", math.nan)})
+                             **tokens[b - 1], "wall_s": m.get("timing_s/step", math.nan)})
             settings = settings or {k: v for k, v in sorted(facts.items())
                                     if k.startswith("engine.") or k == "verl.rollout"}
         return rows, settings
@@ -148,11 +149,12 @@ class VerlProbe(ProbeJob):
         raise InfraFailure(f"the verl probe has no knob probes (asked for {', '.join(knobs)})")
 
 
-def _job(trial: TrialSpec, config: TrialConfig,
-         pool: PoolSpec) -> tuple[dict[int, dict[str, float]], dict[str, str]]:
-    """One verl job of ``trial``'s steps: its metrics by step and its facts (the engine that
-    ran). Its scratch under ``<workdir>/probes/jobs`` is removed after it; its logs are kept
-    under ``<workdir>/probes/logs/<trial>-s<seed>``."""
+def _job(trial: TrialSpec, config: TrialConfig, pool: PoolSpec
+         ) -> tuple[dict[int, dict[str, float]], list[dict[str, float]], dict[str, str]]:
+    """One verl job of ``trial``'s steps: its metrics by step, each step's token-level figures
+    (``verl_tokens``) and its facts (the engine that ran). Its scratch under
+    ``<workdir>/probes/jobs`` is removed after it; its logs are kept under
+    ``<workdir>/probes/logs/<trial>-s<seed>``."""
     from orchestrator.verl.reference_job import _JobContext  # verl's package, for verl probes only
     from orchestrator.verl.trainer import VerlTrainer
 
@@ -160,14 +162,26 @@ def _job(trial: TrialSpec, config: TrialConfig,
     name = f"{trial.trial_id}-s{trial.seed}"
     scratch, logs = root / "jobs" / name, root / "logs" / name
     shutil.rmtree(scratch, ignore_errors=True)
+    logs.mkdir(parents=True, exist_ok=True)
+    tokens_log = logs / "tokens.jsonl"
+    tokens_log.unlink(missing_ok=True)
     ctx = _JobContext(trial, pool, scratch, logs, Path(), None,  # type: ignore[arg-type]
                       workspace.grid_dir(trial.grid))
     try:
-        result = VerlTrainer().run(trial, config, ctx)
+        with workspace.scoped_environ({verl_tokens.LOG_ENV: str(tokens_log)}):
+            result = VerlTrainer().run(trial, config, ctx)
     finally:
         shutil.rmtree(scratch, ignore_errors=True)
     if result.last_step < trial.steps:
         raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed {trial.seed}) "
                            f"ended at step {result.last_step} of {trial.steps}: {result.reason}; "
                            f"see {logs}")
-    return ctx.metrics, ctx.facts
+    tokens = verl_tokens.read(tokens_log)
+    if len(tokens) != trial.steps:
+        raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed {trial.seed}) "
+                           f"recorded the token-level figures of {len(tokens)} of its "
+                           f"{trial.steps} steps (verl's rollout_corr_helper."
+                           f"compute_offpolicy_metrics, wrapped by {verl_tokens.__name__}); "
+                           f"see {logs}")
+    return ctx.metrics, [{k: v for k, v in line.items() if k != "pid"} for line in tokens], \
+        ctx.facts

@@ -9,13 +9,17 @@ to the job's own result record when neither knows it.
 from __future__ import annotations
 
 import dataclasses
+import logging
 import os
 import re
 import shutil
 import subprocess
 from collections.abc import Sequence
+from typing import Any
 
 from orchestrator.exceptions import BackendUnavailableError, InfraFailure, UserError
+
+log = logging.getLogger(__name__)
 
 CLIENTS = ("sbatch", "squeue", "scontrol", "scancel", "sinfo")
 INSTALL = ("install Slurm's clients (Debian: apt-get install slurm-client) and point "
@@ -191,6 +195,15 @@ class SlurmClient:
             features[node] = frozenset(x for x in feats.split(",") if x and x != "(null)")
             gres[node] = tuple(x for x in re.split(r",(?![^()]*\))", g) if x and x != "(null)")
         return ClusterFacts({p: tuple(n) for p, n in parts.items()}, features, gres)
+
+
+def cancel_quietly(client: Any, job_id: str) -> None:
+    """``client.cancel(job_id)`` after an error: a failure to cancel is logged, never raised
+    (the original error is the one to report)."""
+    try:
+        client.cancel(job_id)
+    except Exception:
+        log.exception("could not cancel Slurm job %s after an error", job_id)
 
 
 def refusal(pool: str, stderr: str) -> UserError:

@@ -20,7 +20,7 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Iterable, Mapping
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from pathlib import Path
 from typing import Any, ClassVar
 
@@ -35,6 +35,7 @@ from orchestrator.backends.base import (
     problem,
 )
 from orchestrator.backends.config import TrialConfig
+from orchestrator.backends.short import ShortJob
 from orchestrator.exceptions import (
     BackendUnavailableError,
     CheckpointError,
@@ -127,6 +128,18 @@ class SlurmLauncher(Launcher):
         for job in client.jobs_named(job_name(trial_id, log_dir)):
             client.cancel(job)
 
+    @classmethod
+    def run_short(cls, jobs: Sequence[ShortJob], *, parallel: int,
+                  limits: Mapping[str, int]) -> None:
+        """Each job a Slurm job on its pool's partition, in parallel (``slurm/short.py``)."""
+        from orchestrator.slurm.short import run_short  # deferred: only a probe asks
+
+        missing = sc.missing_clients()
+        if missing:
+            raise BackendUnavailableError(f"backend slurm needs {', '.join(missing)} on this "
+                                          f"machine; fix: {sc.INSTALL}")
+        run_short(jobs, parallel=parallel, limits=limits)
+
     # ------------------------------------------------------------------ one attempt
 
     def run(self, trainer: Trainer, trial: TrialSpec, config: TrialConfig,
@@ -153,7 +166,7 @@ class SlurmLauncher(Launcher):
         except BaseException:
             # Whatever ended our watch (a requeue, an error, an interrupt), the job must not
             # run on unobserved: a retry submits a new one.
-            _cancel_quietly(client, job_id)
+            sc.cancel_quietly(client, job_id)
             raise
         finally:
             _forget_quietly(status, job_id)
@@ -302,13 +315,6 @@ class _Follow:
 
 def _copy(src: Path, dst: Path) -> None:
     shutil.copytree(src, dst, dirs_exist_ok=True)
-
-
-def _cancel_quietly(client: Any, job_id: str) -> None:
-    try:
-        client.cancel(job_id)
-    except Exception:  # the original error is the one to report
-        log.exception("could not cancel Slurm job %s after an error", job_id)
 
 
 def _forget_quietly(status: Any, job_id: str) -> None:

@@ -156,11 +156,10 @@ def test_a_bad_gate_is_one_line_exit_2_and_nothing_runs(tmp_path, capsys, gate, 
     assert not (tmp_path / "wd" / "probes").exists() and not (tmp_path / "out").exists()
 
 
-def test_a_verl_grid_plans_a_probe_per_engine_setting_and_pool(tmp_path, capsys) -> None:
+def test_a_verl_grid_plans_a_probe_per_engine_setting_and_pool() -> None:
     """The verl probe at plan time (no verl job; ``tests/verl_cpu/test_verl_probe.py`` runs one):
     grids/verl_cpu.yaml's 4 trials are 2 probes (its correction axis shares one), each the
-    trial's config learning nothing; a gate on a figure verl does not report is exit 2, with
-    nothing started."""
+    trial's config learning nothing."""
     from orchestrator.probe import plan as plan_probe
     from orchestrator.probe.verl_job import VerlProbe, job_config
 
@@ -172,12 +171,6 @@ def test_a_verl_grid_plans_a_probe_per_engine_setting_and_pool(tmp_path, capsys)
     job = job_config(chosen.configurations[0].config)
     assert job["actor_rollout_ref"]["actor"]["optim"]["lr"] == 0.0 and job["correction"] == {}
     assert job["trainer"]["test_freq"] == -1
-    code = main(["probe", str(REPO / "grids" / "verl_cpu.yaml"), "--workdir", str(tmp_path),
-                 "--gate", "bitwise_share>=1"])
-    err = capsys.readouterr().err.strip()
-    assert code == 2 and len(err.splitlines()) == 1, err
-    assert "bitwise_share is not measured for pool=cpu-fp32, pool=cpu-bf16" in err, err
-    assert not (tmp_path / "probes").exists()
 
 
 def test_a_probe_is_one_mlflow_run_found_again_by_its_hash(probed) -> None:

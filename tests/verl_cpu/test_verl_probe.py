@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import csv
 import json
-import math
 import textwrap
 from collections.abc import Iterator
 from pathlib import Path
@@ -57,15 +56,25 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
 
 @pytest.mark.slow
 @pytest.mark.timeout(PROBE_TIMEOUT_S + 300)
-def test_a_verl_probe_measures_bf16_mismatch_and_says_what_verl_does_not_report(probed) -> None:
+def test_a_verl_probe_measures_bf16_mismatch_token_by_token(probed) -> None:
     (row,) = _rows(probed["out"] / "probe.csv")  # the correction axis shares one probe
     assert len(row["trials"].split()) == 2 and row["batches"] == "2"
     k3, lo, hi = (float(row[k]) for k in ("k3", "k3_lo", "k3_hi"))
     assert 0 < k3 < 1e-4 and lo <= k3 <= hi, row  # bf16 engine vs fp32 trainer
     assert float(row["k1"]) != 0 and float(row["total_tokens"]) > 0
-    assert math.isnan(float(row["bitwise_share"])), row  # not measured, never made up
+    # the token-level figures, from the two log-prob tensors verl's own metrics come from
+    # (probe/verl_tokens.py): bf16 log-probs are never bitwise the fp32 trainer's here
+    assert float(row["bitwise_share"]) < 1 and 0 < float(row["abs_diff_p50"]) \
+        <= float(row["abs_diff_p99"]) <= float(row["abs_diff_max"]) < 0.1, row
+    shares = [float(row[k]) for k in row if k.startswith("share_p_")]
+    assert sum(shares) == pytest.approx(1.0), row  # every token in one probability bucket
+    bucket_k3 = [float(row[f"k3_p_{b}"]) for b in ("0.01-0.1",) if float(row[f"share_p_{b}"])]
+    assert all(0 < v < 1e-4 for v in bucket_k3), row
+    tokens = [json.loads(line) for p in (probed["probes"] / "logs").glob("*/tokens.jsonl")
+              for line in p.read_text().splitlines()]
+    assert len(tokens) == 2 and float(row["total_tokens"]) == sum(t["tokens"] for t in tokens)
     md = (probed["out"] / "probe.md").read_text()
-    assert "## Not measured" in md and "- bitwise_share: verl logs batch means" in md, md
+    assert "## Not measured" not in md and "n/a | n/a | n/a" not in md, md
     # the engine's settings as the running engine reported them (the trials' provenance)
     assert "engine.name=cpu" in md and "engine.unapplied=none" in md, md
 
