@@ -52,7 +52,8 @@ class _Work:
 
     config: Configuration
     record: dict[str, Any] | None  # the probe's record, None until its job ran
-    knob_ids: dict[str, str]  # knob -> its probe id (``--attribute``)
+    changes: dict[str, str]  # knob -> the change its probe makes (``--attribute``)
+    knob_ids: dict[str, str]  # knob -> its probe id
     knobs: dict[str, dict[str, Any]]  # knob -> its record, as far as cached or made
     ran_seconds: float = 0.0
     made: bool = False  # a job of this invocation made one of its records
@@ -70,15 +71,16 @@ def run_plan(plan: Plan, *, workdir: str | None, attribute: bool) -> list[Measur
     works, jobs = [], []
     for c in plan.configurations:
         cached = out_dir / f"{c.probe_id}.json"
-        work = _Work(c, read_json(cached) if cached.is_file() else None, {}, {})
+        work = _Work(c, read_json(cached) if cached.is_file() else None, {}, {}, {})
         if work.record is None:
             jobs.append(_job(runs, c, c.probe_id, out_dir, workdir,
                              probe_job.task(c.job, c.trial, c.config, seeds, batches)))
         if attribute:
+            work.changes = c.job.knobs(c.config, c.pool)
             work.knob_ids = {k: digest({"scheme": SCHEME, "probe": c.job.version, "knob": k,
                                         "identity": c.identity, "config": c.config.recipe,
                                         "seeds": seeds, "batches": batches})
-                             for k in c.job.knobs(c.config, c.pool)}
+                             for k in work.changes}
             work.knobs = {k: read_json(out_dir / f"{i}.json") for k, i in work.knob_ids.items()
                           if (out_dir / f"{i}.json").is_file()}
             todo = [k for k in work.knob_ids if k not in work.knobs]
@@ -144,9 +146,8 @@ def _measured(work: _Work) -> Measured:
     assert record is not None  # run_short raised for a job that left no result
     m = Measured(c, record["rows"], record["engine"], record["seconds"], not work.made,
                  ran_seconds=work.ran_seconds)
-    changes = c.job.knobs(c.config, c.pool) if work.knob_ids else {}
-    m.knobs = {k: (changes[k], work.knobs[k]["rows"]) for k in changes}
-    m.knob_seconds = sum(float(work.knobs[k].get("seconds", 0.0)) for k in changes)
+    m.knobs = {k: (change, work.knobs[k]["rows"]) for k, change in work.changes.items()}
+    m.knob_seconds = sum(float(work.knobs[k].get("seconds", 0.0)) for k in work.changes)
     return m
 
 

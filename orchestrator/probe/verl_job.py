@@ -57,6 +57,7 @@ LEARNER_LOSS = ("loss", "clip_ratio_low", "clip_ratio_high", "clip_ratio_c", "lo
 READ = (M.K3_KL, M.K1_KL, M.CHI2_TOKEN)
 MODULES = "VERL_USE_EXTERNAL_MODULES"
 
+
 def job_config(config: Mapping[str, Any]) -> dict[str, Any]:
     """The configuration a probe job runs: the trial's, learning nothing (module docstring)."""
     out = copy.deepcopy({k: v for k, v in config.items() if k not in ("correction", "eval")})
@@ -123,8 +124,6 @@ class VerlProbe(ProbeJob):
         pool = pool.model_copy(update={"verl_env": {
             **pool.verl_env, MODULES: ",".join(filter(None, (modules, verl_tokens.__name__)))}})
         config = TrialConfig.of(job_config(config), pool)
-        sequences = (config["data"]["train_batch_size"]
-                     * config["actor_rollout_ref"]["rollout"]["n"])
         rows: list[dict[str, float]] = []
         settings: dict[str, Any] = {}
         for seed in seeds:
@@ -135,8 +134,8 @@ class VerlProbe(ProbeJob):
                 if m is None or M.K3_KL not in m:
                     raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed "
                                        f"{seed}) logged no {M.K3_KL} at step {b}")
+                # the token count is verl_tokens' exact one, with the token-level figures
                 rows.append({"seed": seed, "batch": b, **{k: m[k] for k in READ if k in m},
-                             "tokens": m.get(M.RESPONSE_LENGTH, math.nan) * sequences,
                              **tokens[b - 1], "wall_s": m.get("timing_s/step", math.nan)})
             settings = settings or {k: v for k, v in sorted(facts.items())
                                     if k.startswith("engine.") or k == "verl.rollout"}

@@ -8,7 +8,6 @@ workdir, as for trials). An interrupt or an error here cancels the jobs still qu
 """
 from __future__ import annotations
 
-import hashlib
 import sys
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -16,23 +15,17 @@ from typing import Any
 
 from orchestrator.backends.short import ShortJob, limit_of
 from orchestrator.slurm import client as sc
-from orchestrator.slurm.script import base_env, job_script, sbatch_options
+from orchestrator.slurm.script import base_env, job_name, job_script, sbatch_options
 
 SAY_EVERY_S = 60.0  # how often a wait for the jobs says what Slurm says of them
 UNKNOWN_GRACE_S = 30.0  # a job Slurm does not know for this long has gone (as the launcher's)
 
 
-def _name(job: ShortJob) -> str:
-    """``ablate-short-<name>-<where>``: the same job in another workdir is another job."""
-    where = hashlib.sha256(str(job.job_dir.resolve()).encode()).hexdigest()[:6]
-    return f"ablate-short-{job.name}-{where}"
-
-
 def _submit(client: Any, job: ShortJob) -> str:
     script = job.job_dir / "job.sbatch"
-    env = {**base_env(), **job.environment}
-    script.write_text(job_script(sbatch_options(job.config.pool, name=_name(job)), job.argv(),
-                                 env=env, cwd=str(job.job_dir)))
+    options = sbatch_options(job.config.pool, name=job_name(f"short-{job.name}", job.job_dir))
+    script.write_text(job_script(options, job.argv(), env={**base_env(), **job.environment},
+                                 cwd=str(job.job_dir)))
     job_id = client.submit(str(script), pool=job.config.pool.name,
                            output=str(job.job_dir / "slurm-%j.out"))
     (job.job_dir / "job-id").write_text(job_id + "\n")
