@@ -12,6 +12,10 @@ each in a fresh subprocess, it times:
 * ``compare_local_s``: ``ablate compare GRID`` with the workdir and its SQLite store;
 * ``compare_server_s``: ``ablate compare GRID`` against a loopback ``mlflow server`` on the same
   SQLite file, with an empty workdir (compare on another machine).
+* ``compare_local_unchanged_s``: the local compare run twice more, the second timed: a look at
+  a grid where nothing changed since the last look (compare keeps the run list while the store
+  is unchanged, ``orchestrator/compare/_runs.py``; the first of the two finds the store changed
+  by the publishing of the compare before it).
 
 Each checkout's commands run twice: with ``--baseline`` in the order baseline, code, code,
 baseline, without it code twice (its first run is then the coldest); each figure is the mean of
@@ -290,8 +294,12 @@ def time_commands(code: Path, root: Path, server: str, timeout: float, tag: str 
     for o in (f"out-local{tag}", f"out-server{tag}"):  # a kept grid's earlier outputs
         shutil.rmtree(root / o, ignore_errors=True)
     out = _status(code, root, timeout)
-    out["compare_local_s"] = _ablate(code, ["compare", grid, "--workdir", str(wd), "--out",
-                                            str(root / f"out-local{tag}")], root, timeout)[0]
+    local = ["compare", grid, "--workdir", str(wd), "--out", str(root / f"out-local{tag}")]
+    out["compare_local_s"] = _ablate(code, local, root, timeout)[0]
+    # A look at a grid where nothing changed since the last look: the same compare twice more,
+    # the second timed (the first finds the store changed by the publishing just before it).
+    _ablate(code, local, root, timeout)
+    out["compare_local_unchanged_s"] = _ablate(code, local, root, timeout)[0]
     out["compare_server_s"] = _ablate(code, ["compare", grid, "--workdir", str(empty), "--tracking-uri",
                                              server, "--out", str(root / f"out-server{tag}")], root, timeout)[0]
     timed = {k: (round(v, 2) if math.isfinite(v) else None) for k, v in out.items()}

@@ -1,14 +1,15 @@
-"""Compare's two costliest pieces, reused while their inputs are unchanged (issue 58).
+"""Compare's costliest pieces, reused while their inputs are unchanged (issue 58).
 
-A profile of ``ablate compare`` (docs/scale.md) puts most of its seconds in drawing the curve
+A profile of ``ablate compare`` (docs/scale.md) puts most of its seconds in drawing the
 plots (matplotlib rendering and PNG encoding) and in the fANOVA forests, not in reading the
 trials. A lab runs compare again and again on the same grid; while the trials it compares are
 the same, so are those outputs. Each piece is keyed by a SHA-256 of everything it reads (the
-``TrialResult`` values in full, its arguments, the source of ``orchestrator/compare`` and the
-versions of the libraries that draw and fit) and kept under the user's cache directory
-(``$ABLATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ablate/compare``, else ``~/.cache/ablate/compare``),
-one directory per key: the figures' bytes and the piece's value as JSON. A hit copies the
-files into the output directory, so the output is byte for byte what drawing them would write.
+``TrialResult`` values in full, its arguments, the source of ``orchestrator/compare`` and
+``orchestrator/stats`` and the versions of the libraries that draw and fit) and kept under the
+user's cache directory (``$ABLATE_CACHE_DIR``, else ``$XDG_CACHE_HOME/ablate/compare``, else
+``~/.cache/ablate/compare``), one directory per key: the figures' bytes and the piece's value as
+JSON. A hit copies the files into the output directory, so the output is byte for byte what
+drawing them would write. (The grid's run list is kept beside them by ``_runs``.)
 
 The cache is a shortcut, never a source of truth: an entry that does not read back whole (a
 file missing, its bytes not those recorded, the value unreadable) is ignored with one warning
@@ -19,6 +20,7 @@ from __future__ import annotations
 
 import contextlib
 import hashlib
+import io
 import json
 import logging
 import os
@@ -51,25 +53,42 @@ def cache_dir() -> Path | None:
 
 @lru_cache(maxsize=1)
 def _code_fingerprint() -> str:
-    """The compare package's source and the drawing/fitting libraries' versions: a change to
-    either is a different key, so no entry outlives the code that made it."""
+    """The compare and stats packages' source and the drawing/fitting libraries' versions: a
+    change to either is a different key, so no entry outlives the code that made it."""
     h = hashlib.sha256(f"v{CACHE_VERSION}".encode())
     pkg = Path(__file__).resolve().parent
-    for path in sorted(pkg.glob("*.py")):
-        h.update(path.name.encode() + b"\0" + path.read_bytes())
+    for path in sorted([*pkg.glob("*.py"), *(pkg.parent / "stats").glob("*.py")]):  # stats: survival curves
+        h.update(f"{path.parent.name}/{path.name}".encode() + b"\0" + path.read_bytes())
     for lib in LIBRARIES:
         with contextlib.suppress(metadata.PackageNotFoundError):
             h.update(f"{lib}={metadata.version(lib)}".encode())
     return h.hexdigest()
 
 
+def _pickled(value: Any) -> bytes:
+    """``value`` pickled without the memo (``Pickler.fast``): an object met twice is written
+    twice, so equal values pickle alike whichever objects they share (a list of runs read from
+    MLflow shares its strings, the same list read back from JSON does not)."""
+    buf = io.BytesIO()
+    pickler = pickle.Pickler(buf, protocol=5)
+    pickler.fast = True
+    pickler.dump(value)
+    return buf.getvalue()
+
+
 def key(name: str, inputs: Any) -> str:
     """The key of piece ``name`` on ``inputs`` (plain data and dataclasses). Pickled only to be
     hashed (nothing pickled is stored): equal inputs pickle alike, so a miss is the worst an
-    unusual pickling can cause, never a wrong hit."""
+    unusual pickling (a dict in another order) can cause, never a wrong hit."""
     h = hashlib.sha256(_code_fingerprint().encode() + name.encode())
-    h.update(pickle.dumps(inputs, protocol=5))
+    h.update(_pickled(inputs))
     return h.hexdigest()
+
+
+def digest(value: Any) -> str:
+    """A stand-in for a large input (the trials' results) in several pieces' keys: hashed once
+    here instead of once per piece."""
+    return hashlib.sha256(_pickled(value)).hexdigest()
 
 
 def _sha(path: Path) -> str:

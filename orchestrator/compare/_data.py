@@ -21,6 +21,7 @@ from typing import Any
 from orchestrator import evaluation
 from orchestrator import metrics as M
 from orchestrator.compare._fetch import fetch_curves, summarised
+from orchestrator.compare._runs import RunRecord, search_trial_runs
 from orchestrator.cost import TrialCost, from_tags, trial_cost, with_reference
 from orchestrator.exceptions import StateFileError
 from orchestrator.store import TrialPaths, active_holder, read_json, records, summary
@@ -121,20 +122,6 @@ class TrialResult:
         return max((pts[-1][0] for pts in self.curves.values() if pts), default=0)
 
 
-def search_trial_runs(mlc: Any, experiment_id: str) -> list[Any]:
-    """Every child run of the experiment that carries a ``trial_id`` tag (paged)."""
-    runs: list[Any] = []
-    token = None
-    while True:
-        page = mlc.search_runs([experiment_id], filter_string="tags.trial_id != ''",
-                               max_results=1000, order_by=["attributes.start_time DESC"],
-                               page_token=token)
-        runs.extend(page)
-        token = page.token
-        if not token:
-            return runs
-
-
 def newest_per_step(points: Sequence[Any]) -> list[tuple[int, float]]:
     """MLflow metric history -> one (step, value) per step, the newest timestamp winning."""
     best: dict[int, tuple[int, float]] = {}
@@ -193,19 +180,21 @@ def superseded_tails(grid_dir: Path | None, trial_id: str) -> list[dict[str, lis
 def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
                  grid_dir: Path | None = None, fixed_pool: str | None = None, *,
                  local: LocalMetrics | None = None, tracking_uri: str = "", grid: str = "",
-                 warnings: list[str] | None = None) -> list[TrialResult]:
+                 warnings: list[str] | None = None,
+                 runs: Sequence[RunRecord] | None = None) -> list[TrialResult]:
     """The trial runs of one experiment as ``TrialResult`` (newest run per trial id), their
     curves from the workdir's summaries where it has them, else from the summary table of grid
     ``grid`` where it agrees with the run, else from MLflow (``_fetch``); ``warnings`` gets a
-    line for a table that does not read back."""
+    line for a table that does not read back. ``runs``: the experiment's trial runs, newest
+    first, when the caller has them (``_runs.listing``); else they are listed through ``mlc``."""
     local = LocalMetrics.read(grid_dir) if local is None else local
     seen: dict[str, TrialResult] = {}
     remote: dict[str, dict[str, int]] = {}  # run id -> curve metric -> points expected
     exact: dict[str, tuple[dict[str, float], dict[str, float], int]] = {}  # run id -> summary tags
     table: dict[str, summary.TrialSummary] | None = None  # downloaded when first needed
     tabled: dict[str, summary.TrialSummary] = {}  # trial id -> its agreeing table entry
-    for run in search_trial_runs(mlc, experiment_id):
-        tags, params = run.data.tags, run.data.params
+    for run in (search_trial_runs(mlc, experiment_id) if runs is None else runs):
+        tags, params = run.tags, run.params
         tid = tags.get("trial_id", "")
         if not tid or tid in seen or tid in local.unreadable:  # never filed into a cell
             continue
@@ -223,18 +212,18 @@ def load_results(mlc: Any, experiment_id: str, axis_names: Sequence[str],
                 tagged = summary.from_tags(tags)
                 steps = int(params.get("steps", 0) or 0)
                 if tagged and tags.get(f"{summary.TAG_PREFIX}last_step", "").isdigit():
-                    exact[run.info.run_id] = (tagged[0], tagged[1],
+                    exact[run.run_id] = (tagged[0], tagged[1],
                                               int(tags[f"{summary.TAG_PREFIX}last_step"]))
-                remote[run.info.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
-                                           for k in CURVE_METRICS if k in run.data.metrics}
+                remote[run.run_id] = {k: (tagged[2].get(k, steps) if tagged else steps)
+                                           for k in CURVE_METRICS if k in run.metrics}
         axes, variant = trial_cell(tags, params, axis_names, grid_dir, tid, fixed_pool)
         step = tags.get("verdict.step", "")
         seen[tid] = TrialResult(
-            trial_id=tid, run_id=run.info.run_id, axes=axes, seed=int(params.get("seed", tags.get("seed", 0))),
-            pool=tags.get("pool", params.get("pool", "")), status=run.info.status,
+            trial_id=tid, run_id=run.run_id, axes=axes, seed=int(params.get("seed", tags.get("seed", 0))),
+            pool=tags.get("pool", params.get("pool", "")), status=run.status,
             verdict=tags.get("verdict") or None, verdict_step=int(step) if step.isdigit() else None,
             verdict_reason=tags.get("verdict.reason", ""), derived_from=tags.get("derived_from") or None,
-            curves=curves, latest=dict(run.data.metrics),
+            curves=curves, latest=dict(run.metrics),
             segments=segments_from_tags(tags) or segments_from_dir(grid_dir, tid),
             superseded=superseded_tails(grid_dir, tid),
             numerics={k.removeprefix("numerics."): v for k, v in tags.items()

@@ -107,13 +107,14 @@ def curve_plots(results: Sequence[TrialResult], specs: Sequence[tuple[str, Path,
 
 
 def report_curves(results: Sequence[TrialResult], reward: str, out: Path, rows: str | None,
-                  cols: str | None) -> Callable[[], list[Path | None]]:
-    """The report's curve plots (``curve_plots``), reused while the trials are the same (``_cache``)."""
+                  cols: str | None, trials: str) -> Callable[[], list[Path | None]]:
+    """The report's curve plots (``curve_plots``), reused while the trials are the same
+    (``_cache``; ``trials``: the results' ``_cache.digest``)."""
     specs = [(reward, out / "curves_reward.png", f"{reward} vs step", False),
              (M.K3_KL, out / "curves_k3_kl.png", "k3 KL (rollout vs trainer)", True),
              (M.GRAD_NORM, out / "curves_grad_norm.png", "grad norm", True), curve_spec(out)]
     names = [s[1].name for s in specs]
-    return reuse("curves", (results, [(m, n, t, y) for (m, _, t, y), n in zip(specs, names)], rows, cols),
+    return reuse("curves", (trials, [(m, n, t, y) for (m, _, t, y), n in zip(specs, names)], rows, cols),
                  out, names, lambda: curve_plots(results, specs, rows, cols),
                  encode=lambda ps: [p and p.name for p in ps], decode=lambda ns: [n and out / n for n in ns])
 

@@ -34,11 +34,12 @@ from orchestrator.compare import _data as D
 from orchestrator.compare import _plots as P
 from orchestrator.compare import _reference as RF
 from orchestrator.compare import _rescues as RS
+from orchestrator.compare import _runs as R
 from orchestrator.compare import _survival as S
 from orchestrator.compare import manifest
 from orchestrator.compare import markdown as md
 from orchestrator.compare._background import start
-from orchestrator.compare._cache import reuse, reuse_figure
+from orchestrator.compare._cache import digest, reuse, reuse_figure
 from orchestrator.compare._data import TrialResult, judge_missing, load_results, split_unfinished
 from orchestrator.compare._parent import log_to_parent
 from orchestrator.compare._stats import (
@@ -56,7 +57,7 @@ from orchestrator.schema import DEFAULT_RANGE, AdaptiveSeedsSpec, CompareDecl
 from orchestrator.sim.numerics import environments
 from orchestrator.store import workspace
 from orchestrator.store.summary_table import LocalMetrics
-from orchestrator.tracking import client, store_exists
+from orchestrator.tracking import store_exists
 
 log = logging.getLogger(__name__)
 VARIANT = "variant"  # row-label column: include points, derived trials (`ablate resume --set`)
@@ -94,17 +95,22 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
         raise UserError(f"grid {grid.name!r} has not run: there is no MLflow store at "
                         f"{workspace.canonical_uri(uri)}; fix: `ablate submit "
                         f"{grid_path}` first, or pass --tracking-uri (or --workdir) where it ran")
-    mlc = client(uri)
-    exp = mlc.get_experiment_by_name(grid.name)
-    if exp is None:
-        raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
-                        f"{workspace.canonical_uri(uri)}; "
-                        + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
+    stamp = R.store_stamp(uri)  # before anything is read: a later write changes it
+
+    def experiment(mlc: Any) -> str:
+        exp = mlc.get_experiment_by_name(grid.name)
+        if exp is None:
+            raise UserError(f"grid {grid.name!r} has no MLflow experiment in "
+                            f"{workspace.canonical_uri(uri)}; "
+                            + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
+        return str(exp.experiment_id)
+    mlc = R.LazyClient(uri)  # MLflow is imported only where the kept run list is not enough
+    found = R.listing(uri, grid.name, stamp, lambda: mlc, experiment)
     local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
     notes: list[str] = []
     results, unfinished = split_unfinished(
-        load_results(mlc, exp.experiment_id, axis_names, grid_dir=grid_dir, fixed_pool=grid.spec.pool,
-                     local=local, tracking_uri=uri, grid=grid.name, warnings=notes),
+        load_results(mlc, found.experiment_id, axis_names, grid_dir=grid_dir, fixed_pool=grid.spec.pool,
+                     local=local, tracking_uri=uri, grid=grid.name, warnings=notes, runs=found.runs),
         grid_dir, states=local.states)
     for note in notes:
         print(f"warning: {note}", file=sys.stderr)
@@ -134,7 +140,11 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                                                if p.name in {r.pool for r in results}))
     manifest.write(out, manifest.for_grid(grid_path, out, backend=grid.backend, environments=manifest.numeric_environments(
         r.numerics for r in results), evaluated=RF.present(results) and not grid.spec.eval.reference))
-    log_to_parent(mlc, exp.experiment_id, out, grid.name, local.summaries)
+    digest = R.results_digest(out)
+    if not (found.cached and found.published == digest):  # else the parent run holds them
+        found.published = log_to_parent(mlc, found.experiment_id, out, grid.name, local.summaries, digest)
+    if not found.cached:
+        R.keep(uri, grid.name, stamp, found)
     print_table(report)
     if unfinished:
         print(f"compared the {len(results)} finished trial{'' if len(results) == 1 else 's'}; "
@@ -158,15 +168,16 @@ def build_report(results: Sequence[TrialResult], axis_names: Sequence[str], rows
     row_keys = [a for a in axis_names if a != cols and a != rows]
     row_keys = ([rows] if rows else []) + row_keys + ([VARIANT] if variants else [])
     reward = M.EVAL_REWARD if any(r.curves.get(M.EVAL_REWARD) for r in results) else M.TRAIN_REWARD
-    curves = P.report_curves(results, reward, out, rows, cols)
-    forests = reuse("fanova", (results, list(axis_names)), out, [], lambda: start(
+    trials = digest(results)  # the trials in the pieces' cache keys, hashed once
+    curves = P.report_curves(results, reward, out, rows, cols, trials)
+    forests = reuse("fanova", (trials, list(axis_names)), out, [], lambda: start(
         lambda: {t: fanova_importance(results, axis_names, t) for t in ("final_reward", "collapsed")},
         trials=len(results)))  # in a child too past CHILD_FROM trials: a third of the rest
     cells = pivot(results, row_keys, cols, reward_range)
     _write_csvs(results, cells, row_keys, cols, out)
     effects = main_effects(results, axis_names)
     group = cols if cols == "pool" else None
-    mismatch = reuse_figure("mismatch", (results, group), out / "mismatch_by_prob.png",
+    mismatch = reuse_figure("mismatch", (trials, group), out / "mismatch_by_prob.png",
                             lambda: P.mismatch_by_bucket(results, group, out / "mismatch_by_prob.png"))
     verdicts = reuse_figure("verdicts", (cells, row_keys, cols), out / "verdict_map.png",
                             lambda: P.verdict_map(cells, row_keys, cols, out / "verdict_map.png"))

@@ -19,6 +19,7 @@ from collections.abc import Callable, Sequence
 from pathlib import Path
 from typing import Any
 
+from orchestrator.compare._cache import reuse_figure
 from orchestrator.compare._data import TrialResult
 from orchestrator.compare._plots import MAX_LEGEND
 from orchestrator.stats import survival
@@ -67,7 +68,9 @@ def survival_section(results: Sequence[TrialResult], cells: Sequence[dict[str, A
         w = csv.DictWriter(fh, fieldnames=fields, extrasaction="ignore")
         w.writeheader()
         w.writerows(rows)
-    plot = _plot(rows, horizon, out / "survival.png")
+    path = out / "survival.png"
+    inputs = ([{k: v for k, v in r.items() if k != "_obs"} for r in rows], [r["_obs"] for r in rows], horizon)
+    plot = reuse_figure("survival", inputs, path, lambda: _plot(rows, horizon, path))
     return {"rows": rows, "horizon": horizon, "level": level, "plot": plot}
 
 

@@ -56,7 +56,7 @@ def test_parent_run_note_is_the_escaped_summary(tmp_path: Path) -> None:
     mlc = MlflowClient(tracking_uri=f"sqlite:///{tmp_path / 'mlflow.db'}")
     exp = mlc.create_experiment("esc", artifact_location=(tmp_path / "artifacts").as_uri())
     run = mlc.create_run(exp, tags={ROLE_TAG: "grid"})
-    log_to_parent(mlc, exp, out, "esc", {})
+    log_to_parent(mlc, exp, out, "esc", {}, "d1")
     note = mlc.get_run(run.info.run_id).data.tags["mlflow.note.content"]
     assert note.startswith("# Grid `esc`: comparison")
     assert "&lt;img src=x onerror=alert(1)&gt;" in note and "<img" not in note
