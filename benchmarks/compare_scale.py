@@ -9,6 +9,8 @@ each in a fresh subprocess, it times:
 
 * ``status_s``: ``ablate status GRID`` on the workdir (and ``status_cpu_s``, its CPU seconds:
   on a shared machine the figure another job inflates least);
+* ``status_cold_s`` (``--cold-status``): the same, right after emptying the kernel's page cache
+  (where this process may write ``/proc/sys/vm/drop_caches``: root), every file read from disk;
 * ``compare_local_s``: ``ablate compare GRID`` with the workdir and its SQLite store;
 * ``compare_server_s``: ``ablate compare GRID`` against a loopback ``mlflow server`` on the same
   SQLite file, with an empty workdir (compare on another machine).
@@ -225,11 +227,34 @@ def mlflow_server(db: Path, log: Path) -> Iterator[str]:
         stop_group(proc)
 
 
+DROP_CACHES = Path("/proc/sys/vm/drop_caches")
+
+
+def _drop_page_cache() -> bool:
+    """Empty the kernel's page cache (root only), so the next command reads every file it
+    opens from the disk; False where this process may not."""
+    try:
+        os.sync()
+        DROP_CACHES.write_text("3\n")
+    except OSError:
+        return False
+    return True
+
+
+COLD = {"status": False}  # --cold-status
+
+
 def _status(code: Path, root: Path, timeout: float) -> dict[str, float]:
-    """``status_s`` and ``status_cpu_s`` of one ``ablate status`` of the recorded grid."""
-    wall, cpu = _ablate(code, ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")],
-                        root, timeout)
-    return {"status_s": round(wall, 2), "status_cpu_s": round(cpu, 2)}
+    """``status_s`` and ``status_cpu_s`` of one ``ablate status`` of the recorded grid, and
+    before it, with ``--cold-status`` where the page cache can be emptied, ``status_cold_s``: the
+    same command with every file read from the disk (each turn starts with it, so every
+    checkout's turn starts from the same cold cache)."""
+    argv = ["status", str(root / "grid.yaml"), "--workdir", str(root / "workdir")]
+    out = {}
+    if COLD["status"] and _drop_page_cache():
+        out["status_cold_s"] = round(_ablate(code, argv, root, timeout)[0], 2)
+    wall, cpu = _ablate(code, argv, root, timeout)
+    return {**out, "status_s": round(wall, 2), "status_cpu_s": round(cpu, 2)}
 
 
 def _tree_cpu_s(pid: int) -> float:
@@ -441,7 +466,10 @@ def main() -> None:
                    help="per command of the baseline (a command past it is recorded as timed out)")
     p.add_argument("--tracking-every", type=int, default=1, help="the recorded grid's tracking.every")
     p.add_argument("--json", type=Path, help="write the rows here")
+    p.add_argument("--cold-status", action="store_true",
+                   help="also time status after emptying the page cache (root; slows what runs beside)")
     args = p.parse_args()
+    COLD["status"] = args.cold_status
     if args.record:
         root, t, st, m, mode = args.record
         os.nice(10)  # recording is not timed: it yields the 2 shared cores to what is
