@@ -9,10 +9,8 @@ from pathlib import Path
 
 import pytest
 import trackedruns
-import verdict_streams as V
 
 from orchestrator.compare import _cache, _data, _plots, _report, compare
-from orchestrator.grid import expand
 from orchestrator.tracking import client
 
 GRID = """
@@ -31,11 +29,7 @@ axes:
 def grid(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cache")
     with trackedruns.isolated_module(root):
-        gfile, spec, uri, parent = trackedruns.open_grid(root, "cache.yaml", GRID)
-        for i, t in enumerate(expand(spec)):
-            stream = V.slow_collapse(n=40, seed=i, start=20) if i % 4 == 0 else V.healthy(n=40, seed=i)
-            trackedruns.track(uri, parent, spec, t, root / "buf", stream, lambda last, stopped: [])
-        parent.end()
+        gfile, _ = trackedruns.record_grid(root, "cache.yaml", GRID)
         yield gfile, root
 
 

@@ -16,18 +16,19 @@ import pytest
 
 from orchestrator.store import TrialPaths, records
 
-# 400 steps: the two trials after the first outlast a compare's start on a loaded 2-core host
-# (at 150 steps, about 10 s a trial, both had finished before the mid-run compare read the grid).
+# 800 steps: the two trials after the first outlast a compare's start on a loaded 2-core host
+# (at 150 steps, about 10 s a trial, both had finished before the mid-run compare read the grid;
+# at 400, about 10 s a trial on a quiet host, so had they once in a suite run at load 15).
 GRID = """\
 name: running
 recipe: sim/grpo_tiny
 backend: sim
-steps: 400
+steps: 800
 seeds: [0]
 axes:
   correction.is_level: [none, token, sequence]
   pool: [sim-h100]
-checkpoint: {every: 100}
+checkpoint: {every: 200}
 budget: {max_parallel: 1}
 overrides:
   train.prompts_per_step: 4

@@ -12,10 +12,8 @@ from pathlib import Path
 
 import pytest
 import trackedruns
-import verdict_streams as V
 
 from orchestrator.compare import _cache, _data, _runs, compare
-from orchestrator.grid import expand
 from orchestrator.tracking import check_store, client
 
 GRID = """
@@ -38,11 +36,7 @@ def grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root.mkdir()
     monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
     with trackedruns.isolated_module(root):
-        gfile, spec, uri, parent = trackedruns.open_grid(root, "runs.yaml", GRID)
-        for i, t in enumerate(expand(spec)):
-            stream = V.slow_collapse(n=40, seed=i, start=20) if i % 4 == 0 else V.healthy(n=40, seed=i)
-            trackedruns.track(uri, parent, spec, t, root / "buf", stream, lambda last, stopped: [])
-        parent.end()
+        gfile, uri = trackedruns.record_grid(root, "runs.yaml", GRID)
         yield gfile, root, uri
 
 

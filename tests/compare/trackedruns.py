@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import verdict_streams as V
 
-from orchestrator.grid import GridSpec, load_grid
+from orchestrator.grid import GridSpec, expand, load_grid
 from orchestrator.tracking import GridRun, TrialRun
 from orchestrator.trial import Attempt, TrialSpec
 from orchestrator.verdict import VerdictEngine
@@ -56,3 +56,14 @@ def track(uri: str, parent: GridRun, grid: GridSpec, trial: TrialSpec, buf: Path
         tr.set_verdict(engine.verdict(last, "stopped" if stop else "completed", stop))
     assert tr.end("FINISHED")
     return tr
+
+
+def record_grid(root: Path, name: str, text: str) -> tuple[Path, str]:
+    """Grid ``text`` (file ``root/name``) with every trial tracked: each fourth trial collapses
+    slowly from step 20 of 40, the rest stay healthy. Returns (file, tracking URI)."""
+    gfile, grid, uri, parent = open_grid(root, name, text)
+    for i, t in enumerate(expand(grid)):
+        stream = V.slow_collapse(n=40, seed=i, start=20) if i % 4 == 0 else V.healthy(n=40, seed=i)
+        track(uri, parent, grid, t, root / "buf", stream, lambda last, stopped: [])
+    parent.end()
+    return gfile, uri
