@@ -351,8 +351,9 @@ class ProbeJob(abc.ABC):
     def run_knobs(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
                   seeds: list[int], batches: int,
                   knobs: list[str]) -> dict[str, list[dict[str, float]]]:
-        """Per knob of ``knobs``, paired rows: ``k3`` of the configuration and ``k3_without``
-        with that knob turned (the rest as they are)."""
+        """Per knob of ``knobs``, rows per (seed, batch): ``k3_without``, the k3 with that knob
+        turned (the rest as they are), and ``k3`` of the configuration where the job measures it
+        beside (else the configuration's own probe rows of the same seed and batch pair with it)."""
 
 
 class Launcher(abc.ABC):

