@@ -105,7 +105,7 @@ def compare(grid_path: str | Path, *, rows: str | None = None, cols: str | None 
                             + where_recorded(grid, grid_dir, workspace.canonical_uri(uri)))
         return str(exp.experiment_id)
     mlc = R.LazyClient(uri)  # MLflow is imported only where the kept run list is not enough
-    found = R.listing(uri, grid.name, stamp, lambda: mlc, experiment)
+    found = R.listing(uri, grid.name, stamp, mlc, experiment)
     local = LocalMetrics.read(grid_dir)  # one pass over the workdir: states, summaries, checks
     notes: list[str] = []
     results, unfinished = split_unfinished(

@@ -172,16 +172,16 @@ def keep(uri: str, grid: str, stamp: str | None, listing: Listing) -> None:
         log.warning("could not keep compare's run list: %s", exc)
 
 
-def listing(uri: str, grid: str, stamp: str | None, mlc: Callable[[], Any],
+def listing(uri: str, grid: str, stamp: str | None, mlc: Any,
             experiment_id: Callable[[Any], str]) -> Listing:
     """The grid's runs: kept ones while the store's stamp is ``stamp``, else read through the
-    client ``mlc()`` from the experiment ``experiment_id(client)`` names."""
+    client ``mlc`` (a ``LazyClient``: made only now) from the experiment ``experiment_id(mlc)``
+    names."""
     hit = cached(uri, grid, stamp)
     if hit is not None:
         return hit
-    client = mlc()
-    exp = experiment_id(client)
-    return Listing(exp, search_trial_runs(client, exp))
+    exp = experiment_id(mlc)
+    return Listing(exp, search_trial_runs(mlc, exp))
 
 
 def results_digest(out: Path) -> str:

@@ -124,7 +124,7 @@ class VerlProbe(ProbeJob):
         trainer's arithmetic, each offered only where verl runs the configuration with it turned."""
         from orchestrator.verl.trainer import VerlTrainer  # verl's package, for verl probes only
 
-        cfg = config if isinstance(config, TrialConfig) else TrialConfig.of(config, pool)
+        cfg = _typed(config, pool)
         now = {"rollout.dtype": rollout_dtype(cfg), "learner.precision": cfg.learner.precision,
                "rollout.enforce_eager": cfg.rollout.enforce_eager}
         out = {}
@@ -137,8 +137,7 @@ class VerlProbe(ProbeJob):
 
     def run(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
             seeds: list[int], batches: int) -> tuple[list[dict[str, float]], dict[str, Any]]:
-        rows, settings = _probe(trial, config, pool, seeds, batches)
-        return rows, settings
+        return _probe(trial, config, pool, seeds, batches)
 
     def run_knobs(self, trial: TrialSpec, config: Mapping[str, Any], pool: PoolSpec,
                   seeds: list[int], batches: int,
@@ -147,7 +146,7 @@ class VerlProbe(ProbeJob):
         ``k3_without`` per (seed, batch). The configuration's own k3 of the same seed and batch
         (its own probe: same prompts, same initial weights, lr 0) pairs with it, so the knob
         jobs do not measure the configuration again."""
-        cfg = config if isinstance(config, TrialConfig) else TrialConfig.of(config, pool)
+        cfg = _typed(config, pool)
         out = {}
         for knob in knobs:
             rows, _ = _probe(trial, cfg.updated({knob: KNOBS[knob]}), pool, seeds, batches,
@@ -175,6 +174,11 @@ def rollout_dtype(config: TrialConfig) -> str | None:
     pooled = {k.lstrip("+"): v for k, v in config.pool.verl_overrides.items()}
     value = pooled.get(ROLLOUT_DTYPE, config_value(config, ROLLOUT_DTYPE))
     return None if value is None else VERL_DTYPES.get(str(value), str(value))
+
+
+def _typed(config: Mapping[str, Any], pool: PoolSpec) -> TrialConfig:
+    """``config`` as the one type (the probe's callers pass a ``TrialConfig`` already)."""
+    return config if isinstance(config, TrialConfig) else TrialConfig.of(config, pool)
 
 
 def _shown(value: Any) -> str:

@@ -13,23 +13,12 @@ import trackedruns
 from orchestrator.compare import _cache, _data, _plots, _report, compare
 from orchestrator.tracking import client
 
-GRID = """
-name: cache-test
-recipe: sim/grpo_tiny
-backend: sim
-steps: 40
-seeds: [0, 1]
-axes:
-  correction.is_level: [none, sequence]
-  pool: [sim-h100, sim-a100]
-"""
-
 
 @pytest.fixture(scope="module")
 def grid(tmp_path_factory: pytest.TempPathFactory):
     root = tmp_path_factory.mktemp("cache")
     with trackedruns.isolated_module(root):
-        gfile, _ = trackedruns.record_grid(root, "cache.yaml", GRID)
+        gfile, _ = trackedruns.record_grid(root, "cache.yaml", "cache-test")
         yield gfile, root
 
 

@@ -16,16 +16,6 @@ import trackedruns
 from orchestrator.compare import _cache, _data, _runs, compare
 from orchestrator.tracking import check_store, client
 
-GRID = """
-name: runs-test
-recipe: sim/grpo_tiny
-backend: sim
-steps: 40
-seeds: [0, 1]
-axes:
-  correction.is_level: [none, sequence]
-  pool: [sim-h100, sim-a100]
-"""
 AXES = ["correction.is_level", "pool"]
 REPO = Path(__file__).resolve().parents[2]
 
@@ -36,7 +26,7 @@ def grid(tmp_path: Path, monkeypatch: pytest.MonkeyPatch):
     root.mkdir()
     monkeypatch.setenv("ABLATE_CACHE_DIR", str(tmp_path / "cache"))
     with trackedruns.isolated_module(root):
-        gfile, uri = trackedruns.record_grid(root, "runs.yaml", GRID)
+        gfile, uri = trackedruns.record_grid(root, "runs.yaml", "runs-test")
         yield gfile, root, uri
 
 

@@ -58,10 +58,24 @@ def track(uri: str, parent: GridRun, grid: GridSpec, trial: TrialSpec, buf: Path
     return tr
 
 
-def record_grid(root: Path, name: str, text: str) -> tuple[Path, str]:
-    """Grid ``text`` (file ``root/name``) with every trial tracked: each fourth trial collapses
-    slowly from step 20 of 40, the rest stay healthy. Returns (file, tracking URI)."""
-    gfile, grid, uri, parent = open_grid(root, name, text)
+# 8 trials of 40 steps: 2 corrections x 2 pools x 2 seeds.
+EIGHT_TRIALS = """
+name: {name}
+recipe: sim/grpo_tiny
+backend: sim
+steps: 40
+seeds: [0, 1]
+axes:
+  correction.is_level: [none, sequence]
+  pool: [sim-h100, sim-a100]
+"""
+
+
+def record_grid(root: Path, file: str, name: str) -> tuple[Path, str]:
+    """``EIGHT_TRIALS`` as grid ``name`` (file ``root/file``) with every trial tracked: each
+    fourth trial collapses slowly from step 20 of 40, the rest stay healthy. Returns (file,
+    tracking URI)."""
+    gfile, grid, uri, parent = open_grid(root, file, EIGHT_TRIALS.format(name=name))
     for i, t in enumerate(expand(grid)):
         stream = V.slow_collapse(n=40, seed=i, start=20) if i % 4 == 0 else V.healthy(n=40, seed=i)
         track(uri, parent, grid, t, root / "buf", stream, lambda last, stopped: [])
